@@ -1,0 +1,19 @@
+"""orchard: one command runs four published distributed-training systems on Ray.
+
+Public API for workloads: ``RunContext`` (metrics, artifacts, progress from anywhere in the
+Ray cluster), ``ConfigError`` (one-line config errors), ``register_workload``.
+"""
+from orchard.errors import ConfigError
+from orchard.registry import register_workload
+
+__version__ = "0.1.0"
+__all__ = ["ConfigError", "RunContext", "register_workload", "__version__"]
+
+
+def __getattr__(name):
+    # RunContext pulls in Ray; keep `import orchard` light for config-only use.
+    if name == "RunContext":
+        from orchard.context import RunContext
+
+        return RunContext
+    raise AttributeError(name)

@@ -1,0 +1,3 @@
+from orchard.cli import main
+
+main()

@@ -1,0 +1,53 @@
+"""The Ray session: an embedded local Ray by default, or attach to an existing cluster."""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def connect(cluster: dict) -> bool:
+    """Start or attach to Ray as ``cluster`` says; returns True if this call started it."""
+    import ray
+
+    if ray.is_initialized():  # tests and notebooks start Ray once and reuse it
+        return False
+    os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+    # Ray Train V2 prints deprecation notices for APIs orchard does not use.
+    os.environ.setdefault("RAY_TRAIN_ENABLE_V2_MIGRATION_WARNINGS", "0")
+    runtime_env = dict(cluster.get("runtime_env") or {})
+    common = dict(logging_level=logging.WARNING, log_to_driver=cluster.get("log_to_driver", True))
+    if cluster["mode"] == "remote":
+        if not runtime_env.get("working_dir"):
+            # Ship this checkout so the cluster's workers import the same orchard and workloads.
+            runtime_env["working_dir"] = str(REPO_ROOT)
+            runtime_env.setdefault("excludes", [".git", ".venv", "outputs", "mlruns", "mlartifacts",
+                                                "mlflow.db", "multirun", "*.mp4", "*.png"])
+        ray.init(address=cluster["address"], runtime_env=runtime_env or None, **common)
+        return True
+    prepare_local_env()
+    ray.init(
+        num_cpus=cluster.get("num_cpus"),
+        num_gpus=cluster.get("num_gpus"),
+        object_store_memory=cluster.get("object_store_memory"),
+        include_dashboard=bool(cluster.get("include_dashboard", False)),
+        dashboard_host=cluster.get("dashboard_host", "127.0.0.1"),
+        runtime_env=runtime_env or None,
+        **common,
+    )
+    return True
+
+
+def prepare_local_env() -> None:
+    """Local workers inherit this environment: let them import what the driver imports
+    (workloads/, and test workloads when the driver is pytest)."""
+    paths = [str(REPO_ROOT), os.getcwd()] + os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p))
+
+
+def shutdown() -> None:
+    import ray
+
+    ray.shutdown()

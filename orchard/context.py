@@ -1,0 +1,101 @@
+"""RunContext: what a workload uses to record its run, from anywhere in the Ray cluster.
+
+A ``RunContext`` is picklable: pass it into Ray tasks, actors and Train workers and call the
+same methods there.  Every call becomes one fire-and-forget message to the run's
+``MetricsSink`` actor, so a training step never waits on the tracking store.
+"""
+from __future__ import annotations
+
+import io
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+
+class RunContext:
+    def __init__(self, sink, run_id: str | None, run_dir: str, workload: str, strategy: str,
+                 tracking_uri: str | None = None):
+        self._sink = sink
+        self.run_id = run_id
+        self.run_dir = Path(run_dir)
+        self.workload = workload
+        self.strategy = strategy
+        self.tracking_uri = tracking_uri
+        # Set only in the driver process (e.g. a Tune trial reporting its metric); never pickled.
+        self._on_metrics: Callable[[dict, int | None], None] | None = None
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_on_metrics"] = None
+        return state
+
+    # ------------------------------------------------------------------ metrics and params
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None, keep_series: bool = False) -> None:
+        """Record numeric metrics (``split/name`` keys) at ``step``.
+
+        ``keep_series=True`` also keeps every value in the sink so the core can summarize it
+        (mean/std) at the end of the run; used for resource samples.
+        """
+        clean = {k: float(v) for k, v in metrics.items() if v is not None}
+        self._sink.log_metrics.remote(clean, step, int(time.time() * 1000), keep_series)
+        if self._on_metrics is not None:
+            self._on_metrics(clean, step)
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        self._sink.log_params.remote(params)
+
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        self._sink.set_tags.remote(tags)
+
+    # ------------------------------------------------------------------ artifacts
+    def log_artifact(self, local_path: str | Path, artifact_path: str | None = None) -> None:
+        """Copy a file from the caller's node into the run (``artifact_path`` is a folder)."""
+        local_path = Path(local_path)
+        name = local_path.name if artifact_path is None else f"{artifact_path.rstrip('/')}/{local_path.name}"
+        self._sink.log_artifact_bytes.remote(local_path.read_bytes(), name)
+
+    def log_bytes(self, data: bytes, name: str) -> None:
+        self._sink.log_artifact_bytes.remote(data, name)
+
+    def log_text(self, text: str, name: str) -> None:
+        self.log_bytes(text.encode(), name)
+
+    def log_dict(self, data: dict, name: str) -> None:
+        self.log_text(json.dumps(data, indent=2, default=_jsonable), name)
+
+    def log_figure(self, figure, name: str, dpi: int = 100) -> None:
+        """Save a matplotlib figure as a PNG artifact ``name`` (e.g. ``figures/loss.png``)."""
+        buf = io.BytesIO()
+        figure.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+        self.log_bytes(buf.getvalue(), name)
+
+    # ------------------------------------------------------------------ progress
+    def progress(self, step: int, total: int | None = None, desc: str = "", **rates: float) -> None:
+        """Drive the live progress line on the driver: ``step`` of ``total`` with extra rates."""
+        self._sink.progress.remote({"step": step, "total": total, "desc": desc, "rates": rates, "ts": time.time()})
+
+    # ------------------------------------------------------------------ plumbing
+    def flush(self) -> None:
+        """Block until everything logged so far is written to the tracking store."""
+        import ray
+
+        ray.get(self._sink.flush.remote())
+
+    def last_values(self) -> dict[str, float]:
+        import ray
+
+        return ray.get(self._sink.last_values.remote())
+
+
+def _jsonable(value):
+    try:
+        import numpy as np
+
+        if isinstance(value, np.generic):
+            return value.item()
+        if isinstance(value, np.ndarray):
+            return value.tolist()
+    except ImportError:
+        pass
+    return str(value)

@@ -1,0 +1,134 @@
+"""Resource sampling on every Ray node of a run: CPU/RAM through psutil, GPU utilization and
+memory through NVML (nvidia-ml-py).  The thesis reports GPU utilization as mean/std per worker
+(Table 5.3), so each series is kept and summarized at the end of the run.
+
+Series keys: ``system/<node>/cpu_pct``, ``system/<node>/mem_pct``,
+``gpu/<node>/gpu<i>/util_pct``, ``gpu/<node>/gpu<i>/mem_pct``; summaries add ``_mean`` and
+``_std`` per series plus run-level ``system/cpu_pct_mean|std`` and ``gpu/util_pct_mean|std``.
+"""
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from typing import Any
+
+import ray
+
+
+class NvmlReader:
+    """Reads GPU utilization and memory through an NVML module (``pynvml`` or a test fake)."""
+
+    def __init__(self, nvml: Any = None):
+        self.nvml = None
+        self.handles = []
+        try:
+            if nvml is None:
+                import pynvml as nvml  # provided by nvidia-ml-py
+            nvml.nvmlInit()
+            self.handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+            self.nvml = nvml
+        except Exception:  # no driver, no GPU: CPU-only sampling
+            self.handles = []
+
+    def read(self) -> list[dict[str, float]]:
+        out = []
+        for handle in self.handles:
+            util = self.nvml.nvmlDeviceGetUtilizationRates(handle)
+            mem = self.nvml.nvmlDeviceGetMemoryInfo(handle)
+            out.append({"util_pct": float(util.gpu), "mem_pct": 100.0 * float(mem.used) / float(mem.total)})
+        return out
+
+
+def sample_once(node: str, nvml: NvmlReader) -> dict[str, float]:
+    """One sample of this machine: ``{series_key: value}``."""
+    import psutil
+
+    sample = {
+        f"system/{node}/cpu_pct": psutil.cpu_percent(interval=None),
+        f"system/{node}/mem_pct": psutil.virtual_memory().percent,
+    }
+    for i, gpu in enumerate(nvml.read()):
+        sample[f"gpu/{node}/gpu{i}/util_pct"] = gpu["util_pct"]
+        sample[f"gpu/{node}/gpu{i}/mem_pct"] = gpu["mem_pct"]
+    return sample
+
+
+@ray.remote(num_cpus=0)
+class ResourceSampler:
+    """Samples its node every ``interval_s`` seconds into the run's context."""
+
+    def __init__(self, ctx, node: str, interval_s: float, nvml: Any = None):
+        import psutil
+
+        psutil.cpu_percent(interval=None)  # the first reading is meaningless; prime it
+        self.ctx, self.node, self.interval = ctx, node, interval_s
+        self.nvml = NvmlReader(nvml)
+        self.step = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def sample(self) -> dict[str, float]:
+        values = sample_once(self.node, self.nvml)
+        self.ctx.log_metrics(values, step=self.step, keep_series=True)
+        self.step += 1
+        return values
+
+    def gpu_count(self) -> int:
+        return len(self.nvml.handles)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.sample()  # at least one sample even for runs shorter than the interval
+        self.ctx.flush()
+        return self.step
+
+
+def node_names() -> dict[str, str]:
+    """Ray node id -> short stable name (``node0``, ``node1`` ... in address order)."""
+    alive = sorted((n for n in ray.nodes() if n.get("Alive")), key=lambda n: (n["NodeManagerAddress"], n["NodeID"]))
+    return {n["NodeID"]: f"node{i}" for i, n in enumerate(alive)}
+
+
+def start_samplers(ctx, interval_s: float, nvml: Any = None) -> list:
+    """One sampler actor pinned to each alive node of the cluster."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    samplers = []
+    for node_id, name in node_names().items():
+        strategy = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
+        samplers.append(ResourceSampler.options(scheduling_strategy=strategy).remote(ctx, name, interval_s, nvml))
+    return samplers
+
+
+def summarize(series: dict[str, list[float]]) -> dict[str, float]:
+    """Mean and std of each series, plus run-level CPU and GPU figures across nodes/GPUs."""
+    out: dict[str, float] = {}
+    pooled: dict[str, list[float]] = {"system/cpu_pct": [], "system/mem_pct": [], "gpu/util_pct": [], "gpu/mem_pct": []}
+    for key, values in series.items():
+        if not values:
+            continue
+        out[f"{key}_mean"] = statistics.fmean(values)
+        out[f"{key}_std"] = statistics.pstdev(values)
+        parts = key.split("/")
+        pooled_key = f"{parts[0]}/{parts[-1]}"
+        if pooled_key in pooled:
+            pooled[pooled_key].extend(values)
+    for key, values in pooled.items():
+        if values:
+            out[f"{key}_mean"] = statistics.fmean(values)
+            out[f"{key}_std"] = statistics.pstdev(values)
+    return out
+
+
+def stop_samplers(samplers: list, timeout_s: float = 30.0) -> None:
+    if samplers:
+        ray.get([s.stop.remote() for s in samplers], timeout=timeout_s)
+        for s in samplers:
+            ray.kill(s)

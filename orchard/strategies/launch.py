@@ -1,0 +1,74 @@
+"""Launch a per-worker training loop under Ray Train for the configured strategy.
+
+Both ring and ps run under the same ``TorchTrainer``, so failure handling (``FailureConfig``:
+a dead worker restarts the group, which resumes from the last checkpoint) and checkpoints are
+the same for both.  ps additionally starts the parameter-server actors here, on the driver,
+so they outlive a worker-group restart.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+
+def _wrap(train_loop: Callable[[dict], None]) -> Callable[[dict], None]:
+    def loop(config: dict) -> None:
+        try:
+            train_loop(config)
+        finally:
+            # Make sure every metric this worker logged reaches the store before it exits.
+            config["ctx"].flush()
+
+    loop.__name__ = getattr(train_loop, "__name__", "train_loop")
+    return loop
+
+
+def launch(train_loop: Callable[[dict], None], loop_config: dict, cfg: dict, ctx, name: str,
+           datasets: dict | None = None, storage_path: str | None = None, dataset_config=None):
+    """Run ``train_loop(config)`` on ``cfg["strategy"]["num_workers"]`` Ray Train workers.
+
+    ``config`` = ``loop_config`` + ``ctx``, ``strategy`` (and ``ps_group`` for ps).  Checkpoints
+    go to ``storage_path`` (default ``ctx.run_dir/train``) under ``name``; launching again with
+    the same path and name resumes from the latest checkpoint.  Returns the Ray Train Result.
+    """
+    import ray.train
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    strategy = cfg["strategy"]
+    config = {**loop_config, "ctx": ctx, "strategy": strategy}
+    group = None
+    if strategy["name"] == "ps":
+        from orchard.strategies.ps import PSGroup
+
+        group = PSGroup.create(None, strategy["num_servers"], strategy["num_workers"], strategy["mode"],
+                               loop_config.get("optimizer"), strategy.get("cpus_per_server", 0))
+        config["ps_group"] = group
+    use_gpu = strategy.get("gpus_per_worker", 0) > 0
+    resources = {"CPU": strategy.get("cpus_per_worker", 1)}
+    if use_gpu:
+        resources["GPU"] = strategy["gpus_per_worker"]
+    backend = strategy.get("backend", "auto")
+    torch_config = TorchConfig(backend=None if backend == "auto" else backend)
+    trainer = TorchTrainer(
+        _wrap(train_loop),
+        train_loop_config=config,
+        torch_config=torch_config,
+        scaling_config=ScalingConfig(num_workers=strategy["num_workers"], use_gpu=use_gpu,
+                                     resources_per_worker=resources),
+        run_config=RunConfig(
+            name=name,
+            storage_path=str(Path(storage_path or ctx.run_dir / "train").resolve()),
+            failure_config=FailureConfig(max_failures=strategy.get("max_failures", 0)),
+            checkpoint_config=CheckpointConfig(num_to_keep=2),
+        ),
+        datasets=datasets,
+        **({"dataset_config": dataset_config} if dataset_config is not None else {}),
+    )
+    try:
+        return trainer.fit()
+    finally:
+        if group is not None:
+            ctx.log_metrics({f"comm/ps_{k}": v for k, v in group.stats().items()})
+            ctx.flush()
+            group.shutdown()

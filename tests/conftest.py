@@ -1,0 +1,97 @@
+"""Shared fixtures: Ray starts once per test session; configs come from ``hydra.compose``;
+runs go to a real MLflow sqlite store in a temp folder and are read back with MlflowClient."""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from orchard import register_workload
+
+TESTS = Path(__file__).resolve().parent
+# The core's test workload: proves an outside package can register a workload and its config.
+register_workload("tiny", "tests.tiny_workload", str(TESTS / "tiny_workload" / "conf"))
+
+
+def pytest_collection_modifyitems(config, items):
+    try:
+        import torch
+
+        has_gpu = torch.cuda.is_available()
+    except Exception:
+        has_gpu = False
+    if not has_gpu:
+        skip = pytest.mark.skip(reason="needs a CUDA GPU")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray for the whole session (2 CPUs, like CI)."""
+    import ray
+
+    from orchard import cluster
+
+    cluster.prepare_local_env()
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture
+def compose():
+    """``compose(*overrides) -> dict``: the composed config as a plain dict."""
+    from orchard.config import compose as _compose
+
+    return lambda *overrides: _compose(list(overrides))
+
+
+@pytest.fixture(scope="session")
+def tracking_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("mlflow")
+
+
+@pytest.fixture(scope="session")
+def tracking_uri(tracking_dir) -> str:
+    """A real MLflow sqlite store, shared by the session's tests (each run has its own id)."""
+    return f"sqlite:///{tracking_dir}/mlflow.db"
+
+
+@dataclass
+class RunResult:
+    exit_code: int
+    run: object            # mlflow.entities.Run (None with tracking=none or a config error)
+    metrics: dict          # final metrics as the CLI returned them
+    client: object         # MlflowClient on the test store
+    outcome: object
+
+    def history(self, key: str) -> list[float]:
+        return [m.value for m in self.client.get_metric_history(self.run.info.run_id, key)]
+
+    def artifacts(self, path: str | None = None) -> list[str]:
+        return [a.path for a in self.client.list_artifacts(self.run.info.run_id, path)]
+
+
+@pytest.fixture
+def run_orchard(ray_session, tracking_uri, tracking_dir, tmp_path):
+    """``run_orchard(*overrides) -> RunResult``: the CLI's path, in process, on the test store."""
+    from mlflow.tracking import MlflowClient
+
+    from orchard.cli import execute, prepare
+
+    def _run(*overrides: str) -> RunResult:
+        cfg, module = prepare([*overrides, f"tracking.uri={tracking_uri}",
+                               f"tracking.artifact_location={tracking_dir}/artifacts",
+                               f"output_dir={tmp_path}/outputs"])
+        outcome = execute(cfg, module)
+        client = MlflowClient(tracking_uri)
+        run = client.get_run(outcome.run_id) if outcome.run_id else None
+        return RunResult(outcome.exit_code, run, outcome.metrics, client, outcome)
+
+    return _run

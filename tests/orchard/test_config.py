@@ -1,0 +1,96 @@
+"""Config composition and validation: every workload x strategy composes; bad input fails
+before Ray starts with one line naming the key, exit code 2."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchard import ConfigError, registry
+from orchard.cli import main, prepare
+from orchard.config import compose, flatten
+
+REPO = Path(__file__).resolve().parents[2]
+SHIPPED = ["flower", "forest", "singa", "video"]
+
+
+def _pairs():
+    for name in SHIPPED:
+        module = registry.load(name)
+        for strategy in module.STRATEGIES:
+            yield name, strategy
+
+
+@pytest.mark.parametrize("workload,strategy", list(_pairs()))
+def test_every_workload_strategy_pair_composes_and_validates(workload, strategy):
+    cfg, module = prepare([f"workload={workload}", f"strategy={strategy}"])
+    assert cfg["workload"]["name"] == workload
+    assert cfg["strategy"]["name"] == strategy
+    assert workload in cfg  # the workload's own keys live under its name
+    smoke, _ = prepare([f"workload={workload}", f"strategy={strategy}", "debug=smoke"])
+    assert smoke["smoke"] is True
+
+
+def test_workload_file_picks_its_default_strategy():
+    assert compose(["workload=forest"])["strategy"]["name"] == "tasks"
+    assert compose(["workload=flower"])["strategy"]["name"] == "ring"
+    assert compose(["workload=flower", "strategy=ps"])["strategy"]["mode"] == "sync"
+
+
+def test_config_is_plain_containers():
+    cfg = compose(["workload=tiny"])
+    def walk(x):
+        assert type(x) in (dict, list, str, int, float, bool, type(None)), type(x)
+        for v in (x.values() if isinstance(x, dict) else x if isinstance(x, list) else []):
+            walk(v)
+    walk(cfg)
+    assert flatten({"a": {"b": 1, "c": {"d": 2}}}) == {"a.b": 1, "a.c.d": 2}
+
+
+@pytest.mark.parametrize("overrides,key,fragment", [
+    (["workload=tiny", "strategy.num_workers=0"], "strategy.num_workers", "positive integer"),
+    (["workload=tiny", "tiny.lrr=0.1"], "tiny.lrr", "did you mean tiny.lr"),
+    (["workload=tiny", "tiny.lr=5"], "tiny.lr", "below 1.0"),
+    (["workload=tiny", "tiny.data_dir=/no/such/folder"], "tiny.data_dir", "does not exist"),
+    (["workload=tiny", "strategy=ps", "strategy.mode=sometimes"], "strategy.mode", "sync, async"),
+    (["workload=tiny", "strategy=nope"], "strategy", "ps, ring, tasks"),
+    (["workload=flower", "strategy=tasks"], "strategy.name", "ring, ps"),
+    (["workload=tiny", "tracking.uri=nonsense"], "tracking.uri", "sqlite:///mlflow.db"),
+])
+def test_bad_config_is_one_clear_error_before_ray(overrides, key, fragment, monkeypatch, capsys):
+    import ray
+
+    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("Ray started for a bad config"))
+    with pytest.raises(ConfigError) as err:
+        prepare(overrides)
+    assert err.value.key == key
+    assert fragment in str(err.value)
+    with pytest.raises(SystemExit) as code:
+        main(overrides)
+    assert code.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"orchard: bad config: {key}:")
+
+
+def test_unknown_workload_lists_choices_and_exits_2_from_the_shell():
+    proc = subprocess.run([sys.executable, "-m", "orchard", "workload=nope"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "workload" in proc.stderr
+    for name in SHIPPED:
+        assert name in proc.stderr
+    assert "Ray" not in proc.stdout + proc.stderr
+
+
+def test_missing_workload_is_required():
+    with pytest.raises(ConfigError) as err:
+        prepare([])
+    assert err.value.key == "workload" and "required" in err.value.allowed
+
+
+def test_help_lists_groups(capsys):
+    with pytest.raises(SystemExit) as code:
+        main(["--help"])
+    assert code.value.code == 0
+    out = capsys.readouterr().out
+    assert "strategy" in out and "ring" in out and "smoke" in out

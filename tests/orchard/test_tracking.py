@@ -1,0 +1,84 @@
+"""A run of the tests' workload lands in MLflow with params, metrics from the driver and from
+a Ray task, the config artifact, per-node resource series and their summaries, and a status
+that matches what happened."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_finished_run_holds_everything(run_orchard):
+    res = run_orchard("workload=tiny", "tiny.steps=30", "tracking.sample_interval_s=0.2")
+    assert res.exit_code == 0
+    run = res.run
+    assert run.info.status == "FINISHED"
+    assert run.data.params["tiny.steps"] == "30" and run.data.params["strategy.name"] == "tasks"
+    tags = run.data.tags
+    assert tags["orchard.workload"] == "tiny" and tags["ray.version"] and tags["torch.version"]
+    assert "mlflow.source.git.commit" in tags
+    # metrics from the driver and from a Ray task, every step
+    assert len(res.history("train/loss")) == 30
+    assert len(res.history("worker/loss")) == 30
+    assert res.history("train/loss")[-1] < res.history("train/loss")[0]
+    assert run.data.metrics["train/final_loss"] == pytest.approx(res.metrics["train/final_loss"])
+    assert run.data.metrics["time/total_s"] > 0
+    # per-node resource series and run-level summaries
+    assert len(res.history("system/node0/cpu_pct")) >= 1
+    for key in ("system/cpu_pct_mean", "system/cpu_pct_std", "system/node0/mem_pct_mean"):
+        assert key in run.data.metrics
+    arts = res.artifacts()
+    assert "config.yaml" in arts and "figures" in arts and "notes" in arts
+    assert res.artifacts("figures") == ["figures/loss.png"]
+    cfg_text = Path(res.client.download_artifacts(run.info.run_id, "config.yaml")).read_text()
+    assert "tiny:" in cfg_text and "steps: 30" in cfg_text
+
+
+def test_failing_workload_leaves_a_failed_run_with_the_reason(run_orchard, capsys):
+    res = run_orchard("workload=tiny", "tiny.fail=true")
+    assert res.exit_code == 1
+    assert res.run.info.status == "FAILED"
+    assert "asked to fail" in res.run.data.tags["orchard.error"]
+    assert "error.txt" in res.artifacts()
+    assert "tiny failed: RuntimeError" in capsys.readouterr().err
+
+
+def test_tracking_none_records_nothing_but_returns_metrics(run_orchard):
+    res = run_orchard("workload=tiny", "tracking=none", "tiny.steps=5")
+    assert res.exit_code == 0 and res.run is None
+    assert "train/final_loss" in res.metrics
+
+
+@pytest.mark.slow
+def test_ctrl_c_marks_the_run_killed(tmp_path):
+    """A real SIGINT to a real CLI process: exit 130 and a KILLED run."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    code = ("from orchard import register_workload; "
+            f"register_workload('tiny', 'tests.tiny_workload', {str(REPO / 'tests/tiny_workload/conf')!r}); "
+            "from orchard.cli import main; main()")
+    proc = subprocess.Popen([sys.executable, "-c", code, "workload=tiny", "tiny.steps=400", "tiny.sleep_s=0.05",
+                             f"tracking.uri={uri}", f"output_dir={tmp_path}/out", "cluster.num_cpus=2"],
+                            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    client = MlflowClient(uri)
+    deadline = time.time() + 120
+    while time.time() < deadline:  # wait until the run is really training
+        time.sleep(1)
+        try:
+            runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+        except Exception:
+            continue
+        if runs and client.get_metric_history(runs[0].info.run_id, "train/loss"):
+            break
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out
+    run = client.get_run(runs[0].info.run_id)
+    assert run.info.status == "KILLED"

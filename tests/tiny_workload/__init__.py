@@ -1,0 +1,68 @@
+"""A tiny workload that exists only to test orchard's core: it fits y = a*x + b by gradient
+descent on the driver, then again in a Ray task, logging metrics from both, an artifact and
+a figure.  Registered by tests/conftest.py, never shipped in workloads/.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from orchard import ConfigError
+from orchard.config import require_path, require_positive
+
+STRATEGIES = ("ring", "ps", "tasks")
+CONFIG_DIR = str(Path(__file__).parent / "conf")
+
+
+def validate(cfg: dict) -> None:
+    require_positive(cfg, "tiny.steps", integer=True)
+    require_positive(cfg, "tiny.lr")
+    require_path(cfg, "tiny.data_dir", kind="dir")
+    if cfg["tiny"]["lr"] >= 1.0:
+        raise ConfigError("tiny.lr", f"a learning rate below 1.0 (larger diverges), got {cfg['tiny']['lr']}")
+
+
+def _fit(steps: int, lr: float, seed: int, ctx, prefix: str, sleep_s: float = 0.0) -> float:
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-1, 1, 256)
+    y = 3.0 * x + 0.5 + rng.normal(0, 0.05, x.size)
+    a = b = 0.0
+    loss = float("nan")
+    for step in range(steps):
+        err = a * x + b - y
+        loss = float(np.mean(err**2))
+        a -= lr * float(np.mean(2 * err * x))
+        b -= lr * float(np.mean(2 * err))
+        ctx.log_metrics({f"{prefix}/loss": loss}, step=step)
+        ctx.progress(step + 1, steps, desc=prefix, **{"steps/s": 1000.0})
+        if sleep_s:
+            time.sleep(sleep_s)
+    return loss
+
+
+def run(cfg: dict, ctx) -> dict[str, float]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import ray
+
+    t = cfg["tiny"]
+    if t.get("fail"):
+        raise RuntimeError("tiny workload asked to fail (tiny.fail=true)")
+    started = time.time()
+    driver_loss = _fit(t["steps"], t["lr"], cfg["seed"], ctx, "train", t.get("sleep_s", 0.0))
+    # The same fit inside a Ray task: its metrics must land in the same MLflow run.
+    remote_fit = ray.remote(num_cpus=0)(lambda c: (_fit(t["steps"], t["lr"], cfg["seed"] + 1, c, "worker"), c.flush())[0])
+    worker_loss = ray.get(remote_fit.remote(ctx))
+    (ctx.run_dir / "note.txt").write_text(f"driver loss {driver_loss}\n")
+    ctx.log_artifact(ctx.run_dir / "note.txt", "notes")
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [driver_loss, worker_loss])
+    ctx.log_figure(fig, "figures/loss.png")
+    plt.close(fig)
+    steps = t["steps"]
+    return {"train/final_loss": driver_loss, "worker/final_loss": worker_loss,
+            "val/score": -driver_loss, "throughput/steps_per_s": steps / max(time.time() - started, 1e-9)}
