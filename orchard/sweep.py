@@ -71,9 +71,10 @@ def trial_config(base: dict, values: dict) -> dict:
 
 def _make_trainable(base: dict, module_name: str, parent_run_id: str | None, metric: str):
     def trainable(values: dict) -> None:
+        import importlib
+
         from ray import tune
 
-        from orchard import registry
         from orchard.cli import run_one
 
         cfg = trial_config(base, values)
@@ -89,7 +90,7 @@ def _make_trainable(base: dict, module_name: str, parent_run_id: str | None, met
                 reported["last"] = metrics[metric]
                 tune.report({metric: metrics[metric], "step": reported["n"]})
 
-        outcome = run_one(cfg, registry.load(module_name), parent_run_id=parent_run_id, on_metrics=report, quiet=True)
+        outcome = run_one(cfg, importlib.import_module(module_name), parent_run_id=parent_run_id, on_metrics=report, quiet=True)
         if outcome.exit_code != 0:
             raise RuntimeError(f"trial {trial} failed: {outcome.error}")
         final = {k: v for k, v in outcome.metrics.items() if isinstance(v, (int, float))}
@@ -136,7 +137,7 @@ def run_sweep(cfg: dict, module) -> "Outcome":
             state_file.write_text(json.dumps({"parent_run_id": tracked.run_id}))
     parent_id = tracked.run_id if tracked else None
     metric, mode = s["metric"], s["mode"]
-    trainable = tune.with_resources(_make_trainable(base, cfg["workload"]["name"], parent_id, metric),
+    trainable = tune.with_resources(_make_trainable(base, module.__name__, parent_id, metric),
                                     dict(s.get("resources_per_trial") or {"cpu": 1}))
     if s["scheduler"] == "asha":
         a = s.get("asha") or {}

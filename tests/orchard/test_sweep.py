@@ -22,7 +22,7 @@ def _sweep_overrides(*extra):
 
 def test_sweep_config_validation_names_the_key():
     with pytest.raises(ConfigError) as err:
-        prepare(_sweep_overrides("sweep.params={tiny.lrr: {type: grid, values: [1]}}"))
+        prepare(["workload=tiny", "sweep=tiny_typo"])
     assert err.value.key == "sweep.params.tiny.lrr"
     with pytest.raises(ConfigError) as err:
         prepare(_sweep_overrides("sweep.mode=best"))

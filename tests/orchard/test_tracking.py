@@ -82,3 +82,20 @@ def test_ctrl_c_marks_the_run_killed(tmp_path):
     assert proc.returncode == 130, out
     run = client.get_run(runs[0].info.run_id)
     assert run.info.status == "KILLED"
+
+
+@pytest.mark.slow
+def test_hydra_multirun_runs_each_grid_point(ray_session, tracking_uri, tracking_dir, tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    from orchard.multirun import run_multirun
+
+    monkeypatch.chdir(tmp_path)
+    code = run_multirun(["workload=tiny", "tiny.steps=7,9", "tracking.system_metrics=false",
+                         f"tracking.uri={tracking_uri}", f"output_dir={tmp_path}/out", "run_name=multirun-test"])
+    assert code == 0
+    client = MlflowClient(tracking_uri)
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                              "attributes.run_name = 'multirun-test'")
+    assert sorted(r.data.params["tiny.steps"] for r in runs) == ["7", "9"]
+    assert all(r.info.status == "FINISHED" for r in runs)
