@@ -94,3 +94,10 @@ def test_help_lists_groups(capsys):
     assert code.value.code == 0
     out = capsys.readouterr().out
     assert "strategy" in out and "ring" in out and "smoke" in out
+
+
+@pytest.mark.parametrize("sweep", sorted(p.stem for p in (REPO / "conf" / "sweep").glob("*.yaml")))
+def test_shipped_sweeps_validate_against_their_workload(sweep):
+    workload = sweep.split("_")[0]
+    cfg, _ = prepare([f"workload={workload}", f"sweep={sweep}"])
+    assert cfg["sweep"]["name"] == sweep
