@@ -1,0 +1,70 @@
+"""workload=forest through the real CLI path: config checks, smoke run into MLflow, resume."""
+import numpy as np
+import pytest
+
+import workloads.forest as forest
+from orchard import ConfigError
+from workloads.forest.tree import load_checkpoint
+
+
+def test_default_config_composes_and_validates(compose):
+    cfg = compose("workload=forest")
+    assert cfg["strategy"]["name"] == "tasks"
+    assert cfg["forest"]["examples_per_image"] == 2000 and cfg["forest"]["num_trees"] == 3
+    forest.validate(cfg)
+    paper = compose("workload=forest", "experiment=forest_paper")["forest"]
+    assert (paper["n_offsets"], paper["n_thresholds"], paper["max_depth"]) == (2000, 50, 20)
+
+
+@pytest.mark.parametrize("override,key", [
+    ("forest.n_offsets=0", "forest.n_offsets"),
+    ("forest.image_fraction=1.5", "forest.image_fraction"),
+    ("forest.memory_budget_mb=0.01", "forest.memory_budget_mb"),
+    ("forest.partitions.features=999", "forest.partitions.features"),
+    ("forest.resume=/nonexistent/run", "forest.resume"),
+])
+def test_bad_config_is_a_config_error(compose, override, key):
+    with pytest.raises(ConfigError) as err:
+        forest.validate(compose("workload=forest", override))
+    assert key in str(err.value)
+
+
+def test_bad_config_exits_2_with_one_line(capsys):
+    from orchard.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["workload=forest", "debug=smoke", "forest.n_thresholds=-3"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().startswith("orchard: bad config: forest.n_thresholds:")
+
+
+@pytest.mark.slow
+def test_smoke_run_records_everything_and_resumes_identically(run_orchard):
+    full = run_orchard("workload=forest", "debug=smoke")
+    assert full.exit_code == 0, full.outcome
+    m = full.run.data.metrics
+    # better than chance (1/31) on held-out images, even at smoke size
+    assert m["test/pixel_accuracy"] > 0.1 and m["test/mean_class_accuracy"] > 0.06
+    assert m["throughput/inference_pixels_per_s"] > 0 and m["train/trees"] == 2
+    rounds = full.history("round/phase2_s")
+    assert len(rounds) == 2 * 5                                     # trees x max_depth rounds
+    for key in ("round/phase1_s", "round/phase3_s", "round/phase4_s", "round/frontier_size",
+                "round/example_features_per_s", "round/hist_peak_bytes", "round/effective_parallelism"):
+        assert len(full.history(key)) == len(rounds), key
+    assert {"figures/confusion_matrix.png", "figures/predicted_labelings.png"} <= set(full.artifacts("figures"))
+    assert "model/forest_checkpoint.npz" in full.artifacts("model")
+    run_dir = full.run.data.tags["orchard.run_dir"]
+    assert len(list((__import__("pathlib").Path(run_dir) / "data" / "train").glob("*_depth.png"))) == 16
+
+    crashed = run_orchard("workload=forest", "debug=smoke", "forest.stop_after_rounds=7")
+    assert crashed.exit_code == 1 and crashed.run.info.status == "FAILED"
+    crashed_dir = crashed.run.data.tags["orchard.run_dir"]
+    resumed = run_orchard("workload=forest", "debug=smoke", f"forest.resume={crashed_dir}")
+    assert resumed.exit_code == 0, resumed.outcome
+    assert len(resumed.history("round/phase2_s")) == 3              # only the missing rounds ran
+    a = load_checkpoint(f"{run_dir}/{forest.CHECKPOINT_NAME}")
+    b = load_checkpoint(f"{resumed.run.data.tags['orchard.run_dir']}/{forest.CHECKPOINT_NAME}")
+    for ta, tb in zip(a["trees"], b["trees"], strict=True):
+        for k in ta:
+            np.testing.assert_array_equal(ta[k], tb[k])
+    assert resumed.run.data.metrics["test/pixel_accuracy"] == pytest.approx(m["test/pixel_accuracy"])

@@ -1,0 +1,116 @@
+"""Eq. 1 against hand-computed values; the numba kernels against plain-numpy references."""
+import math
+
+import numpy as np
+import pytest
+
+from workloads.forest.features import candidate_pool, feature_matrix, feature_response
+from workloads.forest.histogram_kernels import accumulate_histograms, assign_nodes, best_splits
+
+BG = np.float32(10000)
+
+
+def test_feature_formula_by_hand():
+    depths = np.zeros((1, 5, 7), np.uint16)
+    depths[0, 2, 3] = 2000          # the pixel x: 2 m away
+    depths[0, 2, 5] = 2100          # x + u/d: u = (0, 4) pixel-metres -> 4 / 2 m = 2 px right
+    depths[0, 0, 3] = 1500          # x + v/d: v = (-4, 0) -> 2 px up
+    # f = d(x + u/d(x)) - d(x + v/d(x)) = 2100 - 1500
+    assert feature_response(depths, 0, 2, 3, 0.0, 4.0, -4.0, 0.0, BG) == pytest.approx(600.0)
+    # v = 0 compares the probe with the pixel itself
+    assert feature_response(depths, 0, 2, 3, 0.0, 4.0, 0.0, 0.0, BG) == pytest.approx(100.0)
+    # a probe off the image, or on a pixel with no reading, reads the large constant
+    assert feature_response(depths, 0, 2, 3, 0.0, 20.0, 0.0, 0.0, BG) == pytest.approx(10000 - 2000)
+    assert feature_response(depths, 0, 2, 3, 2.0, 0.0, 0.0, 0.0, BG) == pytest.approx(10000 - 2000)
+    # depth invariance: twice as far, the same world offset lands half as many pixels away
+    depths[0, 2, 3] = 4000
+    depths[0, 2, 4] = 4300
+    assert feature_response(depths, 0, 2, 3, 0.0, 4.0, 0.0, 0.0, BG) == pytest.approx(300.0)
+
+
+def _random_scene(seed=0, n_img=3, h=24, w=32, n_ex=400):
+    rng = np.random.default_rng(seed)
+    depths = rng.integers(800, 4000, (n_img, h, w)).astype(np.uint16)
+    depths[rng.random(depths.shape) < 0.2] = 0
+    img = rng.integers(0, n_img, n_ex).astype(np.int32)
+    ys, xs = rng.integers(0, h, n_ex).astype(np.int32), rng.integers(0, w, n_ex).astype(np.int32)
+    depths[img, ys, xs] = np.maximum(depths[img, ys, xs], 500)  # examples always have a reading
+    return rng, depths, img, ys, xs
+
+
+def _numpy_response(depths, img, y, x, o):
+    def probe(yy, xx):
+        if not (0 <= yy < depths.shape[1] and 0 <= xx < depths.shape[2]) or depths[img, yy, xx] == 0:
+            return 10000.0
+        return float(depths[img, yy, xx])
+    s = 1000.0 / float(depths[img, y, x])
+    return (probe(y + math.floor(o[0] * s + 0.5), x + math.floor(o[1] * s + 0.5))
+            - probe(y + math.floor(o[2] * s + 0.5), x + math.floor(o[3] * s + 0.5)))
+
+
+def test_histogram_kernel_matches_numpy_reference():
+    rng, depths, img, ys, xs = _random_scene()
+    offsets, thresholds = candidate_pool(rng, 9, 5, 20.0, 3000.0, 0.3)
+    cls = rng.integers(0, 31, len(img)).astype(np.uint8)
+    columns = rng.integers(0, 7, len(img)).astype(np.int32)    # compact (node, class) columns
+    hist = np.zeros((7, 9, 6), np.int32)
+    accumulate_histograms(hist, depths, img, ys, xs, columns, offsets, thresholds, BG)
+    responses = feature_matrix(depths, img, ys, xs, offsets, BG)
+    expected = np.zeros_like(hist)
+    for e in range(len(img)):
+        for f in range(9):
+            r = _numpy_response(depths, img[e], ys[e], xs[e], offsets[f])
+            assert responses[e, f] == pytest.approx(r)
+            expected[columns[e], f, np.searchsorted(thresholds[f], r, side="right")] += 1
+    np.testing.assert_array_equal(hist, expected)
+    assert hist.sum() == len(img) * 9
+
+
+def _numpy_gain(hist_node, weights, f, t):
+    total = hist_node[f].sum(axis=0) * weights
+    left = hist_node[f, :t + 1].sum(axis=0) * weights
+    right = total - left
+
+    def h(v):
+        p = v[v > 0] / v.sum()
+        return -(p * np.log(p)).sum()
+    return h(total) - (left.sum() * h(left) + right.sum() * h(right)) / total.sum()
+
+
+def test_best_split_matches_numpy_information_gain():
+    rng = np.random.default_rng(1)
+    hist = rng.integers(0, 4, (2, 5, 7, 31)).astype(np.int32)
+    hist[:, :, :, 10:] = 0                        # a few classes only
+    hist[:, 1:, :, :] = np.stack([np.roll(hist[:, 0], k, axis=1) for k in range(1, 5)], axis=1)
+    hist[1, :, :, 6:] = 0                          # node 1 sees only 6 classes
+    weights = rng.uniform(0.5, 2.0, 31)
+    # compact layout: node s keeps only its classes that occur (columns), here 0..9 and 0..5
+    present = [np.arange(10), np.arange(6)]
+    compact = np.concatenate([hist[s][:, :, present[s]].transpose(2, 0, 1) for s in range(2)])
+    col_start = np.array([0, 10, 16], np.int32)
+    col_class = np.concatenate(present).astype(np.int32)
+    feature, threshold, gain, left, right = best_splits(compact, col_start, col_class, weights, 1, 31)
+    for s in range(2):
+        gains = {(f, t): _numpy_gain(hist[s].astype(float), weights, f, t)
+                 for f in range(5) for t in range(6)}
+        best = max(gains.values())
+        assert gain[s] == pytest.approx(best, rel=1e-9)
+        assert (feature[s], threshold[s]) == min(k for k, v in gains.items() if v >= best - 1e-12)
+        np.testing.assert_array_equal(left[s] + right[s], hist[s, 0].sum(axis=0))
+
+
+def test_tree_traversal_matches_python():
+    rng, depths, img, ys, xs = _random_scene(2)
+    offsets, thresholds = candidate_pool(rng, 3, 1, 20.0, 500.0, 0.0)
+    # root splits on feature 0; its left child on feature 1; three leaves
+    node_off = np.stack([offsets[0], offsets[1], np.zeros(4), np.zeros(4), np.zeros(4)]).astype(np.float32)
+    node_thr = np.array([thresholds[0, 0], thresholds[1, 0], 0, 0, 0], np.float32)
+    left = np.array([1, 3, -1, -1, -1], np.int32)
+    right = np.array([2, 4, -1, -1, -1], np.int32)
+    nodes = assign_nodes(depths, img, ys, xs, node_off, node_thr, left, right, BG)
+    for e in range(len(img)):
+        n = 0
+        while left[n] >= 0:
+            n = left[n] if _numpy_response(depths, img[e], ys[e], xs[e], node_off[n]) < node_thr[n] else right[n]
+        assert nodes[e] == n
+    assert len(set(nodes.tolist())) == 3

@@ -1,0 +1,77 @@
+"""workload=forest: the Kinect body-part decision forest trained in distributed rounds.
+
+Source: Budiu, Shotton, Murray, Finocchio, "Parallelizing the Training of the Kinect
+Body Parts Labeling Algorithm" (../shared/seeds/000_c5cb42071963b0ee.txt).
+Plain Ray tasks (histograms over data-unit x feature partitions) and actors (histogram
+sums and best splits over node partitions); no Ray Train. Kept light: heavy imports
+happen in `run`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+STRATEGIES = ("tasks",)
+CHECKPOINT_NAME = "forest_checkpoint.npz"
+
+
+def resolve_checkpoint(path) -> Path:
+    """A checkpoint file, or a run folder holding CHECKPOINT_NAME -> the checkpoint file."""
+    path = Path(path).expanduser()
+    return path / CHECKPOINT_NAME if path.is_dir() else path
+
+
+def validate(cfg: dict) -> None:
+    """Check every `forest.*` knob before Ray starts; raises orchard.ConfigError."""
+    from orchard import ConfigError
+    from orchard.config import require, require_path, require_positive
+
+    f = cfg["forest"]
+    for key in ("train_images", "test_images", "image_height", "image_width", "images_per_block",
+                "examples_per_image", "num_trees", "max_depth", "n_offsets", "n_thresholds",
+                "min_examples", "min_child_examples", "figure_images"):
+        require_positive(cfg, f"forest.{key}", integer=True)
+    for key in ("max_offset_m", "threshold_range_mm", "background_mm", "memory_budget_mb"):
+        require_positive(cfg, f"forest.{key}")
+    for key in ("image_fraction", "pixel_fraction"):
+        require(cfg, f"forest.{key}", lambda v: 0 < v <= 1, "a fraction in (0, 1]")
+    require(cfg, "forest.unary_fraction", lambda v: 0 <= v <= 1, "a fraction in [0, 1]")
+    require(cfg, "forest.min_gain", lambda v: v >= 0, "a number >= 0")
+    for key in ("flip_prob", "compose_prob", "clutter_prob", "dropout"):
+        require(cfg, f"forest.preprocess.{key}", lambda v: 0 <= v <= 1, "a probability in [0, 1]")
+    require(cfg, "forest.preprocess.noise_sigma_mm", lambda v: v >= 0, "a number >= 0")
+    require(cfg, "forest.preprocess.clutter_objects", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0")
+    require(cfg, "forest.image_height", lambda v: v >= 16, "at least 16 pixels")
+    require(cfg, "forest.image_width", lambda v: v >= 16, "at least 16 pixels")
+    for degree in ("data_units", "features", "nodes"):
+        require_positive(cfg, f"forest.partitions.{degree}", integer=True)
+    for i, entry in enumerate(f.get("partitions_by_depth") or []):
+        if not isinstance(entry, dict) or "from_depth" not in entry \
+                or not set(entry) <= {"from_depth", "data_units", "features", "nodes"} \
+                or any(not isinstance(v, int) or v < (0 if k == "from_depth" else 1) for k, v in entry.items()):
+            raise ConfigError(f"forest.partitions_by_depth[{i}]",
+                              f"{{from_depth: int >= 0, data_units|features|nodes: int >= 1}}, got {entry!r}")
+    if f["partitions"]["features"] > f["n_offsets"]:
+        raise ConfigError("forest.partitions.features",
+                          f"at most forest.n_offsets={f['n_offsets']} feature partitions, got {f['partitions']['features']}")
+    one_node = f["n_offsets"] * (f["n_thresholds"] + 1) * 31 * 4
+    if f["memory_budget_mb"] * 2**20 < one_node:
+        raise ConfigError("forest.memory_budget_mb",
+                          f"at least {one_node / 2**20:.2f} (one node's full histogram), got {f['memory_budget_mb']}")
+    try:
+        from .depth_png import palette_array
+        palette_array(f["palette"])
+    except Exception as exc:  # noqa: BLE001 - any malformed palette is a config error
+        raise ConfigError("forest.palette", f"32 distinct '#rrggbb' colours (31 parts, then background): {exc}")
+    require_path(cfg, "forest.data_dir", kind="dir")
+    if f.get("resume") is not None:
+        require(cfg, "forest.resume", lambda v: resolve_checkpoint(v).is_file(),
+                f"a {CHECKPOINT_NAME} file or a run folder that holds one")
+    if f.get("stop_after_rounds") is not None:
+        require_positive(cfg, "forest.stop_after_rounds", integer=True)
+
+
+def run(cfg: dict, ctx) -> dict[str, float]:
+    """Render/load data, train the forest in rounds, evaluate; see train.py."""
+    from .train import train_and_evaluate
+
+    return train_and_evaluate(cfg, ctx)

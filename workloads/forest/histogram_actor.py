@@ -1,0 +1,72 @@
+"""Histogram actors: each owns a partition of the frontier nodes (2.2, phases 2-3).
+
+Phase-2 tasks send an actor the slice of their partial histogram that covers its
+nodes; the actor sums the slices of all data partitions into one lazily allocated
+compact (node-class columns, features, bins) array and, in phase 3, picks the best feature and
+threshold per node. Integer counts make the sum independent of arrival order, so the
+result does not depend on how the work was partitioned or retried.
+
+Fault tolerance: the actor reports which partial histograms it has summed; the
+driver compares with what it sent and replays the (still referenced) partials into a
+restarted or recreated actor, so a killed actor cannot change the tree.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+
+class HistogramActor:
+    """Sums partial histograms for one node partition; computes their best splits."""
+
+    def __init__(self):
+        import numba
+
+        # Several actors share the machine with the phase-2 tasks: one thread each.
+        numba.set_num_threads(1)
+        self.hist = None
+        self.parts: set = set()
+        self.busy_s = 0.0
+        self.peak_bytes = 0
+
+    def reset(self, n_columns: int, n_features: int, n_bins: int) -> bool:
+        """Start a node batch; the histogram is allocated lazily on the first add."""
+        self.shape = (n_columns, n_features, n_bins)
+        self.hist, self.parts, self.busy_s, self.peak_bytes = None, set(), 0.0, 0
+        return True
+
+    def add(self, part_id: int, feature_start: int, partial: np.ndarray) -> int:
+        """Sum a task's partial (columns, its features, bins) into features
+        [feature_start, ...); `part_id` identifies the task. Returns parts summed so far."""
+        start = time.perf_counter()
+        if part_id not in self.parts:  # a replayed partial must not be counted twice
+            if self.hist is None:
+                self.hist = np.zeros(self.shape, np.int32)
+                self.peak_bytes = self.hist.nbytes
+            self.hist[:, feature_start:feature_start + partial.shape[1]] += partial
+            self.parts.add(part_id)
+        self.busy_s += time.perf_counter() - start
+        return len(self.parts)
+
+    def best(self, col_start: np.ndarray, col_class: np.ndarray, class_weights: np.ndarray,
+             min_child_examples: int) -> dict:
+        """Phase 3 over this actor's nodes (their columns: col_start (S+1,), col_class);
+        see `histogram_kernels.best_splits`."""
+        from .histogram_kernels import best_splits
+
+        start = time.perf_counter()
+        if self.hist is None:
+            self.hist = np.zeros(self.shape, np.int32)
+        weights = np.asarray(class_weights, np.float64)
+        feature, threshold, gain, left, right = best_splits(
+            self.hist, col_start, col_class, weights, int(min_child_examples), len(weights))
+        self.busy_s += time.perf_counter() - start
+        result = {"parts": sorted(self.parts), "feature": feature, "threshold": threshold,
+                  "gain": gain, "left": left, "right": right, "busy_s": self.busy_s,
+                  "peak_bytes": self.peak_bytes}
+        self.hist = None  # free the batch's memory before the next batch arrives
+        return result
+
+    def ping(self) -> bool:
+        return True

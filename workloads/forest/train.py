@@ -1,0 +1,153 @@
+"""The forest workload's driver: data, T trees in rounds, evaluation, figures.
+
+  [1] corpus: real PNG pairs from `forest.data_dir`, or the synthetic avatar corpus
+      rendered in parallel Ray tasks into the run folder, in the same format (2.1)
+  [2] preprocessing into data units (flip / compose / clutter / noise, 2,000 examples
+      per image) in parallel Ray tasks; the blocks stay in the object store
+  [3] T trees, each grown in breadth-first rounds (rounds.py), checkpointed every round;
+      `forest.resume` continues from the last completed round
+  [4] evaluation on held-out images: per-pixel and mean per-class accuracy, confusion
+      matrix and predicted labelings as figures, inference pixels/s
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import ray
+
+from . import CHECKPOINT_NAME, resolve_checkpoint
+from .avatar import focal_length_px, render_dataset
+from .body_parts import BACKGROUND, PART_NAMES
+from .data_unit import build_blocks
+from .depth_png import palette_array
+from .features import candidate_pool
+from .inference import (accuracy_metrics, confusion_figure, confusion_matrix, labelings_figure,
+                        pack_forest, predict_images)
+from .rounds import RoundRunner
+from .tree import config_fingerprint, load_checkpoint
+
+
+def tree_pool(seed: int, tree_index: int, forest_cfg: dict):
+    """Tree `tree_index`'s candidate features: offsets (F, 4) pixel-metres, thresholds (F, T) mm."""
+    rng = np.random.default_rng([seed, 3, tree_index])
+    max_offset_pxm = forest_cfg["max_offset_m"] * focal_length_px(forest_cfg["image_width"])
+    return candidate_pool(rng, forest_cfg["n_offsets"], forest_cfg["n_thresholds"], max_offset_pxm,
+                          forest_cfg["threshold_range_mm"], forest_cfg["unary_fraction"])
+
+
+def corpus(cfg: dict, run_dir: Path, palette: np.ndarray, parallelism: int):
+    """(train stems, test stems) of PNG pairs: real data split by name order, or rendered."""
+    f = cfg["forest"]
+    if f.get("data_dir"):
+        stems = sorted(p.with_name(p.name[:-len("_depth.png")])
+                       for p in Path(f["data_dir"]).expanduser().glob("*_depth.png"))
+        if len(stems) < 2:
+            raise FileNotFoundError(f"forest.data_dir={f['data_dir']}: need >= 2 *_depth.png files")
+        n_test = min(len(stems) - 1, f["test_images"])
+        return stems[:len(stems) - n_test][:f["train_images"]], stems[len(stems) - n_test:]
+    h, w = f["image_height"], f["image_width"]
+    train = render_dataset(run_dir / "data" / "train", f["train_images"], cfg["seed"], 0, h, w,
+                           palette, parallelism)
+    test = render_dataset(run_dir / "data" / "test", f["test_images"], cfg["seed"], 1, h, w,
+                          palette, parallelism)
+    return train, test
+
+
+def initial_state(forest_cfg: dict, seed: int) -> dict:
+    """A fresh checkpoint state, or the one `forest.resume` points at (same forest config)."""
+    fingerprint = config_fingerprint(forest_cfg, seed)
+    if forest_cfg.get("resume") is None:
+        return {"fingerprint": fingerprint, "trees": [], "class_weights": [], "partial": None,
+                "frontier": [], "next_depth": 0}
+    state = load_checkpoint(resolve_checkpoint(forest_cfg["resume"]))
+    if state["fingerprint"] != fingerprint:
+        raise ValueError("forest.resume: the checkpoint was trained with a different forest "
+                         f"config or seed:\n  checkpoint: {state['fingerprint']}\n  this run: {fingerprint}")
+    return state
+
+
+def evaluate(trees, class_weights, test_refs, forest_cfg, palette, ctx) -> dict:
+    """Metrics and figures of the finished forest on the held-out blocks."""
+    blocks = ray.get(test_refs)
+    depths = np.concatenate([b["depths"] for b in blocks])
+    truth = np.concatenate([b["labels"] for b in blocks])
+    mask = (truth != BACKGROUND) & (depths > 0)
+    predicted, pixels_per_s = predict_images(pack_forest(trees, class_weights), depths, mask,
+                                             forest_cfg["background_mm"])
+    confusion = confusion_matrix(np.where(mask, truth, BACKGROUND), predicted)
+    acc = accuracy_metrics(confusion)
+    ctx.log_figure(confusion_figure(confusion, PART_NAMES), "figures/confusion_matrix.png")
+    ctx.log_figure(labelings_figure(depths, np.where(mask, truth, BACKGROUND), predicted, palette,
+                                    forest_cfg["figure_images"]), "figures/predicted_labelings.png")
+    ctx.log_dict({"parts": list(PART_NAMES), "confusion": confusion.tolist()}, "tables/confusion.json")
+    return {"test/pixel_accuracy": acc["pixel_accuracy"],
+            "test/mean_class_accuracy": acc["mean_class_accuracy"],
+            "test/pixels": float(mask.sum()),
+            "throughput/inference_pixels_per_s": pixels_per_s}
+
+
+def train_and_evaluate(cfg: dict, ctx) -> dict[str, float]:
+    """The workload's `run`: returns final metrics (`split/name`)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    f, strategy, seed = cfg["forest"], cfg["strategy"], cfg["seed"]
+    started = time.perf_counter()
+    palette = palette_array(f["palette"])
+    run_dir = Path(ctx.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    parallelism = max(1, int(strategy["num_workers"]))
+    # [1] corpus in the real PNG format
+    train_stems, test_stems = corpus(cfg, run_dir, palette, parallelism)
+    # [2] data units: preprocessing + example sampling, materialised in the object store
+    common = dict(seed=seed, palette=palette, preprocess_settings=f["preprocess"],
+                  examples_per_image=f["examples_per_image"])
+    train_refs = build_blocks(train_stems, f["images_per_block"], keep_labels=False, **common)
+    test_refs = build_blocks(test_stems, f["images_per_block"], keep_labels=True,
+                             first_block_id=1_000_000, first_image_id=1_000_000, **common)
+    ray.wait(train_refs + test_refs, num_returns=len(train_refs) + len(test_refs), fetch_local=False)
+    data_s = time.perf_counter() - started
+    # [3] trees in rounds
+    state = initial_state(f, seed)
+    total_rounds = f["num_trees"] * f["max_depth"]
+    history: list[dict] = []
+
+    def on_round(tree_index, depth, metrics):
+        step = tree_index * f["max_depth"] + depth
+        history.append(metrics)
+        ctx.log_metrics(metrics, step=step)
+        ctx.progress(step + 1, total_rounds, desc=f"tree {tree_index + 1}/{f['num_trees']} depth {depth}",
+                     **{"Mef/s": metrics["round/example_features_per_s"] / 1e6})
+
+    runner = RoundRunner(train_refs, f, strategy, seed, run_dir / CHECKPOINT_NAME, on_round)
+    train_start = time.perf_counter()
+    try:
+        for tree_index in range(len(state["trees"]), f["num_trees"]):
+            runner.train_tree(tree_index, tree_pool(seed, tree_index, f), state)
+    finally:
+        runner.shutdown()
+    train_s = time.perf_counter() - train_start
+    ctx.log_artifact(run_dir / CHECKPOINT_NAME, "model")
+    # [4] evaluation
+    metrics = evaluate(state["trees"], state["class_weights"], test_refs, f, palette, ctx)
+    plt.close("all")
+    phase2 = sum(m["round/phase2_s"] for m in history)
+    metrics.update({
+        "train/trees": float(len(state["trees"])),
+        "train/nodes": float(sum(len(t["left"]) for t in state["trees"])),
+        "train/max_depth_reached": float(max(int(t["depth"].max()) for t in state["trees"])),
+        "train/rounds_this_run": float(len(history)),
+        "train/hist_peak_bytes": float(max([m["round/hist_peak_bytes"] for m in history] or [0])),
+        "throughput/example_features_per_s": (
+            sum(m["round/example_features_per_s"] * m["round/phase2_s"] for m in history) / phase2
+            if phase2 else 0.0),
+        "throughput/effective_parallelism": (
+            sum(m["round/effective_parallelism"] * m["round/total_s"] for m in history)
+            / max(sum(m["round/total_s"] for m in history), 1e-9)),
+        "time/data_s": data_s, "time/train_s": train_s,
+        "time/total_s": time.perf_counter() - started,
+    })
+    return metrics
