@@ -1,0 +1,105 @@
+"""Each aggregation method on hand-made scores; highlight detection and sliding windows."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from workloads.video import aggregation
+from workloads.video.inference import classify_untrimmed, highlight_mask, window_offsets
+from workloads.video.train import shift_workers
+
+
+def _one_video(spatial, temporal):
+    return {"spatial": np.array([spatial], float), "temporal": np.array([temporal], float)}
+
+
+def test_avg_max_and_topk_pooling_on_hand_made_scores():
+    # one video, 3 segments, 3 classes; two streams
+    spatial = [[0.6, 0.3, 0.1], [0.6, 0.3, 0.1], [0.0, 0.1, 0.9]]
+    temporal = [[0.5, 0.4, 0.1], [0.5, 0.4, 0.1], [0.0, 0.2, 0.8]]
+    s = _one_video(spatial, temporal)
+    stacked = aggregation._stack(s)
+    assert np.allclose(aggregation.pool_avg(stacked)[0], [(0.4 + 1 / 3) / 2, (0.7 / 3 + 1 / 3) / 2, (1.1 / 3 + 1 / 3) / 2])
+    # avg says class 0, max says class 2 (one confident segment), top-2 says class 0
+    assert aggregation.fuse("avg", s, {}).argmax() == 0
+    assert aggregation.fuse("max", s, {}).argmax() == 2
+    assert np.allclose(aggregation.pool_max(stacked)[0], [0.55, 0.35, 0.85])
+    assert np.allclose(aggregation.pool_topk(stacked, k=2)[0], [0.55, 0.35, (0.9 + 0.1 + 0.8 + 0.1) / 4])
+    assert np.allclose(aggregation.pool_topk(stacked, k=99), aggregation.pool_avg(stacked))
+
+
+def _informative_and_noise_streams(n=40, c=4, seed=0):
+    """The temporal stream knows the label, the spatial one is noise."""
+    rng = np.random.default_rng(seed)
+    labels = np.arange(n) % c
+    temporal = rng.dirichlet(np.ones(c), size=(n, 3)) * 0.5
+    temporal[np.arange(n), :, labels] += 0.5
+    spatial = rng.dirichlet(np.ones(c) * 0.3, size=(n, 3))
+    return {"spatial": spatial, "temporal": temporal}, labels
+
+
+def test_linear_weighting_learns_to_trust_the_informative_stream():
+    scores, labels = _informative_and_noise_streams()
+    w = aggregation.fit_linear(aggregation._stack(scores), labels)
+    assert w.sum() == pytest.approx(1.0)
+    assert w[1] > w[0]                       # sorted streams: spatial, temporal
+    fused = aggregation.fuse("linear", scores, {"linear_weights": {"spatial": w[0], "temporal": w[1]}})
+    assert aggregation.topk_accuracy(fused, labels, 1) == 1.0
+
+
+def test_attention_weighting_beats_averaging_a_noise_stream():
+    scores, labels = _informative_and_noise_streams(seed=1)
+    stacked = aggregation._stack(scores)
+    pool = aggregation.AttentionPool(steps=120, seed=0).fit(stacked, labels)
+    acc_attention = aggregation.topk_accuracy(pool.predict(stacked), labels, 1)
+    acc_avg = aggregation.topk_accuracy(aggregation.pool_avg(stacked), labels, 1)
+    assert acc_attention == 1.0 and acc_attention >= acc_avg
+
+
+def test_evaluate_reports_every_method_tags_a_winner_and_topk_accuracy():
+    scores, labels = _informative_and_noise_streams(n=48, c=6)
+    out = aggregation.evaluate(scores, labels, topk=2, n_folds=2, attention_steps=40)
+    methods = [r["method"] for r in out["table"]]
+    assert methods[:5] == list(aggregation.METHODS)
+    assert {"spatial_only", "temporal_only"} <= set(methods)
+    assert out["winner"] in aggregation.METHODS
+    best = max(r["top1"] for r in out["table"][:5])
+    assert next(r for r in out["table"] if r["method"] == out["winner"])["top1"] == best
+    assert all("top5" in r for r in out["table"])               # 6 classes: top-5 is meaningful
+    assert aggregation.topk_accuracy(np.eye(3), np.array([0, 1, 2]), 1) == 1.0
+    assert aggregation.topk_accuracy(np.array([[0.5, 0.3, 0.2]]), np.array([2]), 2) == 0.0
+
+
+def test_sliding_windows_cover_the_whole_video():
+    assert window_offsets(20, 8, 4) == [0, 4, 8, 12]
+    assert window_offsets(21, 8, 4) == [0, 4, 8, 12, 13]
+    assert window_offsets(5, 8, 4) == [0]
+
+
+def test_highlight_detection_drops_background_windows_and_never_returns_nothing():
+    conf = np.array([0.9, 0.2, 0.8, 0.95])
+    motion = np.array([1.0, 1.0, 0.0, 2.0])
+    assert highlight_mask(conf, motion, 0.5, 0.3).tolist() == [True, False, False, True]
+    assert highlight_mask(np.array([0.1, 0.3]), np.array([0.0, 0.0]), 0.5, 0.3).tolist() == [False, True]
+
+
+def test_untrimmed_label_comes_from_the_highlights_not_the_background():
+    # 12 windows: 10 background windows lean to class 1 with low confidence and no motion,
+    # 2 action windows say class 2 with confidence
+    bg, act = [0.3, 0.45, 0.25], [0.05, 0.05, 0.9]
+    rows = np.array([bg] * 10 + [act] * 2)
+    window_scores = {"spatial": rows, "temporal": rows}
+    motion = np.array([0.0] * 10 + [1.5] * 2)
+    out = classify_untrimmed(window_scores, motion, "avg", {}, {"min_confidence": 0.5, "min_motion": 0.3}, topk=2)
+    assert out["keep"].tolist() == [False] * 10 + [True] * 2
+    assert out["label"] == 2
+    assert out["label_all_windows"] == 1         # without highlight detection the background wins
+
+
+def test_worker_shifting_rule_moves_one_worker_to_the_lagging_stream():
+    alloc, why = shift_workers({"spatial": 2, "temporal": 1}, {"spatial": 0.5, "temporal": 1.0}, 1.2, 1)
+    assert alloc == {"spatial": 1, "temporal": 2} and "temporal lags" in why
+    same, _ = shift_workers({"spatial": 2, "temporal": 1}, {"spatial": 0.9, "temporal": 1.0}, 1.2, 1)
+    assert same == {"spatial": 2, "temporal": 1}
+    floor, why = shift_workers({"spatial": 1, "temporal": 1}, {"spatial": 0.5, "temporal": 1.0}, 1.2, 1)
+    assert floor == {"spatial": 1, "temporal": 1} and "minimum" in why

@@ -1,0 +1,71 @@
+"""The cache layer: the second epoch over the same segments is served from the cache."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from workloads.video.cache import FeatureCache, cache_key, make_cache
+
+from .conftest import pipeline_config
+
+
+def test_disk_cache_round_trip_and_counters(tmp_path):
+    cache = make_cache("disk", tmp_path, max_mb=1)
+    key = cache_key(__file__, 3, 5, 32, "flow", "bound=20")
+    assert cache.get(key) is None and cache.misses == 1
+    arr = np.arange(24, dtype=np.uint8).reshape(2, 3, 4)
+    cache.put(key, arr, compute_s=0.5)
+    again = FeatureCache("disk", directory=cache.directory)   # another process's view
+    assert np.array_equal(again.get(key), arr)
+    assert again.hits == 1 and 0 < again.saved_s <= 0.5
+    assert cache.total_bytes() > arr.nbytes                    # .npz header + data on disk
+
+
+def test_keys_differ_by_every_part_of_the_request():
+    base = ("a.mp4", 3, 5, 32, "flow", "")
+    keys = {cache_key(*base), cache_key("b.mp4", 3, 5, 32, "flow"), cache_key("a.mp4", 4, 5, 32, "flow"),
+            cache_key("a.mp4", 3, 6, 32, "flow"), cache_key("a.mp4", 3, 5, 64, "flow"),
+            cache_key("a.mp4", 3, 5, 32, "rgb"), cache_key("a.mp4", 3, 5, 32, "flow", "bound=10")}
+    assert len(keys) == 7
+
+
+def test_none_cache_never_hits():
+    cache = FeatureCache("none")
+    cache.put("k", np.zeros(3), 1.0)
+    assert cache.get("k") is None and cache.hits == 0
+
+
+def test_memory_store_evicts_oldest_first(ray_session):
+    import ray
+
+    cache = make_cache("memory", "/nonexistent", max_mb=1 / 1024)    # 1 KiB
+    for i in range(3):
+        cache.put(f"k{i}", np.full(400, i, np.uint8), 0.1)
+    ray.get(cache.store.size_bytes.remote())                          # puts are ordered before this
+    assert cache.get("k0") is None                                    # evicted
+    assert cache.get("k2") is not None and cache.total_bytes() <= 1024
+
+
+@pytest.mark.parametrize("kind", ["memory", "disk"])
+def test_second_epoch_over_the_same_segments_hits_the_cache(ray_session, tiny_videos, tmp_path, kind):
+    import ray
+
+    from workloads.video.master import start_master
+    from workloads.video.pipeline import build_dataset, collect
+
+    _, index = tiny_videos
+    master = start_master(index.labels, index.lengths, seed=0)
+    cache = make_cache(kind, tmp_path, max_mb=64)
+    segs = [{"video": v, "label": index.labels[v], "offset": 2 * v, "count": 5} for v in range(6)]
+    results = []
+    for _ in range(2):
+        ds = build_dataset(segs, ["flow"], index.paths, index.lengths, pipeline_config(), master, cache)
+        feats, meta = collect(ds, "flow", ("video",))
+        results.append(feats[np.argsort(meta["video"])])
+        results.append(ray.get(master.stage_stats.remote(True)))
+    first, first_stats, second, second_stats = results
+    assert np.array_equal(first, second)
+    assert first_stats["flow"]["hits"] == 0 and first_stats["flow"]["misses"] == 6
+    assert second_stats["flow"]["hits"] == 6 and second_stats["decode"]["hits"] == 6
+    assert second_stats["flow"]["saved_s"] > 0
+    assert cache.total_bytes() > 0

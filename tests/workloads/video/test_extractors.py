@@ -1,0 +1,107 @@
+"""Each extractor's output shape and dtype, known-answer cases, and open registration."""
+from __future__ import annotations
+
+import cv2
+import numpy as np
+import pytest
+
+from workloads.video import extractors
+from workloads.video.extractors import build_extractor, register
+
+
+def _texture(size=64, seed=0):
+    rng = np.random.default_rng(seed)
+    coarse = rng.integers(0, 256, (size // 4, size // 4), dtype=np.uint8)
+    return cv2.GaussianBlur(cv2.resize(coarse, (size, size), interpolation=cv2.INTER_CUBIC), (3, 3), 0)
+
+
+def _translating_clip(dx: float, dy: float, frames: int, size=64) -> np.ndarray:
+    base = _texture(size * 2)
+    out = []
+    for t in range(frames):
+        m = np.float32([[1, 0, dx * t], [0, 1, dy * t]])
+        g = cv2.warpAffine(base, m, (size * 2, size * 2), borderMode=cv2.BORDER_REFLECT)
+        g = g[size // 2:size // 2 + size, size // 2:size // 2 + size]
+        out.append(np.repeat(g[..., None], 3, axis=2))
+    return np.stack(out)
+
+
+@pytest.mark.parametrize("name,shape", [("rgb", (3, 32, 32)), ("framediff", (4, 32, 32)),
+                                        ("flow", (8, 32, 32)), ("hog", (9, 4, 4))])
+def test_output_shapes_and_dtypes(name, shape):
+    ext = build_extractor(name, stack=4)
+    frames = np.random.default_rng(0).integers(0, 256, (ext.frames_needed(4), 32, 32, 3), dtype=np.uint8)
+    out = ext(frames)
+    assert out.shape == shape
+    assert out.dtype == np.uint8          # quantized for transmission
+
+
+@pytest.mark.parametrize("method", ["farneback", "dis_fast", "dis_medium"])
+def test_flow_known_answer_for_a_uniform_translation(method):
+    ext = build_extractor("flow", stack=3, method=method)
+    q = ext(_translating_clip(2.0, -1.0, 4))                  # (2L, H, W) quantized
+    flow = ext.dequantize(q)
+    centre = (slice(None), slice(16, 48), slice(16, 48))       # away from the borders
+    fx, fy = flow[0::2][centre].mean(), flow[1::2][centre].mean()
+    # the scene moves +2 px in x and -1 px in y per frame; quantization step is 40/255 px
+    assert fx == pytest.approx(2.0, abs=0.3)
+    assert fy == pytest.approx(-1.0, abs=0.3)
+
+
+def test_flow_quantization_round_trips_and_clips_at_the_bound():
+    ext = build_extractor("flow", stack=1, bound=20)
+    values = np.array([-30.0, -20.0, 0.0, 5.0, 20.0, 31.0], np.float32)
+    back = ext.dequantize(ext.quantize(values))
+    assert np.allclose(back, [-20, -20, 0, 5, 20, 20], atol=20 / 255 + 1e-6)
+
+
+def test_framediff_known_answer():
+    frames = np.zeros((3, 8, 8, 3), np.uint8)
+    frames[1] = 100
+    frames[2] = 40
+    d = build_extractor("framediff", stack=2)(frames).astype(int) * 2 - 255
+    assert np.all(np.abs(d[0] - 100) <= 1) and np.all(np.abs(d[1] + 60) <= 1)
+
+
+def test_hog_puts_a_vertical_edge_in_the_horizontal_gradient_bin():
+    img = np.zeros((16, 16, 3), np.uint8)
+    img[:, 8:] = 255                                          # vertical edge: gradient along x
+    hog = build_extractor("hog", bins=9, cell=8)(img[None]).astype(float)
+    assert hog.shape == (9, 2, 2)
+    assert hog[:, :, :].sum(axis=(1, 2)).argmax() == 0
+
+
+def test_rgb_is_the_middle_frame():
+    frames = np.stack([np.full((4, 4, 3), i, np.uint8) for i in range(5)])
+    assert np.all(build_extractor("rgb")(frames) == 2)
+
+
+class _MeanBrightness:
+    name = "brightness"
+
+    def __init__(self, **_):
+        pass
+
+    @staticmethod
+    def frames_needed(stack):
+        return 1
+
+    def __call__(self, frames):
+        return np.array([frames.mean()], np.float32)
+
+
+def test_outside_code_registers_an_extractor_with_one_line(monkeypatch):
+    import sys
+    import types
+
+    mod = types.ModuleType("my_video_features")
+    mod.MeanBrightness = _MeanBrightness
+    monkeypatch.setitem(sys.modules, "my_video_features", mod)
+    register("brightness", "my_video_features:MeanBrightness")
+    try:
+        out = build_extractor("brightness")(np.full((2, 4, 4, 3), 10, np.uint8))
+        assert out.tolist() == [10.0]
+    finally:
+        extractors.EXTRACTORS.pop("brightness")
+    with pytest.raises(KeyError):
+        build_extractor("brightness")

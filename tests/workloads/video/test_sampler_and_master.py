@@ -1,0 +1,108 @@
+"""The master: class-balanced, seeded segment sampling and start/stop/pause/resume of decoding."""
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from workloads.video.master import evenly_spaced_segments, sample_segments
+
+from .conftest import pipeline_config
+
+# 3 classes with very unequal video counts: a per-video sampler would be 10:2:1.
+LABELS = [0] * 10 + [1] * 2 + [2] * 1
+LENGTHS = [40] * 12 + [5]
+
+
+def test_classes_are_balanced_even_when_videos_are_not():
+    segs = sample_segments(LABELS, LENGTHS, list(range(13)), 3000, frame_count=8, seed=1, epoch=0)
+    per_class = Counter(s["label"] for s in segs)
+    for c in range(3):
+        assert abs(per_class[c] / 3000 - 1 / 3) < 0.04, per_class
+    assert all(LABELS[s["video"]] == s["label"] for s in segs)
+
+
+def test_offsets_stay_inside_the_video_and_on_the_grid():
+    segs = sample_segments(LABELS, LENGTHS, list(range(13)), 500, frame_count=8, seed=1, epoch=0,
+                           offset_stride=4)
+    for s in segs:
+        assert s["count"] == 8
+        assert s["offset"] % 4 == 0
+        assert 0 <= s["offset"] <= max(0, LENGTHS[s["video"]] - 8)
+    # the 5-frame video is shorter than the request: always offset 0 (the short rule loops it)
+    assert {s["offset"] for s in segs if s["video"] == 12} <= {0}
+
+
+def test_same_seed_same_epoch_same_sequence_and_new_epoch_new_sequence():
+    a = sample_segments(LABELS, LENGTHS, list(range(13)), 200, 8, seed=5, epoch=2)
+    b = sample_segments(LABELS, LENGTHS, list(range(13)), 200, 8, seed=5, epoch=2)
+    c = sample_segments(LABELS, LENGTHS, list(range(13)), 200, 8, seed=5, epoch=3)
+    d = sample_segments(LABELS, LENGTHS, list(range(13)), 200, 8, seed=6, epoch=2)
+    assert a == b
+    assert a != c and a != d
+
+
+def test_evenly_spaced_validation_segments_cover_the_video():
+    segs = evenly_spaced_segments([0, 1], [40, 40], [0, 1], per_video=5, frame_count=8)
+    assert [s["offset"] for s in segs if s["video"] == 0] == [0, 8, 16, 24, 32]
+    assert [s["segment"] for s in segs if s["video"] == 1] == [0, 1, 2, 3, 4]
+
+
+def _run_pipeline(segs, index, master, out: list):
+    from workloads.video.pipeline import build_dataset, consume
+
+    ds = build_dataset(segs, ["rgb"], index.paths, index.lengths, pipeline_config(), master=master)
+    for batch, _ in consume(ds, 4, ["rgb", "label"]):
+        out.append(len(batch["label"]))
+
+
+def test_pause_blocks_decoding_until_resume(ray_session, tiny_videos):
+    import ray
+
+    from workloads.video.master import start_master
+
+    _, index = tiny_videos
+    master = start_master(index.labels, index.lengths, seed=0)
+    segs = ray.get(master.epoch_segments.remote(index.subset("train"), 12, 5, 0))
+    assert ray.get(master.pause.remote()) == "paused"
+    got: list[int] = []
+    worker = threading.Thread(target=_run_pipeline, args=(segs, index, master, got), daemon=True)
+    worker.start()
+    # wait (bounded) until a decode worker is parked on the paused gate
+    deadline = time.monotonic() + 180
+    while ray.get(master.waiting_decoders.remote()) == 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray.get(master.waiting_decoders.remote()) >= 1
+    assert sum(got) == 0
+    assert "decode" not in ray.get(master.stage_stats.remote())   # nothing decoded while paused
+    assert ray.get(master.resume.remote()) == "running"
+    worker.join(timeout=300)
+    assert not worker.is_alive()
+    assert sum(got) == 12
+    assert ray.get(master.stage_stats.remote())["decode"]["items"] == 12
+
+
+def test_stop_drops_the_remaining_work_without_failing(ray_session, tiny_videos):
+    import ray
+
+    from workloads.video.master import start_master
+
+    _, index = tiny_videos
+    master = start_master(index.labels, index.lengths, seed=0)
+    segs = ray.get(master.epoch_segments.remote(index.subset("train"), 8, 5, 0))
+    ray.get(master.stop.remote())
+    got: list[int] = []
+    _run_pipeline(segs, index, master, got)
+    assert sum(got) == 0
+    assert ray.get(master.state.remote()) == "stopped"
+    ray.get(master.start.remote())
+    got.clear()
+    _run_pipeline(segs, index, master, got)
+    assert sum(got) == 8
+
+
+def test_sampler_refuses_an_empty_video_list():
+    with pytest.raises(ValueError):
+        sample_segments([], [], [], 1, 8, 0, 0)

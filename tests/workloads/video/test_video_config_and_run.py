@@ -1,0 +1,87 @@
+"""workload=video composes, refuses bad configs before Ray starts, and runs end to end."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from orchard import ConfigError
+
+
+def test_default_and_smoke_configs_compose_and_validate(compose):
+    import workloads.video as video
+
+    cfg = compose("workload=video")
+    assert cfg["strategy"]["name"] == "ring"
+    assert cfg["video"]["streams"] == {"spatial": "rgb", "temporal": "flow"}
+    video.validate(cfg)
+    smoke = compose("workload=video", "debug=smoke")
+    assert smoke["smoke"] is True and smoke["video"]["epochs"] == 1
+    video.validate(smoke)
+
+
+@pytest.mark.parametrize("experiment", ["video_framediff", "video_three_streams"])
+def test_video_experiments_compose_and_validate(compose, experiment):
+    import workloads.video as video
+
+    cfg = compose("workload=video", f"experiment={experiment}")
+    video.validate(cfg)
+    assert set(cfg["video"]["workers"]) == set(cfg["video"]["streams"])
+
+
+@pytest.mark.parametrize("override,key", [
+    ("video.cache=redis", "video.cache"),
+    ("video.streams.temporal=audio", "video.streams.temporal"),
+    ("video.extractor_options.flow.method=tvl1", "video.extractor_options.flow.method"),
+    ("video.size=33", "video.size"),
+    ("video.decode_concurrency=[3,1]", "video.decode_concurrency"),
+    ("video.root=/no/such/folder", "video.root"),
+])
+def test_bad_values_are_refused_with_the_key(compose, override, key):
+    import workloads.video as video
+
+    with pytest.raises(ConfigError) as err:
+        video.validate(compose("workload=video", override))
+    assert err.value.key == key
+
+
+def test_ps_strategy_is_refused_for_video():
+    from orchard.cli import prepare
+
+    with pytest.raises(ConfigError) as err:
+        prepare(["workload=video", "strategy=ps"])
+    assert "ring" in str(err.value)
+
+
+def _artifact_json(result, path: str, tmp_path) -> dict:
+    local = result.client.download_artifacts(result.run.info.run_id, path, str(tmp_path))
+    return json.loads(Path(local).read_text())
+
+
+@pytest.mark.slow
+def test_smoke_run_end_to_end_records_streams_fusion_skips_and_stages(run_orchard, tmp_path):
+    result = run_orchard("workload=video", "debug=smoke")
+    assert result.exit_code == 0, result.outcome.error
+    m = result.run.data.metrics
+    # both streams trained and were scored on validation
+    for stream in ("spatial", "temporal"):
+        assert f"throughput/{stream}_clips_per_s" in m and f"val/{stream}_top1" in m
+        assert len(result.history(f"train/{stream}_loss")) >= 1
+    # the aggregation table, with the winner tagged
+    table = _artifact_json(result, "tables/aggregation.json", tmp_path)
+    assert [r["method"] for r in table["table"]][:5] == ["avg", "max", "topk", "linear", "attention"]
+    assert result.run.data.tags["video.aggregation_winner"] == table["winner"]
+    assert all(f"val/agg_{meth}_top1" in m for meth in ("avg", "max", "topk", "linear", "attention"))
+    # the 4 bad files the generator adds are skipped, counted and named
+    assert m["data/skipped_files"] == 4
+    assert "corrupt.mp4" in result.run.data.tags["video.skipped_files"]
+    # per-stage pipeline metrics and the cache report
+    for stage in ("decode", "rgb", "flow"):
+        assert f"pipeline/{stage}_items_per_s" in m
+    assert m["pipeline/decode_frames_per_s"] > 0
+    assert m["cache/mb_cached"] > 0 and m["cache/mb_video"] > 0
+    # untrimmed inference produced a label and per-window scores for each video
+    assert "infer/windows_per_s" in m
+    records = _artifact_json(result, "tables/untrimmed_predictions.json", tmp_path)
+    assert len(records["videos"]) == 2 and all(v["windows"] for v in records["videos"])

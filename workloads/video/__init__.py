@@ -1,0 +1,74 @@
+"""workload=video: the Hierarchical Elastic Video learning system (HEV) as Ray Data stages.
+
+Source: ../shared/seeds/002_72214092b69955a1.txt (design notes, partly Chinese). Layers:
+video cache/decode (decoder.py, cache.py), feature extraction (extractors.py, stages.py,
+pipeline.py), two-stream CNN training (model.py, train.py), fusion (aggregation.py),
+inference on untrimmed video (inference.py), master/bypass control (master.py).
+Light on purpose: nothing heavy is imported until ``run``.
+"""
+from __future__ import annotations
+
+STRATEGIES = ("ring",)
+
+_CACHES = ("none", "memory", "disk")
+_SHORT_RULES = ("loop", "pad")
+_FEATURES = ("rgb", "framediff", "flow", "hog")
+_FLOW_METHODS = ("farneback", "dis_fast", "dis_medium")
+_AGGREGATIONS = ("winner", "avg", "max", "topk", "linear", "attention")
+
+
+def _pool(cfg: dict, key: str) -> None:
+    from orchard.config import require
+
+    require(cfg, key, lambda v: (isinstance(v, int) and v > 0) or
+            (len(v) == 2 and 0 < int(v[0]) <= int(v[1])), "a positive int or [min, max] with 0 < min <= max")
+
+
+def validate(cfg: dict) -> None:
+    """Reject a bad ``video.*`` config before Ray starts (raises ``orchard.ConfigError``)."""
+    from orchard import ConfigError
+    from orchard.config import require, require_choice, require_path, require_positive
+
+    v = cfg["video"]
+    require_path(cfg, "video.root", allow_none=True)
+    require_choice(cfg, "video.cache", _CACHES)
+    require_choice(cfg, "video.short_rule", _SHORT_RULES)
+    require_choice(cfg, "video.decoder", ("pyav",))
+    for key in ("size", "stack", "epochs", "clips_per_epoch", "val_segments", "batch_size",
+                "pipeline_batch", "offset_stride", "min_workers"):
+        require_positive(cfg, f"video.{key}", integer=True)
+    require(cfg, "video.size", lambda s: s % 2 == 0 and s >= 16, "an even size >= 16 pixels")
+    require(cfg, "video.val_fraction", lambda f: 0 < f < 1, "a fraction between 0 and 1")
+    require(cfg, "video.shift_ratio", lambda r: r >= 1, "a ratio >= 1")
+    require(cfg, "video.cache_max_mb", lambda m: m > 0, "a positive number of MiB")
+    require(cfg, "video.streams", lambda s: isinstance(s, dict) and "spatial" in s and len(s) >= 2,
+            "a mapping with a spatial stream and at least one temporal stream")
+    for stream in v["streams"]:
+        require_choice(cfg, f"video.streams.{stream}", _FEATURES)
+    require(cfg, "video.streams.spatial", lambda f: f in ("rgb", "hog"), "rgb or hog (a single-frame feature)")
+    require(cfg, "video.workers", lambda w: set(w) == set(v["streams"]) and all(int(n) >= 1 for n in w.values()),
+            f"one worker count >= 1 per stream ({', '.join(v['streams'])})")
+    if any(int(n) < int(v["min_workers"]) for n in v["workers"].values()):
+        raise ConfigError("video.min_workers", f"at most the smallest video.workers count, got {v['min_workers']}")
+    require_choice(cfg, "video.extractor_options.flow.method", _FLOW_METHODS)
+    require_positive(cfg, "video.extractor_options.flow.bound")
+    for key in ("decode_concurrency", "extract_concurrency"):
+        _pool(cfg, f"video.{key}")
+    for key in ("decode_cpus", "extract_cpus"):
+        require(cfg, f"video.{key}", lambda c: 0 < c <= 64, "a CPU share in (0, 64]")
+    require_choice(cfg, "video.inference.method", _AGGREGATIONS)
+    require(cfg, "video.inference.window_stride", lambda s: int(s) >= 1, "a stride >= 1 frame")
+    require_path(cfg, "video.inference.root", kind="dir", allow_none=True)
+    require(cfg, "video.aggregation.folds", lambda f: int(f) >= 2, "at least 2 folds")
+    if v["root"] is None:
+        require(cfg, "video.synthetic.num_classes", lambda n: 2 <= n <= 9, "2..9 motion classes")
+        require(cfg, "video.synthetic.videos_per_class", lambda n: n >= 2, "at least 2 (one train, one val)")
+        require(cfg, "video.synthetic.size", lambda s: s % 2 == 0 and s >= 16, "an even size >= 16 pixels")
+        require(cfg, "video.synthetic.num_frames", lambda n: n >= 2, "at least 2 frames")
+
+
+def run(cfg: dict, ctx) -> dict[str, float]:
+    """Train and evaluate the two-stream pipeline; returns the final metrics."""
+    from .runner import run as _run
+
+    return _run(cfg, ctx)

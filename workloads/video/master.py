@@ -1,0 +1,153 @@
+"""The master: seeded class-balanced segment sampling and the decode control API.
+
+The notes (3.4 Video Decoder): "Master Cluster uses random sequence generator to
+produce random video segment seed ... once for an epoch, before epoch begin ...
+first random choose a class id, then random a video id in chosen class, at last
+random a frame offset in chosen video ... with another constant parameter, frame
+count to decode", and "Video Decoder execute following commands from Master
+Cluster: start/stop/pause/resume Decoding". The master is also the bypass
+monitor: stages report their per-batch counters to it.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+
+import numpy as np
+
+
+def sample_segments(labels: list[int], lengths: list[int], video_ids: list[int], num_segments: int,
+                    frame_count: int, seed: int, epoch: int, offset_stride: int = 1) -> list[dict]:
+    """One epoch of segment seeds: ``[{"video", "label", "offset", "count"}]``.
+
+    Class-balanced (a class uniformly, then a video of it, then an offset), and a
+    pure function of (seed, epoch). Offsets lie in ``[0, length - count]`` on a grid
+    of ``offset_stride`` frames (a coarser grid makes repeats, hence cache hits,
+    likelier); a video shorter than ``count`` gets offset 0 and the short rule.
+    """
+    rng = np.random.default_rng([seed, epoch])
+    by_class: dict[int, list[int]] = defaultdict(list)
+    for v in video_ids:
+        by_class[labels[v]].append(v)
+    classes = sorted(by_class)
+    if not classes:
+        raise ValueError("no videos to sample from")
+    segments = []
+    for _ in range(num_segments):
+        c = classes[rng.integers(len(classes))]
+        v = by_class[c][rng.integers(len(by_class[c]))]
+        last_start = max(0, lengths[v] - frame_count) // offset_stride
+        offset = int(rng.integers(last_start + 1)) * offset_stride
+        segments.append({"video": int(v), "label": int(c), "offset": offset, "count": int(frame_count)})
+    return segments
+
+
+def evenly_spaced_segments(labels: list[int], lengths: list[int], video_ids: list[int],
+                           per_video: int, frame_count: int) -> list[dict]:
+    """Fixed segments for evaluation: ``per_video`` evenly spaced offsets per video (TSN testing)."""
+    segments = []
+    for v in video_ids:
+        last_start = max(0, lengths[v] - frame_count)
+        for k, offset in enumerate(np.linspace(0, last_start, per_video).round().astype(int)):
+            segments.append({"video": int(v), "label": int(labels[v]), "offset": int(offset),
+                             "count": int(frame_count), "segment": k})
+    return segments
+
+
+class Master:
+    """Control state + sampler + stage monitor. Run it as a Ray actor (``start_master``).
+
+    States: ``running`` -> ``paused`` -> ``running`` ... -> ``stopped``. Decode
+    workers call ``gate()`` before every batch: it blocks while paused and tells
+    them to drop their work once stopped.
+    """
+
+    def __init__(self, labels: list[int], lengths: list[int], seed: int):
+        self.labels, self.lengths, self.seed = labels, lengths, seed
+        self._state = "running"
+        self._resumed = asyncio.Event()
+        self._resumed.set()
+        self._stats: dict[str, dict] = {}
+        self._gate_waits = 0
+        self._bad_files: dict[str, str] = {}
+
+    # --- control: start / stop / pause / resume decoding ---------------------
+    async def start(self) -> str:
+        self._state = "running"
+        self._resumed.set()
+        return self._state
+
+    async def pause(self) -> str:
+        if self._state == "running":
+            self._state = "paused"
+            self._resumed.clear()
+        return self._state
+
+    async def resume(self) -> str:
+        if self._state == "paused":
+            self._state = "running"
+            self._resumed.set()
+        return self._state
+
+    async def stop(self) -> str:
+        self._state = "stopped"
+        self._resumed.set()  # wake paused decoders so they can drain and exit
+        return self._state
+
+    async def state(self) -> str:
+        return self._state
+
+    async def gate(self) -> bool:
+        """Called by a decode worker before a batch: True = decode it, False = drop it."""
+        if not self._resumed.is_set():
+            self._gate_waits += 1
+            await self._resumed.wait()
+        return self._state == "running"
+
+    async def waiting_decoders(self) -> int:
+        """How many gate calls have blocked on a pause so far."""
+        return self._gate_waits
+
+    # --- sampling ------------------------------------------------------------
+    async def epoch_segments(self, video_ids: list[int], num_segments: int, frame_count: int,
+                             epoch: int, offset_stride: int = 1) -> list[dict]:
+        """The epoch's segment seeds, drawn before the epoch begins."""
+        return sample_segments(self.labels, self.lengths, video_ids, num_segments, frame_count,
+                               self.seed, epoch, offset_stride)
+
+    # --- bypass monitoring -----------------------------------------------------
+    async def report(self, stage: str, actor: str, items: int, busy_s: float, bytes_out: int,
+                     **extra: float) -> None:
+        """A stage's counters for one batch (summed per stage; actors counted distinct)."""
+        s = self._stats.setdefault(stage, {"items": 0, "busy_s": 0.0, "bytes": 0, "actors": set(),
+                                           "first": time.time(), "last": 0.0})
+        s["items"] += items
+        s["busy_s"] += busy_s
+        s["bytes"] += bytes_out
+        s["actors"].add(actor)
+        s["last"] = time.time()
+        for k, v in extra.items():
+            s[k] = s.get(k, 0) + v
+
+    async def bad_file(self, path: str, reason: str) -> None:
+        """A decode worker met a file it could not decode; it skipped the segment."""
+        self._bad_files[path] = reason
+
+    async def bad_files(self) -> dict[str, str]:
+        return dict(self._bad_files)
+
+    async def stage_stats(self, reset: bool = False) -> dict[str, dict]:
+        """Per-stage totals; ``actors`` is the number of distinct actors that did work."""
+        out = {k: {**v, "actors": len(v["actors"])} for k, v in self._stats.items()}
+        if reset:
+            self._stats = {}
+        return out
+
+
+def start_master(labels: list[int], lengths: list[int], seed: int):
+    """Start the master as an async Ray actor; returns its handle."""
+    import ray
+
+    # Async actor: a paused gate() must not block stop()/resume() or other decoders.
+    return ray.remote(num_cpus=0, max_concurrency=256)(Master).remote(labels, lengths, seed)

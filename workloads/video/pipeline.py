@@ -1,0 +1,107 @@
+"""The streaming pipeline: segment seeds -> decode stage -> one stage per feature, in Ray Data.
+
+One dataset per consumer (a stream's trainers, an evaluator, the inference
+module), built from the features that consumer needs only: the spatial stream's
+rows carry ``rgb``, the temporal stream's rows carry ``flow`` (or ``framediff``);
+frames never leave the pipeline. The decode layer is shared across consumers
+through the cache's ``frames`` entries, the notes' two-layer caching module.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from .extractors import build_extractor
+from .stages import DecodeStage, ExtractStage
+
+
+def frame_count(features: list[str], stack: int) -> int:
+    """The constant frame count the master puts in every segment seed."""
+    return max(build_extractor(f, stack=stack).frames_needed(stack) for f in features)
+
+
+def _pool(value):
+    """An autoscaling actor pool from ``n`` or ``[min, max]`` (Ray Data grows it on backlog)."""
+    from ray.data import ActorPoolStrategy
+
+    lo, hi = (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
+    return ActorPoolStrategy(min_size=lo, max_size=hi)
+
+
+def build_dataset(segments: list[dict], features: list[str], paths: list[str], lengths: list[int],
+                  vcfg: dict, master=None, cache=None):
+    """A lazy Ray Dataset of rows ``{video, label, offset, count, [segment], <feature>...}``.
+
+    ``vcfg`` is ``cfg["video"]``: ``size``, ``stack``, ``short_rule``, ``decoder``,
+    ``extractor_options``, ``pipeline_batch``, ``decode_concurrency`` (min, max),
+    ``decode_cpus``, ``extract_concurrency``, ``extract_cpus``.
+    """
+    import ray
+
+    batch = int(vcfg["pipeline_batch"])
+    ds = ray.data.from_items(segments, override_num_blocks=max(1, math.ceil(len(segments) / batch)))
+    ds = ds.map_batches(
+        DecodeStage, batch_size=batch, batch_format="numpy",
+        fn_constructor_kwargs=dict(paths=paths, lengths=lengths, size=int(vcfg["size"]),
+                                   short_rule=vcfg["short_rule"], decoder=vcfg["decoder"],
+                                   master=master, cache=cache),
+        compute=_pool(vcfg["decode_concurrency"]), num_cpus=float(vcfg["decode_cpus"]))
+    for i, name in enumerate(features):
+        ds = ds.map_batches(
+            ExtractStage, batch_size=batch, batch_format="numpy",
+            fn_constructor_kwargs=dict(name=name, options=dict(vcfg["extractor_options"].get(name) or {}),
+                                       stack=int(vcfg["stack"]), paths=paths, size=int(vcfg["size"]),
+                                       master=master, cache=cache, drop_frames=i == len(features) - 1),
+            compute=_pool(vcfg["extract_concurrency"]), num_cpus=float(vcfg["extract_cpus"]))
+    return ds
+
+
+def consume(ds, batch_size: int, columns: list[str]):
+    """Iterate numpy batches of ``columns`` from the driver; yields (batch, wait_s).
+
+    ``wait_s`` is the time the consumer sat waiting for the pipeline: the share
+    of the consumer's wall time it spends waiting is the pipeline's backpressure
+    reading (near 0: the pipeline keeps up; near 1: the consumer starves).
+    """
+    it = iter(ds.iter_batches(batch_size=batch_size, batch_format="numpy"))
+    while True:
+        t0 = time.perf_counter()
+        try:
+            b = next(it)
+        except StopIteration:
+            return
+        yield {c: b[c] for c in columns}, time.perf_counter() - t0
+
+
+def stage_metrics(stats: dict[str, dict], wall_s: float, prefix: str = "pipeline") -> dict[str, float]:
+    """Per-stage metrics from the master's counters over a wall-clock window of ``wall_s`` s.
+
+    ``items_per_s`` = items / wall; ``busy_actors`` = busy seconds / wall (the
+    average number of actors working); ``actors`` = distinct actors that did work.
+    """
+    out: dict[str, float] = {}
+    for stage, s in stats.items():
+        p = f"{prefix}/{stage}"
+        out[f"{p}_items_per_s"] = s["items"] / max(wall_s, 1e-9)
+        out[f"{p}_busy_actors"] = s["busy_s"] / max(wall_s, 1e-9)
+        out[f"{p}_actors"] = float(s["actors"])
+        out[f"{p}_mb_out"] = s["bytes"] / 2**20
+        out[f"{p}_cache_hits"] = float(s.get("hits", 0))
+        out[f"{p}_cache_saved_s"] = float(s.get("saved_s", 0.0))
+        if stage == "decode":
+            out[f"{prefix}/decode_frames_per_s"] = s.get("frames", 0) / max(wall_s, 1e-9)
+            out[f"{prefix}/decode_bad_segments"] = float(s.get("bad", 0))
+    return out
+
+
+def collect(ds, feature: str, meta_columns=("video", "label", "offset"), batch_size: int = 64):
+    """Materialise a (small) dataset on the driver: ``(features, {column: values})``."""
+    feats, meta = [], {c: [] for c in meta_columns}
+    for b, _ in consume(ds, batch_size, [feature, *meta_columns]):
+        feats.append(b[feature])
+        for c in meta_columns:
+            meta[c].append(b[c])
+    return (np.concatenate(feats) if feats else np.zeros((0,))), \
+        {c: np.concatenate(v) if v else np.zeros((0,), int) for c, v in meta.items()}

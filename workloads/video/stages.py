@@ -1,0 +1,123 @@
+"""Ray Data stages: the decode worker and one stage per feature extractor.
+
+Each stage is a callable class run as an actor pool (``concurrency=(min, max)``:
+Ray Data grows and shrinks the pool with the backlog, the notes' elastic
+"expand or shrink"). A stage reports its per-batch counters to the master
+(items, busy seconds, bytes out, cache hits) so the run can show per-stage
+throughput and the cache's time saved.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .cache import FeatureCache, cache_key
+from .decoder import BadVideo, build_decoder
+from .extractors import build_extractor
+
+
+def _actor_id() -> str:
+    import ray
+
+    return ray.get_runtime_context().get_actor_id() or "driver"
+
+
+def _report(master, stage: str, items: int, busy_s: float, bytes_out: int, cache: FeatureCache,
+            **extra: float) -> None:
+    if master is None:
+        return
+    master.report.remote(stage, _actor_id(), items, busy_s, bytes_out, hits=cache.hits,
+                         misses=cache.misses, saved_s=cache.saved_s, **extra)
+    cache.reset_counters()  # counters travel as deltas
+
+
+class DecodeStage:
+    """Segment seeds in (video, label, offset, count[, segment]); frames (N, T, H, W, 3) uint8 out.
+
+    Asks the master's gate before each batch (pause blocks here, stop drops the
+    batch). A segment whose file fails to decode is dropped, counted and named to
+    the master: one bad file never stops the pipeline.
+    """
+
+    def __init__(self, paths: list[str], lengths: list[int], size: int, short_rule: str,
+                 decoder: str, master=None, cache: FeatureCache | None = None):
+        self.paths, self.lengths, self.size = paths, lengths, size
+        self.decoder = build_decoder(decoder, size=size, short_rule=short_rule)
+        self.master = master
+        self.cache = cache or FeatureCache("none")
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        import ray
+
+        n = len(batch["video"])
+        if self.master is not None and not ray.get(self.master.gate.remote()):
+            keep = np.zeros(n, bool)  # stopped: drain without work
+            return {k: v[keep] for k, v in batch.items()} | {
+                "frames": np.zeros((0, int(batch["count"][0]) if n else 0, self.size, self.size, 3), np.uint8)}
+        t0 = time.perf_counter()
+        frames, keep, bad = [], np.ones(n, bool), 0
+        for i in range(n):
+            v, off, cnt = int(batch["video"][i]), int(batch["offset"][i]), int(batch["count"][i])
+            path = self.paths[v]
+            key = cache_key(path, off, cnt, self.size, "frames")
+            clip = self.cache.get(key)
+            if clip is None:
+                t1 = time.perf_counter()
+                try:
+                    clip = self.decoder.decode(path, off, cnt, length=self.lengths[v])
+                except BadVideo as exc:
+                    keep[i], bad = False, bad + 1
+                    if self.master is not None:
+                        self.master.bad_file.remote(path, str(exc))
+                    continue
+                self.cache.put(key, clip, time.perf_counter() - t1)
+            frames.append(clip)
+        out = {k: v[keep] for k, v in batch.items()}
+        t = int(batch["count"][0]) if n else 0
+        out["frames"] = np.stack(frames) if frames else np.zeros((0, t, self.size, self.size, 3), np.uint8)
+        _report(self.master, "decode", len(frames), time.perf_counter() - t0, out["frames"].nbytes,
+                self.cache, frames=float(len(frames) * t), bad=float(bad))
+        return out
+
+
+class ExtractStage:
+    """Frames in; adds the column ``name`` (one feature per clip). Drops the frames when last.
+
+    Only the features a stream needs are computed, and with ``drop_frames`` only
+    they travel on to the trainer (the notes' transmission argument).
+    """
+
+    def __init__(self, name: str, options: dict, stack: int, paths: list[str], size: int,
+                 master=None, cache: FeatureCache | None = None, drop_frames: bool = True):
+        self.name, self.paths, self.size = name, paths, size
+        self.extractor = build_extractor(name, stack=stack, **options)
+        self.options = ",".join(f"{k}={v}" for k, v in sorted(options.items())) + f",stack={stack}"
+        self.master, self.drop_frames = master, drop_frames
+        self.cache = cache or FeatureCache("none")
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        t0 = time.perf_counter()
+        frames = batch["frames"]
+        feats = []
+        for i in range(len(frames)):
+            path = self.paths[int(batch["video"][i])]
+            key = cache_key(path, int(batch["offset"][i]), int(batch["count"][i]), self.size,
+                            self.name, self.options)
+            feat = self.cache.get(key)
+            if feat is None:
+                t1 = time.perf_counter()
+                feat = self.extractor(frames[i])
+                self.cache.put(key, feat, time.perf_counter() - t1)
+            feats.append(feat)
+        out = dict(batch)
+        if self.drop_frames:
+            del out["frames"]
+        if feats:
+            out[self.name] = np.stack(feats)
+        else:
+            shape = self.extractor(np.zeros((frames.shape[1] or 1, self.size, self.size, 3), np.uint8)).shape
+            out[self.name] = np.zeros((0, *shape), np.uint8)
+        _report(self.master, self.name, len(feats), time.perf_counter() - t0, out[self.name].nbytes,
+                self.cache)
+        return out
