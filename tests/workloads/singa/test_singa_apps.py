@@ -1,0 +1,116 @@
+"""Data loaders of the apps on small files written in the real formats, and the metrics."""
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+
+from workloads.singa.apps import load_dataset
+from workloads.singa.apps.cifar import read_cifar_batch
+from workloads.singa.apps.digits import read_idx, write_idx
+from workloads.singa.retrieval import mean_average_precision, precision_at_k
+from workloads.singa.tsne import neighbourhood_purity
+
+
+def write_mnist(folder, n_train=30, n_test=12, gz=False):
+    rng = np.random.default_rng(0)
+    suffix = ".gz" if gz else ""
+    arrays = {}
+    for stem, n in (("train", n_train), ("t10k", n_test)):
+        images = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8)
+        labels = rng.integers(0, 10, n, dtype=np.uint8)
+        write_idx(folder / f"{stem}-images-idx3-ubyte{suffix}", images)
+        write_idx(folder / f"{stem}-labels-idx1-ubyte{suffix}", labels)
+        arrays[stem] = (images, labels)
+    return arrays
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_mnist_idx_files_load_with_shapes_and_values(tmp_path, gz):
+    arrays = write_mnist(tmp_path, gz=gz)
+    data = load_dataset("mnist", str(tmp_path), seed=0, smoke=False)
+    assert data.shapes() == {"pixel": (784,), "label": ()}
+    np.testing.assert_array_equal(data.train["pixel"], arrays["train"][0].reshape(30, 784))
+    np.testing.assert_array_equal(data.test["label"], arrays["t10k"][1])
+    assert data.meta["image_hw"] == (28, 28)
+
+
+def test_idx_reader_rejects_truncated_files(tmp_path):
+    write_idx(tmp_path / "x", np.zeros((4, 3), np.uint8))
+    raw = (tmp_path / "x").read_bytes()
+    (tmp_path / "x").write_bytes(raw[:-2])
+    with pytest.raises(ValueError, match="header says"):
+        read_idx(tmp_path / "x")
+
+
+def write_cifar(folder, batches=2, n=20):
+    rng = np.random.default_rng(1)
+    for name in [f"data_batch_{i + 1}" for i in range(batches)] + ["test_batch"]:
+        batch = {b"batch_label": name.encode(), b"labels": rng.integers(0, 10, n).tolist(),
+                 b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+                 b"filenames": [f"img{i}.png".encode() for i in range(n)]}
+        with open(folder / name, "wb") as f:
+            pickle.dump(batch, f, protocol=2)
+
+
+def test_cifar_python_batches_load(tmp_path):
+    write_cifar(tmp_path)
+    data = load_dataset("cifar10", str(tmp_path), seed=0, smoke=False)
+    assert data.train["image"].shape == (40, 3, 32, 32) and data.train["image"].dtype == np.uint8
+    images, labels = read_cifar_batch(tmp_path / "test_batch")
+    np.testing.assert_array_equal(data.test["image"], images)
+    assert len(labels) == 20
+
+
+class Evil:
+    def __reduce__(self):
+        import os
+
+        return (os.system, ("echo pwned",))
+
+
+def test_cifar_loader_refuses_pickles_that_run_code(tmp_path):
+    with open(tmp_path / "test_batch", "wb") as f:
+        pickle.dump({b"data": Evil(), b"labels": [1]}, f)
+    with pytest.raises(pickle.UnpicklingError, match="refusing"):
+        read_cifar_batch(tmp_path / "test_batch")
+
+
+def test_default_cnn_data_is_cifar_shaped_real_digits():
+    data = load_dataset("digits_rgb", None, seed=0, smoke=True)
+    assert data.train["image"].shape == (600, 3, 32, 32) and data.test["image"].shape == (200, 3, 32, 32)
+    assert set(np.unique(data.train["label"])) == set(range(10))
+    assert data.train["image"].std() > 20  # coloured renders, not blank canvases
+
+
+def test_digit_tag_pairs_describe_their_class():
+    data = load_dataset("digits_tags", None, seed=0, smoke=False)
+    vocab = data.meta["vocabulary"]
+    sevens = data.train["text"][data.train["label"] == 7]
+    assert sevens[:, vocab.index("seven")].mean() > 0.3 and sevens[:, vocab.index("zero")].mean() < 0.1
+    assert data.train["image"].max() <= 1.0 and data.train["text"].shape[1] == len(vocab)
+
+
+def test_nuswide_layout_loads(tmp_path):
+    rng = np.random.default_rng(0)
+    np.savetxt(tmp_path / "image_features.txt", rng.random((10, 5)))
+    np.savetxt(tmp_path / "tags.txt", rng.integers(0, 2, (10, 7)), fmt="%d")
+    np.savetxt(tmp_path / "labels.txt", rng.integers(0, 2, (10, 3)), fmt="%d")
+    (tmp_path / "split.txt").write_text("\n".join(["train"] * 7 + ["test"] * 3))
+    data = load_dataset("nuswide", str(tmp_path), seed=0, smoke=False)
+    assert data.num_train == 7 and data.num_test == 3
+    assert data.shapes() == {"image": (5,), "text": (7,), "label": (3,)}
+
+
+def test_retrieval_precision_and_purity_on_known_geometry():
+    labels = np.array([0, 0, 1, 1])
+    aligned = np.array([[0.0], [0.1], [5.0], [5.1]])
+    assert precision_at_k(aligned, aligned, labels, labels, k=2) == 1.0
+    shuffled = aligned[[2, 3, 0, 1]]
+    assert precision_at_k(aligned, shuffled, labels, labels, k=2) == 0.0
+    assert mean_average_precision(aligned, aligned, labels, labels, k=2) == 1.0
+    assert neighbourhood_purity(aligned, labels, k=1) == 1.0
+    # multi-label relevance: a shared concept counts
+    concepts = np.array([[1, 0], [1, 1], [0, 1], [0, 1]])
+    assert precision_at_k(aligned[:1], aligned, concepts[:1], concepts, k=2) == 1.0

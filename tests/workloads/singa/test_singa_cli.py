@@ -1,0 +1,85 @@
+"""singa through orchard's CLI path: config composition, validation, and end-to-end runs
+against a real MLflow sqlite store."""
+from __future__ import annotations
+
+import pytest
+
+import workloads.singa as singa
+from orchard.config import validate
+from orchard.errors import ConfigError
+
+
+@pytest.mark.parametrize("strategy,arch", [("ps", "sync_ps"), ("ring", "allreduce")])
+def test_strategy_picks_the_default_architecture(compose, strategy, arch):
+    cfg = compose("workload=singa", f"strategy={strategy}")
+    assert cfg["singa"]["arch"] == arch
+    validate(cfg, singa)
+    assert compose("workload=singa", f"strategy={strategy}", "singa.arch=replicated")["singa"]["arch"] == "replicated"
+
+
+@pytest.mark.parametrize("app", ["mlp", "cnn", "rbm", "dbn", "msae"])
+@pytest.mark.parametrize("arch", ["local", "sync_ps", "async_ps", "replicated", "allreduce"])
+def test_every_app_and_arch_composes_and_validates(compose, app, arch):
+    validate(compose("workload=singa", f"singa.app={app}", f"singa.arch={arch}", "debug=smoke"), singa)
+
+
+@pytest.mark.parametrize("overrides,key", [
+    (["singa.app=alexnet"], "singa.app"),
+    (["singa.arch=ring"], "singa.arch"),
+    (["singa.partition=random"], "singa.partition"),
+    (["singa.arch=sync_ps", "singa.cluster.sample_ratio=0.5"], "singa.cluster.sample_ratio"),
+    (["singa.arch=replicated", "singa.cluster.server_groups=3"], "singa.cluster.server_groups"),
+    (["singa.data=mnist"], "singa.data_dir"),
+    (["singa.data_dir=/no/such/folder"], "singa.data_dir"),
+    (["singa.updater=rmsprop"], "singa.updater"),
+    (["singa.batch_size=0"], "singa.batch_size"),
+])
+def test_bad_config_names_the_key(compose, overrides, key):
+    cfg = compose("workload=singa", *overrides)
+    with pytest.raises(ConfigError) as err:
+        validate(cfg, singa)
+    assert err.value.key == key
+
+
+@pytest.mark.slow
+def test_mlp_smoke_run_logs_the_issue_metrics(run_orchard):
+    result = run_orchard("workload=singa", "debug=smoke", "singa.tsne_samples=60")
+    assert result.exit_code == 0, result.outcome
+    m = result.run.data.metrics
+    assert m["test/accuracy"] > 0.85
+    for key in ("throughput/images_per_s", "comm/bytes_per_step", "time/train_s", "test/reached_target"):
+        assert key in m
+    steps = {m.step for m in result.client.get_metric_history(result.run.info.run_id, "test/accuracy")}
+    assert {1, 2} <= steps  # one value per epoch
+    assert "figures/tsne_fc5.png" in result.artifacts("figures")
+
+
+@pytest.mark.slow
+def test_dbn_pretrains_with_cd_then_fine_tunes(run_orchard):
+    result = run_orchard("workload=singa", "debug=smoke", "singa.app=dbn", "singa.arch=local", "singa.tsne=false")
+    assert result.exit_code == 0, result.outcome
+    m = result.run.data.metrics
+    assert "pretrain1/train/v1_recon_error" in m and "pretrain2/train/v2_recon_error" in m
+    first = result.history("pretrain1/train/v1_recon_error")
+    assert m["test/accuracy"] > 0.5 and first
+
+
+@pytest.mark.slow
+def test_msae_reports_retrieval_precision_both_ways(run_orchard):
+    result = run_orchard("workload=singa", "debug=smoke", "singa.app=msae", "singa.arch=local", "singa.tsne=false",
+                         "singa.epochs=15")
+    assert result.exit_code == 0, result.outcome
+    m = result.run.data.metrics
+    # 10 classes: retrieval at chance gives ~0.1
+    assert m["test/precision_at_10_img2txt"] > 0.25 and m["test/precision_at_10_txt2img"] > 0.25
+
+
+@pytest.mark.slow
+def test_cnn_and_hybrid_partition_run(run_orchard):
+    result = run_orchard("workload=singa", "debug=smoke", "singa.app=cnn", "singa.arch=local", "singa.epochs=1",
+                         "singa.cluster.workers_per_group=2", "singa.partition=hybrid", "singa.tsne=false")
+    assert result.exit_code == 0, result.outcome
+    m = result.run.data.metrics
+    assert "test/accuracy" in m and m["comm/bridge_bytes_per_step"] > 0
+    assert "tables/train_partition_plan.json" in result.artifacts("tables")
+    assert "conv1:data" in result.run.data.params["singa.partition_plan"]

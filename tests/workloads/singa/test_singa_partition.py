@@ -1,0 +1,98 @@
+"""Partitioning inside a worker group (5.2, Appendix B): inserted slice/concat/split/bridge
+layers must leave the net's outputs and gradients unchanged."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from workloads.singa.net import NeuralNet
+from workloads.singa.partition import PartitionedNet, partition_net, plan_partition
+from workloads.singa.settings import load_app
+
+SMALL_CNN = [
+    {"name": "data", "type": "data"},
+    {"name": "label", "type": "label", "srclayers": "data"},
+    {"name": "rgb", "type": "rgb_image", "srclayers": "data", "field": "image", "norm_a": 255.0},
+    {"name": "conv1", "type": "convolution", "srclayers": "rgb", "num_filters": 6, "kernel": 3, "pad": 1,
+     "weight": {"init": "xavier"}},
+    {"name": "relu1", "type": "relu", "srclayers": "conv1"},
+    {"name": "pool1", "type": "pooling", "srclayers": "relu1", "pool": "max", "kernel": 3, "stride": 2},
+    {"name": "norm1", "type": "lrn", "srclayers": "pool1", "local_size": 3, "alpha": 0.01},
+    {"name": "ip1", "type": "innerproduct", "srclayers": "norm1", "num_output": 10},
+    {"name": "loss", "type": "softmax_loss", "srclayers": ["ip1", "label"]},
+]
+CNN_SHAPES = {"image": (3, 12, 12), "label": ()}
+
+
+def cnn_batch(n=10):
+    g = torch.Generator().manual_seed(0)
+    return {"image": torch.randint(0, 256, (n, 3, 12, 12), generator=g, dtype=torch.uint8),
+            "label": torch.randint(0, 10, (n,), generator=g)}
+
+
+def mlp_case():
+    app = load_app("mlp")
+    g = torch.Generator().manual_seed(1)
+    batch = {"pixel": torch.randint(0, 256, (9, 64), generator=g, dtype=torch.uint8),
+             "label": torch.randint(0, 10, (9,), generator=g)}
+    return app["layers"], {"pixel": (64,), "label": ()}, batch
+
+
+@pytest.mark.parametrize("case,group_size", [("mlp", 3), ("cnn", 2), ("cnn", 3)])
+@pytest.mark.parametrize("scheme", ["data", "model", "hybrid"])
+def test_partitioned_net_equals_unpartitioned(case, scheme, group_size):
+    layers, shapes, batch = mlp_case() if case == "mlp" else (SMALL_CNN, CNN_SHAPES, cnn_batch())
+    whole = NeuralNet(layers, shapes, seed=0)
+    ref_metrics = whole.train_bp(batch)
+    ref_grads, ref_params = whole.get_grads(), whole.get_params()
+    split = partition_net(NeuralNet(layers, shapes, seed=0), group_size, scheme, len(batch["label"]))
+    assert isinstance(split, PartitionedNet)
+    types = {layer.type for layer in split.layers}
+    assert {"bridge_src", "bridge_dst"} <= types and ({"slice", "concat"} & types)
+    assert max(layer.location for layer in split.layers) == group_size - 1
+    metrics = split.train_bp(batch)
+    assert metrics["loss/loss"] == pytest.approx(ref_metrics["loss/loss"], rel=1e-5)
+    grads = split.get_grads()
+    assert grads.keys() == ref_grads.keys()
+    for name in ref_grads:
+        np.testing.assert_allclose(grads[name], ref_grads[name], rtol=1e-4, atol=1e-6, err_msg=name)
+    for name, value in split.get_params().items():
+        np.testing.assert_array_equal(value, ref_params[name])
+    assert split.bridge_bytes() > 0
+
+
+def test_set_params_round_trips_through_the_pieces():
+    layers, shapes, _ = mlp_case()
+    split = partition_net(NeuralNet(layers, shapes, seed=0), 2, "model", 8)
+    new = {k: np.random.default_rng(0).standard_normal(v.shape).astype(np.float32)
+           for k, v in split.get_params().items()}
+    split.set_params(new)
+    for k, v in split.get_params().items():
+        np.testing.assert_array_equal(v, new[k])
+
+
+def test_hybrid_plan_is_data_for_convolutions_and_model_for_a_big_inner_product():
+    """Appendix B: data partitioning for the convolutional layers (big features, few params),
+    model partitioning for the inner-product layer with many params and a small feature."""
+    layers = [dict(c) for c in SMALL_CNN]
+    layers[7] = dict(layers[7], num_output=2048)  # a big fully connected layer
+    layers.insert(8, {"name": "ip2", "type": "innerproduct", "srclayers": "ip1", "num_output": 10})
+    layers[-1] = dict(layers[-1], srclayers=["ip2", "label"])
+    net = NeuralNet(layers, CNN_SHAPES, seed=0)
+    plan = plan_partition(net, 2, "hybrid", batch_size=100)
+    dims = {k: v["dim"] for k, v in plan.items()}
+    assert dims["conv1"] == 0 and dims["pool1"] == 0 and dims["norm1"] == 0
+    assert dims["ip1"] == 1
+    assert dims["data"] is None and dims["loss"] is None
+    assert plan["ip1"]["costs"][1] < plan["ip1"]["costs"][0]
+
+
+def test_explicit_partition_dim_wins_and_is_checked():
+    layers = [dict(c) for c in SMALL_CNN]
+    layers[3] = dict(layers[3], partition_dim=1)
+    plan = plan_partition(NeuralNet(layers, CNN_SHAPES, seed=0), 2, "data", 10)
+    assert plan["conv1"]["dim"] == 1 and plan["relu1"]["dim"] == 0
+    layers[6] = dict(layers[6], partition_dim=1)  # LRN needs neighbouring channels
+    with pytest.raises(ValueError, match="norm1"):
+        plan_partition(NeuralNet(layers, CNN_SHAPES, seed=0), 2, "data", 10)

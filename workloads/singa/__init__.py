@@ -1,0 +1,71 @@
+"""workload=singa: SINGA-style layer models and training architectures.
+
+Source: ../shared/seeds/003_91d1b6974c17e1ff.txt (Wang et al., SINGA), sections 3-6 and
+Appendix B.  A net is a YAML list of layers (conf/singa/apps/<app>.yaml) built on the layer
+contract of ``layers/base.py``; ``singa.arch`` (conf/singa/arch/<arch>.yaml) picks how worker
+groups and parameter servers share the training.  Light on import: heavy modules load in ``run``.
+"""
+from __future__ import annotations
+
+# strategy=ps: parameter-server presets (sync_ps by default); strategy=ring: allreduce.
+# singa.arch is the authority; the strategy only picks its default (conf/workload_strategy/).
+STRATEGIES = ("ps", "ring")
+
+
+def validate(cfg: dict) -> None:
+    """Reject bad singa.* keys with one line, before Ray starts."""
+    from orchard.config import require, require_choice, require_path, require_positive
+    from orchard.errors import ConfigError
+    from workloads.singa.apps.dataset import DATASETS
+    from workloads.singa.partition import SCHEMES
+    from workloads.singa.settings import APPS, arch_names, load_app, resolve_arch, resolve_training
+    from workloads.singa.updaters import UPDATERS
+
+    s = cfg["singa"]
+    require_choice(cfg, "singa.app", APPS)
+    require_choice(cfg, "singa.arch", arch_names())
+    require_choice(cfg, "singa.partition", SCHEMES)
+    if s.get("data") is not None:
+        require_choice(cfg, "singa.data", list(DATASETS))
+    require_path(cfg, "singa.data_dir", kind="dir")
+    for key in ("epochs", "batch_size", "tsne_samples", "threads"):
+        if s.get(key) is not None:
+            require_positive(cfg, f"singa.{key}", integer=True)
+    if s.get("lr") is not None:
+        require_positive(cfg, "singa.lr")
+    if s.get("updater") is not None:
+        require_choice(cfg, "singa.updater", UPDATERS)
+    if s.get("target_accuracy") is not None:
+        require(cfg, "singa.target_accuracy", lambda v: 0 < float(v) <= 1, "a fraction in (0, 1]")
+    app = load_app(s["app"])
+    train = resolve_training(cfg, app)
+    if train["data"] in ("mnist", "cifar10", "nuswide") and not s.get("data_dir"):
+        raise ConfigError("singa.data_dir", f"a folder with the {train['data']} files (singa.data={train['data']})")
+    arch = resolve_arch(cfg)
+    for key in ("worker_groups", "workers_per_group"):
+        if not isinstance(arch.get(key), int) or arch[key] < 1:
+            raise ConfigError(f"singa.cluster.{key}", f"a positive integer, got {arch.get(key)!r}")
+    if arch["name"] in ("sync_ps", "async_ps", "replicated") and int(arch["servers_per_group"]) < 1:
+        raise ConfigError("singa.cluster.servers_per_group", f"a positive integer for arch {arch['name']}")
+    if arch["name"] == "replicated":
+        replicas = int(arch.get("server_groups") or 0)
+        if replicas < 1 or replicas > arch["worker_groups"]:
+            raise ConfigError("singa.cluster.server_groups",
+                              f"between 1 and the {arch['worker_groups']} worker groups, got {replicas}")
+        if int(arch.get("sync_every") or 0) < 1:
+            raise ConfigError("singa.cluster.sync_every", f"a positive integer, got {arch.get('sync_every')!r}")
+    ratio = arch.get("sample_ratio", 1.0)
+    if not (isinstance(ratio, (int, float)) and 0 < float(ratio) <= 1):
+        raise ConfigError("singa.cluster.sample_ratio", f"a fraction in (0, 1], got {ratio!r}")
+    if float(ratio) < 1 and arch.get("mode") != "async":
+        # A sync shard waits for every group's push of a step; sampled pushes skip shards.
+        raise ConfigError("singa.cluster.sample_ratio", f"1.0 unless the arch is asynchronous (async_ps), got {ratio}")
+    if arch["name"] == "local" and arch["worker_groups"] != 1:
+        raise ConfigError("singa.cluster.worker_groups", "1 for arch local")
+
+
+def run(cfg: dict, ctx) -> dict[str, float]:
+    """Train ``singa.app`` under ``singa.arch``; returns the final metrics."""
+    from workloads.singa.train import run_app
+
+    return run_app(cfg, ctx)

@@ -1,0 +1,80 @@
+"""Handwritten digits (4.1): scikit-learn's 8x8 digits by default, MNIST IDX files when given.
+
+IDX format (LeCun): big-endian magic ``0x0000 08 <ndim>``, the dims as uint32, then uint8 data.
+Files may be gzipped (``train-images-idx3-ubyte.gz``).
+"""
+from __future__ import annotations
+
+import gzip
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from workloads.singa.apps.dataset import Dataset, stratified_split
+
+MNIST_FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+
+
+def load_digits_dataset(data_dir, seed: int, smoke: bool) -> Dataset:
+    """1797 real 8x8 digits (pixel 0..16), 80/20 stratified split.  ``pixel`` (N, 64) uint8
+    scaled to 0..255 so the same ``mnist`` parser layer (x/255) serves digits and MNIST."""
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    pixels = np.round(bunch.data * (255.0 / 16.0)).astype(np.uint8)
+    labels = bunch.target.astype(np.int64)
+    train, test = stratified_split(labels, 0.2, seed)
+    return Dataset("digits", {"pixel": pixels[train], "label": labels[train]},
+                   {"pixel": pixels[test], "label": labels[test]}, {"num_classes": 10, "image_hw": (8, 8)})
+
+
+def read_idx(path: str | Path) -> np.ndarray:
+    """Read one IDX file (optionally .gz) into a uint8 array of its stated shape."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        raw = f.read()
+    zero, dtype_code, ndim = struct.unpack(">HBB", raw[:4])
+    if zero != 0 or dtype_code != 0x08:
+        raise ValueError(f"{path}: not an unsigned-byte IDX file (magic {raw[:4].hex()})")
+    dims = struct.unpack(f">{ndim}I", raw[4:4 + 4 * ndim])
+    data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
+    if data.size != int(np.prod(dims)):
+        raise ValueError(f"{path}: header says {dims}, file holds {data.size} bytes of data")
+    return data.reshape(dims)
+
+
+def write_idx(path: str | Path, array: np.ndarray) -> None:
+    """Write a uint8 array as an IDX file (what the tests use to make small MNIST files)."""
+    array = np.ascontiguousarray(array, dtype=np.uint8)
+    header = struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "wb") as f:
+        f.write(header + array.tobytes())
+
+
+def _find(data_dir: Path, stem: str) -> Path:
+    for name in (stem, stem + ".gz", stem.replace("-idx", ".idx")):
+        if (data_dir / name).is_file():
+            return data_dir / name
+    raise FileNotFoundError(f"{data_dir}: no {stem}[.gz]")
+
+
+def load_mnist_dataset(data_dir, seed: int, smoke: bool) -> Dataset:
+    """MNIST from the four IDX files in ``data_dir``: ``pixel`` (N, 784) uint8, ``label`` (N,)."""
+    if data_dir is None:
+        raise FileNotFoundError("singa.data=mnist needs singa.data_dir=<folder with the IDX files>")
+    data_dir = Path(data_dir)
+    splits = {}
+    for split, (images, labels) in MNIST_FILES.items():
+        x = read_idx(_find(data_dir, images))
+        y = read_idx(_find(data_dir, labels)).astype(np.int64)
+        if smoke:
+            x, y = x[:2000], y[:2000]
+        splits[split] = {"pixel": x.reshape(len(x), -1), "label": y}
+    hw = tuple(read_idx(_find(data_dir, MNIST_FILES["test"][0])).shape[1:])
+    return Dataset("mnist", splits["train"], splits["test"], {"num_classes": 10, "image_hw": hw})

@@ -1,0 +1,178 @@
+"""The driver of a singa run: resolve app + arch, (pre-)train with the architecture, evaluate
+every epoch, then the app's extras (retrieval for msae, t-SNE figures).  Called by ``run``."""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import ray
+import torch
+
+from workloads.singa.settings import group_spec, load_app, resolve_arch, resolve_training
+
+
+def run_app(cfg: dict, ctx) -> dict[str, float]:
+    """Train ``singa.app`` with ``singa.arch``; log per-epoch and final metrics; return finals."""
+    s = cfg["singa"]
+    app = load_app(s["app"])
+    train = resolve_training(cfg, app)
+    arch = resolve_arch(cfg)
+    ctx.log_params({"singa.resolved_arch": arch, "singa.resolved_updater": train["updater"],
+                    "singa.resolved_data": train["data"], "singa.resolved_batch_size": train["batch_size"]})
+    final: dict[str, float] = {}
+    initial = None
+    # [1] CD pre-training of stacked RBMs, one stage per RBM (Table 1 hybrid: rbm/dbn)
+    for i, stage in enumerate(app.get("pretrain") or []):
+        stage_train = dict(train, updater=dict(stage.get("updater", train["updater"])),
+                           batch_size=train["batch_size"])
+        epochs = int(stage.get("epochs", 1)) if not cfg.get("smoke") else min(2, int(stage.get("epochs", 1)))
+        spec = group_spec(cfg, app, stage_train, arch, layers=stage["layers"], algorithm="cd")
+        spec["initial_params"] = initial
+        out = fit(spec, arch, cfg, ctx, epochs, target=None, prefix=f"pretrain{i + 1}/")
+        initial = {**(initial or {}), **out["params"]}
+        final.update({k: v for k, v in out["final"].items() if "recon_error" in k})
+    # [2] BP training (or fine-tuning from the RBM weights)
+    spec = group_spec(cfg, app, train, arch)
+    spec["initial_params"] = initial
+    out = fit(spec, arch, cfg, ctx, int(train["epochs"]), target=train.get("target_accuracy"))
+    final.update(out["final"])
+    # [3] the app's extras on the trained parameters
+    if s["app"] == "msae":
+        final.update(msae_retrieval(spec, out["params"], ctx))
+    if s.get("tsne") and app.get("tsne_layers"):
+        final.update(tsne_figures(spec, out["params"], app["tsne_layers"], int(s["tsne_samples"]), ctx))
+    return final
+
+
+def _cpus_per_group(cfg: dict, arch: dict) -> float:
+    total = float(ray.cluster_resources().get("CPU", 1.0))
+    servers = int(arch.get("server_groups", 0) or 0) * int(arch.get("servers_per_group", 0) or 0)
+    free = max(0.1, total - servers * float(arch.get("cpus_per_server", 0.0)))
+    want = float(cfg["strategy"].get("cpus_per_worker", 1) or 1)
+    return round(min(want, free / int(arch["worker_groups"])), 3)
+
+
+def _rename(metrics: dict[str, float], split: str) -> dict[str, float]:
+    """``loss/accuracy`` -> ``test/accuracy``; other loss layers keep their name: ``test/iloss_loss``."""
+    out = {}
+    for key, value in metrics.items():
+        layer, name = key.split("/", 1)
+        out[f"{split}/{name}" if layer == "loss" else f"{split}/{layer}_{name}"] = value
+    return out
+
+
+def fit(spec: dict, arch: dict, cfg: dict, ctx, epochs: int, target: float | None, prefix: str = "") -> dict:
+    """Run ``epochs`` epochs of ``spec`` under ``arch``; evaluate after every epoch."""
+    from workloads.singa.architectures import Architecture
+
+    machine = Architecture(arch, spec, _cpus_per_group(cfg, arch))
+    try:
+        if machine.plan:
+            ctx.log_dict(machine.plan, f"tables/{prefix.strip('/') or 'train'}_partition_plan.json")
+            ctx.log_params({f"singa.{prefix}partition_plan": ",".join(f"{k}:{v}" for k, v in machine.plan.items()
+                                                                       if v != "whole")})
+        spe = machine.steps_per_epoch
+        total, done, train_s, reached = epochs * spe, 0, 0.0, None
+        images_per_step = spec["batch_size"] * machine.num_groups
+        last_eval: dict[str, float] = {}
+        train_metrics: dict[str, float] = {}
+        while done < total:
+            steps = min(machine.round_length(), total - done)
+            t0 = time.perf_counter()
+            train_metrics = machine.run_steps(steps)
+            train_s += time.perf_counter() - t0
+            before, done = done, done + steps
+            if done // spe == before // spe and done < total:
+                continue
+            # [epoch end] evaluate on the test set, log the epoch's figures
+            epoch = math.ceil(done / spe)
+            last_eval = _rename(machine.evaluate(), "test")
+            rate = done * images_per_step / max(train_s, 1e-9)
+            metrics = {**last_eval, **_rename(train_metrics, "train"), "throughput/images_per_s": rate,
+                       "time/train_s": train_s}
+            acc = last_eval.get("test/accuracy")
+            if target is not None and acc is not None and acc >= target and reached is None:
+                reached = train_s
+            ctx.log_metrics({prefix + k: v for k, v in metrics.items()}, step=epoch)
+            ctx.progress(epoch, epochs, desc=f"{prefix}epoch {epoch}/{epochs}", **{"img/s": rate})
+        stats = machine.stats()
+        params = machine.params()
+    finally:
+        machine.shutdown()
+    final = {**last_eval, "throughput/images_per_s": done * images_per_step / max(train_s, 1e-9),
+             "time/train_s": train_s, "comm/bytes_per_step": stats["comm_bytes_per_step"],
+             "comm/bridge_bytes_per_step": stats["bridge_bytes_per_step"], "comm/wait_s": stats["comm_s"]}
+    if target is not None and "test/accuracy" in last_eval:
+        final["test/reached_target"] = float(reached is not None)
+        if reached is not None:
+            final["time/to_target_s"] = reached
+    final = {prefix + k: v for k, v in final.items()}
+    if prefix:  # a pre-training stage's finals are not among the run's returned metrics
+        ctx.log_metrics(final)
+    return {"final": final, "params": {k: np.array(v) for k, v in params.items()}}
+
+
+def _local_net(spec: dict, params: dict):
+    from workloads.singa.apps import load_dataset
+    from workloads.singa.net import NeuralNet
+
+    data = load_dataset(spec["data"], spec.get("data_dir"), spec["seed"], spec["smoke"])
+    net = NeuralNet(spec["layers"], data.shapes(), seed=spec["seed"])
+    net.set_params(params, strict=False)
+    return net, data
+
+
+def _test_features(net, data, names: list[str], limit: int | None = None) -> dict[str, np.ndarray]:
+    n = data.num_test if limit is None else min(limit, data.num_test)
+    out: dict[str, list] = {k: [] for k in names}
+    for i in range(0, n, 500):
+        batch = {k: torch.as_tensor(v[i:min(i + 500, n)]) for k, v in data.test.items()}
+        for k, v in net.features(batch, names).items():
+            out[k].append(v.reshape(v.shape[0], -1).numpy().copy())
+    return {k: np.concatenate(v) for k, v in out.items()}
+
+
+def msae_retrieval(spec: dict, params: dict, ctx) -> dict[str, float]:
+    """Image->text and text->image retrieval on the test pairs through the latent layers."""
+    from workloads.singa.retrieval import mean_average_precision, precision_at_k
+
+    net, data = _local_net(spec, params)
+    feats = _test_features(net, data, ["iz", "tz"])
+    img, txt, labels = feats["iz"], feats["tz"], data.test["label"]
+    metrics = {
+        "test/precision_at_10_img2txt": precision_at_k(img, txt, labels, labels, 10),
+        "test/precision_at_10_txt2img": precision_at_k(txt, img, labels, labels, 10),
+        "test/map_at_50_img2txt": mean_average_precision(img, txt, labels, labels, 50),
+        "test/map_at_50_txt2img": mean_average_precision(txt, img, labels, labels, 50),
+        "test/precision_at_10_img2img": precision_at_k(img, img, labels, labels, 10),
+    }
+    if "test_docs" in data.meta:
+        # Fig. 11 in text: the 5 nearest tag documents of the first test images.
+        lines = []
+        for q in range(5):
+            order = np.argsort(((txt - img[q]) ** 2).sum(1))[:5]
+            lines.append(f"image {q} (class {labels[q]}): " + " | ".join(" ".join(data.meta["test_docs"][j]) for j in order))
+        ctx.log_text("\n".join(lines), "tables/msae_img2txt_examples.txt")
+    return metrics
+
+
+def tsne_figures(spec: dict, params: dict, layers: list[str], samples: int, ctx) -> dict[str, float]:
+    """Appendix A: one t-SNE figure per layer for ``samples`` test images; returns each layer's
+    neighbourhood purity (how well its features cluster by class)."""
+    import matplotlib.pyplot as plt
+
+    from workloads.singa.tsne import neighbourhood_purity, tsne_figure
+
+    net, data = _local_net(spec, params)
+    feats = _test_features(net, data, layers, limit=samples)
+    labels = data.test["label"][: len(next(iter(feats.values())))]
+    if labels.ndim > 1:
+        labels = labels.argmax(1)
+    out = {}
+    for name, f in feats.items():
+        fig = tsne_figure(f, labels, f"t-SNE of {name} ({len(f)} test samples)", seed=spec["seed"])
+        ctx.log_figure(fig, f"figures/tsne_{name}.png")
+        plt.close(fig)
+        out[f"tsne/{name}_purity"] = neighbourhood_purity(f, labels)
+    return out

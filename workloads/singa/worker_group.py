@@ -1,0 +1,151 @@
+"""One worker group (5.1): a complete model (partitioned inside the group by ``partition.py``),
+its share of the training data, and its BP/CD step.  Runs in a Ray actor or in-process; the
+architectures in ``architectures.py`` decide where its gradients go.
+
+``spec`` (a plain dict built by ``train.group_spec``): ``layers``, ``data``, ``data_dir``,
+``seed``, ``smoke``, ``batch_size``, ``updater``, ``augment``, ``shuffle``, ``group_size``,
+``partition``, ``threads``, ``algorithm`` (bp | cd), ``cd_k``.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from workloads.singa.apps import load_dataset
+from workloads.singa.apps.augment import deform
+from workloads.singa.net import NeuralNet
+from workloads.singa.partition import partition_net
+from workloads.singa.updaters import Updater, learning_rate
+
+
+class WorkerGroup:
+    def __init__(self, spec: dict, rank: int = 0, num_groups: int = 1, dataset=None):
+        self.spec, self.rank, self.num_groups = spec, rank, num_groups
+        torch.set_num_threads(int(spec.get("threads", 1)))
+        full = dataset if dataset is not None else load_dataset(spec["data"], spec.get("data_dir"),
+                                                                spec["seed"], spec["smoke"])
+        self.meta = full.meta
+        self.data = full.shard(rank, num_groups)
+        self.train = {k: torch.as_tensor(v) for k, v in self.data.train.items()}
+        self.test = {k: torch.as_tensor(v) for k, v in self.data.test.items()}
+        # Same seed in every group: all replicas start from the same parameters.
+        base = NeuralNet(spec["layers"], full.shapes(), seed=spec["seed"])
+        self.net = partition_net(base, int(spec.get("group_size", 1)), spec.get("partition", "none"),
+                                 int(spec["batch_size"]))
+        self.partitioned = self.net is not base
+        if spec.get("initial_params"):
+            # e.g. RBM weights from CD pre-training for the BP fine-tune (DBN, Table 1 hybrid)
+            self.net.set_params(spec["initial_params"], strict=False)
+        self.updater = Updater(spec["updater"])
+        self.batch_size = int(spec["batch_size"])
+        self.num_train = len(next(iter(self.train.values())))
+        self.steps_per_epoch = max(1, self.num_train // self.batch_size)
+        self.generator = torch.Generator().manual_seed(spec["seed"] * 1000 + rank)
+        self.step = 0
+        self._order = None
+        self._compute_s = 0.0
+
+    # -- data -------------------------------------------------------------------------------
+    def next_batch(self) -> dict[str, torch.Tensor]:
+        """The next mini-batch of this group's shard (reshuffled each epoch unless shuffle=False)."""
+        pos = (self.step % self.steps_per_epoch) * self.batch_size
+        if pos == 0 or self._order is None:
+            self._order = (torch.randperm(self.num_train, generator=self.generator) if self.spec.get("shuffle", True)
+                           else torch.arange(self.num_train))
+        idx = self._order[pos:pos + self.batch_size]
+        batch = {k: v[idx] for k, v in self.train.items()}
+        aug = self.spec.get("augment")
+        if aug:
+            field = aug.get("field", "pixel")
+            batch[field] = deform(batch[field], tuple(self.meta["image_hw"]), self.generator,
+                                  aug.get("rotate_deg", 10.0), aug.get("scale", 0.08), aug.get("shift_px", 0.6))
+        return batch
+
+    # -- one step -------------------------------------------------------------------------------
+    def compute(self) -> dict[str, float]:
+        """BP (or CD-k) on the next batch: fills the params' gradients; returns loss metrics."""
+        t0 = time.perf_counter()
+        batch = self.next_batch()
+        if self.spec.get("algorithm", "bp") == "cd":
+            metrics = self.net.train_cd(batch, int(self.spec.get("cd_k", 1)))
+        else:
+            metrics = self.net.train_bp(batch)
+        self._compute_s += time.perf_counter() - t0
+        return metrics
+
+    def local_step(self) -> dict[str, float]:
+        """compute + a local update (single group, or all-reduced gradients already in place)."""
+        metrics = self.compute()
+        self.apply_update()
+        return metrics
+
+    def apply_update(self, grads: dict[str, np.ndarray] | None = None) -> None:
+        """Apply the updater to this group's params, with its own gradients or with ``grads``
+        (unpartitioned names, e.g. all-reduced ones)."""
+        if not self.partitioned:
+            if grads is not None:
+                for p in self.net.params:
+                    p.grad = torch.as_tensor(grads[p.name])
+            self.updater.update(self.net.params, self.step)
+        else:
+            # Update in unpartitioned names so data replicas inside the group stay identical.
+            master = _MasterParams(self.net.get_params(), grads or self.net.get_grads(), self.net)
+            self.updater.update(master.params, self.step)
+            self.net.set_params({p.name: p.val.numpy() for p in master.params})
+        self.step += 1
+
+    def server_gradients(self) -> dict[str, np.ndarray]:
+        """Gradients to push: scaled by each param's lr_mult and the lr schedule, so servers
+        with a fixed base lr apply SINGA's per-param, per-step learning rate (exact for SGD)."""
+        scale = learning_rate(self.spec["updater"], self.step) / float(self.spec["updater"].get("lr", 0.01))
+        grads = self.net.get_grads()
+        mults = {p.name: p.lr_mult for p in self.net.params}
+        # Frozen params (lr_mult 0, e.g. lower RBMs of a DBN stage) are not pushed at all, or the
+        # servers' weight decay would still shrink them.
+        return {n: (g * (mults.get(n, 1.0) * scale)).astype(np.float32, copy=False)
+                for n, g in grads.items() if mults.get(n, 1.0) != 0.0}
+
+    def set_params(self, values: dict[str, np.ndarray]) -> None:
+        self.net.set_params(values)
+
+    def get_params(self) -> dict[str, np.ndarray]:
+        return self.net.get_params()
+
+    def advance(self) -> None:
+        self.step += 1
+
+    # -- evaluation -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self, batch_size: int = 500) -> dict[str, float]:
+        """Test-set metrics averaged over batches (loss-layer metrics, e.g. ``loss/accuracy``)."""
+        n = len(next(iter(self.test.values())))
+        totals: dict[str, float] = {}
+        for i in range(0, n, batch_size):
+            batch = {k: v[i:i + batch_size] for k, v in self.test.items()}
+            metrics = self.net.forward(batch, "test")
+            for k, v in metrics.items():
+                totals[k] = totals.get(k, 0.0) + v * len(next(iter(batch.values())))
+        return {k: v / n for k, v in totals.items()}
+
+    def stats(self) -> dict[str, float]:
+        bridge = self.net.bridge_bytes() if self.partitioned else 0
+        return {"compute_s": self._compute_s, "steps": self.step, "bridge_bytes": bridge,
+                "num_train": self.num_train}
+
+    def plan(self) -> dict[str, str]:
+        return self.net.describe_plan() if self.partitioned else {}
+
+
+class _MasterParams:
+    """Unpartitioned ``Param``-like views used to update a partitioned net in one place."""
+
+    def __init__(self, values, grads, net):
+        from types import SimpleNamespace
+
+        mults = {}
+        for name, entries in net._param_map.items():
+            mults[name] = (entries[0][0].lr_mult, entries[0][0].wd_mult)
+        self.params = [SimpleNamespace(name=n, val=torch.as_tensor(v), grad=torch.as_tensor(grads[n]),
+                                       lr_mult=mults[n][0], wd_mult=mults[n][1]) for n, v in values.items()]
