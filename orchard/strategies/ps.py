@@ -53,7 +53,10 @@ class ParameterServer:
             self.params = {k: np.array(v, dtype=np.float32, copy=True) for k, v in params.items()}
         return self.params
 
-    async def push_pull(self, grads: dict[str, np.ndarray], worker: int, step: int) -> dict[str, np.ndarray]:
+    async def push_pull(self, grads: dict[str, np.ndarray], worker: int, step: int,
+                        only_pushed: bool = False) -> dict[str, np.ndarray]:
+        """Apply ``grads`` (see the module doc for sync/async) and answer fresh parameters:
+        the whole shard, or with ``only_pushed`` just the pushed ones (parameter sampling)."""
         self.bytes_in += sum(g.nbytes for g in grads.values())
         if self.mode == "async":
             self._apply(grads, 1)
@@ -72,8 +75,9 @@ class ParameterServer:
                 # Keep a few finished events so late readers of this step still pass.
                 for old in [s for s in self.done if s < step - 4]:
                     del self.done[old]
-        self.bytes_out += sum(p.nbytes for p in self.params.values())
-        return self.params
+        answer = {k: self.params[k] for k in grads} if only_pushed else self.params
+        self.bytes_out += sum(p.nbytes for p in answer.values())
+        return answer
 
     def _apply(self, grads: dict[str, np.ndarray], count: int) -> None:
         # Updates build new arrays (never in place): answers already handed out stay valid.
@@ -162,12 +166,15 @@ class PSClient:
     def initialize(self, params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self.group.initialize(params)
 
-    def push_pull(self, grads: dict[str, np.ndarray], step: int) -> dict[str, np.ndarray]:
-        """Send gradients, get fresh parameters back (read-only arrays: copy before in-place use)."""
+    def push_pull(self, grads: dict[str, np.ndarray], step: int, only_pushed: bool = False) -> dict[str, np.ndarray]:
+        """Send gradients, get fresh parameters back (read-only arrays: copy before in-place use).
+
+        ``only_pushed=True`` answers just the parameters that were pushed, so a worker that
+        samples a fraction of its parameters (SINGA 6.5.1) also downloads only that fraction."""
         t0 = time.perf_counter()
         g = self.group
         g._assign(grads)
-        refs = [s.push_pull.remote(p, self.worker, step) for s, p in zip(g.servers, g.split(grads)) if p]
+        refs = [s.push_pull.remote(p, self.worker, step, only_pushed) for s, p in zip(g.servers, g.split(grads)) if p]
         fresh = _merge(ray.get(refs))
         self.wait_s += time.perf_counter() - t0
         return fresh

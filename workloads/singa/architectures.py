@@ -75,7 +75,8 @@ class GroupActor:
                 keep = sampled_names(names, sample_ratio, self.group.step, self.rank)
                 grads = {n: grads[n] for n in keep}
             t0 = time.perf_counter()
-            fresh = self.client.push_pull(grads, self.group.step)
+            # Sampling relieves the servers both ways: only the pushed parameters come back.
+            fresh = self.client.push_pull(grads, self.group.step, only_pushed=sample_ratio < 1.0)
             self.comm_s += time.perf_counter() - t0
             # What crossed the wire: our gradients up, the answering shards' parameters down.
             self.bytes += payload_bytes(grads) + payload_bytes(fresh)

@@ -44,3 +44,19 @@ def test_parameter_sampling_covers_every_parameter():
         assert len(picked) == 3
         seen |= set(picked)
     assert seen == set(names)
+
+
+def test_sampled_push_answers_only_the_pushed_parameters(ray_session):
+    import numpy as np
+
+    from orchard.strategies.ps import PSClient, PSGroup
+
+    params = {"a": np.ones(4, np.float32), "b": np.ones(2, np.float32), "c": np.ones(3, np.float32)}
+    group = PSGroup.create(params, num_servers=2, num_workers=1, mode="async", optimizer={"name": "sgd", "lr": 0.5})
+    client = PSClient(group, 0)
+    fresh = client.push_pull({"a": np.ones(4, np.float32)}, step=0, only_pushed=True)
+    assert set(fresh) == {"a"} and np.allclose(fresh["a"], 0.5)
+    full = client.push_pull({"b": np.ones(2, np.float32)}, step=1)
+    assert set(full) >= {"b"} and np.allclose(full["b"], 0.5)
+    assert np.allclose(client.pull()["c"], 1.0)
+    group.shutdown()
