@@ -63,7 +63,16 @@ class MetricsSink:
 
         items = [Param(str(k), str(v)[:6000]) for k, v in params.items()]
         for i in range(0, len(items), 100):
-            self._client.log_batch(self._run_id, params=items[i:i + 100])
+            try:
+                self._client.log_batch(self._run_id, params=items[i:i + 100])
+            except Exception:
+                # MLflow params are write-once: a key that already holds another value (e.g. a
+                # config key) is refused. Log the rest one by one and say which were skipped.
+                for item in items[i:i + 100]:
+                    try:
+                        self._client.log_param(self._run_id, item.key, item.value)
+                    except Exception as exc:
+                        print(f"orchard: param {item.key!r} not logged: {str(exc).splitlines()[0][:200]}")
 
     @ray.method(concurrency_group="write")
     def set_tags(self, tags: dict) -> None:

@@ -1,0 +1,149 @@
+"""End to end: `python -m orchard workload=flower debug=smoke` for every strategy/mode, a worker
+killed mid-run, predict on an odd-sized image, and the comparison notebook on those runs."""
+import csv
+import os
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+STRATEGIES = {
+    # ring also loses its last worker when epoch 1 starts: the group restarts from the epoch-0 checkpoint
+    "ring": ["strategy=ring", "flower.epochs=3", "flower.fail_at_epoch=1"],
+    "ps-sync": ["strategy=ps", "strategy.mode=sync"],
+    "ps-async": ["strategy=ps", "strategy.mode=async", "strategy.num_servers=2"],
+}
+
+
+@pytest.fixture(scope="module")
+def smoke_runs(ray_session, tracking_uri, tracking_dir, tmp_path_factory):
+    """The three smoke runs, once for the module: {label: (Outcome, mlflow Run)}."""
+    from mlflow.tracking import MlflowClient
+
+    from orchard.cli import execute, prepare
+
+    out = tmp_path_factory.mktemp("flower_runs")
+    client = MlflowClient(tracking_uri)
+    runs = {}
+    for label, overrides in STRATEGIES.items():
+        cfg, module = prepare(["workload=flower", "debug=smoke", *overrides, f"tracking.uri={tracking_uri}",
+                               f"tracking.artifact_location={tracking_dir}/artifacts", f"output_dir={out}"])
+        outcome = execute(cfg, module)
+        runs[label] = (outcome, client.get_run(outcome.run_id))
+    return runs, client
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("label", list(STRATEGIES))
+def test_smoke_run_records_the_thesis_metrics(smoke_runs, label):
+    runs, client = smoke_runs
+    outcome, run = runs[label]
+    assert outcome.exit_code == 0, run.data.tags.get("orchard.error")
+    assert run.info.status == "FINISHED"
+    m = run.data.metrics
+    for key in ("test/mae", "test/rmse", "baseline/mae", "baseline/rmse", "test/inference_s", "baseline/inference_s",
+                "throughput/mean_images_per_s", "throughput/std_images_per_s", "throughput/var_images_per_s",
+                "time/completion_s", "test/bin_0_mae", "baseline/bin_3up_mae"):
+        assert key in m, key
+    assert m["throughput/mean_images_per_s"] > 0
+    assert m["throughput/var_images_per_s"] == pytest.approx(m["throughput/std_images_per_s"] ** 2, rel=1e-6)
+    assert m["time/completion_s"] == max(m["time/w0_completion_s"], m["time/w1_completion_s"])
+    losses = client.get_metric_history(run.info.run_id, "train/loss")
+    assert len(losses) >= 2 and all(np.isfinite(h.value) for h in losses)
+    assert client.get_metric_history(run.info.run_id, "throughput/w1_images_per_s")
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "figures")}
+    assert {"figures/density_maps.png", "figures/per_bin_mae.png"} <= artifacts
+    traces = [a.path for a in client.list_artifacts(run.info.run_id, "traces")]
+    assert traces and all(t.endswith(".json") for t in traces)
+    assert client.list_artifacts(run.info.run_id, "model")
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_replaced_and_training_resumes_from_the_checkpoint(smoke_runs):
+    runs, client = smoke_runs
+    outcome, run = runs["ring"]
+    assert outcome.exit_code == 0
+    run_dir = Path(run.data.tags["orchard.run_dir"])
+    assert (run_dir / "fault_injected").exists()  # the worker really died
+    assert run.data.metrics["train/resumed_from_epoch"] == 1.0
+    epochs = [h.value for h in client.get_metric_history(run.info.run_id, "train/epoch")]
+    assert max(epochs) == 3.0
+
+
+@pytest.mark.slow
+def test_predict_counts_an_image_whose_size_is_not_a_multiple_of_the_tile(smoke_runs, run_orchard, tmp_path):
+    from workloads.flower.synthetic_field import render_field
+
+    runs, _ = smoke_runs
+    run_dir = Path(runs["ring"][1].data.tags["orchard.run_dir"])
+    rng = np.random.default_rng(5)
+    folder = tmp_path / "new_images"
+    folder.mkdir()
+    rgb, points, _ = render_field(rng, 150, 201, (0, 0, 201, 150), 64, 3.0, (2.5, 5.0), 0.2, 0.0)
+    cv2.imwrite(str(folder / "odd.png"), cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
+    result = run_orchard("workload=flower", "flower.mode=predict", f"flower.checkpoint={run_dir / 'model.pt'}",
+                         f"flower.input={folder}", f"flower.output={tmp_path / 'out'}")
+    assert result.exit_code == 0
+    with open(tmp_path / "out" / "counts.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["image"], r["width"], r["height"]) for r in rows] == [("odd.png", "201", "150")]
+    from workloads.flower.predict import count_image
+    from workloads.flower.train import load_model
+
+    model, scale = load_model(run_dir / "model.pt")
+    density = count_image(model, rgb, 64, scale)
+    assert density.shape == (150, 201)
+    assert float(rows[0]["count"]) == pytest.approx(float(density.sum()), abs=1e-2)
+    picture = cv2.imread(str(tmp_path / "out" / "density" / "odd.png"))
+    assert picture.shape == (150, 201, 3)
+    assert result.metrics["predict/images_per_s"] > 0
+    assert "predictions/counts.csv" in result.artifacts("predictions")
+
+
+def test_bad_tile_size_is_refused_before_ray_starts(compose):
+    from orchard import ConfigError
+
+    import workloads.flower as flower
+
+    cfg = compose("workload=flower", "flower.tile_size=10")
+    with pytest.raises(ConfigError) as err:
+        flower.validate(cfg)
+    assert err.value.key == "flower.tile_size"
+    for override, key in (("flower.bins=[[0,2],[1,3]]", "flower.bins"), ("strategy=tasks", "strategy"),
+                          ("flower.mode=predict", "flower.checkpoint"), ("flower.optimizer.name=lbfgs", "flower.optimizer.name")):
+        with pytest.raises(ConfigError) as err:
+            flower.validate(compose("workload=flower", override))
+        assert err.value.key == key, override
+
+
+@pytest.mark.parametrize("strategy", ["ring", "ps"])
+def test_every_flower_preset_composes(compose, strategy):
+    import workloads.flower as flower
+
+    for extra in ([], ["debug=smoke"], ["experiment=flower_thesis"], ["experiment=flower_model_m"]):
+        cfg = compose("workload=flower", f"strategy={strategy}", *extra)
+        flower.validate(cfg)
+        assert cfg["flower"]["tile_size"] % 4 == 0
+    thesis = compose("workload=flower", f"strategy={strategy}", "experiment=flower_thesis")["flower"]
+    assert (thesis["tile_size"], thesis["batch_size"], thesis["prefetch"], thesis["optimizer"]["lr"]) == (224, 8, 3, 1e-5)
+
+
+@pytest.mark.slow
+def test_comparison_notebook_executes_on_the_smoke_runs(smoke_runs, tracking_uri):
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(ROOT / "notebooks" / "compare_strategies.ipynb", as_version=4)
+    assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), "commit it without outputs"
+    os.environ["MLFLOW_TRACKING_URI"] = tracking_uri
+    try:
+        NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
+    finally:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    text = "\n".join(o.get("text", "") + str(o.get("data", {}).get("text/plain", ""))
+                     for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    for label in STRATEGIES:
+        assert label in text
+    assert "mean_images_per_s" in text and "bin 0" in text

@@ -1,0 +1,67 @@
+"""workload=flower: the canola flower-counting CNN of the MSc thesis
+(../shared/seeds/001_645c270b6b9ac541.txt), trained with ring all-reduce or parameter servers.
+
+Light on purpose: heavy imports happen inside `run`.
+"""
+from __future__ import annotations
+
+from orchard import ConfigError
+from pathlib import Path
+
+from orchard.config import require, require_choice, require_path, require_positive
+
+STRATEGIES = ("ring", "ps")
+MODES = ("train", "predict")
+
+
+def _valid_bins(bins) -> bool:
+    """Inclusive [low, high|null] ranges, increasing and non-overlapping."""
+    if not isinstance(bins, list) or not bins:
+        return False
+    previous_high = -1
+    for b in bins:
+        if not isinstance(b, (list, tuple)) or len(b) != 2 or not isinstance(b[0], int) or b[0] <= previous_high:
+            return False
+        if b[1] is not None and (not isinstance(b[1], int) or b[1] < b[0]):
+            return False
+        previous_high = float("inf") if b[1] is None else b[1]
+    return True
+
+
+def validate(cfg: dict) -> None:
+    """Reject a bad flower config before Ray starts (orchard.ConfigError(key, allowed))."""
+    f = cfg["flower"]
+    require_choice(cfg, "flower.mode", MODES)
+    if cfg["strategy"]["name"] not in STRATEGIES:
+        raise ConfigError("strategy", f"one of {', '.join(STRATEGIES)} for workload=flower, got {cfg['strategy']['name']}")
+    require(cfg, "flower.tile_size", lambda v: isinstance(v, int) and v > 0 and v % 4 == 0,
+            "a positive multiple of 4 (the model pools twice by 2x2)")
+    for key in ("batch_size", "epochs", "prefetch"):
+        require_positive(cfg, f"flower.{key}", integer=True)
+    for key in ("sigma", "density_scale"):
+        require_positive(cfg, f"flower.{key}")
+    require(cfg, "flower.train_fraction", lambda v: 0 < v < 1, "a fraction in (0, 1)")
+    require(cfg, "flower.bins", _valid_bins,
+            "a list of increasing, non-overlapping [low, high] count ranges (high may be null)")
+    require_choice(cfg, "flower.optimizer.name", ("sgd", "adagrad", "adam"))
+    require_positive(cfg, "flower.optimizer.lr")
+    require(cfg, "flower.roi", lambda v: v is None or (isinstance(v, list) and len(v) == 4 and v[2] > 0 and v[3] > 0),
+            "null or [x, y, width, height]")
+    require_choice(cfg, "flower.synthetic.annotation", ("csv", "red_cross"))
+    if f["mode"] == "predict":
+        require_path(cfg, "flower.checkpoint", kind="file", allow_none=False)
+        require_path(cfg, "flower.input", kind="dir", allow_none=False)
+    else:
+        require(cfg, "flower.data_dir", lambda v: v is None or (Path(v) / "images").is_dir(),
+                "null (synthetic field) or a folder holding images/ (and points.csv or annotated/)")
+
+
+def run(cfg: dict, ctx) -> dict[str, float]:
+    """Train and evaluate (flower.mode=train) or count flowers in new images (flower.mode=predict)."""
+    if cfg["flower"]["mode"] == "predict":
+        from workloads.flower.predict import run_predict
+
+        return run_predict(cfg, ctx)
+    from workloads.flower.driver import run_train
+
+    return run_train(cfg, ctx)

@@ -1,0 +1,277 @@
+"""Field images + annotations -> region-of-interest tiles -> bin-sampled train/test split.
+
+On-disk input (the real format; `synthetic_field.py` writes the same):
+    images/<name>.(png|jpg)        field photographs
+    points.csv                     image,x,y flower centres in image pixels, and/or
+    annotated/<name>.png           copies with pure-red crosses on each flower (3.3.2)
+    roi.csv (optional)             image,x,y,width,height region of interest (3.3.1)
+    distractors.csv (optional)     image,kind,x,y,width,height (tags tiles for per-scene metrics)
+Tiling runs as one Ray task per group of images (the thesis used Apache Spark for it, 3.3.1) and
+writes a tile cache every training worker memory-maps:
+    tiles/images.npy (N, T, T, 3) uint8, tiles/index.csv, tiles/points.csv
+"""
+from __future__ import annotations
+
+import csv
+import os
+import shutil
+from collections import defaultdict
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
+KIND_PRIORITY = ("glare", "roadside", "shadow")  # a tile touching several is tagged by the first
+
+
+def read_rgb(path: str | Path) -> np.ndarray:
+    """An image file as RGB uint8 (H, W, 3)."""
+    bgr = cv2.imread(str(path), cv2.IMREAD_COLOR)
+    if bgr is None:
+        raise FileNotFoundError(f"cannot read image {path}")
+    return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+
+
+def red_cross_points(rgb: np.ndarray, arm: int = 2) -> np.ndarray:
+    """Centres (N, 2) x,y of pure-red (255, 0, 0) crosses of the given arm length (3.3.2).
+
+    Eroding the red mask with a plus-shaped kernel keeps only pixels whose whole cross is red:
+    one pixel per cross, even where two crosses touch. Crosses cut by the image border
+    (arms missing) are found from the remaining red blob's centroid instead.
+    """
+    red = np.all(rgb == (255, 0, 0), axis=-1).astype(np.uint8)
+    size = 2 * arm + 1
+    kernel = np.zeros((size, size), np.uint8)
+    kernel[arm, :] = 1
+    kernel[:, arm] = 1
+    centres = cv2.erode(red, kernel, borderType=cv2.BORDER_CONSTANT, borderValue=0)
+    n, _, _, centroids = cv2.connectedComponentsWithStats(centres, connectivity=8)
+    points = [centroids[1:]]
+    # Blobs with no surviving centre: crosses clipped by the border.
+    n_blobs, labels = cv2.connectedComponents(red, connectivity=8)
+    hit = set(np.unique(labels[centres > 0]).tolist())
+    for label in range(1, n_blobs):
+        if label not in hit:
+            ys, xs = np.nonzero(labels == label)
+            touches_border = xs.min() == 0 or ys.min() == 0 or xs.max() == rgb.shape[1] - 1 \
+                or ys.max() == rgb.shape[0] - 1
+            if touches_border:
+                points.append(np.array([[xs.mean(), ys.mean()]]))
+    return np.concatenate(points).astype(np.float64).reshape(-1, 2)
+
+
+def list_images(data_dir: str | Path) -> list[str]:
+    """File names under data_dir/images, sorted."""
+    folder = Path(data_dir) / "images"
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder} does not exist (expected images/ with field photographs)")
+    return sorted(p.name for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+
+
+def read_table(path: Path) -> dict[str, list[dict[str, str]]]:
+    """Rows of a CSV with an `image` column, grouped by image name ({} when absent)."""
+    grouped: dict[str, list[dict[str, str]]] = defaultdict(list)
+    if path.exists():
+        with open(path, newline="") as f:
+            for row in csv.DictReader(f):
+                grouped[row["image"]].append(row)
+    return grouped
+
+
+def image_points(data_dir: Path, name: str, csv_rows: list[dict[str, str]] | None,
+                 have_csv: bool) -> np.ndarray:
+    """Flower centres (N, 2) of one image: points.csv rows, else its red-cross copy.
+
+    An image with neither is flowerless when a points.csv exists (a CSV has no row for an
+    image without flowers), and an error otherwise (nothing says it was annotated at all).
+    """
+    if csv_rows:
+        return np.array([[float(r["x"]), float(r["y"])] for r in csv_rows]).reshape(-1, 2)
+    crossed = data_dir / "annotated" / name
+    if not crossed.exists():
+        crossed = crossed.with_suffix(".png")
+    if crossed.exists():
+        return red_cross_points(read_rgb(crossed))
+    if have_csv:
+        return np.zeros((0, 2))
+    raise FileNotFoundError(f"no annotation for {name}: no points.csv and no {crossed}")
+
+
+def region_of_interest(shape: tuple[int, ...], tile_size: int, roi: list[int] | None) -> tuple[int, int, int, int]:
+    """(x, y, width, height) clipped to the image, sides floored to multiples of tile_size.
+
+    roi None means the whole image: its largest tile-multiple window, centred.
+    """
+    height, width = shape[:2]
+    if roi is None:
+        x, y, w, h = 0, 0, width, height
+    else:
+        x, y, w, h = (int(v) for v in roi)
+    w, h = min(w, width - x), min(h, height - y)
+    fw, fh = w // tile_size * tile_size, h // tile_size * tile_size
+    if fw == 0 or fh == 0:
+        raise ValueError(f"region of interest {w}x{h} is smaller than one {tile_size}-pixel tile")
+    return x + (w - fw) // 2, y + (h - fh) // 2, fw, fh
+
+
+def split_into_tiles(rgb: np.ndarray, points: np.ndarray, roi: tuple[int, int, int, int], tile_size: int):
+    """Crop roi and cut it into tiles. Returns (tiles (n, T, T, 3), [(row, col, points (k, 2))]).
+
+    A flower belongs to the tile containing its centre; its coordinates become tile-relative.
+    """
+    x0, y0, w, h = roi
+    rows, cols = h // tile_size, w // tile_size
+    crop = rgb[y0:y0 + h, x0:x0 + w]
+    tiles = crop.reshape(rows, tile_size, cols, tile_size, 3).swapaxes(1, 2).reshape(-1, tile_size, tile_size, 3)
+    local = np.asarray(points, dtype=np.float64).reshape(-1, 2) - (x0, y0)
+    inside = (local[:, 0] >= 0) & (local[:, 0] < w) & (local[:, 1] >= 0) & (local[:, 1] < h)
+    local = local[inside]
+    cell = (local // tile_size).astype(int)
+    tile_of = cell[:, 1] * cols + cell[:, 0]
+    meta = []
+    for index in range(rows * cols):
+        r, c = divmod(index, cols)
+        meta.append((r, c, local[tile_of == index] - (c * tile_size, r * tile_size)))
+    return np.ascontiguousarray(tiles), meta
+
+
+def tile_kind(box: tuple[int, int, int, int], distractors: list[dict[str, str]]) -> str:
+    """Scene tag of a tile: the first distractor kind covering >= 10% of it, else 'plain'."""
+    x, y, w, h = box
+    covered = {}
+    for d in distractors:
+        dx, dy, dw, dh = (int(d[k]) for k in ("x", "y", "width", "height"))
+        ox = max(0, min(x + w, dx + dw) - max(x, dx))
+        oy = max(0, min(y + h, dy + dh) - max(y, dy))
+        covered[d["kind"]] = max(covered.get(d["kind"], 0.0), ox * oy / (w * h))
+    for kind in KIND_PRIORITY:
+        if covered.get(kind, 0.0) >= 0.1:
+            return kind
+    return "plain"
+
+
+def tile_images(data_dir: str, names: list[str], tile_size: int, roi: list[int] | None):
+    """Tile a group of images (the body of one Ray task). Returns (tiles, index rows, point rows)."""
+    root = Path(data_dir)
+    points_csv = read_table(root / "points.csv")
+    roi_csv = read_table(root / "roi.csv")
+    distractor_csv = read_table(root / "distractors.csv")
+    all_tiles, index_rows, point_rows = [], [], []
+    for name in names:
+        rgb = read_rgb(root / "images" / name)
+        points = image_points(root, name, points_csv.get(name), (root / "points.csv").exists())
+        window = roi
+        if window is None and name in roi_csv:
+            r = roi_csv[name][0]
+            window = [int(r["x"]), int(r["y"]), int(r["width"]), int(r["height"])]
+        box = region_of_interest(rgb.shape, tile_size, window)
+        tiles, meta = split_into_tiles(rgb, points, box, tile_size)
+        all_tiles.append(tiles)
+        for r, c, tile_points in meta:
+            tile = f"{Path(name).stem}_{r}_{c}"  # the thesis's frame<id>_<row>_<col> naming
+            tile_box = (box[0] + c * tile_size, box[1] + r * tile_size, tile_size, tile_size)
+            kind = tile_kind(tile_box, distractor_csv.get(name, []))
+            index_rows.append((tile, name, r, c, len(tile_points), kind))
+            point_rows += [(tile, f"{x:.2f}", f"{y:.2f}") for x, y in tile_points]
+    tiles = np.concatenate(all_tiles) if all_tiles else np.zeros((0, tile_size, tile_size, 3), np.uint8)
+    return tiles, index_rows, point_rows
+
+
+def prepare_tiles(data_dir: str | Path, out_dir: str | Path, tile_size: int, roi: list[int] | None,
+                  images_per_task: int = 4, parallel: bool = True) -> Path:
+    """Tile every image of data_dir, one Ray task per `images_per_task` images (parallel=False:
+    in this process, for tools that run without Ray); write the cache under out_dir/tiles."""
+    names = list_images(data_dir)
+    if not names:
+        raise FileNotFoundError(f"no images under {Path(data_dir) / 'images'}")
+    groups = [names[i:i + images_per_task] for i in range(0, len(names), images_per_task)]
+    if parallel:
+        import ray
+
+        task = ray.remote(num_cpus=1)(tile_images)
+        results = ray.get([task.remote(str(data_dir), g, tile_size, roi) for g in groups])
+    else:
+        results = [tile_images(str(data_dir), g, tile_size, roi) for g in groups]
+    cache = Path(out_dir) / "tiles"
+    partial = cache.with_name(f"tiles.tmp-{os.getpid()}")
+    partial.mkdir(parents=True, exist_ok=True)
+    np.save(partial / "images.npy", np.concatenate([r[0] for r in results]))
+    for name, header, column in (("index.csv", ("tile", "image", "row", "col", "count", "kind"), 1),
+                                 ("points.csv", ("tile", "x", "y"), 2)):
+        with open(partial / name, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(header)
+            for r in results:
+                writer.writerows(r[column])
+    try:
+        partial.rename(cache)  # atomic: runs sharing a synthetic field never see half a cache
+    except OSError:
+        shutil.rmtree(partial, ignore_errors=True)  # another run wrote it first
+    return cache
+
+
+class TileSet:
+    """The tile cache: images (memory-mapped), counts, scene kinds and per-tile points."""
+
+    def __init__(self, cache: str | Path):
+        cache = Path(cache)
+        self.images = np.load(cache / "images.npy", mmap_mode="r")
+        with open(cache / "index.csv", newline="") as f:
+            index = list(csv.DictReader(f))
+        self.names = [r["tile"] for r in index]
+        self.counts = np.array([int(r["count"]) for r in index], dtype=np.int64)
+        self.kinds = [r["kind"] for r in index]
+        grouped = read_table_by(cache / "points.csv", "tile")
+        self.points = [np.array([[float(p["x"]), float(p["y"])] for p in grouped.get(n, [])]).reshape(-1, 2)
+                       for n in self.names]
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+def read_table_by(path: Path, key: str) -> dict[str, list[dict[str, str]]]:
+    grouped: dict[str, list[dict[str, str]]] = defaultdict(list)
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            grouped[row[key]].append(row)
+    return grouped
+
+
+def assign_bins(counts: np.ndarray, bins: list[list[int | None]]) -> np.ndarray:
+    """Bin index of each count (-1 where no bin holds it); bins are inclusive [low, high|None]."""
+    counts = np.asarray(counts)
+    out = np.full(counts.shape, -1, dtype=np.int64)
+    for i, (low, high) in enumerate(bins):
+        inside = (counts >= low) & (counts <= (np.inf if high is None else high))
+        out[(out == -1) & inside] = i
+    return out
+
+
+def bin_label(bin_range: list[int | None]) -> str:
+    """'0', '3-4', '8+' for a bin [low, high]."""
+    low, high = bin_range
+    if high is None:
+        return f"{low}+"
+    return str(low) if low == high else f"{low}-{high}"
+
+
+def bin_sample(counts: np.ndarray, bins: list[list[int | None]], train_fraction: float, seed: int):
+    """Bin sampling of 4.1.1: as many tiles from every bin as the smallest non-empty bin holds.
+
+    The sampled set is shuffled and its first train_fraction become the training set, the rest
+    the test set (the thesis's 70/30). Empty bins are skipped (they would make every bin empty).
+    Returns (train indices, test indices, per-bin sizes before sampling).
+    """
+    rng = np.random.default_rng(seed)
+    which = assign_bins(counts, bins)
+    sizes = [int((which == b).sum()) for b in range(len(bins))]
+    nonempty = [s for s in sizes if s > 0]
+    if not nonempty:
+        raise ValueError("no tile falls into any count bin")
+    per_bin = min(nonempty)
+    chosen = np.concatenate([rng.choice(np.nonzero(which == b)[0], per_bin, replace=False)
+                             for b in range(len(bins)) if sizes[b] > 0])
+    rng.shuffle(chosen)
+    cut = int(round(train_fraction * len(chosen)))
+    return np.sort(chosen[:cut]), np.sort(chosen[cut:]), sizes

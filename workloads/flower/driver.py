@@ -1,0 +1,176 @@
+"""What the driver does for flower.mode=train: data -> tiles -> bins -> train -> evaluate.
+
+Timing follows the thesis (4.2): the completion time is the slowest worker's training time;
+evaluation happens after training from the saved model, so it never counts towards it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+
+from workloads.flower import baseline_counter, evaluate
+from workloads.flower.data import TileSet, bin_label, bin_sample, prepare_tiles
+from workloads.flower.density_map import density_map
+from workloads.flower.synthetic_field import generate_field
+
+
+def synthetic_data(cfg: dict) -> Path:
+    """The synthetic field for this config, generated once and cached under output_dir.
+
+    The folder name hashes every setting that changes the images, so runs that differ only in
+    strategy or training knobs (the strategy comparison) train on identical tiles.
+    """
+    f = cfg["flower"]
+    settings = {"synthetic": f["synthetic"], "tile_size": f["tile_size"], "seed": cfg["seed"]}
+    digest = hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
+    root = Path(cfg["output_dir"]).resolve() / "flower_data" / f"synthetic-{digest}"
+    if (root / "images").is_dir():
+        return root
+    s = f["synthetic"]
+    partial = root.with_name(f"{root.name}.tmp-{os.getpid()}")
+    generate_field(partial, num_images=s["num_images"], height=s["height"], width=s["width"],
+                   tile_size=f["tile_size"], seed=cfg["seed"], mean_flowers_per_tile=s["mean_flowers_per_tile"],
+                   flower_radius=tuple(s["flower_radius"]), occlusion=s["occlusion"],
+                   distractor_rate=s["distractor_rate"], annotation=s["annotation"])
+    try:
+        partial.rename(root)  # atomic: a concurrent run sees all of it or none of it
+    except OSError:
+        shutil.rmtree(partial, ignore_errors=True)  # another run finished first: use its copy
+    return root
+
+
+def throughput_stats(worker_files: list[Path], warmup_steps: int) -> dict[str, float]:
+    """Table 5.2 figures from the workers' per-step series, plus the completion time.
+
+    The run's throughput at step i is the sum of every worker's images/s at its step i; the
+    first `warmup_steps` steps (graph building, first all-reduce) are left out of mean/std/var.
+    """
+    summaries = [json.loads(p.read_text()) for p in worker_files]
+    if not summaries:
+        raise RuntimeError("no worker wrote its summary: training did not finish")
+    length = min(len(s["throughput"]) for s in summaries)
+    total = np.sum([np.asarray(s["throughput"][:length]) for s in summaries], axis=0)
+    steady = total[warmup_steps:] if length > warmup_steps else total
+    out = {"time/completion_s": max(s["completion_s"] for s in summaries),
+           "throughput/mean_images_per_s": float(np.mean(steady)) if steady.size else float("nan"),
+           "throughput/std_images_per_s": float(np.std(steady)) if steady.size else float("nan"),
+           "throughput/var_images_per_s": float(np.var(steady)) if steady.size else float("nan"),
+           "train/workers": float(len(summaries)),
+           # > 0 when a worker died and the group resumed from a checkpoint (FailureConfig)
+           "train/resumed_from_epoch": float(max(s["first_epoch"] for s in summaries))}
+    for s in summaries:
+        out[f"time/w{s['rank']}_completion_s"] = s["completion_s"]
+        util = s.get("gpu_util") or []
+        if util:
+            out[f"gpu/w{s['rank']}_util_mean_pct"] = float(np.mean(util))
+            out[f"gpu/w{s['rank']}_util_std_pct"] = float(np.std(util))
+    return out
+
+
+def run_train(cfg: dict, ctx) -> dict[str, float]:
+    """The whole train run on the driver; returns the final metrics."""
+    from orchard.strategies import launch
+
+    from workloads.flower.model import FlowerCounterCNN, count_parameters
+    from workloads.flower.train import MODEL_FILE, load_model, train_loop
+
+    f = cfg["flower"]
+    started = time.time()
+    run_dir = Path(ctx.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+    # [1] field images: the user's folder, or the synthetic field (same on-disk format)
+    data_dir = Path(f["data_dir"]) if f["data_dir"] else synthetic_data(cfg)
+    # [2] region-of-interest crop + tiling as parallel Ray tasks (3.3.1); reused when present
+    tile_dir = data_dir / f"tiles-{f['tile_size']}" if not f["data_dir"] else run_dir
+    if not (tile_dir / "tiles" / "index.csv").exists():
+        prepare_tiles(data_dir, tile_dir, f["tile_size"], f["roi"])
+    tiles = TileSet(tile_dir / "tiles")
+    # [3] bin sampling (4.1.1): equal tiles per count bin, seeded 70/30 split
+    train_idx, test_idx, bin_sizes = bin_sample(tiles.counts, f["bins"], f["train_fraction"], cfg["seed"])
+    ctx.log_params({"flower.resolved_data_dir": str(data_dir), "flower.tiles_total": len(tiles),
+                    "flower.train_tiles": len(train_idx), "flower.test_tiles": len(test_idx),
+                    "flower.model_params": count_parameters(FlowerCounterCNN()),
+                    "flower.effective_batch": f["batch_size"] * cfg["strategy"]["num_workers"]})
+    ctx.log_dict({"bins": [bin_label(b) for b in f["bins"]], "tiles_per_bin": bin_sizes,
+                  "sampled_per_bin": min(s for s in bin_sizes if s > 0)}, "tables/bins.json")
+    prepared_s = time.time() - started
+
+    # [4] the older counter, tuned on training tiles before the CNN trains (3.3.3)
+    b = f["baseline"]
+    calib = train_idx[np.random.default_rng(cfg["seed"]).permutation(len(train_idx))[:b["calibration_tiles"]]]
+    params, calib_mae = baseline_counter.calibrate(np.asarray(tiles.images[calib]), tiles.counts[calib],
+                                                   b["cutoffs"], b["thresholds"], b["gain"], b["min_sigma"], b["max_sigma"])
+    ctx.log_params({f"flower.baseline.fitted_{k}": v for k, v in params.items()})
+
+    # [5] train on the workers; the strategy (ring | ps sync | ps async) is the launcher's business
+    shutil.rmtree(run_dir / "workers", ignore_errors=True)
+    loop_config = {
+        "cache": str(tile_dir / "tiles"), "train_idx": train_idx.tolist(), "run_dir": str(run_dir),
+        "seed": cfg["seed"], "batch_size": f["batch_size"], "prefetch": f["prefetch"], "epochs": f["epochs"],
+        "sigma": f["sigma"], "density_scale": f["density_scale"], "optimizer": dict(f["optimizer"]),
+        "profile_every": f["profile_every"], "checkpoint_every": cfg["strategy"].get("checkpoint_every", 1),
+        "fail_at_epoch": f.get("fail_at_epoch"),
+    }
+    train_started = time.time()
+    launch(train_loop, loop_config, cfg, ctx, name="flower")
+    metrics = {"time/train_wall_s": time.time() - train_started, "time/prepare_s": prepared_s}
+    metrics.update(throughput_stats(sorted((run_dir / "workers").glob("rank*.json")), f["warmup_steps"]))
+
+    # [6] accuracy on the held-out tiles: CNN from the saved model vs the older counter (Table 5.1)
+    model, scale = load_model(run_dir / MODEL_FILE)
+    test_images = np.asarray(tiles.images[test_idx])
+    truth = tiles.counts[test_idx].astype(float)
+    kinds = [tiles.kinds[i] for i in test_idx]
+    maps, cnn_s = evaluate.predict_density(model, test_images, scale)
+    cnn_counts = maps.sum(axis=(1, 2))
+    blob_counts, blob_s = baseline_counter.predict_counts(test_images, params)
+    cnn_table = evaluate.error_table(cnn_counts, truth, f["bins"], kinds)
+    blob_table = evaluate.error_table(blob_counts, truth, f["bins"], kinds)
+    metrics.update(evaluate.flatten_table(cnn_table, "test", f["bins"]))
+    metrics.update(evaluate.flatten_table(blob_table, "baseline", f["bins"]))
+    metrics.update({"test/inference_s": cnn_s, "baseline/inference_s": blob_s,
+                    "test/images_per_s": len(test_images) / max(cnn_s, 1e-9),
+                    "baseline/images_per_s": len(test_images) / max(blob_s, 1e-9),
+                    "baseline/calibration_mae": calib_mae})
+    ctx.log_dict({"cnn": cnn_table, "baseline": blob_table}, "tables/per_bin.json")
+    ctx.set_tags({"flower.beats_baseline": str(metrics["test/mae"] < metrics["baseline/mae"])})
+
+    # [7] figures: tiles beside their true and predicted density maps; per-bin MAE of both counters
+    picks = evaluate.pick_examples(truth, kinds, f["num_figures"], cfg["seed"])
+    size = f["tile_size"]
+    truth_maps = np.stack([density_map(tiles.points[test_idx[i]], size, size, f["sigma"]) for i in picks])
+    fig = evaluate.density_figure(test_images[picks], truth_maps, maps[picks], truth[picks], blob_counts[picks],
+                                  [f"{tiles.names[test_idx[i]]} ({kinds[i]})" for i in picks])
+    ctx.log_figure(fig, "figures/density_maps.png")
+    fig = _per_bin_figure(cnn_table, blob_table)
+    ctx.log_figure(fig, "figures/per_bin_mae.png")
+    ctx.log_artifact(run_dir / MODEL_FILE, "model")
+    metrics["time/total_s"] = time.time() - started
+    return metrics
+
+
+def _per_bin_figure(cnn_table: dict, blob_table: dict):
+    """Bar chart: MAE per count bin and scene kind, CNN next to the blob counter."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in cnn_table if cnn_table[r]["tiles"] > 0]
+    x = np.arange(len(rows))
+    fig, ax = plt.subplots(figsize=(max(5, 0.8 * len(rows)), 3.2))
+    ax.bar(x - 0.2, [cnn_table[r]["mae"] for r in rows], 0.4, label="CNN")
+    ax.bar(x + 0.2, [blob_table[r]["mae"] for r in rows], 0.4, label="blob counter (3.3.3)")
+    ax.set_xticks(x, rows, rotation=30, fontsize=8)
+    ax.set_ylabel("MAE (flowers per tile)")
+    ax.legend()
+    fig.tight_layout()
+    plt.close(fig)
+    return fig

@@ -1,0 +1,108 @@
+"""Accuracy after training (4.2, Table 5.1) for the CNN and the older counter, on the same tiles.
+
+The thesis measured accuracy only after training, loading the last checkpoint, so evaluation
+never counts towards the completion time. Relative error excludes zero-count tiles (5.1).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from workloads.flower.data import assign_bins, bin_label
+
+
+def count_errors(predicted: np.ndarray, truth: np.ndarray) -> dict[str, float]:
+    """MAE, RMSE and mean relative error (|p - t| / t over tiles with t > 0; nan if none)."""
+    predicted, truth = np.asarray(predicted, float), np.asarray(truth, float)
+    if truth.size == 0:
+        return {"mae": float("nan"), "rmse": float("nan"), "relative_error": float("nan"), "tiles": 0.0}
+    err = predicted - truth
+    nonzero = truth > 0
+    rel = float(np.mean(np.abs(err[nonzero]) / truth[nonzero])) if nonzero.any() else float("nan")
+    return {"mae": float(np.mean(np.abs(err))), "rmse": float(np.sqrt(np.mean(err**2))),
+            "relative_error": rel, "tiles": float(truth.size)}
+
+
+def metric_label(bin_range) -> str:
+    """A bin's name usable in an MLflow key ('+' is not allowed there): '0', '3-4', '8up'."""
+    return bin_label(bin_range).replace("+", "up")
+
+
+def error_table(predicted: np.ndarray, truth: np.ndarray, bins, kinds: list[str]) -> dict[str, dict]:
+    """{'overall': errors, 'bin 3-4': errors, ..., 'glare': errors, ...} (Table 5.1 + scene kinds)."""
+    table = {"overall": count_errors(predicted, truth)}
+    which = assign_bins(truth, bins)
+    for b, bin_range in enumerate(bins):
+        table[f"bin {bin_label(bin_range)}"] = count_errors(predicted[which == b], truth[which == b])
+    kinds = np.asarray(kinds)
+    for kind in sorted(set(kinds.tolist())):
+        table[kind] = count_errors(predicted[kinds == kind], truth[kinds == kind])
+    return table
+
+
+def flatten_table(table: dict[str, dict], prefix: str, bins) -> dict[str, float]:
+    """MLflow keys: <prefix>/mae, <prefix>/bin_3-4_mae, <prefix>/glare_mae, ..."""
+    labels = {f"bin {bin_label(b)}": f"bin_{metric_label(b)}_" for b in bins}
+    out = {}
+    for row, errors in table.items():
+        stem = "" if row == "overall" else labels.get(row, f"{row}_")
+        for name in ("mae", "rmse", "relative_error"):
+            if not np.isnan(errors[name]):
+                out[f"{prefix}/{stem}{name}"] = errors[name]
+    return out
+
+
+@torch.no_grad()
+def predict_density(model: torch.nn.Module, images: np.ndarray, scale: float, batch_size: int = 32,
+                    device: str = "cpu") -> tuple[np.ndarray, float]:
+    """Density maps (N, H, W) in flowers per pixel for uint8 images (N, H, W, 3), and seconds."""
+    start = time.perf_counter()
+    maps = []
+    for i in range(0, len(images), batch_size):
+        x = torch.from_numpy(np.asarray(images[i:i + batch_size])).permute(0, 3, 1, 2).float().div_(255.0)
+        # The final 1x1 conv is linear, so an undertrained model can predict negative density;
+        # no flower has negative mass, so counts clamp it at zero.
+        maps.append(np.maximum(model(x.to(device)).squeeze(1).cpu().numpy(), 0.0) / scale)
+    out = np.concatenate(maps) if maps else np.zeros((0,) + images.shape[1:3], np.float32)
+    return out, time.perf_counter() - start
+
+
+def density_figure(images: np.ndarray, truth_maps: np.ndarray, predicted_maps: np.ndarray,
+                   truth_counts: np.ndarray, baseline_counts: np.ndarray, names: list[str]):
+    """Tiles beside their ground-truth and predicted density maps (Fig. 3.5 / 5.4)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = len(images)
+    fig, axes = plt.subplots(3, n, figsize=(2.2 * n, 6.6), squeeze=False)
+    for j in range(n):
+        axes[0, j].imshow(images[j])
+        axes[0, j].set_title(f"{names[j]}\nmanual count {truth_counts[j]:.0f}", fontsize=7)
+        axes[1, j].imshow(truth_maps[j], cmap="jet")
+        axes[1, j].set_title("ground truth", fontsize=7)
+        axes[2, j].imshow(predicted_maps[j], cmap="jet")
+        axes[2, j].set_title(f"CNN {predicted_maps[j].sum():.1f} | blobs {baseline_counts[j]:.0f}", fontsize=7)
+        for i in range(3):
+            axes[i, j].axis("off")
+    fig.tight_layout()
+    return fig
+
+
+def pick_examples(counts: np.ndarray, kinds: list[str], how_many: int, seed: int) -> list[int]:
+    """Positions of a spread of test tiles: distractor scenes first, then a range of counts."""
+    rng = np.random.default_rng(seed)
+    chosen: list[int] = []
+    for kind in ("glare", "roadside", "shadow"):
+        where = [i for i, k in enumerate(kinds) if k == kind]
+        if where and len(chosen) < how_many:
+            chosen.append(int(rng.choice(where)))
+    for i in np.argsort(-np.asarray(counts), kind="stable"):
+        if len(chosen) >= how_many:
+            break
+        if int(i) not in chosen and (not chosen or counts[i] != counts[chosen[-1]]):
+            chosen.append(int(i))
+    return chosen[:how_many]
