@@ -23,8 +23,10 @@ def connect(cluster: dict) -> bool:
         if not runtime_env.get("working_dir"):
             # Ship this checkout so the cluster's workers import the same orchard and workloads.
             runtime_env["working_dir"] = str(REPO_ROOT)
-            runtime_env.setdefault("excludes", [".git", ".venv", "outputs", "mlruns", "mlartifacts",
-                                                "mlflow.db", "multirun", "*.mp4", "*.png"])
+            # Only code and configs travel: virtualenvs, run outputs and data stay behind
+            # (Ray refuses a working_dir over a few hundred MB).
+            runtime_env.setdefault("excludes", [".git", ".venv*", "venv", "build", "outputs", "mlruns", "mlartifacts",
+                                                "*.db", "multirun", "*.mp4", "*.png", "*.npz", "*.pt"])
         ray.init(address=cluster["address"], runtime_env=runtime_env or None, **common)
         return True
     prepare_local_env()
