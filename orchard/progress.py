@@ -88,10 +88,16 @@ class ProgressLine:
             self._drawn = True
 
 
+_SPLIT_ORDER = {name: i for i, name in enumerate(
+    ["test", "val", "eval", "infer", "throughput", "time", "train", "comm", "gpu", "system"])}
+
+
 def summary_table(title: str, metrics: dict[str, float], footer: list[str], limit: int = 30) -> str:
     """A plain-text table of the run's key metrics for the end of the CLI output."""
-    # Per-node resource series clutter the table; their run-level summaries stay.
-    keys = [k for k in sorted(metrics) if not (k.count("/") > 1 and k.startswith(("system/", "gpu/")))]
+    # Per-node resource series clutter the table; their run-level summaries stay.  Results a
+    # user looks for first (held-out, validation) lead; peers and bookkeeping follow.
+    keys = [k for k in metrics if not (k.count("/") > 1 and k.startswith(("system/", "gpu/")))]
+    keys.sort(key=lambda k: (_SPLIT_ORDER.get(k.split("/")[0], len(_SPLIT_ORDER)), k))
     rows = [(k, metrics[k]) for k in keys][:limit]
     width = max([len(k) for k, _ in rows] + [len(title), 10])
     lines = [title, "-" * (width + 16)]

@@ -24,3 +24,9 @@ def test_summary_table_keeps_run_level_figures_only():
     assert "val/mae" in text and "system/cpu_pct_mean" in text
     assert "node0" not in text
     assert text.rstrip().endswith("view: mlflow ui ...")
+
+
+def test_summary_table_leads_with_held_out_results():
+    text = summary_table("t", {"baseline/mae": 2.0, "train/loss": 0.1, "test/mae": 0.5, "time/total_s": 3.0}, [])
+    rows = [line.split()[0] for line in text.splitlines()[2:6]]
+    assert rows == ["test/mae", "time/total_s", "train/loss", "baseline/mae"]
