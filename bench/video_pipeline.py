@@ -7,6 +7,13 @@ Prints frames/s of a single-process PyAV decode loop next to the Ray Data decode
 (an actor pool of --cores actors, steady state: actor start-up excluded) and the ratio stage / (loop x cores) (issue 5's target:
 >= 0.8), then the rgb+flow pipeline's clips/s with cache=none, and cache=memory cold
 and warm (second pass over the same segments). Takes ~2 min on 2 idle cores.
+
+    .venv/bin/python bench/video_pipeline.py --memory [--store-mb 100] [--times 5]
+
+instead streams decoded clips (decode + framediff, 128x128) totalling --times x the
+object store of a Ray started with --store-mb MiB of object store, to a consumer
+slower than decoding, and prints the pipeline's peak object-store use, spilled
+bytes and the driver's RSS growth (issue 5, must-have 9: bounded memory).
 """
 from __future__ import annotations
 
@@ -47,6 +54,54 @@ def ray_pipeline(segments, paths, lengths, vcfg, features, cache=None) -> tuple[
     return n / wall, n * segments[0]["count"] / wall
 
 
+def memory_run(args) -> None:
+    """Stream --times x the object store through decode + framediff; print memory figures."""
+    import psutil
+    import ray
+
+    from workloads.video.dataset import scan
+    from workloads.video.master import sample_segments, start_master
+    from workloads.video.operator_metrics import operator_metrics
+    from workloads.video.pipeline import build_dataset
+    from workloads.video.synthetic_videos import generate_dataset
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = generate_dataset(f"{tmp}/videos", 4, 2, size=32, num_frames=24)
+        index = scan(str(root), val_fraction=0.0)
+        clip_bytes = 5 * 128 * 128 * 3
+        n = int(args.times * args.store_mb * 2**20 / clip_bytes)
+        segments = sample_segments(index.labels, index.lengths, list(range(len(index.paths))), n, 5, 0, 0)
+        vcfg = dict(size=128, stack=4, short_rule="loop", decoder="pyav", extractor_options={},
+                    pipeline_batch=16, decode_concurrency=1, decode_cpus=0.5, extract_concurrency=1,
+                    extract_cpus=0.5)
+        ray.init(num_cpus=args.cores, object_store_memory=int(args.store_mb * 2**20),
+                 include_dashboard=False, logging_level="ERROR")
+        ray.data.DataContext.get_current().enable_progress_bars = False
+        try:
+            master = start_master(index.labels, index.lengths, 0)
+            proc = psutil.Process()
+            rss0 = rss_peak = proc.memory_info().rss
+            for _ in build_dataset(segments, ["framediff"], index.paths, index.lengths, vcfg, master
+                                   ).iter_batches(batch_size=16, batch_format="numpy"):
+                time.sleep(0.02)  # slower than decoding: without backpressure the store would fill
+                rss_peak = max(rss_peak, proc.memory_info().rss)
+            decoded = ray.get(master.stage_stats.remote())["decode"]["bytes"] / 2**20
+            time.sleep(1.0)
+            m = operator_metrics(ray.get(master.operator_summaries.remote()))
+        finally:
+            ray.shutdown()
+    print(f"Ray object store {args.store_mb} MiB, {n} clips of 5x128x128x3, {args.cores} cores")
+    rows = [("decoded frames streamed (MiB)", decoded),
+            ("streamed / object store", decoded / args.store_mb),
+            ("Ray Data budget (MiB)", m.get("pipeline/store_limit_mb", float("nan"))),
+            ("pipeline peak object-store use (MiB)", m["pipeline/store_mb_peak"]),
+            ("spilled (MiB)", m["pipeline/decode_spilled_mb"] + m["pipeline/framediff_spilled_mb"]),
+            ("decode backpressure (s)", m["pipeline/decode_backpressure_s"]),
+            ("driver RSS growth while streaming (MiB)", (rss_peak - rss0) / 2**20)]
+    for name, value in rows:
+        print(f"{name:<44}{value:>12.1f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--videos", type=int, default=24, help="synthetic videos (4 classes)")
@@ -55,8 +110,14 @@ def main() -> None:
     ap.add_argument("--count", type=int, default=11, help="frames per segment (L + 1 for L = 10)")
     ap.add_argument("--size", type=int, default=112, help="frame size (pixels, square)")
     ap.add_argument("--cores", type=int, default=2, help="CPUs given to Ray and decode actors")
+    ap.add_argument("--memory", action="store_true", help="the bounded-memory run instead")
+    ap.add_argument("--store-mb", type=float, default=100, help="--memory: Ray's object store (MiB)")
+    ap.add_argument("--times", type=float, default=5, help="--memory: stream this many object stores")
     args = ap.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if args.memory:
+        memory_run(args)
+        return
     import ray
 
     from workloads.video.cache import make_cache

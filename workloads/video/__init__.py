@@ -41,6 +41,7 @@ def validate(cfg: dict) -> None:
     require(cfg, "video.val_fraction", lambda f: 0 < f < 1, "a fraction between 0 and 1")
     require(cfg, "video.shift_ratio", lambda r: r >= 1, "a ratio >= 1")
     require(cfg, "video.cache_max_mb", lambda m: m > 0, "a positive number of MiB")
+    require(cfg, "video.object_store_mb", lambda m: m is None or m > 0, "null or a positive number of MiB")
     require(cfg, "video.streams", lambda s: isinstance(s, dict) and "spatial" in s and len(s) >= 2,
             "a mapping with a spatial stream and at least one temporal stream")
     for stream in v["streams"]:
@@ -58,6 +59,9 @@ def validate(cfg: dict) -> None:
         require(cfg, f"video.{key}", lambda c: 0 < c <= 64, "a CPU share in (0, 64]")
     require_choice(cfg, "video.inference.method", _AGGREGATIONS)
     require(cfg, "video.inference.window_stride", lambda s: int(s) >= 1, "a stride >= 1 frame")
+    for key in ("motion_ratio", "confidence_ratio"):
+        require(cfg, f"video.inference.{key}", lambda r: 0 <= r <= 1, "a ratio in [0, 1]")
+    require(cfg, "video.inference.min_motion_contrast", lambda c: c >= 0, "a motion gap >= 0")
     require_path(cfg, "video.inference.root", kind="dir", allow_none=True)
     require(cfg, "video.aggregation.folds", lambda f: int(f) >= 2, "at least 2 folds")
     if v["root"] is None:
@@ -65,6 +69,9 @@ def validate(cfg: dict) -> None:
         require(cfg, "video.synthetic.videos_per_class", lambda n: n >= 2, "at least 2 (one train, one val)")
         require(cfg, "video.synthetic.size", lambda s: s % 2 == 0 and s >= 16, "an even size >= 16 pixels")
         require(cfg, "video.synthetic.num_frames", lambda n: n >= 2, "at least 2 frames")
+        require(cfg, "video.synthetic.appearance_cue", lambda p: 0 <= p <= 1, "a probability in [0, 1]")
+        for key in ("noise", "shake"):
+            require(cfg, f"video.synthetic.{key}", lambda x: x >= 0, "a standard deviation >= 0")
 
 
 def run(cfg: dict, ctx) -> dict[str, float]:

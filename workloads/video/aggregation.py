@@ -115,6 +115,28 @@ class AttentionPool:
             return self._fuse(scores).numpy()
 
 
+def log_loss(fused: np.ndarray, labels: np.ndarray) -> float:
+    """Mean negative log of the label's share of each row (rows renormalised to sum 1).
+
+    Max and top-k pooling do not give probabilities; renormalising puts every
+    method on the same scale for the tie-break.
+    """
+    p = fused / np.maximum(fused.sum(axis=1, keepdims=True), 1e-12)
+    return float(-np.log(p[np.arange(len(labels)), labels] + 1e-9).mean())
+
+
+def pick_winner(table: list[dict]) -> str:
+    """The winning method: highest top-1, then top-5, then lowest log-loss, then METHODS order.
+
+    Explicit so that a tie (e.g. every method at top-1 1.00) has a reason: the
+    method whose scores put the most mass on the right class wins, and an exact
+    tie goes to the earlier, simpler method.
+    """
+    rows = [r for r in table if r["method"] in METHODS]
+    return max(rows, key=lambda r: (r["top1"], r.get("top5", 0.0), -r["log_loss"],
+                                    -METHODS.index(r["method"])))["method"]
+
+
 def topk_accuracy(fused: np.ndarray, labels: np.ndarray, k: int) -> float:
     """Fraction of rows whose label is among the ``k`` highest scores."""
     top = np.argsort(-fused, axis=1)[:, :k]
@@ -147,12 +169,21 @@ def cross_validated(fit_predict, scores: np.ndarray, labels: np.ndarray, n_folds
     return out
 
 
+def _row(method: str, fused: np.ndarray, labels: np.ndarray, num_classes: int) -> dict:
+    row = {"method": method, "top1": topk_accuracy(fused, labels, 1)}
+    if num_classes > 5:
+        row["top5"] = topk_accuracy(fused, labels, 5)
+    row["log_loss"] = log_loss(fused, labels)
+    return row
+
+
 def evaluate(scores: dict[str, np.ndarray], labels: np.ndarray, topk: int = 3, n_folds: int = 4,
              seed: int = 0, attention_steps: int = 300) -> dict:
     """Score every method; returns ``{"table": [...], "winner": name, "fitted": {...}}``.
 
-    ``table`` rows: ``{"method", "top1", "top5"?}`` (top-5 only with more than 5
-    classes), plus one ``<stream>_only`` row per stream (segment average) for reference.
+    ``table`` rows: ``{"method", "top1", "top5"?, "log_loss"}`` (top-5 only with more
+    than 5 classes), plus one ``<stream>_only`` row per stream (segment average) for
+    reference. The winner follows ``pick_winner``.
     """
     stacked = _stack(scores)
     labels = np.asarray(labels)
@@ -169,17 +200,10 @@ def evaluate(scores: dict[str, np.ndarray], labels: np.ndarray, topk: int = 3, n
     }
     table = []
     for name, f in fused.items():
-        row = {"method": name, "top1": topk_accuracy(f, labels, 1)}
-        if num_classes > 5:
-            row["top5"] = topk_accuracy(f, labels, 5)
-        table.append(row)
-    # Ties go to the earlier, simpler method (METHODS order).
-    winner = max(table, key=lambda r: r["top1"])["method"]
+        table.append(_row(name, f, labels, num_classes))
+    winner = pick_winner(table)
     for i, stream in enumerate(sorted(scores)):
-        row = {"method": f"{stream}_only", "top1": topk_accuracy(stacked[i].mean(1), labels, 1)}
-        if num_classes > 5:
-            row["top5"] = topk_accuracy(stacked[i].mean(1), labels, 5)
-        table.append(row)
+        table.append(_row(f"{stream}_only", stacked[i].mean(1), labels, num_classes))
     fitted = {"linear_weights": dict(zip(sorted(scores), fit_linear(stacked, labels).tolist())),
               "attention": AttentionPool(steps=attention_steps, seed=seed).fit(stacked, labels)}
     return {"table": table, "winner": winner, "fitted": fitted, "streams": sorted(scores)}

@@ -8,6 +8,7 @@ delivers corresponding frames". A decoder is any object with
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 
 import cv2
@@ -59,6 +60,19 @@ class PyAVDecoder:
         self.short_rule = short_rule
         self.threads = threads
 
+    @contextlib.contextmanager
+    def _opened(self, path: str):
+        """``(container, stream)`` for the block; any decode error inside becomes ``BadVideo``."""
+        container, stream = self._open(path)
+        try:
+            yield container, stream
+        except BadVideo:
+            raise
+        except Exception as exc:
+            raise BadVideo(f"decode error: {type(exc).__name__}: {exc}") from exc
+        finally:
+            container.close()
+
     def _open(self, path: str):
         import av
 
@@ -91,19 +105,10 @@ class PyAVDecoder:
         Decodes every packet: a truncated file often opens and reports a frame
         count in its header but decodes fewer frames, which only decoding shows.
         """
-        container, stream = self._open(path)
-        try:
+        with self._opened(path) as (container, stream):
             stream.codec_context.skip_frame = "NONE"
             declared = stream.frames
-            decoded = 0
-            for _ in container.decode(stream):
-                decoded += 1
-        except BadVideo:
-            raise
-        except Exception as exc:
-            raise BadVideo(f"decode error: {type(exc).__name__}: {exc}") from exc
-        finally:
-            container.close()
+            decoded = sum(1 for _ in container.decode(stream))
         if decoded == 0:
             raise BadVideo("no decodable frames")
         if declared and decoded < declared:
@@ -119,8 +124,7 @@ class PyAVDecoder:
         want = wanted_indices(offset, count, length, self.short_rule) if length else \
             list(range(offset, offset + count))
         lo, hi = min(want), max(want)
-        container, stream = self._open(path)
-        try:
+        with self._opened(path) as (container, stream):
             fps = float(stream.average_rate or stream.guessed_rate or 25)
             start_pts = stream.start_time or 0
             found: dict[int, np.ndarray] = {}
@@ -142,12 +146,6 @@ class PyAVDecoder:
                 # is retried once from the start.
                 if first_index is not None and first_index <= lo:
                     break
-        except BadVideo:
-            raise
-        except Exception as exc:
-            raise BadVideo(f"decode error: {type(exc).__name__}: {exc}") from exc
-        finally:
-            container.close()
         missing = [i for i in want if i not in found]
         if missing:
             raise BadVideo(f"frames {missing[:3]}... not in video")
@@ -155,8 +153,5 @@ class PyAVDecoder:
 
     def decode_all(self, path: str) -> np.ndarray:
         """Every frame, sequentially, uint8 (T, H, W, 3); the reference for exactness."""
-        container, stream = self._open(path)
-        try:
+        with self._opened(path) as (container, stream):
             return np.stack([self._resize(f.to_ndarray(format="rgb24")) for f in container.decode(stream)])
-        finally:
-            container.close()

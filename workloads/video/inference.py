@@ -2,13 +2,19 @@
 
 The notes: untrimmed videos have "a large percentage of unmeaning video segments"
 that confuse the prediction, so a highlight-detection phase drops them before the
-result is aggregated. Here a window is a highlight when both
+result is aggregated. Both gates are relative to the video's own windows, because
+absolute levels move with the video and with the trained model (an absolute
+motion floor of 0.25 px/frame dropped every window of slow rotations and zooms,
+whose action windows reach 0.14-0.23 px/frame over a 0.11 background; an absolute
+confidence floor moved with each run's calibration). A window is a highlight when
 - its motion energy (mean flow magnitude in pixels/frame, or mean absolute frame
-  difference for a framediff stream) reaches ``min_motion``: a static background
-  segment carries no action; and
-- the fused classifier's confidence (max probability) reaches ``min_confidence``.
-When no window passes, the single most confident one is kept (a label is always
-given). The kept windows are then fused with the aggregation method chosen on the
+  difference for a framediff stream) reaches ``floor + motion_ratio * (peak - floor)``,
+  floor and peak being the video's least and most moving windows; a video whose
+  peak - floor gap is under ``min_motion_contrast`` has no static background to drop,
+  and every window passes this gate; and
+- the fused confidence (max probability) reaches ``confidence_ratio`` times the
+  best confidence among the windows that passed the motion gate.
+The kept windows are then fused with the aggregation method chosen on the
 validation set, treating each window as a segment.
 """
 from __future__ import annotations
@@ -41,13 +47,22 @@ def motion_energy(feature: str, x: np.ndarray, options: dict) -> np.ndarray:
     return np.full(len(x), np.inf)  # no motion cue: the confidence gate alone decides
 
 
-def highlight_mask(confidence: np.ndarray, motion: np.ndarray, min_confidence: float,
-                   min_motion: float) -> np.ndarray:
-    """Boolean mask of highlight windows; never empty (keeps the most confident one)."""
-    keep = (confidence >= min_confidence) & (motion >= min_motion)
-    if not keep.any():
-        keep[int(np.argmax(confidence))] = True
-    return keep
+def highlight_mask(confidence: np.ndarray, motion: np.ndarray, motion_ratio: float,
+                   confidence_ratio: float, min_motion_contrast: float) -> np.ndarray:
+    """Boolean mask (W,) of a video's highlight windows, from its windows' own levels.
+
+    ``confidence`` (W,) fused max probabilities; ``motion`` (W,) motion energy
+    (inf where the streams carry no motion cue). Never empty: the most moving
+    window always passes the motion gate and the best of those the confidence gate.
+    """
+    keep = np.ones(len(confidence), bool)
+    finite = np.isfinite(motion)
+    if finite.all() and len(motion):
+        floor, peak = float(motion.min()), float(motion.max())
+        if peak - floor >= min_motion_contrast:
+            keep = motion >= floor + motion_ratio * (peak - floor)
+    best = float(confidence[keep].max())
+    return keep & (confidence >= confidence_ratio * best)
 
 
 def classify_untrimmed(window_scores: dict[str, np.ndarray], motion: np.ndarray, method: str,
@@ -55,7 +70,8 @@ def classify_untrimmed(window_scores: dict[str, np.ndarray], motion: np.ndarray,
     """One video: per-window stream scores (W, C) -> label, kept windows, fused scores."""
     avg = np.mean([window_scores[s] for s in sorted(window_scores)], axis=0)   # (W, C)
     confidence = avg.max(axis=1)
-    keep = highlight_mask(confidence, motion, float(icfg["min_confidence"]), float(icfg["min_motion"]))
+    keep = highlight_mask(confidence, motion, float(icfg["motion_ratio"]), float(icfg["confidence_ratio"]),
+                          float(icfg["min_motion_contrast"]))
     as_segments = {s: v[keep][None] for s, v in window_scores.items()}         # (1, K, C)
     all_segments = {s: v[None] for s, v in window_scores.items()}
     fused = aggregation.fuse(method, as_segments, fitted, topk=topk)[0]

@@ -71,6 +71,7 @@ class Master:
         self._stats: dict[str, dict] = {}
         self._gate_waits = 0
         self._bad_files: dict[str, str] = {}
+        self._operator_summaries: list[dict] = []
 
     # --- control: start / stop / pause / resume decoding ---------------------
     async def start(self) -> str:
@@ -137,6 +138,16 @@ class Master:
     async def bad_files(self) -> dict[str, str]:
         return dict(self._bad_files)
 
+    async def operator_report(self, summary: dict) -> None:
+        """One Ray Data execution's per-operator summary (operator_metrics.OperatorProbe)."""
+        self._operator_summaries.append(summary)
+
+    async def operator_summaries(self, reset: bool = False) -> list[dict]:
+        out = list(self._operator_summaries)
+        if reset:
+            self._operator_summaries = []
+        return out
+
     async def stage_stats(self, reset: bool = False) -> dict[str, dict]:
         """Per-stage totals; ``actors`` is the number of distinct actors that did work."""
         out = {k: {**v, "actors": len(v["actors"])} for k, v in self._stats.items()}
@@ -146,8 +157,17 @@ class Master:
 
 
 def start_master(labels: list[int], lengths: list[int], seed: int):
-    """Start the master as an async Ray actor; returns its handle."""
+    """Start the master as an async Ray actor; returns its handle.
+
+    Named (``handle.actor_name``), so that Ray Data's operator probes, which
+    run wherever a dataset executes, can find it.
+    """
+    import uuid
+
     import ray
 
+    name = f"orchard_video_master_{uuid.uuid4().hex[:12]}"
     # Async actor: a paused gate() must not block stop()/resume() or other decoders.
-    return ray.remote(num_cpus=0, max_concurrency=256)(Master).remote(labels, lengths, seed)
+    handle = ray.remote(num_cpus=0, max_concurrency=256)(Master).options(name=name).remote(labels, lengths, seed)
+    handle.actor_name = name
+    return handle

@@ -14,6 +14,7 @@ import time
 import numpy as np
 
 from .extractors import build_extractor
+from .operator_metrics import attach_probe
 from .stages import DecodeStage, ExtractStage
 
 
@@ -55,7 +56,8 @@ def build_dataset(segments: list[dict], features: list[str], paths: list[str], l
                                        stack=int(vcfg["stack"]), paths=paths, size=int(vcfg["size"]),
                                        master=master, cache=cache, drop_frames=i == len(features) - 1),
             compute=_pool(vcfg["extract_concurrency"]), num_cpus=float(vcfg["extract_cpus"]))
-    return ds
+    # Ray Data's own per-operator queue/backpressure figures go to the master (operator_metrics.py)
+    return attach_probe(ds, getattr(master, "actor_name", None), ["decode", *features])
 
 
 def consume(ds, batch_size: int, columns: list[str]):

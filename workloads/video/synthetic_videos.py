@@ -5,6 +5,14 @@ position) from its own seed, independently of its class, so one still frame says
 (almost) nothing about the label; only the motion of the patch does. That is the
 point of the design notes' two-stream argument: the temporal stream must matter.
 
+Three knobs make the set harder, as real video is (all off by default here; the
+default run's config turns them on so that its fusion table is informative):
+``appearance_cue`` is the probability that a video's background carries its class's
+colour tint (the scene context of real datasets: a pool for swimming), so the
+spatial stream gets a partial, noisy cue; ``noise`` adds per-frame sensor noise
+(grey levels, std) and ``shake`` a per-frame camera jitter (pixels, std), both of
+which blur the optical flow the temporal stream relies on.
+
 Layout written (UCF101 style): ``root/<class>/<class>_<i>.mp4``.
 """
 from __future__ import annotations
@@ -31,10 +39,16 @@ def _texture(rng: np.random.Generator, size: int) -> np.ndarray:
     return np.clip(smooth.astype(np.int16) + fine, 0, 255).astype(np.uint8)
 
 
+# Background tints (RGB gains), one per class in MOTION_CLASSES order.
+_TINTS = np.array([[1.3, 0.8, 0.8], [0.8, 1.3, 0.8], [0.8, 0.8, 1.3], [1.25, 1.25, 0.7], [0.7, 1.25, 1.25],
+                   [1.25, 0.7, 1.25], [1.1, 1.1, 1.1], [0.75, 0.75, 0.75], [1.3, 1.0, 0.6]])
+
+
 class _Scene:
     """One video's appearance: a static background and a textured round patch."""
 
-    def __init__(self, rng: np.random.Generator, size: int):
+    def __init__(self, rng: np.random.Generator, size: int, cls: str | None = None,
+                 appearance_cue: float = 0.0, noise: float = 0.0, shake: float = 0.0):
         self.size = size
         self.background = (_texture(rng, size) * 0.6).astype(np.uint8)
         self.patch_size = int(size * rng.uniform(0.4, 0.55))
@@ -46,9 +60,19 @@ class _Scene:
         self.speed = rng.uniform(1.5, 2.5)                  # pixels or degrees*2 per frame
         self.phase = rng.uniform(0, 1)
         self.blink_period = int(rng.integers(3, 6))
+        # drawn after the appearance above, so clean videos (all knobs 0) stay as they were
+        self.noise, self.shake, self.jitter_seed = noise, shake, int(rng.integers(2**31))
+        if appearance_cue > 0:
+            cued = cls in MOTION_CLASSES and rng.uniform() < appearance_cue
+            tint = _TINTS[MOTION_CLASSES.index(cls)] if cued else _TINTS[rng.integers(len(_TINTS))]
+            self.background = np.clip(self.background * tint, 0, 255).astype(np.uint8)
 
-    def render(self, cls: str, t: int) -> np.ndarray:
-        """Frame ``t`` of motion class ``cls`` (or ``"static"``), uint8 (H, W, 3) RGB."""
+    def render(self, cls: str, t: int, camera_t: int | None = None) -> np.ndarray:
+        """Frame ``t`` of motion class ``cls`` (or ``"static"``), uint8 (H, W, 3) RGB.
+
+        ``camera_t``: the frame index for shake and noise when it differs from ``t``
+        (an untrimmed video holding a pose while the camera keeps shaking).
+        """
         cx, cy = self.center
         angle, scale, visible = 0.0, 1.0, True
         step = self.speed * t
@@ -74,8 +98,24 @@ class _Scene:
         elif cls != "static":
             raise ValueError(f"unknown motion class {cls!r}; known: {MOTION_CLASSES}")
         frame = self.background.copy()
-        if not visible:
+        if visible:
+            frame = self._draw_patch(frame, cx, cy, angle, scale)
+        return self._camera(frame, t if camera_t is None else camera_t)
+
+    def _camera(self, frame: np.ndarray, t: int) -> np.ndarray:
+        """Camera shake and sensor noise of frame ``t`` (seeded per frame: renders are repeatable)."""
+        if not (self.noise or self.shake):
             return frame
+        rng = np.random.default_rng([self.jitter_seed, t])
+        if self.shake:
+            dx, dy = rng.normal(0, self.shake, size=2)
+            frame = cv2.warpAffine(frame, np.float32([[1, 0, dx], [0, 1, dy]]), (self.size, self.size),
+                                   flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT)
+        if self.noise:
+            frame = np.clip(frame + rng.normal(0, self.noise, frame.shape), 0, 255).astype(np.uint8)
+        return frame
+
+    def _draw_patch(self, frame: np.ndarray, cx: float, cy: float, angle: float, scale: float) -> np.ndarray:
         s = self.size
         cx, cy = cx % s, cy % s  # wrap around so long videos keep moving
         half = self.patch_size / 2
@@ -116,14 +156,18 @@ def write_mp4(path: str | os.PathLike, frames: np.ndarray, fps: int = 25, codec:
             container.mux(packet)
 
 
-def render_clip(cls: str, seed: int, size: int, num_frames: int) -> np.ndarray:
-    """Render one trimmed action clip, uint8 (num_frames, size, size, 3)."""
-    scene = _Scene(np.random.default_rng(seed), size)
+def render_clip(cls: str, seed: int, size: int, num_frames: int, **difficulty: float) -> np.ndarray:
+    """Render one trimmed action clip, uint8 (num_frames, size, size, 3).
+
+    ``difficulty``: ``appearance_cue``, ``noise``, ``shake`` (module docstring).
+    """
+    scene = _Scene(np.random.default_rng(seed), size, cls, **difficulty)
     return np.stack([scene.render(cls, t) for t in range(num_frames)])
 
 
 def generate_dataset(root: str | os.PathLike, num_classes: int, videos_per_class: int,
-                     size: int = 64, num_frames: int = 40, seed: int = 0, fps: int = 25) -> Path:
+                     size: int = 64, num_frames: int = 40, seed: int = 0, fps: int = 25,
+                     **difficulty: float) -> Path:
     """Write ``num_classes * videos_per_class`` MP4s under ``root/<class>/``; returns root.
 
     Idempotent: a file that already exists is kept, so a cached dataset is reused.
@@ -137,7 +181,7 @@ def generate_dataset(root: str | os.PathLike, num_classes: int, videos_per_class
             path = root / cls / f"{cls}_{i:03d}.mp4"
             if path.exists() and path.stat().st_size > 0:
                 continue
-            clip = render_clip(cls, seed * 1_000_003 + c * 10_007 + i, size, num_frames)
+            clip = render_clip(cls, seed * 1_000_003 + c * 10_007 + i, size, num_frames, **difficulty)
             tmp = path.with_suffix(".tmp.mp4")
             write_mp4(tmp, clip, fps=fps)
             tmp.rename(path)  # atomic: an interrupted run never leaves a half file
@@ -145,16 +189,24 @@ def generate_dataset(root: str | os.PathLike, num_classes: int, videos_per_class
 
 
 def generate_untrimmed(path: str | os.PathLike, cls: str, seed: int, size: int = 64,
-                       background_frames: int = 30, action_frames: int = 30, fps: int = 25) -> dict:
+                       background_frames: int = 30, action_frames: int = 30, fps: int = 25,
+                       **difficulty: float) -> dict:
     """Write an untrimmed video: static background, the action, static background again.
 
     Returns ``{"path", "label", "action_start", "action_end"}`` (frame indices).
     """
-    scene = _Scene(np.random.default_rng(seed), size)
-    frames = [scene.render("static", 0) for _ in range(background_frames)]
-    frames += [scene.render(cls, t) for t in range(action_frames)]
-    last = scene.render(cls, action_frames - 1) if cls != "blink" else scene.render("static", 0)
-    frames += [last for _ in range(background_frames)]
+    scene = _Scene(np.random.default_rng(seed), size, cls, **difficulty)
+    # the background parts hold still, but the camera keeps shaking (camera frame index t)
+    frames = []
+    for t in range(2 * background_frames + action_frames):
+        if t < background_frames:
+            frames.append(scene.render("static", 0, camera_t=t))
+        elif t < background_frames + action_frames:
+            frames.append(scene.render(cls, t - background_frames, camera_t=t))
+        elif cls == "blink":
+            frames.append(scene.render("static", 0, camera_t=t))
+        else:
+            frames.append(scene.render(cls, action_frames - 1, camera_t=t))
     write_mp4(path, np.stack(frames), fps=fps)
     return {"path": str(path), "label": cls, "action_start": background_frames,
             "action_end": background_frames + action_frames}
