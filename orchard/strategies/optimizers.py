@@ -21,35 +21,50 @@ class NumpyOptimizer:
         self.slots: dict[str, dict[str, np.ndarray]] = {}
         self.t = 0
 
+    def slots_for(self, size: int) -> dict[str, np.ndarray]:
+        """Zeroed optimizer state for ``size`` parameters (zero momentum equals torch's
+        first-step ``buf = g``; zero moments are Adam's own start)."""
+        names = {"sgd": ("m",) if self.momentum else (), "adagrad": ("sum",), "adam": ("m", "v")}[self.name]
+        return {k: np.zeros(size, np.float32) for k in names}
+
+    def update(self, p: np.ndarray, g: np.ndarray, slot: dict[str, np.ndarray], t: int) -> np.ndarray:
+        """One step for one array (or a flat vector of many): returns the new parameters and
+        updates ``slot`` (from ``slots_for``, same shape as ``p``) in place; ``t`` counts this
+        array's steps from 1 (Adam's bias correction)."""
+        g = g + self.wd * p if self.wd else g
+        if self.name == "sgd":
+            if self.momentum:
+                m = slot["m"]
+                m *= self.momentum
+                m += g
+                g = m
+            return (p - self.lr * g).astype(np.float32, copy=False)
+        if self.name == "adagrad":
+            acc = slot["sum"]
+            acc += g * g
+            return (p - self.lr * g / (np.sqrt(acc) + self.eps)).astype(np.float32, copy=False)
+        b1, b2 = self.betas
+        m, v = slot["m"], slot["v"]
+        m *= b1
+        m += (1 - b1) * g
+        v *= b2
+        v += (1 - b2) * (g * g)
+        # torch's form: lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps)
+        denom = np.sqrt(v) / np.sqrt(1 - b2 ** t) + self.eps
+        return (p - (self.lr / (1 - b1 ** t)) * m / denom).astype(np.float32, copy=False)
+
     def apply(self, params: dict[str, np.ndarray], grads: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """New parameter arrays after one step; ``grads`` covers a subset of ``params``."""
         self.t += 1
         out = dict(params)
         for name, g in grads.items():
             p = params[name]
-            g = g + self.wd * p if self.wd else g
-            slot = self.slots.setdefault(name, {})
-            if self.name == "sgd":
-                if self.momentum:
-                    buf = slot.get("m")
-                    buf = g.copy() if buf is None else self.momentum * buf + g
-                    slot["m"] = buf
-                    g = buf
-                out[name] = p - self.lr * g
-            elif self.name == "adagrad":
-                acc = slot.get("sum", np.zeros_like(p)) + g * g
-                slot["sum"] = acc
-                out[name] = p - self.lr * g / (np.sqrt(acc) + self.eps)
-            else:  # adam
-                b1, b2 = self.betas
-                slot["t"] = slot.get("t", 0) + 1
-                m = b1 * slot.get("m", np.zeros_like(p)) + (1 - b1) * g
-                v = b2 * slot.get("v", np.zeros_like(p)) + (1 - b2) * g * g
-                slot["m"], slot["v"] = m, v
-                mhat = m / (1 - b1 ** slot["t"])
-                vhat = v / (1 - b2 ** slot["t"])
-                out[name] = p - self.lr * mhat / (np.sqrt(vhat) + self.eps)
-            out[name] = out[name].astype(np.float32, copy=False)
+            slot = self.slots.get(name)
+            if slot is None:
+                slot = self.slots[name] = {k: v.reshape(p.shape) for k, v in self.slots_for(p.size).items()}
+                slot["t"] = 0
+            slot["t"] += 1
+            out[name] = self.update(p, np.asarray(g, np.float32), slot, slot["t"])
         return out
 
     def state_dict(self) -> dict:

@@ -5,6 +5,11 @@ shard holds its slice of the parameters and the optimizer state and applies upda
 pushes its gradients and pulls fresh parameters in ONE call per shard (GROUND.md: a separate
 push and pull doubles the round trips), with all shards called in parallel.
 
+On the wire each shard's tensors travel as ONE contiguous float32 vector in the shard's fixed
+layout order (``ShardLayout``), not as a dict of arrays: one buffer serializes, crosses the
+object store and sums faster than dozens of small ones, and the optimizer updates the whole
+shard in one vectorized step (per-tensor slices only when workers sample parameters).
+
 ``mode="sync"``: a shard waits until every worker pushed its gradient for a step, applies the
 average once (so the learning rate does not grow with the worker count), then answers all of
 them with the same fresh parameters: synchronous replicas.  ``mode="async"``: every push is
@@ -33,6 +38,34 @@ def assign_shards(sizes: dict[str, int], num_servers: int) -> dict[str, int]:
     return out
 
 
+class ShardLayout:
+    """Where each tensor of a shard lives inside the shard's flat vector."""
+
+    def __init__(self, shapes: dict[str, tuple]):
+        # Sorted, so a client and a server agree whatever order their dicts came in.
+        self.names = sorted(shapes)
+        self.shapes = {k: tuple(v) for k, v in shapes.items()}
+        self.offsets, total = {}, 0
+        for name in self.names:
+            size = int(np.prod(self.shapes[name], dtype=np.int64))
+            self.offsets[name] = (total, total + size)
+            total += size
+        self.size = total
+
+    def pack(self, tensors: dict[str, np.ndarray], names: list[str] | None = None) -> np.ndarray:
+        """``tensors[names]`` (default: all, in layout order) as one float32 vector."""
+        return np.concatenate([np.asarray(tensors[n], np.float32).ravel() for n in (names or self.names)])
+
+    def unpack(self, flat: np.ndarray, names: list[str] | None = None) -> dict[str, np.ndarray]:
+        """Views into ``flat`` (no copy), shaped like the tensors ``names`` were packed from."""
+        out, start = {}, 0
+        for name in names or self.names:
+            lo, hi = self.offsets[name]
+            out[name] = flat[start:start + hi - lo].reshape(self.shapes[name])
+            start += hi - lo
+        return out
+
+
 @ray.remote(num_cpus=0)
 class ParameterServer:
     """One shard: parameters, optimizer state, and the sync barrier for its slice."""
@@ -40,7 +73,11 @@ class ParameterServer:
     def __init__(self, num_workers: int, mode: str, optimizer: dict, sync_timeout_s: float = 600.0):
         self.num_workers, self.mode, self.timeout = num_workers, mode, sync_timeout_s
         self.params: dict[str, np.ndarray] | None = None
+        self.flat: np.ndarray | None = None          # self.params are views into it
+        self.layout: ShardLayout | None = None
         self.opt = NumpyOptimizer(optimizer)
+        self.slots: dict[str, np.ndarray] = {}       # optimizer state, flat like self.flat
+        self.steps: np.ndarray | None = None         # per-tensor update counts (Adam's t)
         self.pending: dict[int, list] = {}
         self.done: dict[int, asyncio.Event] = {}
         self.updates = 0
@@ -50,23 +87,36 @@ class ParameterServer:
     async def initialize(self, params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """First caller sets the parameters; every caller gets the same values back."""
         if self.params is None:
-            self.params = {k: np.array(v, dtype=np.float32, copy=True) for k, v in params.items()}
+            self._set(params)
         return self.params
 
-    async def push_pull(self, grads: dict[str, np.ndarray], worker: int, step: int,
-                        only_pushed: bool = False) -> dict[str, np.ndarray]:
-        """Apply ``grads`` (see the module doc for sync/async) and answer fresh parameters:
-        the whole shard, or with ``only_pushed`` just the pushed ones (parameter sampling)."""
-        self.bytes_in += sum(g.nbytes for g in grads.values())
+    def _set(self, params: dict[str, np.ndarray]) -> None:
+        self.layout = ShardLayout({k: np.shape(v) for k, v in params.items()})
+        self.flat = self.layout.pack(params)
+        self.params = self.layout.unpack(self.flat)
+        self.slots = self.opt.slots_for(self.layout.size)
+        self.steps = np.zeros(len(self.layout.names), np.int64)
+
+    async def push_pull(self, grads: np.ndarray, names: tuple | None, worker: int, step: int,
+                        only_pushed: bool = False) -> np.ndarray:
+        """Apply the flat gradient ``grads`` of ``names`` (None: the whole shard, in layout
+        order; see the module doc for sync/async) and answer fresh parameters as one flat
+        vector: the whole shard, or with ``only_pushed`` just ``names`` (parameter sampling)."""
+        self.bytes_in += grads.nbytes
         if self.mode == "async":
-            self._apply(grads, 1)
+            self._apply(grads, names, 1)
         else:
             bucket = self.pending.setdefault(step, [])
             event = self.done.setdefault(step, asyncio.Event())
-            bucket.append(grads)
+            if bucket and names != bucket[0][1]:
+                raise ValueError("ps sync mode needs every worker to push the same parameters at a step "
+                                 f"(step {step}: {names} vs {bucket[0][1]}); sample parameters in async mode")
+            bucket.append((grads, names))
             if len(bucket) == self.num_workers:
-                total = {k: sum(g[k] for g in bucket) for k in bucket[0]}
-                self._apply(total, self.num_workers)
+                total = bucket[0][0].copy()
+                for g, _ in bucket[1:]:
+                    total += g
+                self._apply(total, names, self.num_workers)
                 del self.pending[step]
                 event.set()
             else:
@@ -75,25 +125,43 @@ class ParameterServer:
                 # Keep a few finished events so late readers of this step still pass.
                 for old in [s for s in self.done if s < step - 4]:
                     del self.done[old]
-        answer = {k: self.params[k] for k in grads} if only_pushed else self.params
-        self.bytes_out += sum(p.nbytes for p in answer.values())
+        answer = self.layout.pack(self.params, list(names)) if (only_pushed and names) else self.flat
+        self.bytes_out += answer.nbytes
         return answer
 
-    def _apply(self, grads: dict[str, np.ndarray], count: int) -> None:
-        # Updates build new arrays (never in place): answers already handed out stay valid.
-        self.params = self.opt.apply(self.params, {k: np.asarray(g, np.float32) / count for k, g in grads.items()})
+    def _apply(self, flat_grads: np.ndarray, names: tuple | None, count: int) -> None:
+        """One optimizer step on the flat vector; a new vector each time (never in place), so
+        answers already handed out stay valid."""
+        grads = flat_grads / np.float32(count)
+        index = {n: i for i, n in enumerate(self.layout.names)}
+        if names is None and (self.steps == self.steps[0]).all():
+            # Every tensor at the same step (no sampling): one vectorized update of the shard.
+            self.steps += 1
+            self.flat = self.opt.update(self.flat, grads, self.slots, int(self.steps[0]))
+        else:
+            new, start = self.flat.copy(), 0
+            for name in names or self.layout.names:
+                lo, hi = self.layout.offsets[name]
+                self.steps[index[name]] += 1
+                new[lo:hi] = self.opt.update(self.flat[lo:hi], grads[start:start + hi - lo],
+                                             {k: v[lo:hi] for k, v in self.slots.items()},
+                                             int(self.steps[index[name]]))
+                start += hi - lo
+            self.flat = new
+        self.params = self.layout.unpack(self.flat)
         self.updates += 1
 
     async def pull(self) -> dict[str, np.ndarray]:
         return self.params
 
     async def state(self) -> dict:
-        return {"params": self.params, "opt": self.opt.state_dict(), "updates": self.updates}
+        return {"params": self.params, "opt": {"slots": self.slots, "steps": self.steps}, "updates": self.updates}
 
     async def load_state(self, state: dict) -> None:
         """Restore from a checkpoint; drops half-finished sync steps of a crashed generation."""
-        self.params = {k: np.array(v, np.float32, copy=True) for k, v in state["params"].items()}
-        self.opt.load_state_dict(state["opt"])
+        self._set(state["params"])
+        self.slots = {k: np.array(v, np.float32).ravel() for k, v in state["opt"]["slots"].items()}
+        self.steps = np.array(state["opt"]["steps"], np.int64)
         self.updates = int(state.get("updates", 0))
         self.pending.clear()
         for event in self.done.values():
@@ -110,6 +178,7 @@ class PSGroup:
     def __init__(self, servers: list, num_workers: int, mode: str):
         self.servers, self.num_workers, self.mode = servers, num_workers, mode
         self.assignment: dict[str, int] | None = None
+        self.layouts: list[ShardLayout] | None = None
 
     @classmethod
     def create(cls, params: dict[str, np.ndarray] | None = None, num_servers: int = 1, num_workers: int = 1,
@@ -128,6 +197,7 @@ class PSGroup:
     def _assign(self, params: dict[str, np.ndarray]) -> dict[str, int]:
         if self.assignment is None:
             self.assignment = assign_shards({k: int(np.prod(v.shape)) for k, v in params.items()}, len(self.servers))
+            self.layouts = [ShardLayout({k: np.shape(v) for k, v in part.items()}) for part in self.split(params)]
         return self.assignment
 
     def split(self, tensors: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
@@ -174,8 +244,17 @@ class PSClient:
         t0 = time.perf_counter()
         g = self.group
         g._assign(grads)
-        refs = [s.push_pull.remote(p, self.worker, step, only_pushed) for s, p in zip(g.servers, g.split(grads)) if p]
-        fresh = _merge(ray.get(refs))
+        calls = []
+        for server, layout, part in zip(g.servers, g.layouts, g.split(grads)):
+            if not part:
+                continue
+            # The common case (every tensor of the shard) sends no names: layout order is known.
+            names = None if len(part) == len(layout.names) else tuple(n for n in layout.names if n in part)
+            ref = server.push_pull.remote(layout.pack(part, list(names) if names else None), names,
+                                          self.worker, step, only_pushed)
+            calls.append((ref, layout, list(names) if (names and only_pushed) else None))
+        answers = ray.get([ref for ref, _, _ in calls])
+        fresh = _merge([layout.unpack(flat, names) for (_, layout, names), flat in zip(calls, answers)])
         self.wait_s += time.perf_counter() - t0
         return fresh
 
