@@ -60,6 +60,13 @@ def validate(cfg: dict) -> None:
     if float(ratio) < 1 and arch.get("mode") != "async":
         # A sync shard waits for every group's push of a step; sampled pushes skip shards.
         raise ConfigError("singa.cluster.sample_ratio", f"1.0 unless the arch is asynchronous (async_ps), got {ratio}")
+    server_updater = arch.get("server_updater")
+    if server_updater:
+        if not isinstance(server_updater, dict) or server_updater.get("name") not in UPDATERS:
+            raise ConfigError("singa.cluster.server_updater",
+                              f"false or a dict with name one of {', '.join(UPDATERS)}, got {server_updater!r}")
+        if float(server_updater.get("lr", 0.01)) <= 0:
+            raise ConfigError("singa.cluster.server_updater.lr", f"a positive number, got {server_updater.get('lr')!r}")
     if arch["name"] == "local" and arch["worker_groups"] != 1:
         raise ConfigError("singa.cluster.worker_groups", "1 for arch local")
 

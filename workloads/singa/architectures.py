@@ -3,7 +3,8 @@
     local       one worker group, local updates (the single-node baseline)
     sync_ps     Sandblaster-like: worker groups push to sharded servers, which apply the averaged
                 update once every group pushed for the step (= one group with a bigger batch)
-    async_ps    Downpour: each push is applied at once; optional parameter sampling (6.5.1)
+    async_ps    Downpour: each push is applied at once, by AdaGrad on the servers as Dean et al.
+                ran it (``server_updater``); optional parameter sampling (6.5.1)
     replicated  several server groups, each holding all parameters and serving its own worker
                 groups; the replicas exchange (average) their parameters every ``sync_every`` steps
     allreduce   serverless: groups average gradients with a gloo all-reduce, update locally
@@ -132,8 +133,13 @@ class GroupActor:
         return metrics
 
 
-def server_optimizer(updater: dict) -> dict:
-    """The core PS optimizer spec for a SINGA updater conf (same rule, fixed base lr)."""
+def server_optimizer(updater: dict, server_updater: dict | None = None) -> dict:
+    """The core PS optimizer spec for a SINGA updater conf (same rule, fixed base lr).
+    ``server_updater`` (an arch preset's, e.g. Downpour's AdaGrad) replaces the app's rule and
+    whatever keys it sets; weight decay stays the app's unless it sets its own."""
+    if server_updater:
+        keep = {"weight_decay": updater["weight_decay"]} if "weight_decay" in updater else {}
+        updater = {**keep, **server_updater}
     spec = {"name": updater.get("name", "sgd"), "lr": float(updater.get("lr", 0.01)),
             "momentum": float(updater.get("momentum", 0.0)), "weight_decay": float(updater.get("weight_decay", 0.0))}
     if spec["name"] == "adam":
@@ -166,7 +172,8 @@ class Architecture:
                 members = [g for g in range(self.num_groups) if g % replicas == r]
                 self.ps_groups.append(PSGroup.create(
                     params, num_servers=int(arch["servers_per_group"]), num_workers=len(members),
-                    mode=arch.get("mode", "sync"), optimizer=server_optimizer(spec["updater"]),
+                    mode=arch.get("mode", "sync"),
+                    optimizer=server_optimizer(spec["updater"], arch.get("server_updater")),
                     cpus_per_server=float(arch.get("cpus_per_server", 0))))
             ray.get([a.connect_ps.remote(self.ps_groups[g % replicas], _index_in(g, replicas))
                      for g, a in enumerate(self.actors)])
@@ -226,7 +233,8 @@ class Architecture:
         return {"steps": per[0]["steps"], "compute_s": per[0]["compute_s"],
                 "comm_s": per[0]["comm_s"],
                 "comm_bytes_per_step": (worker_bytes + self.exchange_bytes) / steps,
-                "bridge_bytes_per_step": sum(p["bridge_bytes"] for p in per) / steps}
+                "bridge_bytes_per_step": sum(p["bridge_bytes"] for p in per) / steps,
+                "group_param_bytes_per_step": sum(p["group_param_bytes"] for p in per) / steps}
 
     def shutdown(self) -> None:
         if self.name == "allreduce" and self.num_groups > 1:

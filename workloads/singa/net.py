@@ -126,7 +126,7 @@ class NeuralNet:
         for layer in self.layers:
             layer.data.grad = None
         for layer in reversed(self.layers):
-            if layer.is_loss or layer.data.grad is not None:
+            if layer.is_loss or layer.data.grad is not None or layer.remote:
                 layer.compute_gradient(layer.src_layers)
 
     def train_bp(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:

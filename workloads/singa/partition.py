@@ -5,8 +5,12 @@ its slice of the mini-batch), 1 (feature/model: every node holds a block of the 
 neurons and parameters for the whole batch) or None (one node holds it whole).  The
 ``PartitionedNet`` splits layers into sub-layers with a residence ``location`` and inserts the
 utility layers (slice, concat, split, bridge_src/bridge_dst) that connect them, so users' layers
-never see the partitioning beyond ``setup_after_partition``.  Nodes of a group run in one
-process here; the bridge layers count the bytes that would cross the network.
+never see the partitioning beyond ``setup_after_partition``.
+
+``PartitionedNet.train_bp`` runs every node's layers in one process (the reference: bridges
+count what would cross).  A ``WorkerGroup`` runs the nodes as separate Ray actors
+(``group_nodes.py``): each executes only the layers at its ``location`` and the bridge pairs
+really send features forward and gradients back between them.
 
 ``hybrid`` picks per layer the dim with the smaller estimated traffic per step (float32):
     data : 2 (K-1) P * 4       replicas exchange gradients/parameters of P params
@@ -83,6 +87,10 @@ class PartitionedNet(NeuralNet):
             dim = plan.get(layer.name, {}).get("dim")
             self._place(layer, dim)
         self.by_name = {layer.name: layer for layer in self.layers}
+        where = {id(p): layer.location for layer in self.layers for p in layer.params}
+        # piece "<param>#<i>" (the i-th entry of _param_map[param]) -> the node that holds it
+        self.piece_location = {f"{name}#{i}": where[id(sp)] for name, entries in self._param_map.items()
+                               for i, (sp, _) in enumerate(entries)}
         self.set_params({p.name: p.val.numpy() for p in base.params})
 
     # -- building ---------------------------------------------------------------------------
@@ -93,7 +101,10 @@ class PartitionedNet(NeuralNet):
 
     def _util(self, type_name: str, name: str, location: int, srcs: list[Layer], **conf) -> Layer:
         conf = {"name": name, "type": type_name, "location": location, **conf}
-        return self._add(layer_class(type_name)(name, conf), srcs, conf)
+        layer = self._add(layer_class(type_name)(name, conf), srcs, conf)
+        # A slice of the input wants no gradient, nor does a bridge carrying it: none is sent.
+        layer.needs_grad = any(s.needs_grad for s in srcs)
+        return layer
 
     def _place(self, layer: Layer, dim: int | None) -> None:
         original_srcs = list(layer.src_layers)
@@ -144,8 +155,9 @@ class PartitionedNet(NeuralNet):
     def _bridge(self, src: Layer, location: int) -> Layer:
         key = (src.name, "bridge", location)
         if key not in self._cache:
-            out = self._util("bridge_src", f"{src.name}#bsrc>{location}", src.location, [src])
-            self._cache[key] = self._util("bridge_dst", f"{src.name}#bdst>{location}", location, [out])
+            out = self._util("bridge_src", f"{src.name}#bsrc>{location}", src.location, [src], peer=location)
+            self._cache[key] = self._util("bridge_dst", f"{src.name}#bdst>{location}", location, [out],
+                                          peer=src.location)
         return self._cache[key]
 
     def _piece(self, src: Layer, dim: int, k: int, elementwise: bool) -> Layer:
@@ -204,6 +216,27 @@ class PartitionedNet(NeuralNet):
                 else:
                     lo, hi = piece_bounds(full.shape[axis], len(entries), i)
                     sp.val.copy_(full.narrow(axis, lo, hi - lo))
+
+    # -- pieces: what one node holds, for the actors of group_nodes.py ---------------------------
+    def pieces(self, location: int, field: str = "val") -> dict[str, np.ndarray]:
+        """The ``val`` (or ``grad``) of the parameter pieces on node ``location``, keyed
+        ``<param>#<i>``: what that node's actor receives (values) or sends back (gradients)."""
+        return {key: getattr(self._param_piece(key), field).numpy() for key, loc in self.piece_location.items()
+                if loc == location}
+
+    def load_pieces(self, values: dict[str, np.ndarray], field: str = "val") -> None:
+        for key, value in values.items():
+            piece = self._param_piece(key)
+            # np.array copies: arrays from ray.get are read-only (GROUND.md)
+            tensor = torch.from_numpy(np.array(value, dtype=np.float32)).view_as(piece.val)
+            if field == "val":
+                piece.val.copy_(tensor)  # in place: layers may hold views of their params
+            else:
+                piece.grad = tensor
+
+    def _param_piece(self, key: str):
+        name, i = key.rsplit("#", 1)
+        return self._param_map[name][int(i)][0]
 
     def bridge_bytes(self) -> int:
         """Bytes that crossed between nodes of the group so far (features and gradients)."""

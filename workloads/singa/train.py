@@ -102,7 +102,8 @@ def fit(spec: dict, arch: dict, cfg: dict, ctx, epochs: int, target: float | Non
         machine.shutdown()
     final = {**last_eval, "throughput/images_per_s": done * images_per_step / max(train_s, 1e-9),
              "time/train_s": train_s, "comm/bytes_per_step": stats["comm_bytes_per_step"],
-             "comm/bridge_bytes_per_step": stats["bridge_bytes_per_step"], "comm/wait_s": stats["comm_s"]}
+             "comm/bridge_bytes_per_step": stats["bridge_bytes_per_step"],
+             "comm/group_param_bytes_per_step": stats["group_param_bytes_per_step"], "comm/wait_s": stats["comm_s"]}
     if target is not None and "test/accuracy" in last_eval:
         final["test/reached_target"] = float(reached is not None)
         if reached is not None:

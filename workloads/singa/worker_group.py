@@ -35,6 +35,14 @@ class WorkerGroup:
         self.net = partition_net(base, int(spec.get("group_size", 1)), spec.get("partition", "none"),
                                  int(spec["batch_size"]))
         self.partitioned = self.net is not base
+        # A partitioned group's K nodes run as Ray actors; this process keeps the master params.
+        self.nodes = None
+        if self.partitioned:
+            from workloads.singa.group_nodes import NodeGroup
+
+            recipe = {"layers": spec["layers"], "input_shapes": full.shapes(), "seed": spec["seed"],
+                      "group_size": self.net.group_size, "plan": self.net.plan}
+            self.nodes = NodeGroup(self.net, recipe, int(spec.get("threads", 1)))
         if spec.get("initial_params"):
             # e.g. RBM weights from CD pre-training for the BP fine-tune (DBN, Table 1 hybrid)
             self.net.set_params(spec["initial_params"], strict=False)
@@ -68,8 +76,11 @@ class WorkerGroup:
         """BP (or CD-k) on the next batch: fills the params' gradients; returns loss metrics."""
         t0 = time.perf_counter()
         batch = self.next_batch()
-        if self.spec.get("algorithm", "bp") == "cd":
-            metrics = self.net.train_cd(batch, int(self.spec.get("cd_k", 1)))
+        algorithm, cd_k = self.spec.get("algorithm", "bp"), int(self.spec.get("cd_k", 1))
+        if self.nodes is not None:
+            metrics = self.nodes.run(algorithm, batch, cd_k)
+        elif algorithm == "cd":
+            metrics = self.net.train_cd(batch, cd_k)
         else:
             metrics = self.net.train_bp(batch)
         self._compute_s += time.perf_counter() - t0
@@ -124,15 +135,23 @@ class WorkerGroup:
         totals: dict[str, float] = {}
         for i in range(0, n, batch_size):
             batch = {k: v[i:i + batch_size] for k, v in self.test.items()}
-            metrics = self.net.forward(batch, "test")
+            metrics = self.nodes.run("test", batch) if self.nodes else self.net.forward(batch, "test")
             for k, v in metrics.items():
                 totals[k] = totals.get(k, 0.0) + v * len(next(iter(batch.values())))
         return {k: v / n for k, v in totals.items()}
 
     def stats(self) -> dict[str, float]:
-        bridge = self.net.bridge_bytes() if self.partitioned else 0
-        return {"compute_s": self._compute_s, "steps": self.step, "bridge_bytes": bridge,
+        """``bridge_bytes``: bytes the group's bridge layers sent between its node actors in
+        training steps; ``group_param_bytes``: parameter pieces out to them + gradients back."""
+        return {"compute_s": self._compute_s, "steps": self.step,
+                "bridge_bytes": self.nodes.bridge_bytes if self.nodes else 0,
+                "group_param_bytes": self.nodes.param_bytes if self.nodes else 0,
                 "num_train": self.num_train}
+
+    def close(self) -> None:
+        """Stop the node actors of a partitioned group (a GroupActor's own end stops them too)."""
+        if self.nodes is not None:
+            self.nodes.close()
 
     def plan(self) -> dict[str, str]:
         return self.net.describe_plan() if self.partitioned else {}

@@ -76,13 +76,20 @@ def test_every_architecture_trains_and_counts_its_traffic(ray_session, name, ext
         assert stats["comm_bytes_per_step"] == pytest.approx(2 * num_bytes, rel=0.01)
 
 
-def test_partitioned_group_trains_like_the_whole_model():
-    # in-process: the group's updater works on unpartitioned names, so replicas stay identical
+def test_partitioned_group_trains_like_the_whole_model(ray_session):
+    # The group's 2 nodes are Ray actors; the group's updater works on unpartitioned names, so
+    # data replicas inside the group stay identical and training follows the whole model.
     whole, split = WorkerGroup(spec(30)), WorkerGroup(spec(30, group_size=2, partition="hybrid"))
-    assert split.partitioned and split.plan()["fc1"] in ("data", "model")
-    for _ in range(3):
-        whole.local_step()
-        split.local_step()
+    try:
+        assert split.partitioned and split.plan()["fc1"] in ("data", "model")
+        for _ in range(3):
+            whole.local_step()
+            split.local_step()
+        assert split.evaluate()["loss/accuracy"] == pytest.approx(whole.evaluate()["loss/accuracy"])
+        stats = split.stats()
+    finally:
+        split.close()
+    assert stats["bridge_bytes"] > 0 and stats["group_param_bytes"] > 0
     whole, split = whole.get_params(), split.get_params()
     for name in whole:
         np.testing.assert_allclose(split[name], whole[name], rtol=1e-4, atol=1e-5, err_msg=name)

@@ -33,6 +33,7 @@ def test_every_app_and_arch_composes_and_validates(compose, app, arch):
     (["singa.data_dir=/no/such/folder"], "singa.data_dir"),
     (["singa.updater=rmsprop"], "singa.updater"),
     (["singa.batch_size=0"], "singa.batch_size"),
+    (["singa.arch=async_ps", "singa.cluster.server_updater={name:rmsprop}"], "singa.cluster.server_updater"),
 ])
 def test_bad_config_names_the_key(compose, overrides, key):
     cfg = compose("workload=singa", *overrides)
@@ -80,6 +81,7 @@ def test_cnn_and_hybrid_partition_run(run_orchard):
                          "singa.cluster.workers_per_group=2", "singa.partition=hybrid", "singa.tsne=false")
     assert result.exit_code == 0, result.outcome
     m = result.run.data.metrics
-    assert "test/accuracy" in m and m["comm/bridge_bytes_per_step"] > 0
+    # the group's 2 nodes are Ray actors: bridges sent features/gradients, the group sent params
+    assert "test/accuracy" in m and m["comm/bridge_bytes_per_step"] > 0 and m["comm/group_param_bytes_per_step"] > 0
     assert "tables/train_partition_plan.json" in result.artifacts("tables")
     assert "conv1:data" in result.run.data.params["singa.partition_plan"]

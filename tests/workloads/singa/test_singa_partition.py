@@ -1,11 +1,14 @@
 """Partitioning inside a worker group (5.2, Appendix B): inserted slice/concat/split/bridge
-layers must leave the net's outputs and gradients unchanged."""
+layers must leave the net's outputs and gradients unchanged, in one process and with the
+group's nodes as separate Ray actors whose bridges really send."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import ray
 import torch
 
+from workloads.singa.group_nodes import NodeGroup
 from workloads.singa.net import NeuralNet
 from workloads.singa.partition import PartitionedNet, partition_net, plan_partition
 from workloads.singa.settings import load_app
@@ -96,3 +99,45 @@ def test_explicit_partition_dim_wins_and_is_checked():
     layers[6] = dict(layers[6], partition_dim=1)  # LRN needs neighbouring channels
     with pytest.raises(ValueError, match="norm1"):
         plan_partition(NeuralNet(layers, CNN_SHAPES, seed=0), 2, "data", 10)
+
+
+def test_data_partitioning_sends_only_the_input_slice_and_the_scores():
+    """Data partitioning of the mlp over 2 nodes: node 1 gets its 4 of 9 rows of pixels (no
+    gradient goes back into the input) and returns its 4 rows of scores to the loss on node 0,
+    which sends their gradient back.  Nothing else crosses: the hidden layers stay on their node."""
+    layers, shapes, batch = mlp_case()
+    split = partition_net(NeuralNet(layers, shapes, seed=0), 2, "data", 9)
+    split.train_bp(batch)
+    assert split.bridge_bytes() == 4 * 64 * 4 + 2 * (4 * 10 * 4)
+
+
+@pytest.mark.parametrize("case,group_size,scheme", [("mlp", 3, "hybrid"), ("cnn", 2, "model")])
+def test_node_actors_send_through_bridges_and_match_the_unpartitioned_net(ray_session, case, group_size, scheme):
+    """Each node of the group is its own Ray actor running only its layers; features and
+    gradients cross only through the bridge pairs.  Outputs and gradients equal the whole net's,
+    and the bytes the bridges actually sent equal what the one-process version counts."""
+    layers, shapes, batch = mlp_case() if case == "mlp" else (SMALL_CNN, CNN_SHAPES, cnn_batch())
+    size = len(batch["label"])
+    whole = NeuralNet(layers, shapes, seed=0)
+    ref_metrics = whole.train_bp(batch)
+    ref_grads = whole.get_grads()
+    in_process = partition_net(NeuralNet(layers, shapes, seed=0), group_size, scheme, size)
+    in_process.train_bp(batch)
+    master = partition_net(NeuralNet(layers, shapes, seed=0), group_size, scheme, size)
+    recipe = {"layers": layers, "input_shapes": shapes, "seed": 0, "group_size": group_size, "plan": master.plan}
+    nodes = NodeGroup(master, recipe)
+    try:
+        metrics = nodes.run("bp", batch)
+        test_metrics = nodes.run("test", batch)
+        pids = ray.get([n.pid.remote() for n in nodes.nodes])
+    finally:
+        nodes.close()
+    assert len(set(pids)) == group_size  # one process per node
+    assert metrics["loss/loss"] == pytest.approx(ref_metrics["loss/loss"], rel=1e-5)
+    assert test_metrics["loss/accuracy"] == pytest.approx(ref_metrics["loss/accuracy"])
+    grads = master.get_grads()
+    assert grads.keys() == ref_grads.keys()
+    for name in ref_grads:
+        np.testing.assert_allclose(grads[name], ref_grads[name], rtol=1e-4, atol=1e-6, err_msg=name)
+    assert nodes.bridge_bytes == in_process.bridge_bytes() > 0
+    assert nodes.param_bytes >= 2 * sum(v.nbytes for v in ref_grads.values())

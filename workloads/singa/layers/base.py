@@ -105,6 +105,9 @@ class Layer:
     is_input = False
     # Input and parser layers set this False: nobody back-propagates into raw records.
     needs_grad = True
+    # True for a bridge end whose peer lives in another process: it runs in every backward
+    # pass, with or without a local gradient, because the other end waits for it.
+    remote = False
 
     def __init__(self, name: str, conf: dict | None = None):
         self.name = name

@@ -89,29 +89,63 @@ class SplitLayer(Layer):
             src_layers[0].data.accumulate(self.data.grad)
 
 
+def _nbytes(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.numel() * t.element_size()
+
+
 class _BridgeLayer(SplitLayer):
-    """Bridges count what would cross the network: features forward, gradients backward."""
+    """One end of a bridge pair.  Inside one process the pair is a pass-through that counts what
+    would cross (``bytes_moved``, on the destination side only, so each transfer counts once).
+    When ``transport`` is set (``group_nodes.py``: the two ends live in different Ray actors) the
+    ends really send: the feature forward to ``peer``, its gradient back.  ``needs_grad`` is
+    False when nothing upstream wants a gradient (e.g. a slice of the input): then no gradient
+    crosses at all."""
+
+    transport = None
 
     def setup(self, src_layers, conf):
         super().setup(src_layers, conf)
+        self.peer = int(conf.get("peer", self.location))  # the node of the other end
         self.bytes_moved = 0
 
-    def compute_feature(self, src_layers, phase="train"):
-        super().compute_feature(src_layers, phase)
-        self.bytes_moved += self.data.feature.numel() * self.data.feature.element_size()
-
-    def compute_gradient(self, src_layers):
-        if self.data.grad is not None:
-            self.bytes_moved += self.data.grad.numel() * self.data.grad.element_size()
-        super().compute_gradient(src_layers)
+    @property
+    def remote(self) -> bool:
+        return self.transport is not None
 
 
 @register_layer("bridge_src")
-class BridgeSrcLayer(SplitLayer):
-    """On the producer's node: sends the feature to its ``bridge_dst`` (SrcBridgeLayer)."""
+class BridgeSrcLayer(_BridgeLayer):
+    """On the producer's node: sends the feature to its ``bridge_dst`` and takes the gradient
+    back from it (SrcBridgeLayer)."""
+
+    def compute_feature(self, src_layers, phase="train"):
+        super().compute_feature(src_layers, phase)
+        if self.remote:
+            self.transport.send(self.peer, (self.name, "feature"), self.data.feature)
+
+    def compute_gradient(self, src_layers):
+        if self.remote and self.needs_grad:
+            self.data.grad = self.transport.receive((self.name, "grad"))
+        super().compute_gradient(src_layers)
 
 
 @register_layer("bridge_dst")
 class BridgeDstLayer(_BridgeLayer):
-    """On the consumer's node: receives the feature, sends back the gradient (DstBridgeLayer).
-    Only the destination side counts bytes, so each transfer is counted once."""
+    """On the consumer's node: receives the feature, sends back its gradient (DstBridgeLayer)."""
+
+    def compute_feature(self, src_layers, phase="train"):
+        if self.remote:
+            self.data.feature = self.transport.receive((src_layers[0].name, "feature"))
+        else:
+            super().compute_feature(src_layers, phase)
+            self.bytes_moved += _nbytes(self.data.feature)
+
+    def compute_gradient(self, src_layers):
+        if not self.needs_grad:
+            return
+        if self.remote:
+            # always answer (None when no destination produced a gradient): the src end waits
+            self.transport.send(self.peer, (src_layers[0].name, "grad"), self.data.grad)
+            return
+        self.bytes_moved += _nbytes(self.data.grad)
+        super().compute_gradient(src_layers)

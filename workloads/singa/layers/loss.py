@@ -8,9 +8,9 @@ import torch
 from workloads.singa.layers.base import Layer, register_layer
 
 
-@register_layer("softmax_loss")
-class SoftmaxLossLayer(Layer):
-    """src_layers = [scores (B, K), labels (B,)]; loss = mean_i -log softmax(scores_i)[label_i]."""
+class _LossLayer(Layer):
+    """Shared setup: shape of the first source, ``loss_weight``, and the ``metrics`` the net
+    reports as ``<layer>/<name>``.  Loss layers stay whole on node 0 of a partitioned group."""
 
     is_loss = True
     partition_dims = ()
@@ -19,8 +19,16 @@ class SoftmaxLossLayer(Layer):
         self.src_layers = list(src_layers)
         self.shape = tuple(src_layers[0].shape)
         self.loss_weight = float(conf.get("loss_weight", 1.0))
-        self.topk = int(conf.get("topk", 1))
         self.metrics: dict[str, float] = {}
+
+
+@register_layer("softmax_loss")
+class SoftmaxLossLayer(_LossLayer):
+    """src_layers = [scores (B, K), labels (B,)]; loss = mean_i -log softmax(scores_i)[label_i]."""
+
+    def setup(self, src_layers, conf):
+        super().setup(src_layers, conf)
+        self.topk = int(conf.get("topk", 1))
 
     def compute_feature(self, src_layers, phase="train"):
         scores, labels = src_layers[0].data.feature, src_layers[1].data.feature
@@ -40,18 +48,9 @@ class SoftmaxLossLayer(Layer):
 
 
 @register_layer("euclidean_loss")
-class EuclideanLossLayer(Layer):
+class EuclideanLossLayer(_LossLayer):
     """src_layers = [a, b] of equal shape; loss = loss_weight * 0.5 * mean_i ||a_i - b_i||^2.
     Both sources receive gradients when they need them (the MSAE's two latent layers do)."""
-
-    is_loss = True
-    partition_dims = ()
-
-    def setup(self, src_layers, conf):
-        self.src_layers = list(src_layers)
-        self.shape = tuple(src_layers[0].shape)
-        self.loss_weight = float(conf.get("loss_weight", 1.0))
-        self.metrics: dict[str, float] = {}
 
     def compute_feature(self, src_layers, phase="train"):
         a, b = src_layers[0].data.feature, src_layers[1].data.feature
