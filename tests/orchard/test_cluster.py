@@ -1,14 +1,12 @@
 """cluster=remote attaches to an existing Ray cluster with no other change: a separate driver
 process attaches to the test session's running cluster, ships this checkout as its working
 dir, runs a workload there, and leaves the cluster running."""
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.tiny_workload.cli import tiny_cli, tiny_cli_env
+
 
 
 @pytest.mark.slow
@@ -18,12 +16,9 @@ def test_remote_mode_attaches_to_a_running_cluster(ray_session, tmp_path):
     address = ray_session.get_runtime_context().gcs_address
     nodes_before = len(ray_session.nodes())
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    code = ("from orchard import register_workload; "
-            f"register_workload('tiny', 'tests.tiny_workload', {str(REPO / 'tests/tiny_workload/conf')!r}); "
-            "from orchard.cli import main; main()")
-    proc = subprocess.run([sys.executable, "-c", code, "workload=tiny", "cluster=remote", f"cluster.address={address}",
-                           "tiny.steps=5", f"tracking.uri={uri}", f"output_dir={tmp_path}/out"],
-                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
+    proc = subprocess.run(tiny_cli("workload=tiny", "cluster=remote", f"cluster.address={address}",
+                           "tiny.steps=5", f"tracking.uri={uri}", f"output_dir={tmp_path}/out"),
+                          cwd=tmp_path, env=tiny_cli_env(),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     client = MlflowClient(uri)

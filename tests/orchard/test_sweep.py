@@ -1,19 +1,16 @@
 """Ray Tune sweeps: parent + one child run per trial, a leaderboard, resume after a crash."""
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from orchard.config import compose
-from orchard.errors import ConfigError
 from orchard.cli import prepare
+from orchard.errors import ConfigError
+from tests.tiny_workload.cli import tiny_cli, tiny_cli_env
 
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _sweep_overrides(*extra):
@@ -52,13 +49,10 @@ def test_interrupted_sweep_resumes_where_it_stopped(tmp_path):
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    code = ("from orchard import register_workload; "
-            f"register_workload('tiny', 'tests.tiny_workload', {str(REPO / 'tests/tiny_workload/conf')!r}); "
-            "from orchard.cli import main; main()")
-    args = [sys.executable, "-c", code, "workload=tiny", "sweep=tiny_grid", "sweep.max_concurrent_trials=1",
+    args = tiny_cli("workload=tiny", "sweep=tiny_grid", "sweep.max_concurrent_trials=1",
             "tiny.steps=40", "tiny.sleep_s=0.05", "tracking.system_metrics=false",
-            f"tracking.uri={uri}", f"output_dir={tmp_path}/out", "cluster.num_cpus=2"]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+            f"tracking.uri={uri}", f"output_dir={tmp_path}/out", "cluster.num_cpus=2")
+    env = tiny_cli_env()
     client = MlflowClient(uri)
 
     def finished_children():

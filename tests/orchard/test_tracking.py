@@ -1,16 +1,15 @@
 """A run of the tests' workload lands in MLflow with params, metrics from the driver and from
 a Ray task, the config artifact, per-node resource series and their summaries, and a status
 that matches what happened."""
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.tiny_workload.cli import tiny_cli, tiny_cli_env
+
 
 
 def test_finished_run_holds_everything(run_orchard):
@@ -60,12 +59,9 @@ def test_ctrl_c_marks_the_run_killed(tmp_path):
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    code = ("from orchard import register_workload; "
-            f"register_workload('tiny', 'tests.tiny_workload', {str(REPO / 'tests/tiny_workload/conf')!r}); "
-            "from orchard.cli import main; main()")
-    proc = subprocess.Popen([sys.executable, "-c", code, "workload=tiny", "tiny.steps=400", "tiny.sleep_s=0.05",
-                             f"tracking.uri={uri}", f"output_dir={tmp_path}/out", "cluster.num_cpus=2"],
-                            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
+    proc = subprocess.Popen(tiny_cli("workload=tiny", "tiny.steps=400", "tiny.sleep_s=0.05",
+                             f"tracking.uri={uri}", f"output_dir={tmp_path}/out", "cluster.num_cpus=2"),
+                            cwd=tmp_path, env=tiny_cli_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     client = MlflowClient(uri)
     deadline = time.time() + 120
