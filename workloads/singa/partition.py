@@ -142,6 +142,10 @@ class PartitionedNet(NeuralNet):
 
     def _whole(self, src: Layer) -> Layer:
         """A layer on node 0 producing ``src``'s full feature (concat of its pieces if split)."""
+        if src.name not in self._rep:
+            # The later half of an undirected RBM pair (rbm_visible <-> rbm_hidden): RBM layers
+            # are never split, so it will be placed whole on node 0 as this very object.
+            return src
         rep = self._rep[src.name]
         if rep[0] == "whole":
             return rep[1]

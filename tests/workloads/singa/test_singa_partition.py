@@ -141,3 +141,23 @@ def test_node_actors_send_through_bridges_and_match_the_unpartitioned_net(ray_se
         np.testing.assert_allclose(grads[name], ref_grads[name], rtol=1e-4, atol=1e-6, err_msg=name)
     assert nodes.bridge_bytes == in_process.bridge_bytes() > 0
     assert nodes.param_bytes >= 2 * sum(v.nbytes for v in ref_grads.values())
+
+
+def test_cd_through_node_actors_sends_only_features(ray_session):
+    """The DBN's second CD stage with its frozen lower layer (h1) data-partitioned over 2 node
+    actors: the RBM pair stays whole on node 0, and CD sends no gradients, only node 1's input
+    rows (4 x 64 floats) and its h1 rows (4 x 256) back to the RBM."""
+    layers = load_app("dbn")["pretrain"][1]["layers"]
+    shapes = {"pixel": (64,), "label": ()}
+    batch = {"pixel": torch.randint(0, 17, (9, 64), generator=torch.Generator().manual_seed(1)).to(torch.uint8)}
+    master = partition_net(NeuralNet(layers, shapes, seed=0), 2, "data", 9)
+    assert master.describe_plan()["h1"] == "data" and master.describe_plan()["v2"] == "whole"
+    nodes = NodeGroup(master, {"layers": layers, "input_shapes": shapes, "seed": 0, "group_size": 2,
+                               "plan": master.plan})
+    try:
+        metrics = nodes.run("cd", batch)
+    finally:
+        nodes.close()
+    assert 0 < metrics["v2/recon_error"] < 1
+    assert np.abs(master.get_grads()["h2/weight"]).sum() > 0  # the RBM weights got a CD gradient
+    assert nodes.bridge_bytes == 4 * 64 * 4 + 4 * 256 * 4
