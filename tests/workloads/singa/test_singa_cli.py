@@ -23,6 +23,22 @@ def test_every_app_and_arch_composes_and_validates(compose, app, arch):
     validate(compose("workload=singa", f"singa.app={app}", f"singa.arch={arch}", "debug=smoke"), singa)
 
 
+def test_async_ps_servers_run_adagrad_like_downpour(compose):
+    """Downpour as Dean et al. ran it: AdaGrad on the servers (the app's weight decay kept);
+    server_updater=false puts the app's SGD back; other presets keep the app's updater."""
+    from workloads.singa.architectures import server_optimizer
+    from workloads.singa.settings import load_app, resolve_arch, resolve_training
+
+    def servers(*overrides):
+        cfg = compose("workload=singa", *overrides)
+        validate(cfg, singa)
+        return server_optimizer(resolve_training(cfg, load_app("mlp"))["updater"], resolve_arch(cfg).get("server_updater"))
+
+    assert servers("singa.arch=async_ps") == {"name": "adagrad", "lr": 0.005, "momentum": 0.0, "weight_decay": 0.0001}
+    assert servers("singa.arch=async_ps", "singa.cluster.server_updater=false")["name"] == "sgd"
+    assert servers("singa.arch=sync_ps") == {"name": "sgd", "lr": 0.02, "momentum": 0.9, "weight_decay": 0.0001}
+
+
 @pytest.mark.parametrize("overrides,key", [
     (["singa.app=alexnet"], "singa.app"),
     (["singa.arch=ring"], "singa.arch"),
