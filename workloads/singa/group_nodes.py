@@ -162,8 +162,15 @@ class NodeGroup:
         self.calls += 1
         numpy_batch = {k: v.numpy() for k, v in batch.items()}
         params = [self.net.pieces(k) for k in range(self.size)]
-        outs = ray.get([node.step.remote(self.calls, mode, numpy_batch if k == 0 else None, params[k], cd_k)
-                        for k, node in enumerate(self.nodes)])
+        refs = [node.step.remote(self.calls, mode, numpy_batch if k == 0 else None, params[k], cd_k)
+                for k, node in enumerate(self.nodes)]
+        # Wait node by node so a failing node raises at once: its peers would otherwise sit on
+        # their mailboxes until the bridge timeout.
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            ray.get(ready)
+        outs = ray.get(refs)
         metrics: dict[str, float] = {}
         for out in outs:
             metrics.update(out["metrics"])
