@@ -22,7 +22,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -211,8 +210,8 @@ def main() -> None:
     for scheme, row in partition_traffic().items():
         print(f"  {scheme:7s} counted {row['bridge_bytes_per_step'] / 1e6:6.2f} MB/step  sent by actors "
               f"{row['sent_bytes_per_step'] / 1e6:6.2f} MB/step   one process {row['one_process_ms']:6.1f} ms  "
-              f"node actors {row['actors_ms']:6.1f} ms   plan {row['plan'] if scheme == 'hybrid' else '(all ' + scheme + ')'}",
-              flush=True)
+              f"node actors {row['actors_ms']:6.1f} ms   "
+              f"plan {row['plan'] if scheme == 'hybrid' else '(all ' + scheme + ')'}", flush=True)
     ray.shutdown()
 
 

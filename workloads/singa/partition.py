@@ -21,8 +21,6 @@ inner-product layer gets model partitioning, as in Appendix B.
 """
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import torch
 

@@ -32,7 +32,8 @@ def test_async_ps_servers_run_adagrad_like_downpour(compose):
     def servers(*overrides):
         cfg = compose("workload=singa", *overrides)
         validate(cfg, singa)
-        return server_optimizer(resolve_training(cfg, load_app("mlp"))["updater"], resolve_arch(cfg).get("server_updater"))
+        updater = resolve_training(cfg, load_app("mlp"))["updater"]
+        return server_optimizer(updater, resolve_arch(cfg).get("server_updater"))
 
     assert servers("singa.arch=async_ps") == {"name": "adagrad", "lr": 0.005, "momentum": 0.0, "weight_decay": 0.0001}
     assert servers("singa.arch=async_ps", "singa.cluster.server_updater=false")["name"] == "sgd"
