@@ -7,7 +7,6 @@ run, hand it to the workload, show progress, and end with a summary.  Exit codes
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 from dataclasses import dataclass, field

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from orchard import registry
+from orchard.cluster import LIBRARY_LOG_LEVELS
 from orchard.errors import ConfigError
 
 GROUPS = ("workload", "strategy", "cluster", "tracking", "sweep", "experiment", "debug")
@@ -213,6 +214,9 @@ def validate(cfg: dict, module) -> None:
         require_positive(cfg, "strategy.num_servers", integer=True)
         require_choice(cfg, "strategy.mode", ("sync", "async"))
     require_choice(cfg, "cluster.mode", ("local", "remote"))
+    if "ray_log_level" in cfg["cluster"]:
+        cfg["cluster"]["ray_log_level"] = str(cfg["cluster"]["ray_log_level"]).upper()
+        require_choice(cfg, "cluster.ray_log_level", LIBRARY_LOG_LEVELS)
     if cfg["cluster"]["mode"] == "remote":
         require(cfg, "cluster.address", lambda v: v == "auto" or str(v).startswith(("ray://", "http")) or ":" in str(v),
                 "auto, ray://host:10001 or host:6379")

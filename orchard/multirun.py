@@ -11,7 +11,7 @@ from orchard import config as config_lib
 
 def run_multirun(overrides: list[str]) -> int:
     import hydra
-    from omegaconf import DictConfig, OmegaConf
+    from omegaconf import DictConfig
 
     from orchard.cli import prepare, run_one
     from orchard import cluster

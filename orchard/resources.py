@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import statistics
 import threading
-import time
 from typing import Any
 
 import ray

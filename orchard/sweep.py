@@ -14,9 +14,13 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from orchard import config as config_lib
 from orchard.errors import ConfigError
+
+if TYPE_CHECKING:
+    from orchard.cli import Outcome
 
 PARAM_TYPES = ("grid", "choice", "uniform", "loguniform", "randint")
 
@@ -105,12 +109,12 @@ def sweep_dir(cfg: dict) -> Path:
     return Path(cfg["output_dir"]).resolve() / "sweeps" / f"{cfg['workload']['name']}-{cfg['sweep']['name']}"
 
 
-def run_sweep(cfg: dict, module) -> "Outcome":
+def run_sweep(cfg: dict, module) -> Outcome:
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
     from orchard import tracking
-    from orchard.cli import Outcome, default_run_name
+    from orchard.cli import Outcome
 
     s = cfg["sweep"]
     folder = sweep_dir(cfg)
@@ -157,14 +161,14 @@ def run_sweep(cfg: dict, module) -> "Outcome":
                                         max_concurrent_trials=s["max_concurrent_trials"], scheduler=scheduler),
             run_config=run_config,
         )
-    status, error = "FINISHED", None
+    status = "FINISHED"
     try:
         grid = tuner.fit()
-    except KeyboardInterrupt as exc:
-        status, error = "KILLED", exc
+    except KeyboardInterrupt:
+        status = "KILLED"
         if tracked:
             tracking.close_run(tracked, status, None)
-        print(f"orchard: sweep interrupted; run the same command again to resume", file=sys.stderr)
+        print("orchard: sweep interrupted; run the same command again to resume", file=sys.stderr)
         return Outcome(130, parent_id, {}, "KeyboardInterrupt")
     rows = leaderboard(grid, list(s["params"]), metric, mode)
     best = rows[0] if rows else None

@@ -7,6 +7,7 @@ so they outlive a worker-group restart.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Callable
 
@@ -61,6 +62,8 @@ def launch(train_loop: Callable[[dict], None], loop_config: dict, cfg: dict, ctx
             storage_path=str(Path(storage_path or ctx.run_dir / "train").resolve()),
             failure_config=FailureConfig(max_failures=strategy.get("max_failures", 0)),
             checkpoint_config=CheckpointConfig(num_to_keep=2),
+            # cluster.ray_log_level (orchard/cluster.py): Train's per-report INFO lines off the console
+            logging_config=ray.train.LoggingConfig(log_level=os.environ.get("ORCHARD_RAY_LOG_LEVEL", "WARNING")),
         ),
         datasets=datasets,
         **({"dataset_config": dataset_config} if dataset_config is not None else {}),

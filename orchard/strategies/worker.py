@@ -6,7 +6,6 @@ it for the strategy in ``config["strategy"]`` and the loop only calls
 """
 from __future__ import annotations
 
-import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
