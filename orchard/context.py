@@ -13,6 +13,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 
+PROGRESS_INTERVAL_S = 0.25
+
+
 class RunContext:
     def __init__(self, sink, run_id: str | None, run_dir: str, workload: str, strategy: str,
                  tracking_uri: str | None = None):
@@ -24,10 +27,12 @@ class RunContext:
         self.tracking_uri = tracking_uri
         # Set only in the driver process (e.g. a Tune trial reporting its metric); never pickled.
         self._on_metrics: Callable[[dict, int | None], None] | None = None
+        self._progress_sent = 0.0  # per process: progress is throttled, see progress()
 
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_on_metrics"] = None
+        state["_progress_sent"] = 0.0
         return state
 
     # ------------------------------------------------------------------ metrics and params
@@ -72,7 +77,15 @@ class RunContext:
 
     # ------------------------------------------------------------------ progress
     def progress(self, step: int, total: int | None = None, desc: str = "", **rates: float) -> None:
-        """Drive the live progress line on the driver: ``step`` of ``total`` with extra rates."""
+        """Drive the live progress line on the driver: ``step`` of ``total`` with extra rates.
+
+        At most one message per ``PROGRESS_INTERVAL_S`` per process (and always the last
+        step): the line redraws a few times a second, so per-step messages would only cost
+        the training loop an actor call each."""
+        now = time.monotonic()
+        if now - self._progress_sent < PROGRESS_INTERVAL_S and step != total:
+            return
+        self._progress_sent = now
         self._sink.progress.remote({"step": step, "total": total, "desc": desc, "rates": rates, "ts": time.time()})
 
     # ------------------------------------------------------------------ plumbing

@@ -1,0 +1,100 @@
+"""Keep Ray's own chatter off the console so orchard's progress line and summary stay readable.
+
+At ``cluster.ray_log_level=WARNING`` (the default) these INFO lines leave the console (they
+still reach the session's log files under /tmp/ray/session_*/logs):
+- Ray Train: worker-group start, "Moving model to device", "Setting up process group",
+  "Reporting training result ..." once per report per worker;
+- Ray Data: "Starting execution of Dataset ..." / "execution finished" per dataset (its own
+  logging config, ``ray_data_logging.yaml``, read through ``RAY_DATA_LOGGING_CONFIG``).
+And one WARNING goes at every level: Ray Train's placement-group cleaner asks the State API
+(served by the dashboard) once a second whether the controller lives, and warns each time the
+dashboard is off, which orchard's embedded Ray is by default.  Ray frees the placement groups
+when the embedded session ends anyway.
+
+Ray Train 2.60 ignores ``RunConfig(logging_config=...)`` on the workers, and a filter on a
+logger is the one setting its logging setup does not replace, so the quieting is a filter
+per logger, installed in every worker process by ``runtime_env["worker_process_setup_hook"]``.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from pathlib import Path
+
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+RAY_DATA_LOGGING = Path(__file__).resolve().parent / "ray_data_logging.yaml"
+LEVEL_ENV = "ORCHARD_RAY_LOG_LEVEL"
+SETUP_HOOK = "orchard.ray_logging.install_filters"
+
+# Loggers whose INFO records are chatter for an orchard user.
+CHATTY = ("ray.train.v2._internal.execution.context",
+          "ray.train.v2._internal.execution.worker_group.worker_group",
+          "ray.train.v2._internal.execution.controller.controller",
+          "ray.train.torch.config",
+          "ray.train.torch.train_loop_utils")
+PG_CLEANER = "ray.train.v2._internal.execution.controller.placement_group_cleaner"
+
+
+class _MinLevel(logging.Filter):
+    def __init__(self, level: int):
+        super().__init__()
+        self.level = level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= self.level
+
+
+class _NoStateApiNagging(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Failed to query Ray Train Controller actor state" not in record.getMessage()
+
+
+def _chatty_loggers() -> list[str]:
+    import ray
+
+    # Ray Train 2.60 names the reporting logger after its file, not its module.
+    context_file = Path(ray.__file__).parent / "train" / "v2" / "_internal" / "execution" / "context.py"
+    return [*CHATTY, str(context_file)]
+
+
+def install_filters() -> None:
+    """Run in every Ray worker process (and the driver): add the filters once."""
+    level = getattr(logging, os.environ.get(LEVEL_ENV, "WARNING").upper(), logging.WARNING)
+    for name in _chatty_loggers():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _MinLevel) for f in logger.filters):
+            logger.addFilter(_MinLevel(level))
+    cleaner = logging.getLogger(PG_CLEANER)
+    if not any(isinstance(f, _NoStateApiNagging) for f in cleaner.filters):
+        cleaner.addFilter(_NoStateApiNagging())
+
+
+def quiet(level: str, runtime_env: dict, where: str) -> dict:
+    """Quiet this process and return ``runtime_env`` extended for the workers.
+
+    ``where``: ``local`` (workers import this checkout), ``shipped`` (a remote cluster's
+    workers run in the shipped checkout) or ``foreign`` (a user's working_dir: orchard may
+    not be importable there, so only the level travels)."""
+    level = level.upper()
+    worker_env = {LEVEL_ENV: level}
+    os.environ.setdefault(LEVEL_ENV, level)
+    quiet_data = LEVELS.index(level) >= LEVELS.index("WARNING")
+    if quiet_data:
+        os.environ.setdefault("RAY_DATA_LOGGING_CONFIG", str(RAY_DATA_LOGGING))
+        if "ray.data" in sys.modules:
+            # ray.data configured its logger when it was first imported: apply ours now.
+            with contextlib.suppress(Exception):
+                from ray.data._internal.logging import configure_logging
+
+                configure_logging()
+    install_filters()
+    out = dict(runtime_env)
+    if where != "foreign":
+        if quiet_data:
+            worker_env["RAY_DATA_LOGGING_CONFIG"] = ("orchard/ray_data_logging.yaml" if where == "shipped"
+                                                     else str(RAY_DATA_LOGGING))
+        out.setdefault("worker_process_setup_hook", SETUP_HOOK)
+    out["env_vars"] = {**worker_env, **(runtime_env.get("env_vars") or {})}
+    return out

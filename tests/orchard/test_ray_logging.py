@@ -1,0 +1,55 @@
+"""cluster.ray_log_level: Ray's INFO chatter leaves the console, warnings stay."""
+import logging
+
+from orchard import ray_logging
+
+
+def _emit(name, level, message):
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    logger = logging.getLogger(name)
+    handler = Keep()
+    logger.addHandler(handler)
+    old = logger.level
+    logger.setLevel(logging.DEBUG)
+    try:
+        logger.log(level, message)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old)
+    return records
+
+
+def test_filters_drop_train_chatter_and_state_api_nagging_but_keep_warnings(monkeypatch):
+    monkeypatch.setenv(ray_logging.LEVEL_ENV, "WARNING")
+    ray_logging.install_filters()
+    ray_logging.install_filters()  # idempotent: a second hook call adds nothing
+    reporter = ray_logging._chatty_loggers()[-1]
+    assert reporter.endswith("context.py")
+    assert len(logging.getLogger(reporter).filters) == 1
+    assert _emit(reporter, logging.INFO, "Reporting training result 1") == []
+    assert _emit("ray.train.torch.config", logging.INFO, "Setting up process group") == []
+    assert _emit("ray.train.torch.config", logging.WARNING, "gloo timeout") == ["gloo timeout"]
+    nag = "Failed to query Ray Train Controller actor state. State API may be temporarily unavailable."
+    assert _emit(ray_logging.PG_CLEANER, logging.WARNING, nag) == []
+    assert _emit(ray_logging.PG_CLEANER, logging.WARNING, "cleanup failed") == ["cleanup failed"]
+
+
+def test_runtime_env_carries_the_hook_only_where_orchard_is_importable(monkeypatch):
+    monkeypatch.delenv("RAY_DATA_LOGGING_CONFIG", raising=False)
+    monkeypatch.delenv(ray_logging.LEVEL_ENV, raising=False)
+    local = ray_logging.quiet("warning", {"env_vars": {"A": "1"}}, "local")
+    assert local["worker_process_setup_hook"] == ray_logging.SETUP_HOOK
+    assert local["env_vars"]["A"] == "1" and local["env_vars"][ray_logging.LEVEL_ENV] == "WARNING"
+    assert local["env_vars"]["RAY_DATA_LOGGING_CONFIG"] == str(ray_logging.RAY_DATA_LOGGING)
+    assert ray_logging.RAY_DATA_LOGGING.exists()
+    shipped = ray_logging.quiet("WARNING", {}, "shipped")
+    assert shipped["env_vars"]["RAY_DATA_LOGGING_CONFIG"] == "orchard/ray_data_logging.yaml"
+    foreign = ray_logging.quiet("WARNING", {"working_dir": "/theirs"}, "foreign")
+    assert "worker_process_setup_hook" not in foreign and "RAY_DATA_LOGGING_CONFIG" not in foreign["env_vars"]
+    verbose = ray_logging.quiet("INFO", {}, "local")
+    assert "RAY_DATA_LOGGING_CONFIG" not in verbose["env_vars"]
