@@ -168,6 +168,21 @@ class RoundRunner:
         while len(self.actors) < count:
             self.actors.append(self._new_actor())
 
+    def _reset(self, k: int, shape) -> None:
+        """Empty actor k's histograms for a new batch; an actor that is still restarting after
+        a failure in the previous batch gets time to come back (or is replaced)."""
+        for _ in range(self.max_failures + 2):
+            try:
+                ray.get(self.actors[k].reset.remote(*shape))
+                return
+            except ray.exceptions.RayActorError:  # incl. ActorUnavailableError (restarting)
+                try:
+                    ray.get(self.actors[k].ping.remote(), timeout=30)
+                except Exception:
+                    ray.kill(self.actors[k], no_restart=True)
+                    self.actors[k] = self._new_actor()
+        raise RuntimeError(f"histogram actor {k} failed {self.max_failures + 2} times")
+
     def _collect(self, k, shape, sent: dict, best_args: tuple):
         """Phase 3 result of actor k, replaying `sent` {part_id: (f0, ref)} into a restarted
         or recreated actor until it has summed exactly the partials that were sent."""
@@ -181,7 +196,7 @@ class RoundRunner:
                 result = ray.get(self.actors[k].best.remote(*best_args))
                 if result["parts"] == sorted(sent):
                     return result
-            except ray.exceptions.RayActorError:
+            except ray.exceptions.RayActorError:  # incl. ActorUnavailableError (restarting)
                 try:  # restarted by Ray? otherwise replace it
                     ray.get(self.actors[k].ping.remote(), timeout=30)
                 except Exception:
@@ -218,7 +233,8 @@ class RoundRunner:
         best_args = [(col_start[node_bounds[k]:node_bounds[k + 1] + 1] - col_start[node_bounds[k]],
                       col_class[column_bounds[k]:column_bounds[k + 1]], weights, self.cfg["min_child_examples"])
                      for k in range(n_actors)]
-        ray.get([self.actors[k].reset.remote(*shapes[k]) for k in range(n_actors)])
+        for k in range(n_actors):
+            self._reset(k, shapes[k])
         column_ref = ray.put(column_of)
         sent = [dict() for _ in range(n_actors)]
         stats, in_flight = [], {}

@@ -18,6 +18,7 @@ from workloads.video.pipeline import build_dataset
 from .conftest import pipeline_config
 
 BUDGET_MB = 8
+BLOCK_MB = 2  # one 8-clip block of 128x128x5 frames (see below)
 
 
 def test_pipeline_streams_12x_its_object_store_budget_in_bounded_memory(ray_session, tiny_videos):
@@ -42,6 +43,8 @@ def test_pipeline_streams_12x_its_object_store_budget_in_bounded_memory(ray_sess
     m = operator_metrics(summaries)
     assert decoded_mb >= 10 * BUDGET_MB                      # the stream is many budgets long
     assert m["pipeline/store_limit_mb"] == BUDGET_MB         # the knob reached the executor
-    assert 0 < m["pipeline/store_mb_peak"] <= BUDGET_MB      # ... and bounded what it held
+    # ... and bounded what it held. Ray Data checks the budget before it launches a task, so
+    # one task's output block (2 MiB here) can land on top of a full budget.
+    assert 0 < m["pipeline/store_mb_peak"] <= BUDGET_MB + BLOCK_MB
     assert m["pipeline/decode_spilled_mb"] == 0 and m["pipeline/framediff_spilled_mb"] == 0
     assert m["pipeline/decode_backpressure_s"] > 0           # decoding was held back, not buffered
