@@ -43,7 +43,8 @@ def launch(train_loop: Callable[[dict], None], loop_config: dict, cfg: dict, ctx
         from orchard.strategies.ps import PSGroup
 
         group = PSGroup.create(None, strategy["num_servers"], strategy["num_workers"], strategy["mode"],
-                               loop_config.get("optimizer"), strategy.get("cpus_per_server", 0))
+                               loop_config.get("optimizer"), strategy.get("cpus_per_server", 0),
+                               bool(strategy.get("async_average", False)))
         config["ps_group"] = group
     use_gpu = strategy.get("gpus_per_worker", 0) > 0
     resources = {"CPU": strategy.get("cpus_per_worker", 1)}

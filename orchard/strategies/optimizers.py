@@ -27,10 +27,12 @@ class NumpyOptimizer:
         names = {"sgd": ("m",) if self.momentum else (), "adagrad": ("sum",), "adam": ("m", "v")}[self.name]
         return {k: np.zeros(size, np.float32) for k in names}
 
-    def update(self, p: np.ndarray, g: np.ndarray, slot: dict[str, np.ndarray], t: int) -> np.ndarray:
+    def update(self, p: np.ndarray, g: np.ndarray, slot: dict[str, np.ndarray], t: int,
+               lr_scale: float = 1.0) -> np.ndarray:
         """One step for one array (or a flat vector of many): returns the new parameters and
         updates ``slot`` (from ``slots_for``, same shape as ``p``) in place; ``t`` counts this
-        array's steps from 1 (Adam's bias correction)."""
+        array's steps from 1 (Adam's bias correction); ``lr_scale`` scales this step's rate."""
+        lr = self.lr * lr_scale
         g = g + self.wd * p if self.wd else g
         if self.name == "sgd":
             if self.momentum:
@@ -38,11 +40,11 @@ class NumpyOptimizer:
                 m *= self.momentum
                 m += g
                 g = m
-            return (p - self.lr * g).astype(np.float32, copy=False)
+            return (p - lr * g).astype(np.float32, copy=False)
         if self.name == "adagrad":
             acc = slot["sum"]
             acc += g * g
-            return (p - self.lr * g / (np.sqrt(acc) + self.eps)).astype(np.float32, copy=False)
+            return (p - lr * g / (np.sqrt(acc) + self.eps)).astype(np.float32, copy=False)
         b1, b2 = self.betas
         m, v = slot["m"], slot["v"]
         m *= b1
@@ -51,7 +53,7 @@ class NumpyOptimizer:
         v += (1 - b2) * (g * g)
         # torch's form: lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps)
         denom = np.sqrt(v) / np.sqrt(1 - b2 ** t) + self.eps
-        return (p - (self.lr / (1 - b1 ** t)) * m / denom).astype(np.float32, copy=False)
+        return (p - (lr / (1 - b1 ** t)) * m / denom).astype(np.float32, copy=False)
 
     def apply(self, params: dict[str, np.ndarray], grads: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """New parameter arrays after one step; ``grads`` covers a subset of ``params``."""

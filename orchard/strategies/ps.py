@@ -70,8 +70,13 @@ class ShardLayout:
 class ParameterServer:
     """One shard: parameters, optimizer state, and the sync barrier for its slice."""
 
-    def __init__(self, num_workers: int, mode: str, optimizer: dict, sync_timeout_s: float = 600.0):
+    def __init__(self, num_workers: int, mode: str, optimizer: dict, sync_timeout_s: float = 600.0,
+                 async_average: bool = False):
         self.num_workers, self.mode, self.timeout = num_workers, mode, sync_timeout_s
+        # async_average: each push moves the parameters 1/num_workers as far (the learning rate
+        # is scaled, so it holds for scale-free rules such as Adam too): a round of pushes then
+        # moves them as far as one sync step, and the rate does not grow with the worker count.
+        self.async_lr_scale = 1.0 / num_workers if (async_average and mode == "async") else 1.0
         self.params: dict[str, np.ndarray] | None = None
         self.flat: np.ndarray | None = None          # self.params are views into it
         self.layout: ShardLayout | None = None
@@ -137,7 +142,7 @@ class ParameterServer:
         if names is None and (self.steps == self.steps[0]).all():
             # Every tensor at the same step (no sampling): one vectorized update of the shard.
             self.steps += 1
-            self.flat = self.opt.update(self.flat, grads, self.slots, int(self.steps[0]))
+            self.flat = self.opt.update(self.flat, grads, self.slots, int(self.steps[0]), self.async_lr_scale)
         else:
             new, start = self.flat.copy(), 0
             for name in names or self.layout.names:
@@ -145,7 +150,7 @@ class ParameterServer:
                 self.steps[index[name]] += 1
                 new[lo:hi] = self.opt.update(self.flat[lo:hi], grads[start:start + hi - lo],
                                              {k: v[lo:hi] for k, v in self.slots.items()},
-                                             int(self.steps[index[name]]))
+                                             int(self.steps[index[name]]), self.async_lr_scale)
                 start += hi - lo
             self.flat = new
         self.params = self.layout.unpack(self.flat)
@@ -182,12 +187,14 @@ class PSGroup:
 
     @classmethod
     def create(cls, params: dict[str, np.ndarray] | None = None, num_servers: int = 1, num_workers: int = 1,
-               mode: str = "sync", optimizer: dict | None = None, cpus_per_server: float = 0) -> "PSGroup":
+               mode: str = "sync", optimizer: dict | None = None, cpus_per_server: float = 0,
+               async_average: bool = False) -> "PSGroup":
         """Start ``num_servers`` shard actors; with ``params`` they are initialized at once."""
         if mode not in ("sync", "async"):
             raise ValueError(f"mode must be sync or async, got {mode!r}")
         optimizer = optimizer or {"name": "sgd", "lr": 0.01}
-        servers = [ParameterServer.options(num_cpus=cpus_per_server).remote(num_workers, mode, optimizer)
+        servers = [ParameterServer.options(num_cpus=cpus_per_server).remote(num_workers, mode, optimizer,
+                                                                            async_average=async_average)
                    for _ in range(num_servers)]
         group = cls(servers, num_workers, mode)
         if params is not None:

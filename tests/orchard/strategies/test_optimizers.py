@@ -82,3 +82,16 @@ def test_flat_shards_apply_the_same_rule_as_per_tensor_updates(ray_session, spec
         for n in fresh:
             np.testing.assert_allclose(fresh[n], expected[n], rtol=1e-5, atol=1e-6, err_msg=f"{n} at step {step}")
     group.shutdown()
+
+
+@pytest.mark.parametrize("average, expected", [(False, 0.5), (True, 0.25)])
+def test_async_average_scales_each_push_by_the_worker_count(ray_session, average, expected):
+    """Downpour with async_average: 2 workers' pushes each move the parameters half as far, so a
+    round of pushes moves them as far as one sync step of the averaged gradient."""
+    from orchard.strategies.ps import PSClient, PSGroup
+
+    group = PSGroup.create({"w": np.ones(3, np.float32)}, num_workers=2, mode="async",
+                           optimizer={"name": "sgd", "lr": 0.5}, async_average=average)
+    fresh = PSClient(group, 0).push_pull({"w": np.ones(3, np.float32)}, step=0)
+    np.testing.assert_allclose(fresh["w"], 1.0 - expected)
+    group.shutdown()
