@@ -213,6 +213,8 @@ def validate(cfg: dict, module) -> None:
     if cfg["strategy"]["name"] == "ps":
         require_positive(cfg, "strategy.num_servers", integer=True)
         require_choice(cfg, "strategy.mode", ("sync", "async"))
+        if "async_average" in cfg["strategy"]:
+            require(cfg, "strategy.async_average", lambda v: isinstance(v, bool), "true or false")
     require_choice(cfg, "cluster.mode", ("local", "remote"))
     if "ray_log_level" in cfg["cluster"]:
         cfg["cluster"]["ray_log_level"] = str(cfg["cluster"]["ray_log_level"]).upper()
