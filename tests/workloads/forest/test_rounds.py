@@ -1,4 +1,7 @@
 """The distributed rounds: partition-invariance, resume, actor failure, memory budget."""
+import os
+import time
+
 import numpy as np
 import pytest
 import ray
@@ -91,13 +94,28 @@ def test_resume_refuses_a_checkpoint_of_another_config(compose, tmp_path, block_
         initial_state(dict(fcfg, n_thresholds=7, resume=str(tmp_path / "c.npz")), 0)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def test_killed_histogram_actor_does_not_change_the_tree(reference, block_refs, tmp_path):
     fcfg, ref_state, _ = reference
     killed = []
 
     def kill_actor(runner, depth, batch_index):
         if depth == 2 and not killed:                 # partial histograms already sent to it
-            ray.kill(runner.actors[0], no_restart=False)
+            actor = runner.actors[0]
+            pid = ray.get(actor.__ray_call__.remote(lambda self: os.getpid()))
+            ray.kill(actor, no_restart=False)
+            # ray.kill returns before the process dies: wait, so phase 3 of THIS batch meets
+            # the failure (otherwise a late death only shows at the next batch's reset).
+            deadline = time.time() + 60
+            while time.time() < deadline and _alive(pid):
+                time.sleep(0.05)
             killed.append(runner)
 
     nodes2 = dict(fcfg, partitions={"data_units": 2, "features": 1, "nodes": 2})
