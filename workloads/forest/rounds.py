@@ -176,12 +176,16 @@ class RoundRunner:
                 ray.get(self.actors[k].reset.remote(*shape))
                 return
             except ray.exceptions.RayActorError:  # incl. ActorUnavailableError (restarting)
-                try:
-                    ray.get(self.actors[k].ping.remote(), timeout=30)
-                except Exception:
-                    ray.kill(self.actors[k], no_restart=True)
-                    self.actors[k] = self._new_actor()
+                self._revive(k)
         raise RuntimeError(f"histogram actor {k} failed {self.max_failures + 2} times")
+
+    def _revive(self, k: int) -> None:
+        """After a failed call: wait for Ray to restart actor k, or replace it."""
+        try:
+            ray.get(self.actors[k].ping.remote(), timeout=30)
+        except Exception:
+            ray.kill(self.actors[k], no_restart=True)
+            self.actors[k] = self._new_actor()
 
     def _collect(self, k, shape, sent: dict, best_args: tuple):
         """Phase 3 result of actor k, replaying `sent` {part_id: (f0, ref)} into a restarted
@@ -197,11 +201,7 @@ class RoundRunner:
                 if result["parts"] == sorted(sent):
                     return result
             except ray.exceptions.RayActorError:  # incl. ActorUnavailableError (restarting)
-                try:  # restarted by Ray? otherwise replace it
-                    ray.get(self.actors[k].ping.remote(), timeout=30)
-                except Exception:
-                    ray.kill(self.actors[k], no_restart=True)
-                    self.actors[k] = self._new_actor()
+                self._revive(k)
         raise RuntimeError(f"histogram actor {k} failed {self.max_failures + 2} times")
 
     # ---- one tree -----------------------------------------------------------------
