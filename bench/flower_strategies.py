@@ -88,7 +88,7 @@ def run_plain_ddp(world: int, setup: dict, batch: int) -> tuple[float, float]:
 
 
 def run_orchard(overrides: list[str]) -> dict:
-    from orchard.cli import execute, prepare
+    from orchard.lifecycle import execute, prepare
 
     cfg, module = prepare(overrides)
     outcome = execute(cfg, module)

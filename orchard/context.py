@@ -75,6 +75,14 @@ class RunContext:
         figure.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
         self.log_bytes(buf.getvalue(), name)
 
+    def claim_gpus(self) -> None:
+        """Called by each worker of the run: the GPUs Ray gave it are the ones sampled."""
+        import ray
+
+        ids = [int(i) for i in ray.get_gpu_ids() if str(i).isdigit()]
+        if ids:
+            self._sink.claim_gpus.remote(ray.get_runtime_context().get_node_id(), ids)
+
     # ------------------------------------------------------------------ progress
     def progress(self, step: int, total: int | None = None, desc: str = "", **rates: float) -> None:
         """Drive the live progress line on the driver: ``step`` of ``total`` with extra rates.

@@ -4,6 +4,11 @@ at a time, and a remote cluster's workers may not reach the store at all).
 
 It also keeps the latest progress report for the driver's progress line and the last value of
 every metric for the final summary.
+
+The sink outlives its own death: Ray restarts it (``max_restarts=-1``) and resends the calls
+that were in flight (``max_task_retries=-1``); the new instance reloads the last values and the
+``system/`` series from the MLflow run.  What is lost is the batch buffered since the last
+flush: at most ``flush_interval_s`` (1 s by default) of metrics, and the progress report.
 """
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ MAX_BATCH = 900  # MLflow's log_batch takes at most 1000 metrics per call
 
 # Writers run one at a time in submission order ("write"), so ``flush`` after a caller's
 # ``log_metrics`` sees them; readers ("read") answer the progress line without waiting on writes.
-@ray.remote(num_cpus=0, concurrency_groups={"write": 1, "read": 2})
+@ray.remote(num_cpus=0, concurrency_groups={"write": 1, "read": 2}, max_restarts=-1, max_task_retries=-1)
 class MetricsSink:
     """Buffers metrics and writes them to one MLflow run every ``flush_interval_s`` seconds."""
 
@@ -36,7 +41,12 @@ class MetricsSink:
         self._last: dict[str, float] = {}
         self._series: dict[str, list[float]] = {}
         self._progress: dict = {}
+        self._last_step: dict[str, int] = {}
+        self._gpus: dict[str, set[int]] = {}
+        self._watched: dict[str, list[tuple[int, float]]] = {}  # key -> every (step, value), for pollers
         self._interval = flush_interval_s
+        if self._client is not None:
+            self._reload()  # nothing yet for a new run; after a restart, what reached the store
         self._stop = threading.Event()
         self._flusher = threading.Thread(target=self._flush_loop, daemon=True)
         self._flusher.start()
@@ -50,10 +60,42 @@ class MetricsSink:
             for key, value in metrics.items():
                 value = float(value)
                 self._last[key] = value
+                self._last_step[key] = max(int(step or 0), self._last_step.get(key, 0))
                 if keep_series:
                     self._series.setdefault(key, []).append(value)
+                if key in self._watched:
+                    self._watched[key].append((int(step or 0), value))
                 if self._client is not None:
                     self._pending.append(Metric(key, value, timestamp_ms, int(step or 0)))
+
+    @ray.method(concurrency_group="write")
+    def log_final(self, metrics: dict[str, float], timestamp_ms: int) -> None:
+        """The run's closing values, at its last step (a chart must not jump back to step 0);
+        a key whose last logged value is already this one is not logged again."""
+        step = max(self._last_step.values(), default=0)
+        fresh = {k: float(v) for k, v in metrics.items() if self._last.get(k) != float(v)}
+        self.log_metrics(fresh, step, timestamp_ms)
+
+    @ray.method(concurrency_group="write")
+    def claim_gpus(self, node: str, gpu_ids: list[int]) -> None:
+        """A worker of this run holds these GPUs of ``node`` (Ray node id): only they are sampled."""
+        with self._lock:
+            self._gpus.setdefault(node, set()).update(int(i) for i in gpu_ids)
+
+    @ray.method(concurrency_group="read")
+    def claimed_gpus(self, node: str) -> list[int]:
+        with self._lock:
+            return sorted(self._gpus.get(node, ()))
+
+    def _reload(self) -> None:
+        """After a restart: the last values and the system series, from what reached the store."""
+        run = self._client.get_run(self._run_id)
+        self._last.update(run.data.metrics)
+        for key in run.data.metrics:
+            history = self._client.get_metric_history(self._run_id, key)
+            self._last_step[key] = max((m.step for m in history), default=0)
+            if key.startswith("system/"):
+                self._series[key] = [m.value for m in sorted(history, key=lambda m: (m.step, m.timestamp))]
 
     @ray.method(concurrency_group="write")
     def log_params(self, params: dict) -> None:
@@ -98,7 +140,20 @@ class MetricsSink:
         with self._lock:
             self._progress = report
 
+    @ray.method(concurrency_group="write")
+    def watch(self, key: str) -> None:
+        """Keep every ``(step, value)`` of ``key`` logged from now on, for ``logged_since``
+        (a sweep trial polls its metric, wherever the run logs it)."""
+        with self._lock:
+            self._watched.setdefault(key, [])
+
     # ------------------------------------------------------------------ readers
+    @ray.method(concurrency_group="read")
+    def logged_since(self, key: str, start: int = 0) -> list[tuple[int, float]]:
+        """The watched ``key``'s ``(step, value)`` pairs from the ``start``-th on."""
+        with self._lock:
+            return list(self._watched.get(key, ()))[start:]
+
     @ray.method(concurrency_group="read")
     def get_progress(self) -> dict:
         with self._lock:

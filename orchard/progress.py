@@ -96,7 +96,7 @@ def summary_table(title: str, metrics: dict[str, float], footer: list[str], limi
     """A plain-text table of the run's key metrics for the end of the CLI output."""
     # Per-node resource series clutter the table; their run-level summaries stay.  Results a
     # user looks for first (held-out, validation) lead; peers and bookkeeping follow.
-    keys = [k for k in metrics if not (k.count("/") > 1 and k.startswith(("system/", "gpu/")))]
+    keys = [k for k in metrics if not (k.count("/") > 1 and k.startswith("system/"))]
     keys.sort(key=lambda k: (_SPLIT_ORDER.get(k.split("/")[0], len(_SPLIT_ORDER)), k))
     rows = [(k, metrics[k]) for k in keys][:limit]
     width = max([len(k) for k, _ in rows] + [len(title), 10])

@@ -2,9 +2,12 @@
 memory through NVML (nvidia-ml-py).  The thesis reports GPU utilization as mean/std per worker
 (Table 5.3), so each series is kept and summarized at the end of the run.
 
-Series keys: ``system/<node>/cpu_pct``, ``system/<node>/mem_pct``,
-``gpu/<node>/gpu<i>/util_pct``, ``gpu/<node>/gpu<i>/mem_pct``; summaries add ``_mean`` and
-``_std`` per series plus run-level ``system/cpu_pct_mean|std`` and ``gpu/util_pct_mean|std``.
+Series keys, all under MLflow's ``system/`` prefix: ``system/<node>/cpu_pct``,
+``system/<node>/mem_pct``, ``system/<node>/gpu<i>/util_pct``, ``system/<node>/gpu<i>/mem_pct``;
+summaries add ``_mean`` and ``_std`` per series plus run-level ``system/cpu_pct_mean|std`` and
+``system/gpu_util_pct_mean|std``.  Only the GPUs that the run's workers hold are sampled
+(``RunContext.claim_gpus``, called by every Train worker): a node's other GPUs belong to
+other jobs, and NVML itself ignores CUDA_VISIBLE_DEVICES.
 """
 from __future__ import annotations
 
@@ -39,8 +42,8 @@ class NvmlReader:
         return out
 
 
-def sample_once(node: str, nvml: NvmlReader) -> dict[str, float]:
-    """One sample of this machine: ``{series_key: value}``."""
+def sample_once(node: str, nvml: NvmlReader, gpu_ids=None) -> dict[str, float]:
+    """One sample of this machine: ``{series_key: value}``; GPUs limited to ``gpu_ids`` if given."""
     import psutil
 
     sample = {
@@ -48,8 +51,10 @@ def sample_once(node: str, nvml: NvmlReader) -> dict[str, float]:
         f"system/{node}/mem_pct": psutil.virtual_memory().percent,
     }
     for i, gpu in enumerate(nvml.read()):
-        sample[f"gpu/{node}/gpu{i}/util_pct"] = gpu["util_pct"]
-        sample[f"gpu/{node}/gpu{i}/mem_pct"] = gpu["mem_pct"]
+        if gpu_ids is not None and i not in gpu_ids:
+            continue
+        sample[f"system/{node}/gpu{i}/util_pct"] = gpu["util_pct"]
+        sample[f"system/{node}/gpu{i}/mem_pct"] = gpu["mem_pct"]
     return sample
 
 
@@ -63,6 +68,7 @@ class ResourceSampler:
         psutil.cpu_percent(interval=None)  # the first reading is meaningless; prime it
         self.ctx, self.node, self.interval = ctx, node, interval_s
         self.nvml = NvmlReader(nvml)
+        self.node_id = ray.get_runtime_context().get_node_id()
         self.step = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -73,7 +79,8 @@ class ResourceSampler:
             self.sample()
 
     def sample(self) -> dict[str, float]:
-        values = sample_once(self.node, self.nvml)
+        claimed = ray.get(self.ctx._sink.claimed_gpus.remote(self.node_id)) if self.nvml.handles else []
+        values = sample_once(self.node, self.nvml, set(claimed))
         self.ctx.log_metrics(values, step=self.step, keep_series=True)
         self.step += 1
         return values
@@ -109,14 +116,15 @@ def start_samplers(ctx, interval_s: float, nvml: Any = None) -> list:
 def summarize(series: dict[str, list[float]]) -> dict[str, float]:
     """Mean and std of each series, plus run-level CPU and GPU figures across nodes/GPUs."""
     out: dict[str, float] = {}
-    pooled: dict[str, list[float]] = {"system/cpu_pct": [], "system/mem_pct": [], "gpu/util_pct": [], "gpu/mem_pct": []}
+    pooled: dict[str, list[float]] = {"system/cpu_pct": [], "system/mem_pct": [],
+                                      "system/gpu_util_pct": [], "system/gpu_mem_pct": []}
     for key, values in series.items():
         if not values:
             continue
         out[f"{key}_mean"] = statistics.fmean(values)
         out[f"{key}_std"] = statistics.pstdev(values)
-        parts = key.split("/")
-        pooled_key = f"{parts[0]}/{parts[-1]}"
+        parts = key.split("/")  # system/<node>/[gpu<i>/]<what>
+        pooled_key = f"system/gpu_{parts[-1]}" if len(parts) == 4 else f"system/{parts[-1]}"
         if pooled_key in pooled:
             pooled[pooled_key].extend(values)
     for key, values in pooled.items():

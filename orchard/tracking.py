@@ -9,10 +9,12 @@ import subprocess
 import sys
 import tempfile
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from orchard import config as config_lib
+from orchard.runs import driver_tags
 
 # Config keys that are bookkeeping rather than knobs; kept out of the run's params.
 _NOT_PARAMS = ("_choices",)
@@ -58,14 +60,84 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def _sqlite_path(uri: str) -> Path | None:
+    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+
+
+@contextmanager
+def store_lock(uri: str):
+    """Serialize the one-time steps of a sqlite store (create, migrate, create an experiment)
+    across processes: MLflow's alembic migrations race and corrupt a fresh store otherwise."""
+    path = _sqlite_path(uri)
+    if path is None:
+        yield
+        return
+    from filelock import FileLock
+
+    with FileLock(str(path) + ".lock", timeout=300):
+        yield
+
+
+def check_store(uri: str, timeout_s: float = 10.0) -> None:
+    """Fail fast with one line (``ConfigError``) if the tracking store cannot be used.
+
+    sqlite: the folder must be writable; the store is created and migrated once, under a lock.
+    http(s): an MLflow server must answer ``/health`` within ``timeout_s``."""
+    from orchard.errors import ConfigError
+
+    uri = resolve_uri(uri)
+    if uri.startswith(("http://", "https://")):
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s) as reply:
+                if reply.status != 200:
+                    raise OSError(f"HTTP {reply.status}")
+        except Exception as exc:
+            raise ConfigError("tracking.uri", f"an MLflow server that answers; none did at {uri} ({_short(exc)}); "
+                              "start one (README: team tracking) or use tracking.uri=sqlite:///mlflow.db") from None
+        return
+    path = _sqlite_path(uri)
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        probe = path.parent / f".orchard-probe-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError("tracking.uri", f"a sqlite file in a writable folder; {path.parent}: {exc.strerror}") from None
+    from mlflow.tracking import MlflowClient
+
+    import logging
+
+    # MLflow announces each creation/migration step at INFO: bookkeeping, not news for the console
+    for name in ("mlflow.store.db.utils", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    with store_lock(uri):
+        MlflowClient(uri).search_experiments(max_results=1)  # creates and migrates the store once
+
+
+def _short(exc: BaseException) -> str:
+    text = str(getattr(exc, "reason", None) or exc).splitlines()
+    return (text[0] if text else type(exc).__name__)[:160]
+
+
 def ensure_experiment(client, name: str, artifact_location: str | None) -> str:
-    exp = client.get_experiment_by_name(name)
-    if exp is not None:
-        return exp.experiment_id
-    location = None
-    if artifact_location:
-        location = artifact_location if "://" in artifact_location else Path(artifact_location).resolve().as_uri()
-    return client.create_experiment(name, artifact_location=location)
+    with store_lock(client.tracking_uri):
+        exp = client.get_experiment_by_name(name)
+        if exp is not None:
+            return exp.experiment_id
+        location = None
+        if artifact_location:
+            location = artifact_location if "://" in artifact_location else Path(artifact_location).resolve().as_uri()
+        try:
+            return client.create_experiment(name, artifact_location=location)
+        except Exception:  # created meanwhile by a process on another machine (server stores)
+            exp = client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+            return exp.experiment_id
 
 
 def open_run(cfg: dict, run_name: str, parent_run_id: str | None = None, extra_tags: dict | None = None) -> TrackedRun:
@@ -86,6 +158,7 @@ def open_run(cfg: dict, run_name: str, parent_run_id: str | None = None, extra_t
         "mlflow.source.git.commit": git_commit(),
         "mlflow.source.name": "orchard",
         **_versions(),
+        **driver_tags(),
         **(extra_tags or {}),
     }
     if parent_run_id:

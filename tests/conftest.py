@@ -83,12 +83,13 @@ def run_orchard(ray_session, tracking_uri, tracking_dir, tmp_path):
     """``run_orchard(*overrides) -> RunResult``: the CLI's path, in process, on the test store."""
     from mlflow.tracking import MlflowClient
 
-    from orchard.cli import execute, prepare
+    from orchard.lifecycle import execute, preflight, prepare
 
     def _run(*overrides: str) -> RunResult:
         cfg, module = prepare([*overrides, f"tracking.uri={tracking_uri}",
                                f"tracking.artifact_location={tracking_dir}/artifacts",
                                f"output_dir={tmp_path}/outputs"])
+        preflight(cfg)
         outcome = execute(cfg, module)
         client = MlflowClient(tracking_uri)
         run = client.get_run(outcome.run_id) if outcome.run_id else None

@@ -14,6 +14,7 @@ from typing import Callable
 
 def _wrap(train_loop: Callable[[dict], None]) -> Callable[[dict], None]:
     def loop(config: dict) -> None:
+        config["ctx"].claim_gpus()  # the run's GPU figures cover exactly the workers' GPUs
         try:
             train_loop(config)
         finally:
@@ -22,6 +23,34 @@ def _wrap(train_loop: Callable[[dict], None]) -> Callable[[dict], None]:
 
     loop.__name__ = getattr(train_loop, "__name__", "train_loop")
     return loop
+
+
+def fit_off_main_thread(trainer):
+    """``trainer.fit()`` from a helper thread while the main thread waits.
+
+    Called from the main thread, Ray Train installs a SIGINT handler of its own that is never
+    removed and answers Ctrl-C with ``SystemExit(0)``; from another thread it installs none
+    (as inside Tune), so orchard's handler (``orchard/interrupts.py``) keeps the main thread:
+    Ctrl-C or SIGTERM raise ``Interrupted`` here, and stopping Ray ends the Train run."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return trainer.fit()
+    box: dict = {}
+
+    def fit() -> None:
+        try:
+            box["result"] = trainer.fit()
+        except BaseException as exc:  # handed to the caller's thread below
+            box["error"] = exc
+
+    thread = threading.Thread(target=fit, name="orchard-train-fit", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.2)
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
 
 
 def launch(train_loop: Callable[[dict], None], loop_config: dict, cfg: dict, ctx, name: str,
@@ -70,7 +99,7 @@ def launch(train_loop: Callable[[dict], None], loop_config: dict, cfg: dict, ctx
         **({"dataset_config": dataset_config} if dataset_config is not None else {}),
     )
     try:
-        return trainer.fit()
+        return fit_off_main_thread(trainer)
     finally:
         if group is not None:
             ctx.log_metrics({f"comm/ps_{k}": v for k, v in group.stats().items()})

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from orchard import ConfigError, registry
-from orchard.cli import main, prepare
+from orchard.cli import main
+from orchard.lifecycle import prepare
 from orchard.config import compose, flatten
 
 REPO = Path(__file__).resolve().parents[2]

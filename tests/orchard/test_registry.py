@@ -7,7 +7,7 @@ from orchard import registry
 
 
 def test_outside_workload_registered_from_tests_runs_through_prepare():
-    from orchard.cli import prepare
+    from orchard.lifecycle import prepare
 
     cfg, module = prepare(["workload=tiny"])
     assert module.__name__ == "tests.tiny_workload"

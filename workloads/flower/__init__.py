@@ -52,8 +52,32 @@ def validate(cfg: dict) -> None:
         require_path(cfg, "flower.checkpoint", kind="file", allow_none=False)
         require_path(cfg, "flower.input", kind="dir", allow_none=False)
     else:
+        require(cfg, "flower.resume", lambda v: v is None or (Path(v) / "train" / "flower").is_dir(),
+                "null or the folder of a train run that checkpointed (holding train/flower/)")
         require(cfg, "flower.data_dir", lambda v: v is None or (Path(v) / "images").is_dir(),
                 "null (synthetic field) or a folder holding images/ (and points.csv or annotated/)")
+
+
+def resume(cfg: dict, previous_run_dir: str) -> None:
+    """``python -m orchard resume <run id>``: continue that run's Ray Train run where it stopped."""
+    if cfg["flower"]["mode"] != "train":
+        raise ConfigError("flower.mode", "train: only a training run has checkpoints to resume from")
+    cfg["flower"]["resume"] = str(previous_run_dir)
+    validate(cfg)
+
+
+def resources(cfg: dict):
+    """What a run holds in Ray (orchard/placement.py).  Training: the Ray Train workers, in a
+    placement group of their own; inside the run's own reservation, the tiling step's 1-CPU tasks
+    (data.prepare_tiles, one at a time there) and, for strategy=ps, servers that hold CPUs."""
+    from orchard.placement import Resources, bundles
+
+    s = cfg["strategy"]
+    if cfg["flower"]["mode"] != "train":
+        return Resources()  # predict counts on the driver
+    servers = bundles(s["num_servers"], s.get("cpus_per_server", 0)) if s["name"] == "ps" else ()
+    return Resources(in_trial=bundles(1, 1.0) + servers,
+                     outside=bundles(s["num_workers"], s.get("cpus_per_worker", 1), s.get("gpus_per_worker", 0)))
 
 
 def run(cfg: dict, ctx) -> dict[str, float]:

@@ -119,7 +119,10 @@ def run_train(cfg: dict, ctx) -> dict[str, float]:
         "fail_at_epoch": f.get("fail_at_epoch"),
     }
     train_started = time.time()
-    launch(train_loop, loop_config, cfg, ctx, name="flower")
+    # A resumed run continues the previous run's Train run (same storage path and name): Ray
+    # Train restores its latest checkpoint, and new checkpoints join it there.
+    storage = str(Path(f["resume"]) / "train") if f.get("resume") else None
+    launch(train_loop, loop_config, cfg, ctx, name="flower", storage_path=storage)
     metrics = {"time/train_wall_s": time.time() - train_started, "time/prepare_s": prepared_s}
     metrics.update(throughput_stats(sorted((run_dir / "workers").glob("rank*.json")), f["warmup_steps"]))
 

@@ -70,6 +70,28 @@ def validate(cfg: dict) -> None:
         require_positive(cfg, "forest.stop_after_rounds", integer=True)
 
 
+def resume(cfg: dict, previous_run_dir: str) -> None:
+    """``python -m orchard resume <run id>``: continue from that run's last completed round."""
+    from orchard import ConfigError
+
+    if not resolve_checkpoint(previous_run_dir).is_file():
+        raise ConfigError("forest.resume", f"a run folder holding {CHECKPOINT_NAME}; the run stopped before "
+                          f"its first round ended ({previous_run_dir})")
+    cfg["forest"]["resume"] = str(previous_run_dir)
+    cfg["forest"]["stop_after_rounds"] = None  # the deliberate crash of a test run is not carried over
+
+
+def resources(cfg: dict):
+    """What a run holds in Ray (orchard/placement.py): plain tasks and actors, all started by the
+    run itself, so all inside a sweep trial's placement group.  ``strategy.num_workers`` tasks in
+    flight, each ``strategy.cpus_per_worker`` CPUs (rendering and data-unit tasks: 1 CPU); the
+    histogram actors take no CPU."""
+    from orchard.placement import Resources, bundles
+
+    s = cfg["strategy"]
+    return Resources(in_trial=bundles(s["num_workers"], max(1.0, float(s.get("cpus_per_worker", 1)))))
+
+
 def run(cfg: dict, ctx) -> dict[str, float]:
     """Render/load data, train the forest in rounds, evaluate; see train.py."""
     from .train import train_and_evaluate

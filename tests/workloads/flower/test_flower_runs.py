@@ -22,7 +22,7 @@ def smoke_runs(ray_session, tracking_uri, tracking_dir, tmp_path_factory):
     """The three smoke runs, once for the module: {label: (Outcome, mlflow Run)}."""
     from mlflow.tracking import MlflowClient
 
-    from orchard.cli import execute, prepare
+    from orchard.lifecycle import execute, prepare
 
     out = tmp_path_factory.mktemp("flower_runs")
     client = MlflowClient(tracking_uri)

@@ -1,0 +1,96 @@
+"""Ctrl-C and SIGTERM as one exception, so every run ends with its true status and exit code.
+
+``raising()`` turns SIGINT and SIGTERM into ``Interrupted`` in the main thread while a run is
+under way; ``deferred()`` holds them back while the run is being closed (MLflow status, sink,
+Ray), so a second Ctrl-C cannot leave a run RUNNING.  Exit codes follow the shell's
+convention, 128 + the signal's number: 130 for SIGINT, 143 for SIGTERM.
+
+Libraries that install their own SIGINT handler are kept out of the way or joined in:
+Ray Train's is never installed because orchard calls ``trainer.fit()`` from a worker thread
+(``orchard/strategies/launch.py``); Ray Tune's stops the sweep gracefully and SIGTERM is passed
+on to it (``_on_signal``), so a sweep interrupted either way saves its state for resuming.
+"""
+from __future__ import annotations
+
+import signal
+import threading
+from contextlib import contextmanager
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+received: list[int] = []  # signals seen in this process, oldest first (read by sweeps)
+
+
+class Interrupted(KeyboardInterrupt):
+    """The run was stopped from outside: Ctrl-C (SIGINT) or SIGTERM."""
+
+    def __init__(self, signum: int = signal.SIGINT):
+        self.signum = int(signum)
+        super().__init__(f"interrupted by {signal.Signals(self.signum).name}")
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+def exit_code(exc: BaseException) -> int:
+    """130 for a plain KeyboardInterrupt (Python's own Ctrl-C handler), else 128 + signal."""
+    return exc.exit_code if isinstance(exc, Interrupted) else 128 + signal.SIGINT
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def _on_signal(signum, frame) -> None:
+    received.append(int(signum))
+    current_sigint = signal.getsignal(signal.SIGINT)
+    if signum == signal.SIGTERM and callable(current_sigint) and current_sigint is not _on_signal:
+        # A library's graceful-stop handler is in place (Ray Tune during a sweep): let it stop.
+        current_sigint(signal.SIGINT, frame)
+        return
+    raise Interrupted(signum)
+
+
+def install() -> None:
+    """Put orchard's handlers (back) in place, e.g. after a library replaced them."""
+    if _in_main_thread():
+        for s in SIGNALS:
+            signal.signal(s, _on_signal)
+
+
+@contextmanager
+def raising():
+    """SIGINT and SIGTERM raise ``Interrupted`` in the main thread (elsewhere: no change)."""
+    if not _in_main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, _on_signal) for s in SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+@contextmanager
+def deferred(reraise: bool = False):
+    """Hold SIGINT/SIGTERM back for the duration (closing a run must finish).
+
+    With ``reraise`` the first signal held back is raised as ``Interrupted`` on exit."""
+    if not _in_main_thread():
+        yield
+        return
+    held: list[int] = []
+
+    def hold(signum, frame):
+        received.append(int(signum))
+        held.append(int(signum))
+
+    previous = {s: signal.signal(s, hold) for s in SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if held and reraise:
+        raise Interrupted(held[0])

@@ -1,0 +1,350 @@
+"""The run lifecycle: every way a run starts (the CLI, ``--multirun``, sweeps, ``resume``) goes
+through this module, so every run ends the same way, with its true status and exit code.
+
+    [1] prepare    compose + validate the config                       nothing started yet
+    [2] preflight  output_dir writable, tracking store usable (created once under a file
+                   lock), cluster address answering                    ConfigError -> exit 2
+    [3] session    Ray started or attached; SIGINT/SIGTERM raise Interrupted; runs whose
+                   driver was lost are closed ("driver lost")
+    [4] run_one    MLflow run + heartbeat, metrics sink, resource samplers, the workload,
+                   final metrics, summary, status
+
+Endings (exit code, MLflow status):
+    0   FINISHED   the workload returned
+    1   FAILED     the workload raised; reason in tag ``orchard.error``, traceback in error.txt
+    2   (no run)   bad config, unwritable output_dir, unreachable tracking store or cluster
+    130 KILLED     Ctrl-C (SIGINT)
+    143 KILLED     SIGTERM
+A driver killed without a word (SIGKILL, OOM) leaves its run to the next start's reaper
+(``orchard/runs.py``), which closes it FAILED with "driver lost".
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import socket
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchard import config as config_lib
+from orchard import interrupts, registry
+from orchard.errors import ConfigError
+from orchard.outcome import Outcome
+
+
+# --------------------------------------------------------------------------- [1] prepare
+def prepare(overrides: list[str]):
+    """Compose + validate; raises ConfigError.  Nothing here starts Ray."""
+    cfg = config_lib.compose_with_hints(overrides)
+    cfg["_overrides"] = list(overrides)
+    name = cfg["workload"]["name"]
+    try:
+        module = registry.load(name)
+    except KeyError:
+        raise ConfigError("workload", f"one of {', '.join(registry.names())}; got {name!r}") from None
+    config_lib.validate(cfg, module)
+    if cfg.get("sweep"):
+        from orchard.sweep import validate_sweep
+
+        validate_sweep(cfg)
+    return cfg, module
+
+
+# --------------------------------------------------------------------------- [2] preflight
+def preflight(cfg: dict) -> None:
+    """Everything that can be checked before Ray starts and a run opens; raises ConfigError."""
+    _check_output_dir(cfg["output_dir"])
+    if cfg["tracking"]["enabled"]:
+        from orchard.tracking import check_store
+
+        check_store(cfg["tracking"]["uri"])
+    if cfg["cluster"]["mode"] == "remote":
+        _check_cluster_address(cfg["cluster"]["address"])
+
+
+def _check_output_dir(output_dir: str) -> None:
+    path = Path(os.path.expanduser(str(output_dir)))
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".orchard-probe-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError("output_dir", f"a folder orchard can create and write; {str(output_dir)!r}: "
+                          f"{exc.strerror or exc}") from None
+
+
+def _check_cluster_address(address: str, timeout_s: float = 5.0) -> None:
+    """A Ray cluster must answer at ``address`` (host:port, ray://host:port) or be found (auto)."""
+    if address in (None, "auto"):
+        if os.environ.get("RAY_ADDRESS") or Path("/tmp/ray/ray_current_cluster").exists():
+            return
+        raise ConfigError("cluster.address", "auto needs a Ray cluster on this machine (ray start --head) "
+                          "or RAY_ADDRESS; none found. Give host:6379 or ray://host:10001")
+    hostport = str(address).split("://", 1)[-1].rstrip("/")
+    host, _, port = hostport.rpartition(":")
+    try:
+        with socket.create_connection((host or hostport, int(port or 6379)), timeout=timeout_s):
+            pass
+    except (OSError, ValueError) as exc:
+        raise ConfigError("cluster.address", f"a Ray cluster that answers; none did at {address} "
+                          f"({getattr(exc, 'strerror', None) or exc})") from None
+
+
+# --------------------------------------------------------------------------- [3] session
+@contextmanager
+def ray_session(cfg: dict):
+    """Ray started (embedded) or attached for the duration; stopped only if started here."""
+    from orchard import cluster
+
+    started = cluster.connect(cfg["cluster"])
+    try:
+        yield
+    finally:
+        if started:
+            with interrupts.deferred():
+                cluster.shutdown()
+
+
+def reap_lost_runs(cfg: dict) -> None:
+    """Close the runs of this store whose driver died without a word (see orchard/runs.py)."""
+    if not cfg["tracking"]["enabled"]:
+        return
+    from mlflow.tracking import MlflowClient
+
+    from orchard import runs
+    from orchard.tracking import resolve_uri
+
+    try:
+        closed = runs.reap(MlflowClient(resolve_uri(cfg["tracking"]["uri"])))
+    except Exception as exc:  # the store answered the preflight; a failed sweep of old runs is no reason to stop
+        print(f"orchard: could not check for lost runs: {str(exc).splitlines()[0][:200]}", file=sys.stderr)
+        return
+    if closed:
+        print(f"orchard: closed {len(closed)} run(s) whose driver was lost (FAILED): {', '.join(closed)}", file=sys.stderr)
+
+
+def main(cfg: dict, module, print_cfg: bool = False) -> int:
+    """The whole lifecycle for one composed config (single run or sweep); returns the exit code."""
+    try:
+        preflight(cfg)
+    except ConfigError as err:
+        print(f"orchard: bad config: {err}", file=sys.stderr)
+        return 2
+    return execute(cfg, module).exit_code
+
+
+def execute(cfg: dict, module=None) -> Outcome:
+    """Run a validated config end to end (or its sweep) and return the outcome."""
+    module = module or registry.load(cfg["workload"]["name"])
+    try:
+        with interrupts.raising():
+            # again once Ray is up: ray.init installs a SIGTERM handler of its own (sys.exit)
+            with ray_session(cfg), interrupts.raising():
+                reap_lost_runs(cfg)
+                if cfg.get("sweep"):
+                    from orchard.sweep import run_sweep
+
+                    return run_sweep(cfg, module, run_one)
+                return run_one(cfg, module)
+    except KeyboardInterrupt as exc:  # before the run opened, or while Ray stopped
+        print(f"orchard: {exc or 'interrupted'}", file=sys.stderr)
+        return Outcome(interrupts.exit_code(exc), None, {}, str(exc) or "interrupted")
+
+
+# --------------------------------------------------------------------------- [4] run_one
+def default_run_name(cfg: dict) -> str:
+    return cfg.get("run_name") or f"{cfg['workload']['name']}-{cfg['strategy']['name']}-{time.strftime('%y%m%d-%H%M%S')}"
+
+
+def run_one(cfg: dict, module, parent_run_id: str | None = None, on_metrics=None, quiet: bool = False) -> Outcome:
+    """One tracked run of ``module.run(cfg, ctx)`` on a running Ray session."""
+    from orchard import tracking
+
+    t_start = time.time()
+    name = default_run_name(cfg)
+    tcfg = cfg["tracking"]
+    tracked, heartbeat = None, None
+    # Opening is atomic for signals: a run either does not exist or is closed with its status.
+    with interrupts.deferred(reraise=True):
+        if tcfg["enabled"]:
+            extra = {"orchard.overrides": json.dumps(cfg.get("_overrides", []))}
+            if cfg.get("_resumes"):
+                extra["orchard.resumes"] = cfg["_resumes"]
+            tracked = tracking.open_run(cfg, name, parent_run_id, extra_tags=extra)
+            from orchard.runs import Heartbeat
+
+            heartbeat = Heartbeat(tracked.client(), tracked.run_id)
+    run_id = tracked.run_id if tracked else None
+    status, error, metrics, exit_code = "FINISHED", None, {}, 0
+    run_dir = Path(cfg["output_dir"]).resolve() / cfg["workload"]["name"] / (run_id or name)
+    live = None
+    try:
+        live = _start_run_services(cfg, tracked, run_id, run_dir, on_metrics)
+        if tracked:
+            live.ctx.set_tags({"orchard.run_dir": str(run_dir)})
+        metrics = _run_workload(cfg, module, live, quiet)
+    except KeyboardInterrupt as exc:
+        status, error, exit_code = "KILLED", exc, interrupts.exit_code(exc)
+    except Exception as exc:  # the run is marked FAILED with the reason; the CLI exits 1
+        status, error, exit_code = "FAILED", exc, 1
+    with interrupts.deferred():
+        summary = _close(live, tracked, heartbeat, status, error, metrics, t_start)
+    metrics = {**summary, **metrics, "time/total_s": time.time() - t_start}
+    if isinstance(error, KeyboardInterrupt):
+        print(f"orchard: {error}; run {run_id or name} marked KILLED", file=sys.stderr)
+    elif error is not None:
+        print(f"orchard: {cfg['workload']['name']} failed: {type(error).__name__}: {error}", file=sys.stderr)
+        if tracked:
+            print(f"orchard: run {run_id} marked FAILED; traceback in its artifact error.txt", file=sys.stderr)
+    if not quiet:
+        _print_summary(cfg, module, name, tracked, status, run_dir, metrics)
+    return Outcome(exit_code, run_id, metrics, None if error is None else f"{type(error).__name__}: {error}")
+
+
+@dataclass
+class _Live:
+    """What a run has started besides the MLflow run: closed in reverse by ``_close``."""
+    ctx: object
+    sink: object
+    samplers: list
+
+
+def _start_run_services(cfg: dict, tracked, run_id: str | None, run_dir: Path, on_metrics) -> _Live:
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from orchard import resources
+    from orchard.context import RunContext
+    from orchard.metrics_sink import MetricsSink
+
+    tcfg = cfg["tracking"]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    uri = tracked.tracking_uri if tracked else None
+    # The sink lives on the driver's node: a sqlite store is a file only this machine sees.
+    here = ray.get_runtime_context().get_node_id()
+    sink = MetricsSink.options(scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote(
+        uri, run_id, tcfg.get("flush_interval_s", 1.0))
+    ctx = RunContext(sink, run_id, str(run_dir), cfg["workload"]["name"], cfg["strategy"]["name"], uri)
+    ctx._on_metrics = on_metrics
+    live = _Live(ctx, sink, [])
+    if tcfg.get("system_metrics"):
+        live.samplers = resources.start_samplers(ctx, tcfg["sample_interval_s"])
+    return live
+
+
+def _run_workload(cfg: dict, module, live: _Live, quiet: bool) -> dict:
+    from orchard.progress import ProgressLine
+
+    plain = {k: v for k, v in cfg.items() if not k.startswith("_")}
+    label = f"{cfg['workload']['name']}/{cfg['strategy']['name']}"
+    with ProgressLine(live.sink, label, "never" if quiet else cfg.get("progress", "auto")):
+        return dict(module.run(plain, live.ctx) or {})
+
+
+def _close(live: _Live | None, tracked, heartbeat, status: str, error, metrics: dict, t_start: float) -> dict:
+    """Stop samplers, log the final metrics at the run's last step, flush, end the MLflow run.
+
+    Each step is guarded: whatever fails here, the run still ends with its true status."""
+    import ray
+
+    from orchard import resources, tracking
+
+    summary: dict = {}
+    if live is not None:
+        try:
+            resources.stop_samplers(live.samplers)
+        except Exception as exc:
+            print(f"orchard: resource samplers did not stop cleanly: {exc}", file=sys.stderr)
+        try:
+            series = ray.get(live.sink.series.remote("system/"), timeout=60)
+            summary = resources.summarize(series)
+            final = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+            ray.get(live.sink.log_final.remote({**summary, **final, "time/total_s": time.time() - t_start},
+                                               int(time.time() * 1000)), timeout=60)
+            ray.get(live.sink.close.remote(), timeout=120)
+        except Exception as exc:
+            print(f"orchard: final metrics not all recorded: {str(exc).splitlines()[0][:200]}", file=sys.stderr)
+        try:
+            ray.kill(live.sink)
+        except Exception:
+            pass
+    if heartbeat is not None:
+        heartbeat.stop()
+    if tracked:
+        try:
+            tracking.close_run(tracked, status, error)
+        except Exception as exc:  # the reaper will close it ("driver lost") once this process is gone
+            print(f"orchard: could not record the run's status {status}: {exc}", file=sys.stderr)
+    return summary
+
+
+def _print_summary(cfg: dict, module, name: str, tracked, status: str, run_dir: Path, metrics: dict) -> None:
+    from orchard import tracking
+    from orchard.progress import summary_table
+
+    label = f"{cfg['workload']['name']}/{cfg['strategy']['name']}"
+    footer = [f"status: {status}    run dir: {run_dir}"]
+    if tracked:
+        footer.append(f"MLflow run: {tracked.run_id} (experiment {tracked.experiment_id})")
+        footer.append(f"view: {tracking.ui_command(tracked.tracking_uri)}")
+        if status in ("KILLED", "FAILED") and hasattr(module, "resume"):
+            footer.append(f"resume: python -m orchard resume {tracked.run_id}" + _uri_arg(cfg))
+    print(summary_table(f"orchard {label}: {name}", {k: v for k, v in metrics.items() if isinstance(v, (int, float))}, footer))
+
+
+def _uri_arg(cfg: dict) -> str:
+    uri = cfg["tracking"]["uri"]
+    return "" if uri == "sqlite:///mlflow.db" else f" tracking.uri={uri}"
+
+
+# --------------------------------------------------------------------------- resume
+def resume(run_id: str, extra: list[str]) -> int:
+    """``python -m orchard resume <run id> [tracking.uri=...]``: continue a KILLED or FAILED run
+    from its last checkpoint, with the same config, as a new run tagged ``orchard.resumes``."""
+    uri = next((a.split("=", 1)[1] for a in extra if a.startswith("tracking.uri=")), "sqlite:///mlflow.db")
+    try:
+        cfg, module = _resume_config(run_id, uri, extra)
+        preflight(cfg)
+    except ConfigError as err:
+        print(f"orchard: cannot resume: {err}", file=sys.stderr)
+        return 2
+    print(f"orchard: resuming run {run_id} as a new run", file=sys.stderr)
+    return execute(cfg, module).exit_code
+
+
+def _resume_config(run_id: str, uri: str, extra: list[str]):
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    from orchard.tracking import check_store, resolve_uri
+
+    check_store(uri)
+    client = MlflowClient(resolve_uri(uri))
+    try:
+        old = client.get_run(run_id)
+    except MlflowException:
+        raise ConfigError("run id", f"a run of the store {uri}; {run_id!r} is not one") from None
+    if old.info.status not in ("KILLED", "FAILED"):
+        raise ConfigError("run id", f"a KILLED or FAILED run; {run_id} is {old.info.status}")
+    tags = old.data.tags
+    if "orchard.overrides" in tags:
+        overrides = json.loads(tags["orchard.overrides"])
+    else:  # runs from before the overrides tag: the recorded command
+        overrides = shlex.split(tags.get("orchard.command", ""))[3:]
+    overrides = [o for o in overrides if not o.startswith("tracking.uri=")] + [f"tracking.uri={uri}"]
+    overrides += [o for o in extra if not o.startswith("tracking.uri=")]
+    cfg, module = prepare(overrides)
+    resume_fn = getattr(module, "resume", None)
+    previous_dir = tags.get("orchard.run_dir")
+    if resume_fn is None:
+        raise ConfigError("workload", f"{cfg['workload']['name']} keeps no checkpoints to resume from; start it again")
+    if not previous_dir or not Path(previous_dir).is_dir():
+        raise ConfigError("run id", f"a run whose folder still exists; {previous_dir!r} is gone")
+    resume_fn(cfg, previous_dir)  # the workload points its config at the previous run's checkpoint
+    cfg["_resumes"] = run_id
+    return cfg, module

@@ -1,0 +1,243 @@
+"""The run lifecycle as a user meets it: real orchard processes on real workloads at
+``debug=smoke``, stopped by Ctrl-C, SIGTERM and SIGKILL at awkward moments, started four at a
+time on one fresh store, pointed at a real ``mlflow server``, and resumed.
+
+Every process here is a separate ``python -m orchard`` with its own embedded Ray, as on a
+user's machine; the store is read back with MlflowClient.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def orchard(*args: str) -> list[str]:
+    return [sys.executable, "-m", "orchard", *args]
+
+
+def env() -> dict:
+    return {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+
+
+def runs(uri: str) -> list:
+    from mlflow.entities import ViewType
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    exps = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ALL)]
+    return client.search_runs(exps, order_by=["attributes.start_time DESC"]) if exps else []
+
+
+class Orchard:
+    """A ``python -m orchard`` process whose output is read line by line as it comes."""
+
+    def __init__(self, *args: str, cwd: Path):
+        self.proc = subprocess.Popen(orchard(*args), cwd=cwd, env=env(), stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    def wait_for(self, needle: str, timeout_s: float = 300) -> None:
+        """Block until a line containing ``needle`` was printed (progress=always prints every update)."""
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            if any(needle in line for line in self.lines):
+                return
+            if self.proc.poll() is not None:
+                time.sleep(0.5)
+                break
+            time.sleep(0.2)
+        raise AssertionError(f"no line with {needle!r} within {timeout_s}s; output:\n{self.output()[-3000:]}")
+
+    def stop(self, sig: int, timeout_s: float = 120) -> int:
+        self.proc.send_signal(sig)  # to orchard only, as `kill` or a job scheduler would
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        finally:
+            self._reader.join(timeout=5)
+
+    def wait(self, timeout_s: float = 600) -> int:
+        rc = self.proc.wait(timeout=timeout_s)
+        self._reader.join(timeout=5)
+        return rc
+
+    def output(self) -> str:
+        return "".join(self.lines)
+
+
+def common(tmp_path: Path, uri: str) -> list[str]:
+    return [f"tracking.uri={uri}", f"output_dir={tmp_path}/out", "debug=smoke", "progress=always"]
+
+
+# --------------------------------------------------------------------------- Ctrl-C and SIGTERM
+@pytest.mark.parametrize("args, sig, needle", [
+    # mid-epoch of a Ray Train run (the progress line is drawn from the workers' step reports)
+    (["workload=flower", "strategy=ring", "flower.epochs=50"], signal.SIGINT, "epoch"),
+    (["workload=flower", "strategy=ps", "flower.epochs=50"], signal.SIGTERM, "epoch"),
+    # video: mid-training of a stream, inside its Ray Data + Train pipeline
+    (["workload=video", "video.epochs=30"], signal.SIGINT, "epoch 1"),
+    # forest: mid-round of Ray tasks and histogram actors
+    (["workload=forest", "forest.num_trees=6"], signal.SIGTERM, "depth"),
+], ids=["flower-ring-SIGINT", "flower-ps-SIGTERM", "video-SIGINT", "forest-SIGTERM"])
+def test_interrupt_ends_the_run_killed_with_the_shell_exit_code(tmp_path, args, sig, needle):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    run = Orchard(*args, *common(tmp_path, uri), cwd=tmp_path)
+    run.wait_for(needle)
+    rc = run.stop(sig)
+    assert rc == 128 + sig, run.output()[-3000:]
+    (latest,) = runs(uri)
+    assert latest.info.status == "KILLED"
+    assert signal.Signals(sig).name in latest.data.tags.get("orchard.error", "")
+    # orchard's own process ended cleanly (lines from Ray's actors start with "(Name pid=...)")
+    assert not [line for line in run.lines if "Traceback" in line and "pid=" not in line]
+
+
+def test_interrupt_while_ray_starts_leaves_no_open_run(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    run = Orchard("workload=singa", "singa.arch=local", *common(tmp_path, uri), cwd=tmp_path)
+    time.sleep(4)  # composing is done; Ray is starting or the run is opening
+    rc = run.stop(signal.SIGTERM)
+    assert rc == 143, run.output()[-2000:]
+    assert all(r.info.status != "RUNNING" for r in runs(uri))
+
+
+# --------------------------------------------------------------------------- SIGKILL, then reap
+def test_sigkilled_driver_is_closed_by_runs_reap_and_then_resumed(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    run = Orchard("workload=flower", "strategy=ring", "flower.epochs=8", *common(tmp_path, uri), cwd=tmp_path)
+    run.wait_for("epoch 2")  # a checkpoint exists (checkpoint_every=1)
+    run.proc.kill()
+    run.wait(60)
+    (lost,) = runs(uri)
+    assert lost.info.status == "RUNNING"  # nothing could close it: the process had no say
+    reap = subprocess.run(orchard("runs", "reap", f"tracking.uri={uri}"), cwd=tmp_path, env=env(),
+                          capture_output=True, text=True, timeout=120)
+    assert reap.returncode == 0 and lost.info.run_id in reap.stdout, reap.stdout + reap.stderr
+    (closed,) = runs(uri)
+    assert closed.info.status == "FAILED" and "driver lost" in closed.data.tags["orchard.error"]
+
+    # resume: a new run, tagged with the one it continues, picks up at the checkpoint
+    resumed = subprocess.run(orchard("resume", lost.info.run_id, f"tracking.uri={uri}"), cwd=tmp_path, env=env(),
+                             capture_output=True, text=True, timeout=900)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    new = runs(uri)[0]
+    assert new.info.status == "FINISHED" and new.data.tags["orchard.resumes"] == lost.info.run_id
+    assert new.data.metrics["train/resumed_from_epoch"] >= 1
+
+
+def test_forest_resume_after_a_crash_continues_from_the_last_round(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    crashed = subprocess.run(orchard("workload=forest", "forest.stop_after_rounds=2", *common(tmp_path, uri)),
+                             cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=600)
+    assert crashed.returncode == 1, crashed.stdout[-2000:] + crashed.stderr[-2000:]
+    (failed,) = runs(uri)
+    assert failed.info.status == "FAILED"
+    assert f"resume {failed.info.run_id}" in crashed.stdout  # the summary says how to go on
+    resumed = subprocess.run(orchard("resume", failed.info.run_id, f"tracking.uri={uri}"), cwd=tmp_path, env=env(),
+                             capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    new = runs(uri)[0]
+    assert new.info.status == "FINISHED" and new.data.tags["orchard.resumes"] == failed.info.run_id
+    assert new.data.params["forest.resume"] != "None"
+    again = subprocess.run(orchard("resume", new.info.run_id, f"tracking.uri={uri}"), cwd=tmp_path, env=env(),
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2 and "KILLED or FAILED" in again.stderr
+
+
+# --------------------------------------------------------------------------- fast, clear refusals
+@pytest.mark.parametrize("override, key", [
+    ("output_dir=/proc/orchard-cannot-write-here", "output_dir"),
+    ("tracking.uri=http://127.0.0.1:9", "tracking.uri"),
+    ("cluster=remote", "cluster.address"),
+])
+def test_unusable_output_dir_store_or_cluster_is_one_line_and_exit_2(tmp_path, override, key):
+    extra = ["cluster.address=127.0.0.1:9"] if override == "cluster=remote" else []
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    args = ["workload=singa", "debug=smoke", f"tracking.uri={uri}", f"output_dir={tmp_path}/out", override, *extra]
+    started = time.time()
+    done = subprocess.run(orchard(*args), cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert time.time() - started < 30
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and key in lines[0], done.stderr
+    if override.startswith("tracking"):
+        return
+    assert all(r.info.status != "RUNNING" for r in runs(uri))
+
+
+# --------------------------------------------------------------------------- concurrency
+def test_four_runs_started_together_on_one_fresh_store_all_finish(tmp_path):
+    uri = f"sqlite:///{tmp_path}/fresh.db"
+    procs = [subprocess.Popen(orchard("workload=singa", "singa.arch=local", "debug=smoke", f"tracking.uri={uri}",
+                                      f"output_dir={tmp_path}/o{i}"), cwd=tmp_path, env=env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(4)]
+    outputs = [p.communicate(timeout=900)[0] for p in procs]
+    for p, out in zip(procs, outputs):
+        assert p.returncode == 0, out[-3000:]
+    statuses = [r.info.status for r in runs(uri)]
+    assert statuses == ["FINISHED"] * 4
+
+
+# --------------------------------------------------------------------------- a team's tracking server
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    """``mlflow server`` on 127.0.0.1 with a sqlite backend and proxied artifacts, as in the README."""
+    import urllib.request
+
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+         "--backend-store-uri", f"sqlite:///{tmp_path}/server.db", "--artifacts-destination", str(tmp_path / "artifacts"),
+         "--workers", "1"],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2):
+                break
+        except OSError:
+            time.sleep(1)
+    else:
+        os.killpg(server.pid, signal.SIGKILL)
+        pytest.fail("mlflow server did not answer /health within 120 s")
+    yield url
+    os.killpg(server.pid, signal.SIGTERM)
+    server.wait(timeout=30)
+
+
+def test_a_run_against_a_real_mlflow_server_records_metrics_and_artifacts(mlflow_server, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    done = subprocess.run(orchard("workload=singa", "singa.arch=local", "debug=smoke", f"tracking.uri={mlflow_server}",
+                                  f"output_dir={tmp_path}/out"), cwd=tmp_path, env=env(), capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (run,) = runs(mlflow_server)
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics["test/accuracy"] > 0.5
+    names = [a.path for a in MlflowClient(mlflow_server).list_artifacts(run.info.run_id)]
+    assert "config.yaml" in names
