@@ -12,7 +12,6 @@ STRATEGIES = ("ring",)
 
 _CACHES = ("none", "memory", "disk")
 _SHORT_RULES = ("loop", "pad")
-_FEATURES = ("rgb", "framediff", "flow", "hog")
 _FLOW_METHODS = ("farneback", "dis_fast", "dis_medium")
 _AGGREGATIONS = ("winner", "avg", "max", "topk", "linear", "attention")
 
@@ -31,11 +30,19 @@ def validate(cfg: dict) -> None:
 
     v = cfg["video"]
     require_path(cfg, "video.root", allow_none=True)
+    require_path(cfg, "video.split_files", kind="dir", allow_none=True)
+    require(cfg, "video.split", lambda s: isinstance(s, int) and 1 <= s <= 9, "an official split number (1..3)")
+    if v["root"] is not None:
+        from .dataset import check_classes
+
+        problem = check_classes(v["root"], v.get("split_files"), int(v.get("split") or 1))
+        if problem:
+            raise ConfigError("video.root", problem)
     require_choice(cfg, "video.cache", _CACHES)
     require_choice(cfg, "video.short_rule", _SHORT_RULES)
     require_choice(cfg, "video.decoder", ("pyav",))
     for key in ("size", "stack", "epochs", "clips_per_epoch", "val_segments", "batch_size",
-                "pipeline_batch", "offset_stride", "min_workers"):
+                "pipeline_batch", "offset_stride", "min_workers", "queue_depth"):
         require_positive(cfg, f"video.{key}", integer=True)
     require(cfg, "video.size", lambda s: s % 2 == 0 and s >= 16, "an even size >= 16 pixels")
     require(cfg, "video.val_fraction", lambda f: 0 < f < 1, "a fraction between 0 and 1")
@@ -44,9 +51,11 @@ def validate(cfg: dict) -> None:
     require(cfg, "video.object_store_mb", lambda m: m is None or m > 0, "null or a positive number of MiB")
     require(cfg, "video.streams", lambda s: isinstance(s, dict) and "spatial" in s and len(s) >= 2,
             "a mapping with a spatial stream and at least one temporal stream")
+    features = _registered_extractors(v.get("extractor_modules"))
     for stream in v["streams"]:
-        require_choice(cfg, f"video.streams.{stream}", _FEATURES)
-    require(cfg, "video.streams.spatial", lambda f: f in ("rgb", "hog"), "rgb or hog (a single-frame feature)")
+        require_choice(cfg, f"video.streams.{stream}", features)
+    require(cfg, "video.streams.spatial", lambda f: _frames_needed(f, int(v["stack"])) == 1,
+            "a single-frame feature (rgb, hog, or a registered extractor whose frames_needed is 1)")
     require(cfg, "video.workers", lambda w: set(w) == set(v["streams"]) and all(int(n) >= 1 for n in w.values()),
             f"one worker count >= 1 per stream ({', '.join(v['streams'])})")
     if any(int(n) < int(v["min_workers"]) for n in v["workers"].values()):
@@ -72,6 +81,27 @@ def validate(cfg: dict) -> None:
         require(cfg, "video.synthetic.appearance_cue", lambda p: 0 <= p <= 1, "a probability in [0, 1]")
         for key in ("noise", "shake"):
             require(cfg, f"video.synthetic.{key}", lambda x: x >= 0, "a standard deviation >= 0")
+
+
+def _registered_extractors(modules) -> list[str]:
+    """The extractor table after importing ``video.extractor_modules`` (and entry points)."""
+    from orchard import ConfigError
+
+    from .extractors import available
+
+    if not isinstance(modules, (list, tuple)) or not all(isinstance(m, str) and m for m in modules):
+        raise ConfigError("video.extractor_modules", f"a list of importable module names, got {modules!r}")
+    try:
+        return available(modules)
+    except Exception as exc:  # ImportError, or an error raised by the module while registering
+        raise ConfigError("video.extractor_modules",
+                          f"importable modules that register extractors; {type(exc).__name__}: {exc}") from None
+
+
+def _frames_needed(feature: str, stack: int) -> int:
+    from .extractors import build_extractor
+
+    return build_extractor(feature, stack=stack).frames_needed(stack)
 
 
 def run(cfg: dict, ctx) -> dict[str, float]:

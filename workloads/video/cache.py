@@ -1,19 +1,26 @@
-"""The cache layer: decoded frames and features by (video, offset, count, size, extractor).
+"""The cache layer: decoded frames and features, content-addressed, bounded, shared between runs.
 
 The notes choose on-the-fly decoding over pre-extraction (3 TB of video became
-50 TB of frames and features) and put a key-value store between the levels. Here
+50 TB of frames and features) and put a key-value store between the levels. A key is
+the video's content digest (sha256 of the file, from the scan) + the segment (offset,
+count) + the frame size + the extractor and its options: a renamed or copied file
+hits, an edited one misses, and two runs over the same data share entries.
 ``video.cache`` picks the store:
 
 - ``none``: every epoch decodes and extracts again;
-- ``memory``: one Ray actor holds the arrays (bounded by ``cache_max_mb``, FIFO
-  eviction); shared by every stage actor, gone with the run;
-- ``disk``: one ``.npz`` per entry under the run folder; survives the run and is
-  shared by every process on a shared filesystem.
+- ``memory``: one Ray actor holds the arrays, LRU-evicted at ``cache_max_mb``; gone with the run;
+- ``disk``: one ``.npz`` per entry under ``video.cache_dir`` (default
+  ``<output_dir>/video/cache/features``): persistent across runs, bounded at
+  ``cache_max_mb`` with LRU eviction (a hit refreshes the entry's mtime, eviction removes
+  the oldest mtimes first), safe for concurrent runs (entries are written to a temporary
+  file and renamed; eviction holds an exclusive ``flock``; a reader that loses an entry to
+  eviction counts a miss and recomputes).
 
 Each entry keeps the seconds it took to compute, so a hit knows the time it saved.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
@@ -26,14 +33,9 @@ import numpy as np
 CACHE_KINDS = ("none", "memory", "disk")
 
 
-def cache_key(path: str, offset: int, count: int, size: int, extractor: str, options: str = "") -> str:
-    """A stable key; the file's size and mtime are part of it so an edited video misses."""
-    try:
-        st = os.stat(path)
-        stamp = f"{st.st_size}:{int(st.st_mtime)}"
-    except OSError:
-        stamp = "?"
-    raw = f"{path}|{stamp}|{offset}|{count}|{size}|{extractor}|{options}"
+def cache_key(video: str, offset: int, count: int, size: int, extractor: str, options: str = "") -> str:
+    """A stable key; ``video`` is the file's content digest (``VideoIndex.digests``)."""
+    raw = f"{video}|{offset}|{count}|{size}|{extractor}|{options}"
     return hashlib.sha1(raw.encode()).hexdigest()
 
 
@@ -49,15 +51,19 @@ def _from_bytes(data: bytes) -> tuple[np.ndarray, float]:
 
 
 class MemoryStore:
-    """The in-memory key-value store (run as one Ray actor)."""
+    """The in-memory key-value store (run as one Ray actor), least recently used out first."""
 
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
         self.entries: OrderedDict[str, tuple[np.ndarray, float]] = OrderedDict()
         self.bytes = 0
+        self.evicted = 0
 
     def get(self, key: str):
-        return self.entries.get(key)
+        found = self.entries.get(key)
+        if found is not None:
+            self.entries.move_to_end(key)
+        return found
 
     def put(self, key: str, array: np.ndarray, compute_s: float) -> None:
         if key in self.entries or array.nbytes > self.max_bytes:
@@ -65,11 +71,42 @@ class MemoryStore:
         while self.bytes + array.nbytes > self.max_bytes and self.entries:
             _, (old, _) = self.entries.popitem(last=False)
             self.bytes -= old.nbytes
+            self.evicted += 1
         self.entries[key] = (array, compute_s)
         self.bytes += array.nbytes
 
     def size_bytes(self) -> int:
         return self.bytes
+
+
+def evict_lru(directory: str | os.PathLike, max_bytes: int, keep_fraction: float = 0.9) -> tuple[int, int]:
+    """Delete the least recently used entries until the folder holds <= ``keep_fraction x max_bytes``.
+
+    Runs under an exclusive lock on ``<directory>/.lock`` (one evictor at a time across
+    processes). Returns ``(bytes held after, entries removed)``.
+    """
+    import fcntl
+
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        entries = []
+        for f in folder.glob("*/*.npz"):
+            with contextlib.suppress(OSError):
+                st = f.stat()
+                entries.append((st.st_mtime_ns, st.st_size, f))
+        total = sum(e[1] for e in entries)
+        removed = 0
+        if total > max_bytes:
+            for _, size, f in sorted(entries, key=lambda e: e[0]):
+                if total <= keep_fraction * max_bytes:
+                    break
+                with contextlib.suppress(OSError):
+                    f.unlink()
+                    total -= size
+                    removed += 1
+        return total, removed
 
 
 class FeatureCache:
@@ -78,14 +115,15 @@ class FeatureCache:
     Picklable: holds a path or an actor handle, so it travels into Ray Data actors.
     """
 
-    def __init__(self, kind: str, directory: str | None = None, store=None):
+    def __init__(self, kind: str, directory: str | None = None, store=None, max_bytes: int = 2**30):
         if kind not in CACHE_KINDS:
             raise ValueError(f"cache must be one of {CACHE_KINDS}")
-        self.kind, self.directory, self.store = kind, directory, store
+        self.kind, self.directory, self.store, self.max_bytes = kind, directory, store, int(max_bytes)
+        self._held: int | None = None    # this process's estimate of the disk cache's bytes
         self.reset_counters()
 
     def reset_counters(self) -> None:
-        self.hits = self.misses = 0
+        self.hits = self.misses = self.evicted = 0
         self.saved_s = 0.0
         self.bytes_written = 0
 
@@ -107,11 +145,11 @@ class FeatureCache:
             found = ray.get(self.store.get.remote(key))
         else:
             f = self._file(key)
-            if f.exists():
-                try:
-                    found = _from_bytes(f.read_bytes())
-                except (OSError, ValueError):  # a torn write from a killed worker: recompute
-                    found = None
+            try:
+                found = _from_bytes(f.read_bytes())
+                os.utime(f)           # recently used: last in line for eviction
+            except (OSError, ValueError):  # absent, evicted meanwhile, or a torn write: recompute
+                found = None
         if found is None:
             self.misses += 1
             return None
@@ -127,11 +165,19 @@ class FeatureCache:
         if self.kind == "memory":
             self.store.put.remote(key, array, compute_s)
         else:
+            data = _to_bytes(array, compute_s)
+            if len(data) > self.max_bytes:
+                return
+            if self._held is None or self._held + len(data) > self.max_bytes:
+                # at start and whenever this process's estimate says full: the truth, under the lock
+                self._held, removed = evict_lru(self.directory, self.max_bytes - len(data))
+                self.evicted += removed
             f = self._file(key)
             f.parent.mkdir(parents=True, exist_ok=True)
             tmp = f.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_bytes(_to_bytes(array, compute_s))
+            tmp.write_bytes(data)
             tmp.replace(f)  # atomic: readers never see half an entry
+            self._held += len(data)
         self.bytes_written += array.nbytes
 
     def total_bytes(self) -> int:
@@ -140,16 +186,20 @@ class FeatureCache:
             import ray
             return int(ray.get(self.store.size_bytes.remote()))
         if self.kind == "disk" and self.directory and Path(self.directory).exists():
-            return sum(f.stat().st_size for f in Path(self.directory).rglob("*.npz"))
+            return sum(f.stat().st_size for f in Path(self.directory).glob("*/*.npz"))
         return 0
 
 
-def make_cache(kind: str, run_dir: str | os.PathLike, max_mb: float) -> FeatureCache:
-    """Build the run's cache (starts the memory store actor when ``kind == "memory"``)."""
+def make_cache(kind: str, directory: str | os.PathLike, max_mb: float) -> FeatureCache:
+    """Build the run's cache (starts the memory store actor when ``kind == "memory"``).
+
+    ``directory`` is the disk cache's folder (``video.cache_dir``/features), unused otherwise.
+    """
+    max_bytes = int(max_mb * 2**20)
     if kind == "memory":
         import ray
-        store = ray.remote(num_cpus=0)(MemoryStore).remote(int(max_mb * 2**20))
-        return FeatureCache("memory", store=store)
+        store = ray.remote(num_cpus=0)(MemoryStore).remote(max_bytes)
+        return FeatureCache("memory", store=store, max_bytes=max_bytes)
     if kind == "disk":
-        return FeatureCache("disk", directory=str(Path(run_dir) / "feature_cache"))
+        return FeatureCache("disk", directory=str(directory), max_bytes=max_bytes)
     return FeatureCache("none")

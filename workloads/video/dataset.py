@@ -1,21 +1,36 @@
-"""Find the videos of a dataset, probe each one, and set the bad ones aside (counted, named).
+"""Find the videos of a dataset, index each one's frames, and set the bad files aside (counted by kind).
 
-Two layouts: a folder with one sub-folder per class (UCF101), or a manifest CSV
-with columns ``path,label`` and optionally ``split`` (train|val); relative paths
-are relative to the CSV. Every regular, non-hidden file in a class folder is a
-candidate: a text file or a broken video is not silently ignored but probed,
-rejected and reported, because a user wants to know their data has holes.
+Layouts, read as they are:
+
+- a folder with one sub-folder per class (UCF101's ``UCF-101/<class>/*.avi``);
+- a manifest CSV with columns ``path,label`` and optionally ``split`` (train|val); relative
+  paths are relative to the CSV;
+- UCF101 split files (``classInd.txt``, ``trainlist0N.txt``, ``testlist0N.txt``) or HMDB51's
+  (``<class>_test_splitN.txt``, tags 1 = train, 2 = test, 0 = unused), in ``video.split_files``
+  or found next to the videos; the test list is the validation set.
+
+Every regular, non-hidden file a layout names is a candidate: a JPEG, an audio file or a
+broken video is not silently ignored but probed, rejected and counted by kind
+(``decoder.SKIP_KINDS``), because a user wants to know their data has holes.
+
+The frame index of a video (the pts of every frame) and its content digest are read once
+and kept under ``<cache_dir>/index``: a second run over the same files decodes nothing to
+scan them.
 """
 from __future__ import annotations
 
 import csv
+import hashlib
+import json
 import os
+import re
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from .decoder import BadVideo, build_decoder
+from .decoder import BadVideo, build_decoder, looks_like_video
 
 
 @dataclass
@@ -27,57 +42,230 @@ class VideoIndex:
     labels: list[int]
     lengths: list[int]            # decodable frames per video
     splits: list[str]             # "train" or "val"
-    skipped: dict[str, str] = field(default_factory=dict)   # path -> reason
+    skipped: dict[str, str] = field(default_factory=dict)        # path -> reason
     video_bytes: int = 0          # bytes of the usable video files
+    pts: list = field(default_factory=list)                      # per video: int64 (T,) frame index
+    digests: list[str] = field(default_factory=list)             # per video: sha256 of the file
+    skipped_kinds: dict[str, str] = field(default_factory=dict)  # path -> decoder.SKIP_KINDS entry
+    layout: str = "folders"       # folders | manifest | ucf101 | hmdb51
+    index_reused: int = 0         # frame indices read from the index store (not decoded again)
 
     def subset(self, split: str) -> list[int]:
         """Indices of the videos in ``split``."""
         return [i for i, s in enumerate(self.splits) if s == split]
 
-    def to_dict(self) -> dict:
-        return dict(self.__dict__)
-
-    @staticmethod
-    def from_dict(d: dict) -> "VideoIndex":
-        return VideoIndex(**d)
+    def skipped_counts(self) -> dict[str, int]:
+        """Skipped files per kind (``decoder.SKIP_KINDS``)."""
+        return dict(Counter(self.skipped_kinds.values()))
 
 
-def _scan_folder(root: Path) -> list[tuple[str, str, str | None]]:
-    rows = []
+@dataclass
+class Layout:
+    rows: list[tuple[str, str, str | None]]   # (path, class name, split or None)
+    classes: list[str]                        # every class the layout declares
+    kind: str
+
+
+# --------------------------------------------------------------------------- layouts
+def _scan_folder(root: Path) -> Layout:
+    rows, classes = [], []
     for class_dir in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        classes.append(class_dir.name)
         for f in sorted(class_dir.iterdir()):
             if f.is_file() and not f.name.startswith("."):
                 rows.append((str(f), class_dir.name, None))
-    return rows
+    return Layout(rows, classes, "folders")
 
 
-def _scan_manifest(csv_path: Path) -> list[tuple[str, str, str | None]]:
+def _scan_manifest(csv_path: Path) -> Layout:
     rows = []
     with open(csv_path, newline="") as fh:
-        for rec in csv.DictReader(fh):
+        reader = csv.DictReader(fh)
+        if not {"path", "label"} <= set(reader.fieldnames or ()):
+            raise LayoutError(f"{csv_path}: a manifest needs the columns path,label[,split]; "
+                              f"found {','.join(reader.fieldnames or ())}")
+        for rec in reader:
             p = Path(rec["path"])
             p = p if p.is_absolute() else csv_path.parent / p
-            rows.append((str(p), rec["label"], rec.get("split") or None))
-    return rows
+            split = (rec.get("split") or "").strip().lower() or None
+            rows.append((str(p), rec["label"], {"test": "val"}.get(split, split)))
+    return Layout(rows, sorted({r[1] for r in rows}), "manifest")
 
 
-def _probe_chunk(paths: list[str], decoder: str) -> list[tuple[int, str]]:
-    """(frames, "") for a good video, (0, reason) for a bad file."""
-    dec = build_decoder(decoder)
-    out = []
-    for p in paths:
+class LayoutError(ValueError):
+    """The dataset's layout cannot be read (the config check turns it into one line)."""
+
+
+def find_split_files(root: Path, split_files: str | None, split: int) -> tuple[str, Path] | None:
+    """``("ucf101" | "hmdb51", folder)`` of the split files, or None for a plain layout."""
+    candidates = [Path(split_files)] if split_files else \
+        [root, root / "ucfTrainTestlist", root / "testTrainMulti_7030_splits", root.parent / "ucfTrainTestlist"]
+    for folder in candidates:
+        if (folder / "classInd.txt").is_file():
+            return "ucf101", folder
+        if folder.is_dir() and any(folder.glob(f"*_test_split{split}.txt")):
+            return "hmdb51", folder
+    if split_files:
+        raise LayoutError(f"{split_files}: neither classInd.txt (UCF101) nor *_test_split{split}.txt (HMDB51)")
+    return None
+
+
+def _video_path(root: Path, rel: str) -> str:
+    for base in (root, root / "UCF-101", root / "hmdb51", root / "videos"):
+        if (base / rel).exists():
+            return str(base / rel)
+    return str(root / rel)
+
+
+def _scan_ucf101(root: Path, folder: Path, split: int) -> Layout:
+    classes = {}
+    for line in (folder / "classInd.txt").read_text().splitlines():
+        if line.strip():
+            number, name = line.split(maxsplit=1)
+            classes[int(number)] = name.strip()
+    rows = []
+    for list_name, split_name in ((f"trainlist{split:02d}.txt", "train"), (f"testlist{split:02d}.txt", "val")):
+        list_file = folder / list_name
+        if not list_file.is_file():
+            raise LayoutError(f"{folder}: no {list_name} next to classInd.txt")
+        for line in list_file.read_text().splitlines():
+            parts = line.split()
+            if not parts:
+                continue
+            rel = parts[0].replace("\\", "/")
+            name = classes[int(parts[1])] if len(parts) > 1 else rel.split("/")[0]
+            rows.append((_video_path(root, rel), name, split_name))
+    return Layout(rows, [classes[k] for k in sorted(classes)], "ucf101")
+
+
+def _scan_hmdb51(root: Path, folder: Path, split: int) -> Layout:
+    rows, classes = [], []
+    for list_file in sorted(folder.glob(f"*_test_split{split}.txt")):
+        name = re.sub(rf"_test_split{split}\.txt$", "", list_file.name)
+        classes.append(name)
+        for line in list_file.read_text().splitlines():
+            parts = line.split()
+            if len(parts) >= 2 and parts[1] in ("1", "2"):
+                rows.append((_video_path(root, f"{name}/{parts[0]}"), name, "train" if parts[1] == "1" else "val"))
+    return Layout(rows, classes, "hmdb51")
+
+
+def read_layout(root: str, split_files: str | None = None, split: int = 1) -> Layout:
+    """The candidate files of a dataset and the classes its layout declares (no decoding)."""
+    root_path = Path(os.path.expanduser(str(root)))
+    if root_path.suffix.lower() == ".csv":
+        return _scan_manifest(root_path)
+    found = find_split_files(root_path, split_files, split)
+    if found is None:
+        return _scan_folder(root_path)
+    kind, folder = found
+    return (_scan_ucf101 if kind == "ucf101" else _scan_hmdb51)(root_path, folder, split)
+
+
+def check_classes(root: str, split_files: str | None = None, split: int = 1) -> str:
+    """``""`` when the dataset has two or more classes, each with a plausible video; else why not.
+
+    Header checks only (``decoder.looks_like_video``, one file per class at best), so that
+    the config check can run it before Ray starts; ``scan`` decodes everything later.
+    """
+    try:
+        layout = read_layout(root, split_files, split)
+    except (LayoutError, OSError, KeyError, ValueError) as exc:
+        return f"a readable dataset layout; {exc}"
+    by_class = defaultdict(list)
+    for path, name, _ in layout.rows:
+        by_class[name].append(path)
+    return classes_problem(layout.classes, lambda c: any(looks_like_video(p) == "" for p in by_class[c]), root)
+
+
+def classes_problem(classes: list[str], usable, root: str) -> str:
+    """The one-line complaint about a dataset's classes, or ``""``."""
+    if len(classes) < 2:
+        found = f"1 class ({classes[0]})" if classes else "no class"
+        return f"at least 2 classes with usable videos to classify; found {found} in {root}"
+    empty = [c for c in classes if not usable(c)]
+    if empty:
+        return (f"a usable video in every class; none in {len(empty)} class(es): {', '.join(empty[:5])}"
+                f"{' ...' if len(empty) > 5 else ''} ({root})")
+    return ""
+
+
+# --------------------------------------------------------------------------- the frame index store
+def file_digest(path: str, chunk: int = 1 << 20) -> str:
+    """sha256 of the file's bytes: the content address of its cache entries."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+class IndexStore:
+    """Per-file probe results on disk (``{kind, reason, digest, pts}``), keyed by path, size, mtime.
+
+    One small JSON per file, written atomically: concurrent runs may both write one, never
+    half of one. An edited file (new size or mtime) misses and is probed again.
+    """
+
+    def __init__(self, directory: str | os.PathLike | None):
+        self.directory = Path(directory) if directory else None
+
+    def _file(self, path: str) -> Path | None:
+        if self.directory is None:
+            return None
         try:
-            if not os.path.isfile(p):
-                raise BadVideo("missing file")
-            if os.path.getsize(p) == 0:
-                raise BadVideo("zero-byte file")
-            out.append((dec.probe(p), ""))
-        except BadVideo as exc:
-            out.append((0, str(exc)))
-    return out
+            st = os.stat(path)
+        except OSError:
+            return None
+        key = hashlib.sha1(f"{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()
+        return self.directory / key[:2] / f"{key}.json"
+
+    def get(self, path: str) -> dict | None:
+        f = self._file(path)
+        if f is None or not f.is_file():
+            return None
+        try:
+            return json.loads(f.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def put(self, path: str, record: dict) -> None:
+        f = self._file(path)
+        if f is None:
+            return
+        f.parent.mkdir(parents=True, exist_ok=True)
+        tmp = f.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(record))
+        tmp.replace(f)
 
 
-def probe_all(paths: list[str], decoder: str = "pyav", chunk: int = 16) -> list[tuple[int, str]]:
+def probe_file(path: str, decoder, store: IndexStore) -> tuple[dict, bool]:
+    """``({kind, reason, digest, pts}, reused)`` for one file; kind ``""`` = a usable video."""
+    cached = store.get(path)
+    if cached is not None:
+        return cached, True
+    record = {"kind": "", "reason": "", "digest": "", "pts": []}
+    try:
+        if not os.path.isfile(path):
+            raise BadVideo("missing file", "missing")
+        if os.path.getsize(path) == 0:
+            raise BadVideo("zero-byte file", "empty")
+        record["pts"] = decoder.index(path).tolist()
+        record["digest"] = file_digest(path)
+    except BadVideo as exc:
+        record.update(kind=exc.kind, reason=str(exc), pts=[])
+    if record["kind"] != "missing":
+        store.put(path, record)
+    return record, False
+
+
+def _probe_chunk(paths: list[str], decoder: str, store_dir: str | None) -> list[tuple[dict, bool]]:
+    dec, store = build_decoder(decoder), IndexStore(store_dir)
+    return [probe_file(p, dec, store) for p in paths]
+
+
+def probe_all(paths: list[str], decoder: str = "pyav", store_dir: str | None = None,
+              chunk: int = 16) -> list[tuple[dict, bool]]:
     """Probe every file; in parallel Ray tasks when Ray is up (one chunk per task)."""
     chunks = [paths[i:i + chunk] for i in range(0, len(paths), chunk)]
     try:
@@ -87,34 +275,40 @@ def probe_all(paths: list[str], decoder: str = "pyav", chunk: int = 16) -> list[
         parallel = False
     if parallel:
         task = ray.remote(num_cpus=1)(_probe_chunk)
-        results = ray.get([task.remote(c, decoder) for c in chunks])
+        results = ray.get([task.remote(c, decoder, store_dir) for c in chunks])
     else:
-        results = [_probe_chunk(c, decoder) for c in chunks]
+        results = [_probe_chunk(c, decoder, store_dir) for c in chunks]
     return [r for res in results for r in res]
 
 
-def scan(root: str, val_fraction: float = 0.25, seed: int = 0, min_frames: int = 1,
-         decoder: str = "pyav") -> VideoIndex:
-    """Index a class-folder tree or a manifest CSV; split per class, seeded, when no split is given.
+def scan(root: str, val_fraction: float = 0.25, seed: int = 0, min_frames: int = 2,
+         decoder: str = "pyav", index_dir: str | None = None, split_files: str | None = None,
+         split: int = 1) -> VideoIndex:
+    """Index a dataset (any layout above); split per class, seeded, where the layout gives no split.
 
-    Videos with fewer than ``min_frames`` frames are usable (the short-video rule
-    covers them) unless they have none.
+    Videos with fewer than ``min_frames`` frames are skipped (a single frame has no
+    motion); videos shorter than a segment are usable (the short-video rule covers them).
     """
-    root_path = Path(root)
-    rows = _scan_manifest(root_path) if root_path.suffix.lower() == ".csv" else _scan_folder(root_path)
-    probes = probe_all([r[0] for r in rows], decoder)
-    classes = sorted({r[1] for r in rows})
-    index = VideoIndex(classes=classes, paths=[], labels=[], lengths=[], splits=[])
+    layout = read_layout(root, split_files, split)
+    rows = layout.rows
+    probes = probe_all([r[0] for r in rows], decoder, index_dir)
+    classes = list(layout.classes)
+    index = VideoIndex(classes=classes, paths=[], labels=[], lengths=[], splits=[], layout=layout.kind)
     split_given: list[str | None] = []
-    for (path, label, split), (frames, reason) in zip(rows, probes):
-        if reason or frames < min_frames:
-            index.skipped[path] = reason or f"only {frames} frames"
+    for (path, label, split_name), (record, reused) in zip(rows, probes):
+        index.index_reused += int(reused)
+        frames = len(record["pts"])
+        if record["kind"] or frames < min_frames:
+            index.skipped[path] = record["reason"] or f"only {frames} frames"
+            index.skipped_kinds[path] = record["kind"] or "single_frame"
             continue
         index.paths.append(path)
         index.labels.append(classes.index(label))
         index.lengths.append(frames)
+        index.pts.append(np.asarray(record["pts"], np.int64))
+        index.digests.append(record["digest"])
         index.video_bytes += os.path.getsize(path)
-        split_given.append(split)
+        split_given.append(split_name)
     # Seeded per-class split so every class is in both sets (at least one val
     # video where a class has two or more).
     rng = np.random.default_rng(seed)

@@ -2,9 +2,15 @@
 
 The notes' decode worker "gets required video, offset and video window width,
 delivers corresponding frames". A decoder is any object with
-``decode(path, offset, count) -> uint8 (count, H, W, 3)`` and ``probe(path) -> int``
-(frame count); PyAV is the default and the only one required. Register another one
-(decord, torchcodec) in ``DECODERS`` as ``name -> "module:Class"``.
+``decode(path, offset, count, length=None, pts=None) -> uint8 (count, H, W, 3)``,
+``index(path) -> int64 (T,)`` (the presentation timestamp of every frame) and
+``probe(path) -> int`` (frame count); PyAV is the default and the only one required.
+Register another one (decord, torchcodec) in ``DECODERS`` as ``name -> "module:Class"``.
+
+Frame k is the k-th *presented* frame. A frame's index is never computed from its
+timestamp and an average frame rate (wrong on variable-frame-rate files, GROUND.md):
+``index`` decodes the file once, in order, and keeps the pts of every frame; ``decode``
+seeks to the keyframe before the first wanted pts and matches frames by pts.
 """
 from __future__ import annotations
 
@@ -16,10 +22,21 @@ import numpy as np
 
 DECODERS = {"pyav": "workloads.video.decoder:PyAVDecoder"}
 SHORT_RULES = ("loop", "pad")
+# why a file is not a usable video: the keys of data/skipped_files/<kind> in MLflow
+SKIP_KINDS = ("missing", "empty", "unreadable", "image", "audio_only", "no_video_stream", "single_frame",
+              "no_frames", "truncated", "corrupt")
+# containers and codecs that hold still images (a .jpg in a class folder opens as a 1-frame "video")
+_IMAGE_FORMATS = ("image2", "jpeg_pipe", "png_pipe", "bmp_pipe", "webp_pipe", "tiff_pipe", "gif_pipe",
+                  "pgm_pipe", "ppm_pipe", "qoi_pipe", "j2k_pipe", "svg_pipe")
+_IMAGE_CODECS = ("mjpeg", "png", "bmp", "webp", "tiff", "jpeg2000", "pgm", "ppm", "qoi")
 
 
 class BadVideo(Exception):
-    """A file that is not a decodable video (corrupt, truncated, empty, not video)."""
+    """A file that is not a decodable video; ``kind`` is one of ``SKIP_KINDS``."""
+
+    def __init__(self, message: str, kind: str = "corrupt"):
+        super().__init__(message)
+        self.kind = kind
 
 
 def build_decoder(name: str, **kwargs):
@@ -37,7 +54,7 @@ def wanted_indices(offset: int, count: int, length: int, short_rule: str) -> lis
     temporal stream looks like a different, "static" class.
     """
     if length <= 0:
-        raise BadVideo("video has no frames")
+        raise BadVideo("video has no frames", "no_frames")
     idx = np.arange(offset, offset + count)
     if short_rule == "loop":
         idx = idx % length
@@ -48,17 +65,53 @@ def wanted_indices(offset: int, count: int, length: int, short_rule: str) -> lis
     return idx.tolist()
 
 
+def looks_like_video(path: str) -> str:
+    """A quick header check (no decoding): ``""`` for a plausible video, else the skip kind.
+
+    Used by the config check before Ray starts; the full check is ``PyAVDecoder.index``.
+    """
+    import os
+
+    if not os.path.isfile(path):
+        return "missing"
+    if os.path.getsize(path) == 0:
+        return "empty"
+    import av
+
+    try:
+        container = av.open(str(path), mode="r")
+    except Exception:
+        return "unreadable"
+    try:
+        return _container_kind(container)
+    finally:
+        container.close()
+
+
+def _container_kind(container) -> str:
+    if not container.streams.video:
+        return "audio_only" if container.streams.audio else "no_video_stream"
+    stream = container.streams.video[0]
+    if container.format.name in _IMAGE_FORMATS or (stream.codec_context.name in _IMAGE_CODECS
+                                                   and (stream.frames or 0) <= 1 and not container.duration):
+        return "image"
+    return ""
+
+
 class PyAVDecoder:
     """Decode exact frames with PyAV: seek to the keyframe before ``offset``, decode forward.
 
-    Frame indices come from presentation timestamps (pts * time_base * fps), so a
-    seek that lands on an earlier keyframe is corrected by skipping frames.
+    Frames are matched to indices by their presentation timestamps against the
+    file's frame index (``index``), so a seek that lands on an earlier keyframe is
+    corrected by skipping frames, and VFR files give the same frames as a
+    sequential decode.
     """
 
     def __init__(self, size: int | None = None, short_rule: str = "loop", threads: int = 1):
         self.size = size
         self.short_rule = short_rule
         self.threads = threads
+        self._indices: dict[str, np.ndarray] = {}
 
     @contextlib.contextmanager
     def _opened(self, path: str):
@@ -69,7 +122,7 @@ class PyAVDecoder:
         except BadVideo:
             raise
         except Exception as exc:
-            raise BadVideo(f"decode error: {type(exc).__name__}: {exc}") from exc
+            raise BadVideo(f"decode error: {type(exc).__name__}: {exc}", "corrupt") from exc
         finally:
             container.close()
 
@@ -79,76 +132,87 @@ class PyAVDecoder:
         try:
             container = av.open(str(path), mode="r")
         except Exception as exc:  # av raises many InvalidDataError subclasses
-            raise BadVideo(f"cannot open: {type(exc).__name__}: {exc}") from exc
-        if not container.streams.video:
+            raise BadVideo(f"cannot open: {type(exc).__name__}: {exc}", "unreadable") from exc
+        kind = _container_kind(container)
+        if kind:
+            fmt = container.format.name
             container.close()
-            raise BadVideo("no video stream")
+            raise BadVideo({"image": f"a still image ({fmt}), not a video",
+                            "audio_only": "audio only: no video stream",
+                            "no_video_stream": "no video stream"}[kind], kind)
         stream = container.streams.video[0]
         stream.thread_type = "SLICE" if self.threads > 1 else "NONE"
         stream.codec_context.thread_count = self.threads
         return container, stream
-
-    @staticmethod
-    def _index_of(frame, stream, start_pts: int, fps: float) -> int:
-        if frame.pts is None:
-            return -1
-        return int(round(float((frame.pts - start_pts) * stream.time_base) * fps))
 
     def _resize(self, rgb: np.ndarray) -> np.ndarray:
         if self.size is None or rgb.shape[0] == rgb.shape[1] == self.size:
             return rgb
         return cv2.resize(rgb, (self.size, self.size), interpolation=cv2.INTER_AREA)
 
-    def probe(self, path: str) -> int:
-        """Number of decodable frames; raises ``BadVideo`` for a file that is not one.
+    def index(self, path: str) -> np.ndarray:
+        """The pts of every presented frame, int64 (T,), in presentation order; raises ``BadVideo``.
 
-        Decodes every packet: a truncated file often opens and reports a frame
-        count in its header but decodes fewer frames, which only decoding shows.
+        Decodes every packet once (memoized per decoder; ``dataset.scan`` keeps it on
+        disk): a truncated file often opens and reports a frame count in its header
+        but decodes fewer frames, which only decoding shows. A frame without a pts
+        gets -1; such a file is then decoded sequentially (``decode``).
         """
+        path = str(path)
+        if path in self._indices:
+            return self._indices[path]
         with self._opened(path) as (container, stream):
             stream.codec_context.skip_frame = "NONE"
             declared = stream.frames
-            decoded = sum(1 for _ in container.decode(stream))
-        if decoded == 0:
-            raise BadVideo("no decodable frames")
-        if declared and decoded < declared:
-            raise BadVideo(f"truncated: decoded {decoded} of {declared} frames")
-        return decoded
+            pts = [-1 if f.pts is None else int(f.pts) for f in container.decode(stream)]
+        if not pts:
+            raise BadVideo("no decodable frames", "no_frames")
+        if declared and len(pts) < declared:
+            raise BadVideo(f"truncated: decoded {len(pts)} of {declared} frames", "truncated")
+        if len(pts) == 1:
+            raise BadVideo("a single frame: no motion to learn from", "single_frame")
+        self._indices[path] = np.asarray(pts, np.int64)
+        return self._indices[path]
 
-    def decode(self, path: str, offset: int, count: int, length: int | None = None) -> np.ndarray:
-        """Frames ``offset .. offset+count-1`` as uint8 (count, H, W, 3) RGB.
+    def probe(self, path: str) -> int:
+        """Number of decodable frames; raises ``BadVideo`` for a file that is not a video."""
+        return len(self.index(path))
+
+    def decode(self, path: str, offset: int, count: int, length: int | None = None,
+               pts: np.ndarray | None = None) -> np.ndarray:
+        """Frames ``offset .. offset+count-1`` (presentation order) as uint8 (count, H, W, 3) RGB.
 
         ``length`` (frames in the video, from the scan) applies the short-video rule;
-        without it the request must lie inside the video.
+        without it the request must lie inside the video. ``pts`` is the file's frame
+        index (``index``); without it the index is read (once per decoder and file).
         """
-        want = wanted_indices(offset, count, length, self.short_rule) if length else \
-            list(range(offset, offset + count))
+        pts = self.index(path) if pts is None else np.asarray(pts, np.int64)
+        length = length or len(pts)
+        want = wanted_indices(offset, count, length, self.short_rule)
         lo, hi = min(want), max(want)
+        wanted = set(want)
+        found: dict[int, np.ndarray] = {}
+        by_pts = {int(p): i for i, p in enumerate(pts)}
+        sequential = len(by_pts) < len(pts) or (pts < 0).any()   # missing or repeated pts: count frames
         with self._opened(path) as (container, stream):
-            fps = float(stream.average_rate or stream.guessed_rate or 25)
-            start_pts = stream.start_time or 0
-            found: dict[int, np.ndarray] = {}
-            for attempt_seek in (lo > 0, False):
-                if attempt_seek:
-                    target = start_pts + int(lo / fps / stream.time_base)
-                    container.seek(target, stream=stream, backward=True, any_frame=False)
-                else:
-                    container.seek(start_pts, stream=stream, backward=True, any_frame=False)
-                first_index = None
-                for frame in container.decode(stream):
-                    i = self._index_of(frame, stream, start_pts, fps)
-                    first_index = i if first_index is None else first_index
-                    if lo <= i <= hi and i in want:
+            for seek in ((lo > 0 and not sequential), False):
+                target = int(pts[lo]) if seek else int(pts[0] if not sequential else (stream.start_time or 0))
+                container.seek(target, stream=stream, backward=True, any_frame=False)
+                first = None
+                for k, frame in enumerate(container.decode(stream)):
+                    i = k if sequential else by_pts.get(-1 if frame.pts is None else int(frame.pts), -1)
+                    first = i if first is None else first
+                    if i in wanted:
                         found[i] = self._resize(frame.to_ndarray(format="rgb24"))
                     if i >= hi:
                         break
-                # A seek that overshoots (some containers index keyframes loosely)
-                # is retried once from the start.
-                if first_index is not None and first_index <= lo:
+                # a seek that overshoots (a loosely indexed container) is retried once from the start
+                if first is not None and 0 <= first <= lo:
                     break
+                found.clear()
         missing = [i for i in want if i not in found]
         if missing:
-            raise BadVideo(f"frames {missing[:3]}... not in video")
+            raise BadVideo(f"frames {missing[:3]}... not in video", "truncated")
         return np.stack([found[i] for i in want])
 
     def decode_all(self, path: str) -> np.ndarray:

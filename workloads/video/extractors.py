@@ -1,9 +1,17 @@
 """Feature extractors: an open registration table, as the notes' "feature-image table".
 
 An extractor is a small class with ``name``, ``frames_needed(stack)`` and
-``__call__(frames uint8 (T, H, W, 3)) -> np.ndarray``; each runs as its own Ray Data
-stage with its own resources. Adding one is a class plus one line in ``EXTRACTORS``
-(or ``register("name", "my.module:MyExtractor")`` from outside code).
+``__call__(frames uint8 (T, H, W, 3)) -> np.ndarray (C, H', W')``; each runs as its own
+Ray Data stage with its own resources.
+
+Outside code adds one without editing orchard, in either of two ways:
+
+- a module that calls ``register("name", "my.module:MyExtractor")`` when imported, named in
+  ``video.extractor_modules=[my.module]``: the config check, the driver and every Ray Data
+  stage actor import the listed modules (``load_modules``) before they look a name up, so
+  the registration reaches the processes where extraction runs;
+- an installed package's entry point ``[project.entry-points."orchard.video_extractors"]
+  name = "my.module:MyExtractor"``, read wherever the table is read.
 
 Every output is uint8 where the feature allows it: the notes' transmission argument
 (a 256x256 flow stack of L=10 is 1.25 MB as float, 4x less quantized).
@@ -24,13 +32,39 @@ EXTRACTORS: dict[str, str] = {
 FLOW_METHODS = ("farneback", "dis_fast", "dis_medium")
 
 
+ENTRY_POINT_GROUP = "orchard.video_extractors"
+
+
 def register(name: str, target: str) -> None:
     """Register an extractor class ``"module:Class"`` under ``name``."""
     EXTRACTORS[name] = target
 
 
+def load_modules(modules) -> None:
+    """Import the modules of ``video.extractor_modules`` (each registers its extractors on import)."""
+    for module in modules or ():
+        importlib.import_module(str(module))
+
+
+def _entry_points() -> dict[str, str]:
+    from importlib.metadata import entry_points
+
+    try:
+        return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    except Exception:  # a broken installed distribution must not break the built-in table
+        return {}
+
+
+def available(modules=()) -> list[str]:
+    """Every extractor name: built-in, registered by ``modules``, and from entry points."""
+    load_modules(modules)
+    return sorted({**_entry_points(), **EXTRACTORS})
+
+
 def build_extractor(name: str, **options):
     """Instantiate the extractor registered under ``name`` (lazy import)."""
+    if name not in EXTRACTORS:
+        EXTRACTORS.update({k: v for k, v in _entry_points().items() if k not in EXTRACTORS})
     if name not in EXTRACTORS:
         raise KeyError(f"unknown extractor {name!r}; registered: {sorted(EXTRACTORS)}")
     module, cls = EXTRACTORS[name].split(":")

@@ -91,18 +91,22 @@ def run_inference(videos: list[dict], classes: list[str], models: dict, streams:
     from .pipeline import build_dataset, frame_count
     from .train import predict
 
+    from .dataset import file_digest
+
     features = sorted({s["feature"] for s in streams.values()})
-    count = frame_count(features, int(vcfg["stack"]))
+    count = frame_count(features, int(vcfg["stack"]), vcfg.get("extractor_modules") or ())
     icfg = vcfg["inference"]
     dec = build_decoder(vcfg["decoder"])
     segments = []
     for v, video in enumerate(videos):
-        video.setdefault("length", dec.probe(video["path"]))
+        video.setdefault("pts", dec.index(video["path"]))
+        video.setdefault("length", len(video["pts"]))
         for k, off in enumerate(window_offsets(video["length"], count, int(icfg["window_stride"]))):
             segments.append({"video": v, "label": -1, "offset": off, "count": count, "segment": k})
     t0 = time.perf_counter()
     paths, lengths = [v["path"] for v in videos], [v["length"] for v in videos]
-    ds = build_dataset(segments, features, paths, lengths, vcfg, master, cache)
+    ds = build_dataset(segments, features, paths, lengths, vcfg, master, cache, pts=[v["pts"] for v in videos],
+                       digests=[file_digest(p) for p in paths])
     feats, meta = _collect_all(ds, features)  # one pass carries every feature
     scores = {s: predict(models[s], feats[spec["feature"]]) for s, spec in streams.items()}
     temporal = next((spec["feature"] for spec in streams.values() if spec["feature"] != "rgb"), None)

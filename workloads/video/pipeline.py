@@ -1,10 +1,10 @@
 """The streaming pipeline: segment seeds -> decode stage -> one stage per feature, in Ray Data.
 
-One dataset per consumer (a stream's trainers, an evaluator, the inference
-module), built from the features that consumer needs only: the spatial stream's
-rows carry ``rgb``, the temporal stream's rows carry ``flow`` (or ``framediff``);
-frames never leave the pipeline. The decode layer is shared across consumers
-through the cache's ``frames`` entries, the notes' two-layer caching module.
+Decode once: one dataset carries every feature the run's streams need; each segment
+is decoded once and the clip passes through every feature stage (rgb, then flow, ...);
+the frames are dropped after the last one and never leave the pipeline. The feeder
+(feeder.py) hands each stream's trainers only their own feature. Rows come out in
+segment order (``preserve_order``), so the same seed gives the same batches.
 """
 from __future__ import annotations
 
@@ -18,8 +18,11 @@ from .operator_metrics import attach_probe
 from .stages import DecodeStage, ExtractStage
 
 
-def frame_count(features: list[str], stack: int) -> int:
+def frame_count(features: list[str], stack: int, modules=()) -> int:
     """The constant frame count the master puts in every segment seed."""
+    from .extractors import load_modules
+
+    load_modules(modules)
     return max(build_extractor(f, stack=stack).frames_needed(stack) for f in features)
 
 
@@ -32,30 +35,34 @@ def _pool(value):
 
 
 def build_dataset(segments: list[dict], features: list[str], paths: list[str], lengths: list[int],
-                  vcfg: dict, master=None, cache=None):
-    """A lazy Ray Dataset of rows ``{video, label, offset, count, [segment], <feature>...}``.
+                  vcfg: dict, master=None, cache=None, pts: list | None = None, digests: list[str] | None = None):
+    """A lazy Ray Dataset of rows ``{video, label, offset, count, [segment], [epoch], <feature>...}``.
 
     ``vcfg`` is ``cfg["video"]``: ``size``, ``stack``, ``short_rule``, ``decoder``,
-    ``extractor_options``, ``pipeline_batch``, ``decode_concurrency`` (min, max),
-    ``decode_cpus``, ``extract_concurrency``, ``extract_cpus``.
+    ``extractor_options``, ``extractor_modules``, ``pipeline_batch``, ``decode_concurrency``
+    (min, max), ``decode_cpus``, ``extract_concurrency``, ``extract_cpus``. ``pts`` and
+    ``digests`` are the videos' frame indices and content digests (``dataset.scan``).
     """
     import ray
 
     batch = int(vcfg["pipeline_batch"])
+    modules = list(vcfg.get("extractor_modules") or [])
     ds = ray.data.from_items(segments, override_num_blocks=max(1, math.ceil(len(segments) / batch)))
     ds = ds.map_batches(
         DecodeStage, batch_size=batch, batch_format="numpy",
         fn_constructor_kwargs=dict(paths=paths, lengths=lengths, size=int(vcfg["size"]),
                                    short_rule=vcfg["short_rule"], decoder=vcfg["decoder"],
-                                   master=master, cache=cache),
+                                   master=master, cache=cache, pts=pts, digests=digests),
         compute=_pool(vcfg["decode_concurrency"]), num_cpus=float(vcfg["decode_cpus"]))
     for i, name in enumerate(features):
         ds = ds.map_batches(
             ExtractStage, batch_size=batch, batch_format="numpy",
             fn_constructor_kwargs=dict(name=name, options=dict(vcfg["extractor_options"].get(name) or {}),
                                        stack=int(vcfg["stack"]), paths=paths, size=int(vcfg["size"]),
-                                       master=master, cache=cache, drop_frames=i == len(features) - 1),
+                                       master=master, cache=cache, drop_frames=i == len(features) - 1,
+                                       modules=modules, digests=digests),
             compute=_pool(vcfg["extract_concurrency"]), num_cpus=float(vcfg["extract_cpus"]))
+    ds.context.execution_options.preserve_order = True   # the same seed gives the same batches
     # Ray Data's own per-operator queue/backpressure figures go to the master (operator_metrics.py)
     return attach_probe(ds, getattr(master, "actor_name", None), ["decode", *features])
 
@@ -88,6 +95,8 @@ def stage_metrics(stats: dict[str, dict], wall_s: float, prefix: str = "pipeline
         p = f"{prefix}/{stage}"
         out[f"{p}_items_per_s"] = s["items"] / max(wall_s, 1e-9)
         out[f"{p}_busy_actors"] = s["busy_s"] / max(wall_s, 1e-9)
+        # the share of its actors' time the stage spent working (the rest: waiting for input or output)
+        out[f"{p}_busy_fraction"] = min(1.0, s["busy_s"] / max(wall_s * max(s["actors"], 1), 1e-9))
         out[f"{p}_actors"] = float(s["actors"])
         out[f"{p}_mb_out"] = s["bytes"] / 2**20
         out[f"{p}_cache_hits"] = float(s.get("hits", 0))

@@ -41,32 +41,45 @@ def _difficulty(syn: dict) -> dict[str, float]:
     return {k: float(syn.get(k) or 0.0) for k in ("appearance_cue", "noise", "shake")}
 
 
-def _val_scores(models: dict, streams: dict, datasets: dict, num_classes: int, per_video: int):
+def _val_features(segments: list[dict], features: list[str], index, vcfg: dict, master, cache):
+    """The validation segments' features, computed once (decode once, every feature) and kept."""
+    from .pipeline import consume
+
+    cols = [*features, "video", "label", "segment"]
+    parts = {c: [] for c in cols}
+    ds = _dataset(segments, features, index, vcfg, master, cache)
+    for b, _ in consume(ds, 64, cols):
+        for c in cols:
+            parts[c].append(b[c])
+    data = {c: np.concatenate(v) for c, v in parts.items()}
+    order = np.lexsort((data["segment"], data["video"]))
+    return {c: v[order] for c, v in data.items()}
+
+
+def _dataset(segments, features, index, vcfg, master, cache):
+    from .pipeline import build_dataset
+
+    return build_dataset(segments, features, index.paths, index.lengths, vcfg, master, cache,
+                         pts=index.pts, digests=index.digests)
+
+
+def _val_scores(models: dict, streams: dict, val: dict, num_classes: int, per_video: int):
     """Validation probabilities per stream (V, K, C), labels (V,), mean loss per stream.
 
-    Only videos with all ``per_video`` segments in every stream are kept, so a
-    segment dropped by the decode stage (a file that broke) cannot misalign streams.
+    Only videos with all ``per_video`` segments are kept, so a segment dropped by the
+    decode stage (a file that broke) cannot misalign videos.
     """
-    from .pipeline import collect
     from .train import predict
 
-    raw = {}
+    ids, counts = np.unique(val["video"], return_counts=True)
+    rows = np.isin(val["video"], ids[counts == per_video])
+    n = int((counts == per_video).sum())
+    labels = val["label"][rows].reshape(n, per_video)[:, 0]
+    scores, losses = {}, {}
     for stream, spec in streams.items():
-        feats, meta = collect(datasets[stream], spec["feature"], ("video", "label", "segment"))
-        order = np.lexsort((meta["segment"], meta["video"]))
-        raw[stream] = (predict(models[stream], feats)[order], meta["video"][order], meta["label"][order])
-    complete = None
-    for _, videos, _ in raw.values():
-        ids, counts = np.unique(videos, return_counts=True)
-        ok = set(ids[counts == per_video].tolist())
-        complete = ok if complete is None else complete & ok
-    keep_ids = sorted(complete)
-    scores, losses, labels = {}, {}, None
-    for stream, (probs, videos, labs) in raw.items():
-        rows = np.isin(videos, keep_ids)
-        scores[stream] = probs[rows].reshape(len(keep_ids), per_video, num_classes)
-        losses[stream] = float(-np.log(probs[rows, labs[rows]] + 1e-9).mean())
-        labels = labs[rows].reshape(len(keep_ids), per_video)[:, 0]
+        probs = predict(models[stream], val[spec["feature"]][rows])
+        scores[stream] = probs.reshape(n, per_video, num_classes)
+        losses[stream] = float(-np.log(probs[np.arange(len(probs)), val["label"][rows]] + 1e-9).mean())
     return scores, labels, losses
 
 
@@ -77,36 +90,55 @@ def run(cfg: dict, ctx) -> dict[str, float]:
         return _run(cfg, ctx)
 
 
+def cache_dir(cfg: dict) -> Path:
+    """``video.cache_dir``, or ``<output_dir>/video/cache``: shared by every run with that output folder."""
+    return Path(cfg["video"].get("cache_dir") or Path(cfg["output_dir"]) / "video" / "cache").expanduser()
+
+
 def _run(cfg: dict, ctx) -> dict[str, float]:
     import resource
 
     import ray
 
+    from orchard.errors import ConfigError
+
     from . import aggregation
     from .cache import make_cache
-    from .dataset import scan
+    from .dataset import classes_problem, scan
+    from .extractors import load_modules
+    from .feeder import Feeder, make_queues, shutdown_queues
     from .inference import run_inference
     from .master import evenly_spaced_segments, start_master
     from .operator_metrics import operator_metrics
-    from .pipeline import build_dataset, frame_count, stage_metrics
-    from .train import fit_streams, load_model, shift_workers, stream_channels
+    from .pipeline import frame_count, stage_metrics
+    from .train import launch_streams, load_model, shift_workers, stream_channels
 
     ray.data.DataContext.get_current().enable_progress_bars = False
     vcfg, t_start = cfg["video"], time.perf_counter()
     seed = int(cfg["seed"])
+    modules = list(vcfg.get("extractor_modules") or [])
+    load_modules(modules)
+    store = cache_dir(cfg)
 
-    # [1] data: index the videos, set bad files aside (counted and named)
+    # [1] data: index the videos (frame pts, read once and kept), set non-videos aside (counted by kind)
     root, _ = _prepare_data(cfg, ctx)
-    index = scan(root, float(vcfg["val_fraction"]), seed, decoder=vcfg["decoder"])
+    index = scan(root, float(vcfg["val_fraction"]), seed, decoder=vcfg["decoder"], index_dir=str(store / "index"),
+                 split_files=vcfg.get("split_files"), split=int(vcfg.get("split") or 1))
+    problem = classes_problem(index.classes, lambda c: index.classes.index(c) in index.labels, root)
+    if problem:
+        raise ConfigError("video.root", problem)
     train_ids, val_ids = index.subset("train"), index.subset("val")
     if not train_ids or not val_ids:
-        raise RuntimeError(f"{root}: need training and validation videos, found {len(train_ids)} and {len(val_ids)}")
+        raise ConfigError("video.root", f"training and validation videos; found {len(train_ids)} and "
+                          f"{len(val_ids)} in {root}")
     classes, num_classes = index.classes, len(index.classes)
-    ctx.log_params({"video.root_used": root, "video.classes": ",".join(classes)})
-    ctx.log_dict(index.skipped, "tables/skipped_files.json")
+    ctx.log_params({"video.root_used": root, "video.classes": ",".join(classes), "video.layout": index.layout})
+    ctx.log_dict({"files": index.skipped, "kinds": index.skipped_kinds}, "tables/skipped_files.json")
+    skipped_by_kind = {f"data/skipped_files/{k}": float(n) for k, n in index.skipped_counts().items()}
     ctx.log_metrics({"data/videos": len(index.paths), "data/train_videos": len(train_ids),
                      "data/val_videos": len(val_ids), "data/skipped_files": len(index.skipped),
-                     "data/video_mb": index.video_bytes / 2**20})
+                     "data/index_reused": index.index_reused,
+                     "data/video_mb": index.video_bytes / 2**20, **skipped_by_kind})
     if index.skipped:
         ctx.set_tags({"video.skipped_files": "; ".join(f"{Path(p).name}: {r[:60]}" for p, r in index.skipped.items())[:4000]})
 
@@ -114,65 +146,90 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
 
     # [2] the master (sampler, control, monitor) and the cache layer
     master = start_master(index.labels, index.lengths, seed)
-    cache = make_cache(vcfg["cache"], ctx.run_dir, float(vcfg["cache_max_mb"]))
+    cache = make_cache(vcfg["cache"], store / "features", float(vcfg["cache_max_mb"]))
     streams = {s: {"feature": f, "num_classes": num_classes,
                    "in_channels": stream_channels(f, int(vcfg["stack"]), vcfg["extractor_options"], int(vcfg["size"]))}
                for s, f in vcfg["streams"].items()}
-    count = frame_count([s["feature"] for s in streams.values()], int(vcfg["stack"]))
+    features = sorted({spec["feature"] for spec in streams.values()})
+    count = frame_count(features, int(vcfg["stack"]), modules)
     val_segments = evenly_spaced_segments(index.labels, index.lengths, val_ids, int(vcfg["val_segments"]), count)
     alloc = {s: int(n) for s, n in vcfg["workers"].items()}
-    states, steps, history = {}, {}, []
+    epochs = int(vcfg["epochs"])
+    history, op_summaries = [], []
     cache_totals = {"hits": 0, "misses": 0, "saved_s": 0.0}
-    op_summaries = []
 
-    for epoch in range(int(vcfg["epochs"])):
-        # [3] the master draws the epoch's class-balanced segment seeds before it begins
-        t_epoch = time.perf_counter()
-        segments = ray.get(master.epoch_segments.remote(train_ids, int(vcfg["clips_per_epoch"]), count, epoch,
-                                                        int(vcfg["offset_stride"])))
-        # only the stream's feature and the label travel to its trainers
-        train_sets = {s: build_dataset(segments, [spec["feature"]], index.paths, index.lengths, vcfg, master,
-                                       cache).select_columns([spec["feature"], "label"])
+    # [3] the validation segments' features, once: every epoch scores the streams on the same arrays
+    t_phase = time.perf_counter()
+    val_data = _val_features(val_segments, features, index, vcfg, master, cache)
+    _accumulate(cache_totals, ray.get(master.stage_stats.remote(True)))
+    op_summaries += ray.get(master.operator_summaries.remote(True))
+    phase_s["val"] += time.perf_counter() - t_phase
+
+    # [4] the master draws each epoch's class-balanced segment seeds; one pipeline carries them all
+    segments = []
+    for epoch in range(epochs):
+        drawn = ray.get(master.epoch_segments.remote(train_ids, int(vcfg["clips_per_epoch"]), count, epoch,
+                                                     int(vcfg["offset_stride"])))
+        segments += [{**seg, "epoch": epoch} for seg in drawn]
+    train_ds = _dataset(segments, features, index, vcfg, master, cache).select_columns([*features, "label", "epoch"])
+    queues = make_queues(alloc, int(vcfg["queue_depth"]))
+    results = make_queues({"results": 1}, 0)["results"][0]
+    feeder = Feeder({s: spec["feature"] for s, spec in streams.items()}, queues, int(vcfg["batch_size"]), epochs)
+
+    # [5] one Ray Train run per stream for the whole training, the feeder dealing them the pipeline
+    t_train = t_window = time.perf_counter()
+    feed_thread = feeder.start(train_ds.iter_batches(batch_size=int(vcfg["pipeline_batch"]), batch_format="numpy"))
+    runs = launch_streams(streams, alloc, queues, results, cfg, ctx)
+    states: dict[str, bytes] = {}
+    done: dict[int, dict] = {}
+    try:
+        for epoch in range(epochs):
+            while len(done.get(epoch, {})) < len(streams):
+                item = _next_result(results, runs, feeder)
+                done.setdefault(item["epoch"], {})[item["stream"]] = item
+            for s, item in done[epoch].items():
+                states[s] = item["state"]
+            window = time.perf_counter() - t_window
+            t_window = time.perf_counter()
+            stats = ray.get(master.stage_stats.remote(True))
+            _accumulate(cache_totals, stats)
+            pipe = stage_metrics(stats, window)
+            # [6] validation per stream (the trainers go on with the next epoch meanwhile)
+            t_val = time.perf_counter()
+            models = {s: load_model(states[s], spec["in_channels"], num_classes, vcfg["widths"], vcfg["dropout"])
                       for s, spec in streams.items()}
-        # [4] each stream trains on its own feature with its own worker count
-        results = fit_streams(streams, alloc, train_sets, states, steps, epoch, cfg, ctx,
-                              bool(vcfg["concurrent_streams"]))
-        train_wall = time.perf_counter() - t_epoch
-        phase_s["train"] += train_wall
-        train_stats = ray.get(master.stage_stats.remote(True))
-        _accumulate(cache_totals, train_stats)
-        pipe = stage_metrics(train_stats, train_wall)
-        # Ray Data's own per-operator queues, store use and backpressure for the epoch's training
-        train_ops = ray.get(master.operator_summaries.remote(True))
-        pipe |= operator_metrics(train_ops)
-        op_summaries += train_ops
-        for s, (state, n_steps) in results.items():
-            states[s], steps[s] = state, n_steps
-        # [5] validation per stream, then the worker-shifting rule
-        models = {s: load_model(states[s], spec["in_channels"], num_classes, vcfg["widths"], vcfg["dropout"])
-                  for s, spec in streams.items()}
-        val_sets = {s: build_dataset(val_segments, [spec["feature"]], index.paths, index.lengths, vcfg, master, cache)
-                    for s, spec in streams.items()}
-        scores, labels, losses = _val_scores(models, streams, val_sets, num_classes, int(vcfg["val_segments"]))
-        # validation traffic counts for the cache, not for training throughput
-        _accumulate(cache_totals, ray.get(master.stage_stats.remote(True)))
-        op_summaries += ray.get(master.operator_summaries.remote(True))
-        val = {f"val/{s}_loss": losses[s] for s in streams}
-        val |= {f"val/{s}_top1": aggregation.topk_accuracy(scores[s].mean(1), labels, 1) for s in streams}
-        epoch_s = time.perf_counter() - t_epoch
-        phase_s["val"] += epoch_s - train_wall
-        clips = len(segments) * len(streams)
-        ctx.log_metrics({**pipe, **val, **{f"alloc/{s}_workers": n for s, n in alloc.items()},
-                         "throughput/pipeline_clips_per_s": clips / max(train_wall, 1e-9),
-                         "time/epoch_s": epoch_s}, step=epoch)
-        new_alloc, reason = shift_workers(alloc, losses, float(vcfg["shift_ratio"]), int(vcfg["min_workers"]))
-        history.append({"epoch": epoch, "workers": dict(alloc), "val_loss": losses, "shift": reason})
-        alloc = new_alloc
-        ctx.progress(epoch + 1, int(vcfg["epochs"]), desc=f"epoch {epoch + 1}",
-                     **{f"{s} val top1": val[f"val/{s}_top1"] for s in streams})
+            scores, labels, losses = _val_scores(models, streams, val_data, num_classes, int(vcfg["val_segments"]))
+            phase_s["val"] += time.perf_counter() - t_val
+            val = {f"val/{s}_loss": losses[s] for s in streams}
+            val |= {f"val/{s}_top1": aggregation.topk_accuracy(scores[s].mean(1), labels, 1) for s in streams}
+            clips = len(streams) * int(vcfg["clips_per_epoch"])
+            ctx.log_metrics({**pipe, **val, **{f"alloc/{s}_workers": n for s, n in alloc.items()},
+                             **{k: v for s in streams for k, v in done[epoch][s]["metrics"].items()
+                                if k.startswith("pipeline/")},
+                             "pipeline/feeder_wait_pipeline_s": feeder.wait_pipeline_s,
+                             "pipeline/feeder_wait_trainers_s": feeder.wait_trainers_s,
+                             "throughput/pipeline_clips_per_s": clips / max(window, 1e-9),
+                             "time/epoch_s": window}, step=epoch)
+            # the notes' rule, evaluated every epoch; a run keeps its worker counts (docs/video.md)
+            _, reason = shift_workers(alloc, losses, float(vcfg["shift_ratio"]), int(vcfg["min_workers"]))
+            history.append({"epoch": epoch, "workers": dict(alloc), "val_loss": losses, "shift_rule": reason})
+            ctx.progress(epoch + 1, epochs, desc=f"epoch {epoch + 1}",
+                         **{f"{s} val top1": val[f"val/{s}_top1"] for s in streams})
+        for s, fut in runs.items():
+            fut.result()
+    finally:
+        feeder.stop.set()
+        if any(not f.done() for f in runs.values()) or feeder.error:
+            shutdown_queues({**queues, "results": [results]})   # unblock trainers of a failed run
+        feed_thread.join(timeout=30)
+    phase_s["train"] = time.perf_counter() - t_train
+    shutdown_queues({**queues, "results": [results]})
+    # Ray Data's own per-operator figures of the training pipeline (one execution for all epochs)
+    train_ops = _operator_summaries(master)
+    ctx.log_metrics(operator_metrics(train_ops), step=epochs - 1)
+    op_summaries += train_ops
     ctx.log_dict({"epochs": history}, "tables/worker_allocation.json")
-
-    # [6] aggregation on the validation set: a table, the winner tagged
+    # [7] aggregation on the validation set: a table, the winner tagged
     t_phase = time.perf_counter()
     acfg = vcfg["aggregation"]
     agg = aggregation.evaluate(scores, labels, topk=int(acfg["topk"]), n_folds=int(acfg["folds"]), seed=seed,
@@ -188,19 +245,19 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
     phase_s["aggregation"] = time.perf_counter() - t_phase
     t_phase = time.perf_counter()
 
-    # [7] inference on untrimmed videos: sliding windows, highlights, the winning fusion
+    # [8] inference on untrimmed videos: sliding windows, highlights, the winning fusion
     videos = _untrimmed_videos(cfg, classes, Path(ctx.run_dir) / "untrimmed")
     if videos:
         method = agg["winner"] if vcfg["inference"]["method"] == "winner" else vcfg["inference"]["method"]
         metrics, records = run_inference(videos, classes, models, streams, vcfg, method, agg["fitted"], master, cache)
+        op_summaries += ray.get(master.operator_summaries.remote(True))
         _accumulate(cache_totals, ray.get(master.stage_stats.remote(True)))
         ctx.log_dict({"method": method, "videos": records}, "tables/untrimmed_predictions.json")
         final |= metrics
 
     phase_s["inference"] = time.perf_counter() - t_phase
 
-    # [8] the storage trade-off: bytes cached vs bytes of video, and the time the cache saved
-    op_summaries += ray.get(master.operator_summaries.remote(True))  # validation and inference
+    # [9] the storage trade-off: bytes cached vs bytes of video, and the time the cache saved
     whole_run = operator_metrics(op_summaries)
     ray.get(master.stop.remote())
     bad_at_decode = ray.get(master.bad_files.remote())
@@ -211,7 +268,9 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
               "cache/cached_to_video_ratio": cached / max(index.video_bytes, 1),
               "cache/hits": float(cache_totals["hits"]), "cache/misses": float(cache_totals["misses"]),
               "cache/time_saved_s": cache_totals["saved_s"],
-              "data/skipped_files": float(len(index.skipped) + len(bad_at_decode)),
+              "cache/hit_rate": cache_totals["hits"] / max(cache_totals["hits"] + cache_totals["misses"], 1),
+              # skipped files by kind (image, audio_only, truncated, ...) and in all, for the summary
+              "data/skipped_files": float(len(index.skipped) + len(bad_at_decode)), **skipped_by_kind,
               # the driver process's lifetime peak resident set (Linux reports KiB)
               "memory/driver_rss_mb_peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
               **{f"memory/{k.split('/', 1)[1]}": v for k, v in whole_run.items()
@@ -221,6 +280,37 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
               **{f"time/{phase}_s": sec for phase, sec in phase_s.items()}, "val/chance_top1": 1.0 / num_classes,
               **{f"val/{s}_top1": val[f"val/{s}_top1"] for s in streams}}
     return final
+
+
+def _operator_summaries(master, wait_s: float = 5.0) -> list[dict]:
+    """The probe summaries the master holds (reset); waits briefly for the fire-and-forget report."""
+    import ray
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        got = ray.get(master.operator_summaries.remote(True))
+        if got or time.monotonic() > deadline:
+            return got
+        time.sleep(0.1)
+
+
+def _next_result(results, runs: dict, feeder) -> dict:
+    """The next end-of-epoch state from a stream's rank 0; raises if a run or the feeder failed."""
+    from ray.util.queue import Empty
+
+    while True:
+        try:
+            return results.get(block=True, timeout=1.0)
+        except Empty:
+            pass
+        if feeder.error is not None:
+            raise RuntimeError(f"video pipeline failed: {type(feeder.error).__name__}: {feeder.error}") \
+                from feeder.error
+        for fut in runs.values():
+            if fut.done():
+                fut.result()   # raises the run's error, if it failed
+        if all(fut.done() for fut in runs.values()):
+            raise RuntimeError("the streams' training ended before handing over every epoch")
 
 
 def _accumulate(totals: dict, stats: dict) -> None:
@@ -237,8 +327,8 @@ def _untrimmed_videos(cfg: dict, classes: list[str], folder: Path) -> list[dict]
     vcfg, icfg = cfg["video"], cfg["video"]["inference"]
     if icfg.get("root"):
         found = scan(icfg["root"], val_fraction=0.0, decoder=vcfg["decoder"])
-        return [{"path": p, "label": found.classes[lab], "length": n}
-                for p, lab, n in zip(found.paths, found.labels, found.lengths)]
+        return [{"path": p, "label": found.classes[lab], "length": n, "pts": pts}
+                for p, lab, n, pts in zip(found.paths, found.labels, found.lengths, found.pts)]
     if int(icfg["videos"]) <= 0 or not set(classes) <= set(MOTION_CLASSES):
         return []  # real training data with no untrimmed videos given: nothing to classify
     folder.mkdir(parents=True, exist_ok=True)

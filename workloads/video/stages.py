@@ -14,7 +14,7 @@ import numpy as np
 
 from .cache import FeatureCache, cache_key
 from .decoder import BadVideo, build_decoder
-from .extractors import build_extractor
+from .extractors import build_extractor, load_modules
 
 
 def _actor_id() -> str:
@@ -41,8 +41,11 @@ class DecodeStage:
     """
 
     def __init__(self, paths: list[str], lengths: list[int], size: int, short_rule: str,
-                 decoder: str, master=None, cache: FeatureCache | None = None):
-        self.paths, self.lengths, self.size = paths, lengths, size
+                 decoder: str, master=None, cache: FeatureCache | None = None, pts: list | None = None,
+                 digests: list[str] | None = None):
+        self.paths, self.lengths, self.size, self.short_rule = paths, lengths, size, short_rule
+        self.pts = pts or [None] * len(paths)          # frame index per video (dataset.scan)
+        self.digests = digests or paths                # content address per video (cache keys)
         self.decoder = build_decoder(decoder, size=size, short_rule=short_rule)
         self.master = master
         self.cache = cache or FeatureCache("none")
@@ -60,12 +63,12 @@ class DecodeStage:
         for i in range(n):
             v, off, cnt = int(batch["video"][i]), int(batch["offset"][i]), int(batch["count"][i])
             path = self.paths[v]
-            key = cache_key(path, off, cnt, self.size, "frames")
+            key = cache_key(self.digests[v], off, cnt, self.size, "frames", self.short_rule)
             clip = self.cache.get(key)
             if clip is None:
                 t1 = time.perf_counter()
                 try:
-                    clip = self.decoder.decode(path, off, cnt, length=self.lengths[v])
+                    clip = self.decoder.decode(path, off, cnt, length=self.lengths[v], pts=self.pts[v])
                 except BadVideo as exc:
                     keep[i], bad = False, bad + 1
                     if self.master is not None:
@@ -89,8 +92,11 @@ class ExtractStage:
     """
 
     def __init__(self, name: str, options: dict, stack: int, paths: list[str], size: int,
-                 master=None, cache: FeatureCache | None = None, drop_frames: bool = True):
+                 master=None, cache: FeatureCache | None = None, drop_frames: bool = True,
+                 modules: list[str] | None = None, digests: list[str] | None = None):
+        load_modules(modules)   # video.extractor_modules: a user's extractors register here, in the actor
         self.name, self.paths, self.size = name, paths, size
+        self.digests = digests or paths
         self.extractor = build_extractor(name, stack=stack, **options)
         self.options = ",".join(f"{k}={v}" for k, v in sorted(options.items())) + f",stack={stack}"
         self.master, self.drop_frames = master, drop_frames
@@ -100,9 +106,8 @@ class ExtractStage:
         t0 = time.perf_counter()
         frames = batch["frames"]
         feats = []
-        for i in range(len(frames)):
-            path = self.paths[int(batch["video"][i])]
-            key = cache_key(path, int(batch["offset"][i]), int(batch["count"][i]), self.size,
+        for i in range(len(frames)):  # one decoded clip feeds every feature stage (decode once)
+            key = cache_key(self.digests[int(batch["video"][i])], int(batch["offset"][i]), int(batch["count"][i]), self.size,
                             self.name, self.options)
             feat = self.cache.get(key)
             if feat is None:

@@ -1,17 +1,17 @@
-"""Two-stream training from the streaming pipeline, one Ray Train worker group per stream.
+"""Two-stream training: one Ray Train run per stream for the whole training, fed by one pipeline.
 
-Per epoch: the master draws the epoch's segment seeds; each stream gets its own
-Ray Data dataset carrying only its feature; each stream trains one epoch under
-the ring strategy (``orchard.strategies.launch``: TorchTrainer + DDP) with its
-own worker count, both streams at the same time; the driver scores both on the
-validation segments; the worker-shifting rule may move a worker between streams.
+Each stream trains under the ring strategy (``orchard.strategies.launch``: TorchTrainer +
+DDP) with its own worker count, all streams at the same time. Its workers read their
+batches from the feeder's queues (feeder.py), which deal them one streaming pipeline
+(decode once, every feature) for all epochs; at each end-of-epoch mark rank 0 hands the
+stream's state to the driver (which scores it on the validation segments while training
+goes on) and every rank reports a checkpoint.
 """
 from __future__ import annotations
 
 import io
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 
@@ -24,94 +24,78 @@ def stream_channels(feature: str, stack: int, options: dict, size: int) -> int:
 
 
 def train_loop(config: dict) -> None:
-    """One epoch of one stream on one Ray Train worker (the model never sees the strategy)."""
-    import ray.train
+    """Every epoch of one stream on one Ray Train worker (the model never sees the strategy)."""
     import torch
     from torch import nn
 
     from orchard.strategies import worker
 
+    from .feeder import END
     from .model import build_stream_model
 
-    # [1] build the model and restore: a restarted group resumes this epoch's
-    #     checkpoint, a fresh one starts from the previous epoch's state
+    # [1] build the model; a restarted group resumes after its last checkpointed epoch
     env = worker.env(config)
     torch.manual_seed(config["seed"] + env.rank)
     model = build_stream_model(config["in_channels"], config["num_classes"], config["widths"],
                                config["dropout"])
     replica = worker.replica(model, config["optimizer"], config)
+    first_epoch, step = 0, 0
     restored = worker.load_checkpoint()
     if restored is not None:
         replica.load_state_dict(restored[0])
-    elif config["state"] is not None:
-        replica.load_state_dict(torch.load(io.BytesIO(config["state"]), weights_only=True))
-    feature, stream, ctx = config["feature"], config["stream"], config["ctx"]
+        first_epoch = restored[1] + 1
+    stream, ctx = config["stream"], config["ctx"]
+    queue, results = config["queues"][env.rank], config["results"]
     loss_fn = nn.CrossEntropyLoss()
-    replica.model.train()
 
-    # [2] stream this worker's shard of the epoch: only this stream's feature arrives
-    shard = ray.train.get_dataset_shard("train")
-    seen = correct = 0
-    loss_sum = wait_s = 0.0
-    t0 = time.perf_counter()
-    step = config["step_offset"]
-    # batch_size is the stream's global batch: shifting a worker changes the speed of a
-    # stream, not its optimisation (same steps per epoch, same BatchNorm statistics count)
-    per_worker = max(1, config["batch_size"] // env.world_size)
-    batches = iter(shard.iter_torch_batches(batch_size=per_worker,
-                                            dtypes={feature: torch.uint8, "label": torch.long}))
-    while True:
-        # time spent waiting for the pipeline: the trainer's view of backpressure
-        t_wait = time.perf_counter()
-        batch = next(batches, None)
-        wait_s += time.perf_counter() - t_wait
-        if batch is None:
-            break
-        x, y = batch[feature].to(env.device), batch["label"].to(env.device)
-        # [3] forward, backward, all-reduce (DDP), step
-        logits = replica.model(x)
-        loss = loss_fn(logits, y)
-        replica.zero_grad()
-        loss.backward()
-        replica.step()
-        # [4] per-stream metrics
-        seen += len(y)
-        correct += int((logits.argmax(1) == y).sum())
-        loss_sum += loss.item() * len(y)
-        step += 1
+    for epoch in range(first_epoch, config["epochs"]):
+        replica.model.train()
+        seen = correct = 0
+        loss_sum = wait_s = 0.0
+        t0 = time.perf_counter()
+        while True:
+            # [2] this worker's part of the next global batch, from the feeder's queue;
+            #     the time spent waiting for it is the trainer's view of starvation
+            t_wait = time.perf_counter()
+            item = queue.get(block=True)
+            wait_s += time.perf_counter() - t_wait
+            if isinstance(item, tuple) and item[0] == END:
+                break
+            x = torch.tensor(item["x"]).to(env.device)          # a copy: arrays from the queue are read-only
+            y = torch.tensor(item["y"], dtype=torch.long).to(env.device)
+            # [3] forward, backward, all-reduce (DDP), step
+            logits = replica.model(x)
+            loss = loss_fn(logits, y)
+            replica.zero_grad()
+            loss.backward()
+            replica.step()
+            # [4] per-stream metrics
+            seen += len(y)
+            correct += int((logits.argmax(1) == y).sum())
+            loss_sum += loss.item() * len(y)
+            step += 1
+            if env.rank == 0:
+                ctx.log_metrics({f"train/{stream}_loss": loss.item()}, step=step)
+        elapsed = time.perf_counter() - t0
+        totals = torch.tensor([seen, correct, loss_sum, wait_s / max(elapsed, 1e-9)], dtype=torch.float64)
+        if env.world_size > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(totals)
+        seen_all, correct_all, loss_all, wait_sum = totals.tolist()
+        metrics = {f"train/{stream}_epoch_loss": loss_all / max(seen_all, 1),
+                   f"pipeline/{stream}_trainer_wait_fraction": wait_sum / env.world_size,
+                   f"train/{stream}_top1": correct_all / max(seen_all, 1),
+                   f"throughput/{stream}_clips_per_s": seen_all / max(elapsed, 1e-9)}
+        # [5] rank 0 hands the epoch's state to the driver; every rank reports a checkpoint
+        state = replica.state_dict()
         if env.rank == 0:
-            ctx.log_metrics({f"train/{stream}_loss": loss.item()}, step=step)
-    elapsed = time.perf_counter() - t0
-    totals = torch.tensor([seen, correct, loss_sum, wait_s / max(elapsed, 1e-9)], dtype=torch.float64)
-    if env.world_size > 1:
-        import torch.distributed as dist
-
-        dist.all_reduce(totals)
-    seen_all, correct_all, loss_all, wait_sum = totals.tolist()
-    metrics = {f"train/{stream}_epoch_loss": loss_all / max(seen_all, 1),
-               f"pipeline/{stream}_trainer_wait_fraction": wait_sum / env.world_size,
-               f"train/{stream}_top1": correct_all / max(seen_all, 1),
-               f"throughput/{stream}_clips_per_s": seen_all / max(elapsed, 1e-9)}
-    if env.rank == 0:
-        ctx.log_metrics(metrics, step=config["epoch"])
-    # [5] checkpoint (rank 0 writes; every rank reports)
-    worker.save_checkpoint(replica.state_dict(), {**metrics, "steps": step}, config["epoch"])
-
-
-def state_from_result(result) -> tuple[bytes, int]:
-    """The epoch's final state as torch-serialised bytes and the global step count."""
-    import torch
-
-    from orchard.strategies.worker import CHECKPOINT_FILE
-
-    if result.checkpoint is None:
-        raise RuntimeError(f"training produced no checkpoint: {result.error}")
-    with result.checkpoint.as_directory() as folder:
-        data = torch.load(Path(folder) / CHECKPOINT_FILE, weights_only=True, map_location="cpu")
-    buf = io.BytesIO()
-    torch.save(data["state"], buf)
-    steps = int((result.metrics or {}).get("steps", 0))
-    return buf.getvalue(), steps
+            ctx.log_metrics(metrics, step=epoch)
+            buf = io.BytesIO()
+            torch.save(state, buf)
+            results.put({"stream": stream, "epoch": epoch, "state": buf.getvalue(), "metrics": metrics,
+                         "steps": step})
+        worker.save_checkpoint(state, {**metrics, "steps": step}, epoch)
 
 
 def load_model(state: bytes, in_channels: int, num_classes: int, widths, dropout: float):
@@ -157,12 +141,16 @@ def shift_workers(alloc: dict[str, int], val_loss: dict[str, float], ratio: floa
     return new, f"{worst} lags ({val_loss[worst]:.3f} vs {val_loss[best]:.3f}): one worker from {best}"
 
 
-def fit_streams(streams: dict[str, dict], alloc: dict[str, int], datasets: dict, states: dict,
-                steps: dict, epoch: int, cfg: dict, ctx, concurrent: bool) -> dict[str, tuple[bytes, int]]:
-    """Train every stream for one epoch with ``alloc[stream]`` workers; returns new states."""
+def launch_streams(streams: dict[str, dict], alloc: dict[str, int], queues: dict[str, list], results,
+                   cfg: dict, ctx) -> dict:
+    """Start one Ray Train run per stream (threads on the driver); returns ``stream -> Future``.
+
+    Each run lasts the whole training; ``alloc[stream]`` workers read ``queues[stream]``.
+    """
     from orchard.strategies import launch
 
     vcfg = cfg["video"]
+    pool = ThreadPoolExecutor(len(streams), thread_name_prefix="video-train")
 
     def one(stream: str):
         spec = streams[stream]
@@ -170,16 +158,11 @@ def fit_streams(streams: dict[str, dict], alloc: dict[str, int], datasets: dict,
         loop_config = {
             "stream": stream, "feature": spec["feature"], "in_channels": spec["in_channels"],
             "num_classes": spec["num_classes"], "widths": vcfg["widths"], "dropout": vcfg["dropout"],
-            "optimizer": dict(vcfg["optimizer"]), "batch_size": int(vcfg["batch_size"]),
-            "seed": int(cfg["seed"]), "epoch": epoch, "state": states.get(stream),
-            "step_offset": steps.get(stream, 0),
+            "optimizer": dict(vcfg["optimizer"]), "seed": int(cfg["seed"]), "epochs": int(vcfg["epochs"]),
+            "queues": queues[stream], "results": results,
         }
-        result = launch(train_loop, loop_config, stream_cfg, ctx, name=f"{stream}_epoch{epoch}",
-                        datasets={"train": datasets[stream]})
-        return state_from_result(result)
+        return launch(train_loop, loop_config, stream_cfg, ctx, name=stream)
 
-    if concurrent and len(streams) > 1:
-        with ThreadPoolExecutor(len(streams)) as pool:
-            futures = {s: pool.submit(one, s) for s in streams}
-            return {s: f.result() for s, f in futures.items()}
-    return {s: one(s) for s in streams}
+    futures = {s: pool.submit(one, s) for s in streams}
+    pool.shutdown(wait=False)
+    return futures

@@ -69,3 +69,75 @@ def test_second_epoch_over_the_same_segments_hits_the_cache(ray_session, tiny_vi
     assert second_stats["flow"]["hits"] == 6 and second_stats["decode"]["hits"] == 6
     assert second_stats["flow"]["saved_s"] > 0
     assert cache.total_bytes() > 0
+
+
+def test_disk_cache_is_bounded_and_evicts_the_least_recently_used(tmp_path):
+    entry = np.zeros(10_000, np.uint8)                       # ~10 KB per entry on disk
+    cache = make_cache("disk", tmp_path, max_mb=45_000 / 2**20)   # room for 4 entries
+    for i in range(4):
+        cache.put(f"k{i:02d}" * 5, entry, 0.1)
+    import os
+    import time
+    past = time.time() - 100
+    for i in range(4):                                       # k00 oldest ... k03 newest
+        os.utime(cache._file(f"k{i:02d}" * 5), (past + i, past + i))
+    assert FeatureCache("disk", directory=cache.directory).get("k00" * 5) is not None   # a hit refreshes k00
+    cache.put("k04" * 5, entry, 0.1)                         # full: the least recently used go first
+    assert cache.total_bytes() <= 45_000
+    kept = {k[:3] for k in (f"k{i:02d}" * 5 for i in range(5)) if cache._file(k).exists()}
+    assert {"k00", "k03", "k04"} <= kept and "k01" not in kept
+    assert cache.evicted >= 1
+
+
+def _writer(directory: str, start: int, n: int) -> None:
+    cache = FeatureCache("disk", directory=directory, max_bytes=200_000)
+    for i in range(start, start + n):
+        cache.put(f"{i:040d}", np.full(20_000, i % 256, np.uint8), 0.01)
+
+
+def test_concurrent_writers_keep_the_bound_and_never_leave_half_an_entry(tmp_path):
+    import multiprocessing as mp
+
+    procs = [mp.get_context("spawn").Process(target=_writer, args=(str(tmp_path), 100 * k, 40)) for k in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert all(p.exitcode == 0 for p in procs)
+    reader = FeatureCache("disk", directory=str(tmp_path), max_bytes=200_000)
+    # each writer may overshoot by what it wrote since its last look at the folder: < 3 entries
+    assert reader.total_bytes() <= 200_000 + 3 * 21_000
+    for f in tmp_path.glob("*/*.npz"):
+        array = reader.get(f.stem)
+        assert array is not None and (array == int(f.stem) % 256).all()
+    assert not list(tmp_path.glob("*/*.tmp"))
+
+
+def test_a_second_run_over_the_same_data_hits_the_persistent_cache(ray_session, tiny_videos, tmp_path):
+    """Two 'runs' (fresh caches, fresh masters) on one cache folder; keys are content digests,
+    so a copy of the videos under another name hits too."""
+    import shutil
+
+    import ray
+
+    from workloads.video.dataset import scan
+    from workloads.video.master import start_master
+    from workloads.video.pipeline import build_dataset, collect
+
+    root, _ = tiny_videos
+    copy = tmp_path / "copy"
+    shutil.copytree(root, copy)
+    stats = []
+    for data in (root, copy):
+        index = scan(str(data), seed=0, index_dir=str(tmp_path / "index"))
+        master = start_master(index.labels, index.lengths, seed=0)
+        cache = make_cache("disk", tmp_path / "features", max_mb=64)
+        segs = [{"video": v, "label": index.labels[v], "offset": 2, "count": 5} for v in range(6)]
+        ds = build_dataset(segs, ["rgb", "flow"], index.paths, index.lengths, pipeline_config(), master,
+                           cache, pts=index.pts, digests=index.digests)
+        collect(ds, "flow", ("video",))
+        stats.append(ray.get(master.stage_stats.remote(True)))
+    first, second = stats
+    assert first["flow"]["hits"] == 0 and first["decode"]["misses"] == 6
+    assert second["decode"]["hits"] == 6 and second["rgb"]["hits"] == 6 and second["flow"]["hits"] == 6
+    assert second["decode"]["saved_s"] + second["flow"]["saved_s"] > 0

@@ -105,3 +105,40 @@ def test_outside_code_registers_an_extractor_with_one_line(monkeypatch):
         extractors.EXTRACTORS.pop("brightness")
     with pytest.raises(KeyError):
         build_extractor("brightness")
+
+
+USER_MODULE = "tests.fixtures.user_extractors.motion_mask"
+
+
+def test_validation_reads_the_registry_after_importing_extractor_modules(compose, monkeypatch):
+    import sys
+
+    import workloads.video as video
+    from orchard import ConfigError
+
+    monkeypatch.delitem(sys.modules, USER_MODULE, raising=False)
+    monkeypatch.delitem(extractors.EXTRACTORS, "motion_mask", raising=False)
+    with pytest.raises(ConfigError) as err:                      # not registered: refused, with the key
+        video.validate(compose("workload=video", "video.streams.temporal=motion_mask"))
+    assert err.value.key == "video.streams.temporal"
+    with pytest.raises(ConfigError) as err:
+        video.validate(compose("workload=video", "video.extractor_modules=[no_such_pkg.features]"))
+    assert err.value.key == "video.extractor_modules"
+    video.validate(compose("workload=video", "video.streams.temporal=motion_mask",
+                           f"video.extractor_modules=[{USER_MODULE}]"))
+    assert "motion_mask" in extractors.EXTRACTORS
+
+
+def test_a_user_extractor_runs_in_the_ray_data_actors(ray_session, tiny_videos):
+    """The stage actors never imported the user's module: ``extractor_modules`` does it there."""
+    from workloads.video.pipeline import build_dataset, collect
+
+    from .conftest import pipeline_config
+
+    _, index = tiny_videos
+    segs = [{"video": v, "label": index.labels[v], "offset": 1, "count": 5} for v in range(4)]
+    ds = build_dataset(segs, ["rgb", "motion_mask"], index.paths, index.lengths,
+                       pipeline_config(extractor_modules=[USER_MODULE]), pts=index.pts, digests=index.digests)
+    feats, meta = collect(ds, "motion_mask", ("video",))
+    assert feats.shape == (4, 4, 32, 32) and set(np.unique(feats)) <= {0, 255}
+    assert (feats == 255).any()                                   # the synthetic videos move

@@ -95,3 +95,36 @@ def test_smoke_run_end_to_end_records_streams_fusion_skips_and_stages(run_orchar
     assert "infer/windows_per_s" in m
     records = _artifact_json(result, "tables/untrimmed_predictions.json", tmp_path)
     assert len(records["videos"]) == 2 and all(v["windows"] for v in records["videos"])
+
+
+@pytest.mark.slow
+def test_real_clips_and_a_user_extractor_train_twice_to_the_same_metrics_the_second_from_the_cache(
+        run_orchard, real_folder, tmp_path):
+    """Written H.264 clips (one VFR per class) beside a JPEG, a text .mp4, an audio-only and a
+    one-frame file; the temporal stream trains on an extractor from outside workloads/;
+    the same seed twice gives the same metrics, and the second run reads the first's cache."""
+    overrides = ("workload=video", "debug=smoke", f"video.root={real_folder}", "seed=7",
+                 "video.streams.temporal=motion_mask",
+                 "video.extractor_modules=[tests.fixtures.user_extractors.motion_mask]",
+                 "video.cache=disk", f"video.cache_dir={tmp_path}/cache")
+    first, second = run_orchard(*overrides), run_orchard(*overrides)
+    assert first.exit_code == 0, first.outcome.error
+    assert second.exit_code == 0, second.outcome.error
+    m1, m2 = first.run.data.metrics, second.run.data.metrics
+    # the four non-videos are skipped and counted by kind, in MLflow and in the summary
+    assert m1["data/skipped_files"] == 4
+    for kind in ("image", "unreadable", "audio_only", "single_frame"):
+        assert m1[f"data/skipped_files/{kind}"] == 1 and first.metrics[f"data/skipped_files/{kind}"] == 1
+    # the user's extractor fed the temporal stream
+    assert "pipeline/motion_mask_items_per_s" in m1 and "val/temporal_top1" in m1
+    # reproducible: every validation metric to the printed digits
+    val1 = {k: round(v, 4) for k, v in m1.items() if k.startswith("val/")}
+    val2 = {k: round(v, 4) for k, v in m2.items() if k.startswith("val/")}
+    assert val1 == val2 and len(val1) > 10
+    # the second run decoded nothing to index and found its features in the cache
+    assert m1["data/index_reused"] == 0 and m2["data/index_reused"] == 16
+    assert m1["cache/hit_rate"] < m2["cache/hit_rate"] and m2["cache/hit_rate"] > 0.9
+    assert m2["cache/time_saved_s"] > 0
+    # trainers and stages report how much of their time they waited or worked
+    assert 0 <= m1["pipeline/temporal_trainer_wait_fraction"] <= 1
+    assert 0 < m1["pipeline/decode_busy_fraction"] <= 1

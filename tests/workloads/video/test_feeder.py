@@ -1,0 +1,50 @@
+"""The feeder deals one in-order pipeline to every stream's workers: same batches every time."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def _batches(epochs: int, rows: int, size: int):
+    """Pipeline batches (not aligned to epochs) with an ``epoch`` column and two feature columns."""
+    ids = np.arange(epochs * rows)
+    data = {"epoch": ids // rows, "label": ids % 3, "f1": ids * 10, "f2": ids * 100}
+    return [{k: v[i:i + size] for k, v in data.items()} for i in range(0, len(ids), size)]
+
+
+def _drain(queue) -> list:
+    from workloads.video.feeder import END
+
+    out = []
+    while True:
+        item = queue.get(timeout=60)
+        out.append(item if isinstance(item, tuple) else (item["x"].tolist(), item["y"].tolist()))
+        if isinstance(item, tuple) and item[0] == END and item[1] == 1:
+            return out
+
+
+def test_batches_never_cross_an_epoch_and_split_evenly_over_workers(ray_session):
+    import threading
+
+    from workloads.video.feeder import END, Feeder, make_queues, shutdown_queues
+
+    queues = make_queues({"spatial": 1, "temporal": 2}, depth=2)     # small: the feeder must wait
+    feeder = Feeder({"spatial": "f1", "temporal": "f2"}, queues, batch_size=4, epochs=2)
+    got = {}
+    readers = [threading.Thread(target=lambda k=k, q=q: got.__setitem__(k, _drain(q)))
+               for k, q in (("s0", queues["spatial"][0]), ("t0", queues["temporal"][0]),
+                            ("t1", queues["temporal"][1]))]
+    for r in readers:
+        r.start()
+    feeder.run(_batches(epochs=2, rows=10, size=3))
+    for r in readers:
+        r.join(60)
+    shutdown_queues(queues)
+    assert feeder.error is None
+    # spatial, one worker: 4 + 4 + 2 rows per epoch, then the epoch's end mark
+    assert [x for x, _ in got["s0"][:3]] == [[0, 10, 20, 30], [40, 50, 60, 70], [80, 90]]
+    assert got["s0"][3] == (END, 0) and got["s0"][-1] == (END, 1)
+    assert got["s0"][4][0] == [100, 110, 120, 130]                    # epoch 1 starts a fresh batch
+    # temporal, two workers: each global batch halved, in order
+    assert [x for x, _ in got["t0"][:3]] == [[0, 100], [400, 500], [800]]
+    assert [x for x, _ in got["t1"][:3]] == [[200, 300], [600, 700], [900]]
+    assert feeder.wait_trainers_s >= 0 and feeder.batches == 6

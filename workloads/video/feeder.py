@@ -1,0 +1,145 @@
+"""The feeder: one streaming pipeline for the whole training, dealt to every stream's trainers.
+
+Decode once: the pipeline (pipeline.py) carries every stream's feature for every segment
+of every epoch, in segment order. The feeder, a thread on the driver, cuts it into the
+streams' global batches (never across an epoch), splits each batch evenly over a stream's
+workers and puts each worker's part in that worker's bounded queue (a Ray queue actor),
+followed by an end-of-epoch mark after each epoch. Each stream's Ray Train run reads its
+own queues for all epochs (train.py): one run per stream, no relaunch per epoch.
+
+Backpressure: a full queue blocks the feeder, which stops pulling from the pipeline,
+which Ray Data then holds back within its object-store budget. Determinism: rows arrive in
+order and are dealt by position, so every worker of every stream sees the same batches
+run after run, whatever the timing.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+END = "end_of_epoch"
+
+
+class Stopped(RuntimeError):
+    """The run is ending (a trainer failed or the run was interrupted): stop feeding."""
+
+
+def make_queues(alloc: dict[str, int], depth: int) -> dict[str, list]:
+    """One bounded queue per worker of each stream (``depth`` batches each)."""
+    from ray.util.queue import Queue
+
+    return {s: [Queue(maxsize=depth, actor_options={"num_cpus": 0}) for _ in range(n)] for s, n in alloc.items()}
+
+
+def shutdown_queues(queues: dict[str, list]) -> None:
+    for qs in queues.values():
+        for q in qs:
+            try:
+                q.shutdown(force=True)
+            except Exception:  # already gone
+                pass
+
+
+class Feeder:
+    """Deals the pipeline's rows to the streams' worker queues; keeps its own wait figures.
+
+    ``streams``: stream -> feature column; ``queues``: stream -> one queue per worker;
+    ``batch_size``: a stream's global batch (split over its workers); ``epochs``: how many
+    end-of-epoch marks to send (every epoch gets one, even one whose segments all failed).
+    """
+
+    def __init__(self, streams: dict[str, str], queues: dict[str, list], batch_size: int, epochs: int):
+        self.streams, self.queues, self.batch_size, self.epochs = streams, queues, batch_size, epochs
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        self.wait_pipeline_s = 0.0    # blocked on the pipeline: the trainers may starve
+        self.wait_trainers_s = 0.0    # blocked on a full queue: the pipeline is ahead
+        self.batches = 0
+        self._epoch = 0
+
+    # -- dealing ------------------------------------------------------------------------
+    def _put(self, q, item) -> None:
+        from ray.util.queue import Full
+
+        t0 = time.perf_counter()
+        while True:
+            if self.stop.is_set():
+                raise Stopped("feeder stopped")
+            try:
+                q.put(item, block=True, timeout=1.0)
+                break
+            except Full:
+                continue
+        self.wait_trainers_s += time.perf_counter() - t0
+
+    def _emit(self, rows: dict[str, np.ndarray]) -> None:
+        n = len(rows["label"])
+        if n == 0:
+            return
+        for stream, feature in self.streams.items():
+            parts = np.array_split(np.arange(n), len(self.queues[stream]))
+            if min(len(p) for p in parts) == 0:
+                return  # fewer rows than workers (a dropped segment at an epoch's end): skip them all
+        for stream, feature in self.streams.items():
+            parts = np.array_split(np.arange(n), len(self.queues[stream]))
+            for q, part in zip(self.queues[stream], parts):
+                self._put(q, {"x": rows[feature][part], "y": rows["label"][part]})
+        self.batches += 1
+
+    def _end_epochs(self, until: int) -> None:
+        """End-of-epoch marks for every epoch before ``until``."""
+        while self._epoch < until:
+            for qs in self.queues.values():
+                for q in qs:
+                    self._put(q, (END, self._epoch))
+            self._epoch += 1
+
+    def run(self, batches) -> None:
+        """Feed from an iterator of numpy batches with an ``epoch`` column (rows in epoch order)."""
+        columns = ["label", *sorted(set(self.streams.values()))]
+        buffer: dict[str, list] = {c: [] for c in columns}
+        held = 0
+
+        def flush(limit: int | None) -> None:
+            nonlocal buffer, held
+            if not held:
+                return
+            joined = {c: np.concatenate(v) for c, v in buffer.items()}
+            while held and (limit is None or held >= limit):
+                take = held if limit is None else limit
+                self._emit({c: v[:take] for c, v in joined.items()})
+                joined = {c: v[take:] for c, v in joined.items()}
+                held -= take
+            buffer = {c: [v] if len(v) else [] for c, v in joined.items()}
+
+        try:
+            it = iter(batches)
+            while True:
+                t0 = time.perf_counter()
+                batch = next(it, None)
+                self.wait_pipeline_s += time.perf_counter() - t0
+                if batch is None:
+                    break
+                epochs = batch["epoch"]
+                for e in np.unique(epochs):   # rows come in epoch order (preserve_order)
+                    if e > self._epoch:
+                        flush(None)           # the epoch's last, smaller batch
+                        self._end_epochs(int(e))
+                    rows = epochs == e
+                    for c in columns:
+                        buffer[c].append(batch[c][rows])
+                    held += int(rows.sum())
+                    flush(self.batch_size)
+            flush(None)
+            self._end_epochs(self.epochs)
+        except Stopped:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - reported to the driver, which fails the run
+            self.error = exc
+
+    def start(self, batches) -> threading.Thread:
+        thread = threading.Thread(target=self.run, args=(batches,), name="video-feeder", daemon=True)
+        thread.start()
+        return thread
