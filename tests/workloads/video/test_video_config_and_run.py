@@ -47,7 +47,7 @@ def test_bad_values_are_refused_with_the_key(compose, override, key):
 
 
 def test_ps_strategy_is_refused_for_video():
-    from orchard.cli import prepare
+    from orchard.lifecycle import prepare
 
     with pytest.raises(ConfigError) as err:
         prepare(["workload=video", "strategy=ps"])
