@@ -20,6 +20,7 @@ import time
 import numpy as np
 
 END = "end_of_epoch"
+STOP = "stop_training"   # the run ended training early (video.target_top1 reached)
 
 
 class Stopped(RuntimeError):
@@ -52,7 +53,8 @@ class Feeder:
 
     def __init__(self, streams: dict[str, str], queues: dict[str, list], batch_size: int, epochs: int):
         self.streams, self.queues, self.batch_size, self.epochs = streams, queues, batch_size, epochs
-        self.stop = threading.Event()
+        self.stop = threading.Event()      # the run is failing: drop everything
+        self.finish = threading.Event()    # the run met its target: tell the trainers to stop
         self.error: BaseException | None = None
         self.wait_pipeline_s = 0.0    # blocked on the pipeline: the trainers may starve
         self.wait_trainers_s = 0.0    # blocked on a full queue: the pipeline is ahead
@@ -116,7 +118,7 @@ class Feeder:
 
         try:
             it = iter(batches)
-            while True:
+            while not self.finish.is_set():
                 t0 = time.perf_counter()
                 batch = next(it, None)
                 self.wait_pipeline_s += time.perf_counter() - t0
@@ -132,6 +134,11 @@ class Feeder:
                         buffer[c].append(batch[c][rows])
                     held += int(rows.sum())
                     flush(self.batch_size)
+            if self.finish.is_set():
+                for qs in self.queues.values():
+                    for q in qs:
+                        self._put(q, (STOP, self._epoch))
+                return
             flush(None)
             self._end_epochs(self.epochs)
         except Stopped:

@@ -182,6 +182,8 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
     runs = launch_streams(streams, alloc, queues, results, cfg, ctx)
     states: dict[str, bytes] = {}
     done: dict[int, dict] = {}
+    target = vcfg.get("target_top1")
+    epochs_run, time_to_target = 0, None
     try:
         for epoch in range(epochs):
             while len(done.get(epoch, {})) < len(streams):
@@ -215,6 +217,17 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
             history.append({"epoch": epoch, "workers": dict(alloc), "val_loss": losses, "shift_rule": reason})
             ctx.progress(epoch + 1, epochs, desc=f"epoch {epoch + 1}",
                          **{f"{s} val top1": val[f"val/{s}_top1"] for s in streams})
+            epochs_run = epoch + 1
+            fused = aggregation.topk_accuracy(np.mean([scores[s].mean(1) for s in streams], axis=0), labels, 1)
+            if target is not None and fused >= target and epoch + 1 < epochs:
+                # [6b] target met: the master stops decoding (the stages drop what is left) and
+                #      the trainers stop at their next batch; the last validated states are kept
+                time_to_target = time.perf_counter() - t_train
+                ray.get(master.stop.remote())
+                feeder.finish.set()
+                break
+            if target is not None and fused >= target and time_to_target is None:
+                time_to_target = time.perf_counter() - t_train
         for s, fut in runs.items():
             fut.result()
     finally:
@@ -225,10 +238,10 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
     phase_s["train"] = time.perf_counter() - t_train
     shutdown_queues({**queues, "results": [results]})
     # Ray Data's own per-operator figures of the training pipeline (one execution for all epochs)
-    train_ops = _operator_summaries(master)
-    ctx.log_metrics(operator_metrics(train_ops), step=epochs - 1)
-    op_summaries += train_ops
+    op_summaries += _operator_summaries(master)
+    ctx.log_metrics(operator_metrics(op_summaries), step=max(epochs_run - 1, 0))
     ctx.log_dict({"epochs": history}, "tables/worker_allocation.json")
+    ray.get(master.start.remote())   # a run stopped at its target decodes again for inference
     # [7] aggregation on the validation set: a table, the winner tagged
     t_phase = time.perf_counter()
     acfg = vcfg["aggregation"]
@@ -276,7 +289,8 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
               **{f"memory/{k.split('/', 1)[1]}": v for k, v in whole_run.items()
                  if k in ("pipeline/store_mb_peak", "pipeline/store_limit_mb")},
               "memory/spilled_mb": sum(v for k, v in whole_run.items() if k.endswith("_spilled_mb")),
-              "time/total_s": time.perf_counter() - t_start,
+              "time/total_s": time.perf_counter() - t_start, "train/epochs_run": float(epochs_run),
+              **({"time/to_target_s": time_to_target} if time_to_target is not None else {}),
               **{f"time/{phase}_s": sec for phase, sec in phase_s.items()}, "val/chance_top1": 1.0 / num_classes,
               **{f"val/{s}_top1": val[f"val/{s}_top1"] for s in streams}}
     return final

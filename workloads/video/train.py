@@ -30,7 +30,7 @@ def train_loop(config: dict) -> None:
 
     from orchard.strategies import worker
 
-    from .feeder import END
+    from .feeder import END, STOP
     from .model import build_stream_model
 
     # [1] build the model; a restarted group resumes after its last checkpointed epoch
@@ -59,6 +59,8 @@ def train_loop(config: dict) -> None:
             t_wait = time.perf_counter()
             item = queue.get(block=True)
             wait_s += time.perf_counter() - t_wait
+            if isinstance(item, tuple) and item[0] == STOP:
+                return   # the run met its target: the driver already has the state it validated
             if isinstance(item, tuple) and item[0] == END:
                 break
             x = torch.tensor(item["x"]).to(env.device)          # a copy: arrays from the queue are read-only

@@ -48,3 +48,24 @@ def test_batches_never_cross_an_epoch_and_split_evenly_over_workers(ray_session)
     assert [x for x, _ in got["t0"][:3]] == [[0, 100], [400, 500], [800]]
     assert [x for x, _ in got["t1"][:3]] == [[200, 300], [600, 700], [900]]
     assert feeder.wait_trainers_s >= 0 and feeder.batches == 6
+
+
+def test_finish_sends_every_worker_a_stop_mark_and_stops_pulling(ray_session):
+    from workloads.video.feeder import STOP, Feeder, make_queues, shutdown_queues
+
+    queues = make_queues({"spatial": 1, "temporal": 2}, depth=4)
+    feeder = Feeder({"spatial": "f1", "temporal": "f2"}, queues, batch_size=4, epochs=2)
+    pulled = []
+
+    def batches():
+        for b in _batches(epochs=2, rows=10, size=3):
+            pulled.append(len(b["label"]))
+            if len(pulled) == 2:
+                feeder.finish.set()        # the driver saw the target met
+            yield b
+
+    feeder.run(batches())
+    marks = [[q.get(timeout=30) for _ in range(q.size())] for qs in queues.values() for q in qs]
+    shutdown_queues(queues)
+    assert feeder.error is None and len(pulled) == 2                  # nothing pulled after finish
+    assert all(m[-1] == (STOP, 0) for m in marks)
