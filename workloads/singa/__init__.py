@@ -1,9 +1,10 @@
 """workload=singa: SINGA-style layer models and training architectures.
 
 Source: ../shared/seeds/003_91d1b6974c17e1ff.txt (Wang et al., SINGA), sections 3-6 and
-Appendix B.  A net is a YAML list of layers (conf/singa/apps/<app>.yaml) built on the layer
-contract of ``layers/base.py``; ``singa.arch`` (conf/singa/arch/<arch>.yaml) picks how worker
-groups and parameter servers share the training.  Light on import: heavy modules load in ``run``.
+Appendix B.  A net is a YAML list of layers (conf/singa/apps/<app>.yaml, or the user's own file
+``singa.net=...`` with layer types from ``singa.layer_modules=[...]``) built on the layer contract
+of ``layers/base.py``; ``singa.arch`` (conf/singa/arch/<arch>.yaml) picks how worker groups and
+parameter servers share the training.  Light on import: heavy modules load in ``run``.
 """
 from __future__ import annotations
 
@@ -13,16 +14,23 @@ STRATEGIES = ("ps", "ring")
 
 
 def validate(cfg: dict) -> None:
-    """Reject bad singa.* keys with one line, before Ray starts."""
+    """Reject bad singa.* keys with one line, before Ray starts.  Builds the net (and every
+    pre-training stage's) on two samples of its data and runs one BP/CD pass, so a broken net
+    fails here naming its layer; a strategy or cluster key the chosen arch would ignore is
+    rejected too."""
     from orchard.config import require, require_choice, require_path, require_positive
     from orchard.errors import ConfigError
     from workloads.singa.apps.dataset import DATASETS
     from workloads.singa.partition import SCHEMES
-    from workloads.singa.settings import APPS, arch_names, load_app, resolve_arch, resolve_training
+    from workloads.singa.settings import (APPS, arch_names, check_net, load_net, net_key, resolve_arch,
+                                          resolve_training)
     from workloads.singa.updaters import UPDATERS
 
     s = cfg["singa"]
     require_choice(cfg, "singa.app", APPS)
+    modules = s.get("layer_modules") or []
+    if not isinstance(modules, list) or not all(isinstance(m, str) and m for m in modules):
+        raise ConfigError("singa.layer_modules", f"a list of importable module names, e.g. [mypkg.layers], got {modules!r}")
     require_choice(cfg, "singa.arch", arch_names())
     require_choice(cfg, "singa.partition", SCHEMES)
     if s.get("data") is not None:
@@ -37,8 +45,13 @@ def validate(cfg: dict) -> None:
         require_choice(cfg, "singa.updater", UPDATERS)
     if s.get("target_accuracy") is not None:
         require(cfg, "singa.target_accuracy", lambda v: 0 < float(v) <= 1, "a fraction in (0, 1]")
-    app = load_app(s["app"])
+    try:
+        app = load_net(cfg)
+    except ValueError as exc:
+        raise ConfigError("singa.net", str(exc)) from None
     train = resolve_training(cfg, app)
+    if train["data"] not in DATASETS:
+        raise ConfigError(net_key(cfg), f"data: one of {', '.join(DATASETS)}, got {train['data']!r}")
     if train["data"] in ("mnist", "cifar10", "nuswide") and not s.get("data_dir"):
         raise ConfigError("singa.data_dir", f"a folder with the {train['data']} files (singa.data={train['data']})")
     arch = resolve_arch(cfg)
@@ -69,6 +82,56 @@ def validate(cfg: dict) -> None:
             raise ConfigError("singa.cluster.server_updater.lr", f"a positive number, got {server_updater.get('lr')!r}")
     if arch["name"] == "local" and arch["worker_groups"] != 1:
         raise ConfigError("singa.cluster.worker_groups", "1 for arch local")
+    _reject_ignored_keys(cfg, arch)
+    # [last] build the net(s) on real samples: one line naming the layer, before Ray starts
+    from workloads.singa.net import NetError
+
+    try:
+        check_net(cfg)
+    except ImportError as exc:
+        raise ConfigError("singa.layer_modules", str(exc)) from None
+    except NetError as exc:
+        raise ConfigError(net_key(cfg), str(exc)) from None
+
+
+def _reject_ignored_keys(cfg: dict, arch: dict) -> None:
+    """No silent keys: a strategy or ``singa.cluster`` value the chosen arch would not use is
+    an error, not a no-op."""
+    from orchard.errors import ConfigError
+
+    name, strategy, s = arch["name"], cfg["strategy"], cfg["singa"]
+    serverless = name in ("local", "allreduce")
+    if float(strategy.get("gpus_per_worker", 0) or 0) > 0:
+        raise ConfigError("strategy.gpus_per_worker", "0 for workload=singa (its layer engine runs its worker "
+                          f"groups on CPUs), got {strategy['gpus_per_worker']}")
+    if strategy.get("backend", "auto") not in ("auto", "gloo"):
+        raise ConfigError("strategy.backend", f"auto or gloo for workload=singa (groups all-reduce CPU tensors), "
+                          f"got {strategy['backend']!r}")
+    if strategy.get("mode") == "async" and arch.get("mode") != "async":
+        raise ConfigError("strategy.mode", f"async asks for Downpour (singa.arch=async_ps); singa.arch={name} is "
+                          "synchronous")
+    if strategy.get("async_average") and arch.get("mode") != "async":
+        raise ConfigError("strategy.async_average", f"false unless the arch is asynchronous (async_ps), got true "
+                          f"with singa.arch={name}")
+    every = arch.get("sync_every", 1)
+    if not isinstance(every, int) or every < 1:
+        raise ConfigError("singa.cluster.sync_every", f"a positive integer, got {every!r}")
+    if serverless and every != 1:
+        raise ConfigError("singa.cluster.sync_every", f"1 for arch {name} (it has no servers to sync with), got {every}")
+    if name in ("sync_ps", "async_ps") and int(arch.get("server_groups") or 0) != 1:
+        raise ConfigError("singa.cluster.server_groups", f"1 for arch {name} (several server groups: "
+                          f"singa.arch=replicated), got {arch.get('server_groups')}")
+    if serverless:
+        for key in ("server_groups", "servers_per_group"):
+            if int(arch.get(key) or 0) != 0:
+                raise ConfigError(f"singa.cluster.{key}", f"0 for arch {name} (it has no servers), got {arch[key]}")
+        if arch.get("server_updater"):
+            raise ConfigError("singa.cluster.server_updater", f"null for arch {name} (it has no servers)")
+        if arch.get("separate_servers") is False:
+            raise ConfigError("singa.cluster.separate_servers", f"true for arch {name} (it has no servers)")
+    if int(arch.get("workers_per_group") or 1) > 1 and s.get("partition", "none") == "none":
+        raise ConfigError("singa.partition", f"data, model or hybrid when singa.cluster.workers_per_group="
+                          f"{arch['workers_per_group']} (the group's nodes split the net), got 'none'")
 
 
 def run(cfg: dict, ctx) -> dict[str, float]:

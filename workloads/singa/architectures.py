@@ -4,17 +4,25 @@
     sync_ps     Sandblaster-like: worker groups push to sharded servers, which apply the averaged
                 update once every group pushed for the step (= one group with a bigger batch)
     async_ps    Downpour: each push is applied at once, by AdaGrad on the servers as Dean et al.
-                ran it (``server_updater``); optional parameter sampling (6.5.1)
+                ran it (``server_updater``); optional random parameter sampling (6.5.1)
     replicated  several server groups, each holding all parameters and serving its own worker
                 groups; the replicas exchange (average) their parameters every ``sync_every`` steps
     allreduce   serverless: groups average gradients with a gloo all-reduce, update locally
 
+With servers, a group pushes every ``sync_every`` steps (Downpour's n_push = n_fetch): its
+gradients accumulate in between and go up as one sum.  Weight decay is added by the groups with
+each parameter's ``wd_mult`` (the servers run the update rule with no decay of their own).
+
 The parameter servers are orchard's shared core (``orchard.strategies.ps``); worker groups,
 replica exchange and sampling are SINGA-specific and live here.  The model never sees which
-architecture runs it: every group is the same ``WorkerGroup``.
+architecture runs it: every group is the same ``WorkerGroup``.  Groups are spread over the
+cluster's nodes; peers reach each other at their node's address (Ray actor calls to the
+servers; the all-reduce rendezvous binds the node IP of group 0, never a loopback).
 """
 from __future__ import annotations
 
+import math
+import os
 import socket
 import time
 
@@ -37,10 +45,17 @@ class GroupActor:
         self.client = None
         self.bytes = 0
         self.comm_s = 0.0
+        self.pushes = 0
+        self.pushed_names: list[list[str]] = []   # the names of the last few pushes (tests, docs)
+        self._pending: dict[str, np.ndarray] | None = None
+        self._since_push = 0
+        self.weight_decay = 0.0
 
     def info(self) -> dict:
         return {"steps_per_epoch": self.group.steps_per_epoch, "plan": self.group.plan(),
-                "num_params": int(sum(v.size for v in self.group.get_params().values()))}
+                "num_params": int(sum(v.size for v in self.group.get_params().values())),
+                "num_train": self.group.num_train, "num_test": len(next(iter(self.group.test.values()))),
+                "node_id": ray.get_runtime_context().get_node_id(), "node_ip": ray.util.get_node_ip_address()}
 
     def get_params(self) -> dict:
         return self.group.get_params()
@@ -54,46 +69,67 @@ class GroupActor:
         return self.group.evaluate()
 
     def stats(self) -> dict:
-        return {**self.group.stats(), "comm_bytes": self.bytes, "comm_s": self.comm_s}
+        return {**self.group.stats(), "comm_bytes": self.bytes, "comm_s": self.comm_s, "pushes": self.pushes,
+                "pushed_names": self.pushed_names}
 
     # -- parameter servers -----------------------------------------------------------------------
-    def connect_ps(self, ps_group, worker_index: int) -> None:
+    def connect_ps(self, ps_group, worker_index: int, weight_decay: float = 0.0) -> None:
         from orchard.strategies.ps import PSClient
 
         self.client = PSClient(ps_group, worker_index)
+        self.weight_decay = float(weight_decay)
         self.group.set_params(self.client.pull())
 
     def run_ps(self, steps: int, sample_ratio: float = 1.0) -> dict:
-        """``steps`` iterations of compute -> fused push/pull (sampled names when ratio < 1)."""
-        from orchard.strategies.ps import payload_bytes, sampled_names
+        """``steps`` iterations of compute; every ``sync_every``-th one pushes the accumulated
+        gradients and pulls fresh parameters in one fused call (a random ``sample_ratio`` share
+        of the parameters when it is < 1)."""
+        from orchard.strategies.ps import payload_bytes
 
         names = sorted(self.group.get_params())
+        every = int(self.group.spec.get("push_every", 1) or 1)
         metrics = {}
         for _ in range(steps):
             metrics = self.group.compute()
-            grads = self.group.server_gradients()
+            grads = self.group.server_gradients(self.weight_decay)
+            self._pending = grads if self._pending is None else {n: self._pending[n] + g for n, g in grads.items()}
+            self._since_push += 1
+            self.group.advance()
+            if self._since_push < every:
+                continue
+            grads, self._pending, self._since_push = self._pending, None, 0
             if sample_ratio < 1.0:
-                keep = sampled_names(names, sample_ratio, self.group.step, self.rank)
+                keep = sample_names(names, sample_ratio, int(self.group.spec.get("sample_seed", 0)), self.rank,
+                                    self.pushes)
                 grads = {n: grads[n] for n in keep}
+            self.pushed_names = (self.pushed_names + [sorted(grads)])[-8:]
             t0 = time.perf_counter()
             # Sampling relieves the servers both ways: only the pushed parameters come back.
-            fresh = self.client.push_pull(grads, self.group.step, only_pushed=sample_ratio < 1.0)
+            fresh = self.client.push_pull(grads, self.pushes, only_pushed=sample_ratio < 1.0)
             self.comm_s += time.perf_counter() - t0
             # What crossed the wire: our gradients up, the answering shards' parameters down.
             self.bytes += payload_bytes(grads) + payload_bytes(fresh)
+            self.pushes += 1
             self.group.set_params(fresh)
-            self.group.advance()
         return metrics
 
     # -- all-reduce ------------------------------------------------------------------------------
     def address(self) -> tuple[str, int]:
+        """This node's IP (as Ray knows it) and a free port on it: the rendezvous of the
+        all-reduce group, reachable from groups on other nodes."""
+        host = ray.util.get_node_ip_address()
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return "127.0.0.1", s.getsockname()[1]
+            s.bind((host, 0))
+            return host, s.getsockname()[1]
 
     def join_allreduce(self, host: str, port: int) -> None:
         import torch.distributed as dist
 
+        # gloo talks over the interface that carries this node's IP, not whatever the hostname
+        # resolves to (often 127.0.1.1, unreachable from other machines).
+        interface = _interface_of(ray.util.get_node_ip_address())
+        if interface and "GLOO_SOCKET_IFNAME" not in os.environ:
+            os.environ["GLOO_SOCKET_IFNAME"] = interface
         dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=self.rank,
                                 world_size=self.num_groups)
 
@@ -136,7 +172,9 @@ class GroupActor:
 def server_optimizer(updater: dict, server_updater: dict | None = None) -> dict:
     """The core PS optimizer spec for a SINGA updater conf (same rule, fixed base lr).
     ``server_updater`` (an arch preset's, e.g. Downpour's AdaGrad) replaces the app's rule and
-    whatever keys it sets; weight decay stays the app's unless it sets its own."""
+    whatever keys it sets; weight decay stays the app's unless it sets its own.  The spec's
+    ``weight_decay`` is the rule's; ``Architecture`` hands it to the groups, which add it with
+    each parameter's ``wd_mult``, and starts the servers with none."""
     if server_updater:
         keep = {"weight_decay": updater["weight_decay"]} if "weight_decay" in updater else {}
         updater = {**keep, **server_updater}
@@ -147,6 +185,27 @@ def server_optimizer(updater: dict, server_updater: dict | None = None) -> dict:
     return spec
 
 
+def sample_names(names: list[str], fraction: float, seed: int, group: int, push: int) -> list[str]:
+    """Parameter sampling (6.5.1): a random ``fraction`` of ``names`` (at least one), drawn
+    afresh for every push of every group from ``(seed, group, push)``: reproducible, and
+    independent between groups and pushes."""
+    if fraction >= 1.0:
+        return list(names)
+    k = max(1, math.ceil(len(names) * fraction))
+    rng = np.random.default_rng([int(seed), int(group), int(push)])
+    return [names[i] for i in sorted(rng.choice(len(names), size=k, replace=False))]
+
+
+def _interface_of(ip: str) -> str | None:
+    """The network interface that carries ``ip`` on this machine (None if none does)."""
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == ip for a in addrs):
+            return name
+    return None
+
+
 class Architecture:
     """Starts the groups (and servers) of one architecture and runs them in rounds of steps."""
 
@@ -154,9 +213,14 @@ class Architecture:
         self.arch, self.spec = arch, spec
         self.name = arch["name"]
         self.num_groups = int(arch["worker_groups"])
-        opts = {"num_cpus": cpus_per_group}
+        # SPREAD: on a cluster the groups land on different nodes (one node: no difference)
+        opts = {"num_cpus": cpus_per_group, "scheduling_strategy": "SPREAD"}
         self.actors = [GroupActor.options(**opts).remote(spec, r, self.num_groups) for r in range(self.num_groups)]
         infos = ray.get([a.info.remote() for a in self.actors])
+        self.nodes = [i["node_id"] for i in infos]
+        # the data each group saw: a strided 1/num_groups share of the training set; all test it
+        self.data_partition = {"train_per_group": [i["num_train"] for i in infos], "test": infos[0]["num_test"]}
+        self.rendezvous: tuple[str, int] | None = None
         self.steps_per_epoch = min(i["steps_per_epoch"] for i in infos)
         self.plan = infos[0]["plan"]
         self.num_params = infos[0]["num_params"]
@@ -168,17 +232,18 @@ class Architecture:
             from orchard.strategies.ps import PSGroup
 
             replicas = int(arch.get("server_groups", 1)) if self.name == "replicated" else 1
+            rule = server_optimizer(spec["updater"], arch.get("server_updater"))
             for r in range(replicas):
                 members = [g for g in range(self.num_groups) if g % replicas == r]
                 self.ps_groups.append(PSGroup.create(
                     params, num_servers=int(arch["servers_per_group"]), num_workers=len(members),
-                    mode=arch.get("mode", "sync"),
-                    optimizer=server_optimizer(spec["updater"], arch.get("server_updater")),
-                    cpus_per_server=float(arch.get("cpus_per_server", 0))))
-            ray.get([a.connect_ps.remote(self.ps_groups[g % replicas], _index_in(g, replicas))
+                    mode=arch.get("mode", "sync"), optimizer=dict(rule, weight_decay=0.0),
+                    cpus_per_server=float(arch.get("cpus_per_server", 0)),
+                    async_average=bool(arch.get("async_average", False))))
+            ray.get([a.connect_ps.remote(self.ps_groups[g % replicas], _index_in(g, replicas), rule["weight_decay"])
                      for g, a in enumerate(self.actors)])
         elif self.name == "allreduce" and self.num_groups > 1:
-            host, port = ray.get(self.actors[0].address.remote())
+            host, port = self.rendezvous = tuple(ray.get(self.actors[0].address.remote()))
             ray.get([a.join_allreduce.remote(host, port) for a in self.actors])
         else:
             ray.get([a.set_params.remote(params) for a in self.actors[1:]])
@@ -231,7 +296,7 @@ class Architecture:
         steps = max(1, per[0]["steps"])
         worker_bytes = sum(p["comm_bytes"] for p in per)
         return {"steps": per[0]["steps"], "compute_s": per[0]["compute_s"],
-                "comm_s": per[0]["comm_s"],
+                "comm_s": per[0]["comm_s"], "pushes": per[0]["pushes"], "pushed_names": per[0]["pushed_names"],
                 "comm_bytes_per_step": (worker_bytes + self.exchange_bytes) / steps,
                 "bridge_bytes_per_step": sum(p["bridge_bytes"] for p in per) / steps,
                 "group_param_bytes_per_step": sum(p["group_param_bytes"] for p in per) / steps}

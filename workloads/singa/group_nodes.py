@@ -27,6 +27,7 @@ import numpy as np
 import ray
 import torch
 
+from workloads.singa.layers.base import import_layer_modules
 from workloads.singa.net import NeuralNet
 from workloads.singa.partition import PartitionedNet
 
@@ -81,7 +82,9 @@ class BridgeTransport:
 
 
 def build_net(recipe: dict) -> PartitionedNet:
-    """The group's ``PartitionedNet`` from its recipe: every node builds the same one."""
+    """The group's ``PartitionedNet`` from its recipe: every node builds the same one (after
+    importing the user's layer modules: a node actor is a process of its own)."""
+    import_layer_modules(recipe.get("layer_modules"))
     base = NeuralNet(recipe["layers"], recipe["input_shapes"], seed=recipe["seed"])
     return PartitionedNet(base, recipe["group_size"], recipe["plan"])
 

@@ -1,5 +1,6 @@
-"""The driver of a singa run: resolve app + arch, (pre-)train with the architecture, evaluate
-every epoch, then the app's extras (retrieval for msae, t-SNE figures).  Called by ``run``."""
+"""The driver of a singa run: resolve the net (``singa.app`` or the user's ``singa.net``) and the
+arch, (pre-)train with the architecture, evaluate every epoch, then the app's extras (retrieval
+for msae, t-SNE figures).  Called by ``run``."""
 from __future__ import annotations
 
 import math
@@ -8,18 +9,24 @@ import time
 import numpy as np
 import ray
 import torch
+import yaml
 
-from workloads.singa.settings import group_spec, load_app, resolve_arch, resolve_training
+from workloads.singa.layers.base import import_layer_modules
+from workloads.singa.settings import group_spec, load_net, resolve_arch, resolve_training
 
 
 def run_app(cfg: dict, ctx) -> dict[str, float]:
-    """Train ``singa.app`` with ``singa.arch``; log per-epoch and final metrics; return finals."""
+    """Train ``singa.app`` (or the ``singa.net`` file) with ``singa.arch``; log per-epoch and
+    final metrics; return finals."""
     s = cfg["singa"]
-    app = load_app(s["app"])
+    import_layer_modules(s.get("layer_modules"))  # the driver builds nets too (t-SNE, retrieval)
+    app = load_net(cfg)
     train = resolve_training(cfg, app)
     arch = resolve_arch(cfg)
     ctx.log_params({"singa.resolved_arch": arch, "singa.resolved_updater": train["updater"],
                     "singa.resolved_data": train["data"], "singa.resolved_batch_size": train["batch_size"]})
+    if s.get("net"):
+        ctx.log_text(yaml.safe_dump(app, sort_keys=False), "net.yaml")
     final: dict[str, float] = {}
     initial = None
     # [1] CD pre-training of stacked RBMs, one stage per RBM (Table 1 hybrid: rbm/dbn)
@@ -38,7 +45,7 @@ def run_app(cfg: dict, ctx) -> dict[str, float]:
     out = fit(spec, arch, cfg, ctx, int(train["epochs"]), target=train.get("target_accuracy"))
     final.update(out["final"])
     # [3] the app's extras on the trained parameters
-    if s["app"] == "msae":
+    if s["app"] == "msae" and not s.get("net"):
         final.update(msae_retrieval(spec, out["params"], ctx))
     if s.get("tsne") and app.get("tsne_layers"):
         final.update(tsne_figures(spec, out["params"], app["tsne_layers"], int(s["tsne_samples"]), ctx))
@@ -68,6 +75,10 @@ def fit(spec: dict, arch: dict, cfg: dict, ctx, epochs: int, target: float | Non
 
     machine = Architecture(arch, spec, _cpus_per_group(cfg, arch))
     try:
+        part = machine.data_partition
+        ctx.log_params({f"singa.{prefix}data_partition": f"{spec['data']}: train {sum(part['train_per_group'])} = "
+                        f"{'+'.join(map(str, part['train_per_group']))} (strided, one share per group), "
+                        f"test {part['test']} (all)"})
         if machine.plan:
             ctx.log_dict(machine.plan, f"tables/{prefix.strip('/') or 'train'}_partition_plan.json")
             ctx.log_params({f"singa.{prefix}partition_plan": ",".join(f"{k}:{v}" for k, v in machine.plan.items()

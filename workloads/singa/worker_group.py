@@ -4,7 +4,8 @@ architectures in ``architectures.py`` decide where its gradients go.
 
 ``spec`` (a plain dict built by ``train.group_spec``): ``layers``, ``data``, ``data_dir``,
 ``seed``, ``smoke``, ``batch_size``, ``updater``, ``augment``, ``shuffle``, ``group_size``,
-``partition``, ``threads``, ``algorithm`` (bp | cd), ``cd_k``.
+``partition``, ``threads``, ``algorithm`` (bp | cd), ``cd_k``, ``layer_modules`` (the user's
+layer packages, imported here so this process knows their types), ``push_every``, ``sample_seed``.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch
 
 from workloads.singa.apps import load_dataset
 from workloads.singa.apps.augment import deform
+from workloads.singa.layers.base import import_layer_modules
 from workloads.singa.net import NeuralNet
 from workloads.singa.partition import partition_net
 from workloads.singa.updaters import Updater, learning_rate
@@ -24,6 +26,7 @@ class WorkerGroup:
     def __init__(self, spec: dict, rank: int = 0, num_groups: int = 1, dataset=None):
         self.spec, self.rank, self.num_groups = spec, rank, num_groups
         torch.set_num_threads(int(spec.get("threads", 1)))
+        import_layer_modules(spec.get("layer_modules"))
         full = dataset if dataset is not None else load_dataset(spec["data"], spec.get("data_dir"),
                                                                 spec["seed"], spec["smoke"])
         self.meta = full.meta
@@ -41,7 +44,8 @@ class WorkerGroup:
             from workloads.singa.group_nodes import NodeGroup
 
             recipe = {"layers": spec["layers"], "input_shapes": full.shapes(), "seed": spec["seed"],
-                      "group_size": self.net.group_size, "plan": self.net.plan}
+                      "group_size": self.net.group_size, "plan": self.net.plan,
+                      "layer_modules": list(spec.get("layer_modules") or [])}
             self.nodes = NodeGroup(self.net, recipe, int(spec.get("threads", 1)))
         if spec.get("initial_params"):
             # e.g. RBM weights from CD pre-training for the BP fine-tune (DBN, Table 1 hybrid)
@@ -107,16 +111,23 @@ class WorkerGroup:
             self.net.set_params({p.name: p.val.numpy() for p in master.params})
         self.step += 1
 
-    def server_gradients(self) -> dict[str, np.ndarray]:
-        """Gradients to push: scaled by each param's lr_mult and the lr schedule, so servers
-        with a fixed base lr apply SINGA's per-param, per-step learning rate (exact for SGD)."""
+    def server_gradients(self, weight_decay: float = 0.0) -> dict[str, np.ndarray]:
+        """Gradients to push: ``lr_mult * lr(step)/lr * (g + weight_decay * wd_mult * w)``, so
+        servers with a fixed base lr and no decay of their own apply SINGA's per-param, per-step
+        learning rate and per-param weight decay (exact for SGD, as the local updater does)."""
         scale = learning_rate(self.spec["updater"], self.step) / float(self.spec["updater"].get("lr", 0.01))
         grads = self.net.get_grads()
-        mults = {p.name: p.lr_mult for p in self.net.params}
-        # Frozen params (lr_mult 0, e.g. lower RBMs of a DBN stage) are not pushed at all, or the
-        # servers' weight decay would still shrink them.
-        return {n: (g * (mults.get(n, 1.0) * scale)).astype(np.float32, copy=False)
-                for n, g in grads.items() if mults.get(n, 1.0) != 0.0}
+        mults = {p.name: (p.lr_mult, p.wd_mult) for p in self.net.params}
+        values = self.net.get_params() if weight_decay else {}
+        out = {}
+        for n, g in grads.items():
+            lr_mult, wd_mult = mults.get(n, (1.0, 1.0))
+            if lr_mult == 0.0:
+                continue  # frozen (e.g. lower RBMs of a DBN stage): not pushed, so never decayed
+            if weight_decay and wd_mult:
+                g = g + (weight_decay * wd_mult) * values[n]
+            out[n] = (g * (lr_mult * scale)).astype(np.float32, copy=False)
+        return out
 
     def set_params(self, values: dict[str, np.ndarray]) -> None:
         self.net.set_params(values)

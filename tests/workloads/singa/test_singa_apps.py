@@ -63,6 +63,29 @@ def test_cifar_python_batches_load(tmp_path):
     assert len(labels) == 20
 
 
+def test_cnn_app_trains_on_cifar_python_batches(tmp_path, compose):
+    """SINGA's CIFAR-10 example net (conv-relu-pool-LRN x3, inner product) on files in the real
+    format: it validates, builds and takes a step; its target is the paper's CIFAR-10 figure."""
+    import workloads.singa as singa
+    from orchard.config import validate
+    from workloads.singa.settings import group_spec, load_net, resolve_arch, resolve_training
+    from workloads.singa.worker_group import WorkerGroup
+
+    write_cifar(tmp_path)
+    cfg = compose("workload=singa", "singa.app=cnn", "singa.data=cifar10", f"singa.data_dir={tmp_path}",
+                  "singa.arch=local", "singa.batch_size=8")
+    validate(cfg, singa)
+    app = load_net(cfg)
+    train = resolve_training(cfg, app)
+    assert train["target_accuracy"] == 0.80
+    assert resolve_training(compose("workload=singa", "singa.app=cnn"), app)["target_accuracy"] == 0.55
+    group = WorkerGroup(group_spec(cfg, app, train, resolve_arch(cfg)))
+    before = group.get_params()["conv1/weight"].copy()
+    metrics = group.local_step()
+    assert np.isfinite(metrics["loss/loss"]) and not np.allclose(group.get_params()["conv1/weight"], before)
+    assert group.evaluate()["loss/accuracy"] >= 0.0 and group.num_train == 40
+
+
 class Evil:
     def __reduce__(self):
         import os

@@ -17,6 +17,16 @@ def test_strategy_picks_the_default_architecture(compose, strategy, arch):
     assert compose("workload=singa", f"strategy={strategy}", "singa.arch=replicated")["singa"]["arch"] == "replicated"
 
 
+def test_strategy_mode_picks_sync_or_async_servers(compose):
+    assert compose("workload=singa", "strategy=ps", "strategy.mode=async")["singa"]["arch"] == "async_ps"
+    assert compose("workload=singa", "strategy=ps", "strategy.mode=sync")["singa"]["arch"] == "sync_ps"
+    cfg = compose("workload=singa", "strategy.mode=async", "strategy.async_average=true")
+    validate(cfg, singa)
+    from workloads.singa.settings import resolve_arch
+
+    assert resolve_arch(cfg)["async_average"] is True
+
+
 @pytest.mark.parametrize("app", ["mlp", "cnn", "rbm", "dbn", "msae"])
 @pytest.mark.parametrize("arch", ["local", "sync_ps", "async_ps", "replicated", "allreduce"])
 def test_every_app_and_arch_composes_and_validates(compose, app, arch):
@@ -51,6 +61,16 @@ def test_async_ps_servers_run_adagrad_like_downpour(compose):
     (["singa.updater=rmsprop"], "singa.updater"),
     (["singa.batch_size=0"], "singa.batch_size"),
     (["singa.arch=async_ps", "singa.cluster.server_updater={name:rmsprop}"], "singa.cluster.server_updater"),
+    # no silent keys: what an arch would not use is rejected
+    (["strategy.gpus_per_worker=1"], "strategy.gpus_per_worker"),
+    (["strategy=ring", "strategy.backend=nccl"], "strategy.backend"),
+    (["strategy.mode=async", "singa.arch=sync_ps"], "strategy.mode"),
+    (["strategy.async_average=true"], "strategy.async_average"),
+    (["singa.arch=allreduce", "singa.cluster.sync_every=2"], "singa.cluster.sync_every"),
+    (["singa.arch=sync_ps", "singa.cluster.server_groups=2"], "singa.cluster.server_groups"),
+    (["singa.arch=allreduce", "singa.cluster.servers_per_group=2"], "singa.cluster.servers_per_group"),
+    (["singa.arch=local", "singa.cluster.server_updater={name:adagrad}"], "singa.cluster.server_updater"),
+    (["singa.cluster.workers_per_group=2"], "singa.partition"),
 ])
 def test_bad_config_names_the_key(compose, overrides, key):
     cfg = compose("workload=singa", *overrides)
@@ -78,6 +98,10 @@ def test_dbn_pretrains_with_cd_then_fine_tunes(run_orchard):
     assert result.exit_code == 0, result.outcome
     m = result.run.data.metrics
     assert "pretrain1/train/v1_recon_error" in m and "pretrain2/train/v2_recon_error" in m
+    # held out: the test split's reconstruction error, per pre-training epoch and at the end
+    assert "pretrain1/test/v1_recon_error" in m and "pretrain2/test/v2_recon_error" in m
+    assert m["pretrain1/test/v1_recon_error"] != m["pretrain1/train/v1_recon_error"]
+    assert "test" in result.run.data.params["singa.pretrain1/data_partition"]
     first = result.history("pretrain1/train/v1_recon_error")
     assert m["test/accuracy"] > 0.5 and first
 

@@ -123,6 +123,15 @@ def test_cd_lowers_reconstruction_error_of_a_tiny_rbm():
         updater.update(net.params, step)
     after = np.mean([net.train_cd({"x": x}, k=1)["v/recon_error"] for _ in range(5)])
     assert after < 0.5 * before
+    # held out: a test pass reports this batch's reconstruction error (mean field), not the
+    # last training batch's
+    held_out = torch.from_numpy(np.abs(prototypes[rng.integers(0, 3, 50)] - (rng.random((50, 12)) < 0.05))
+                                .astype(np.float32))
+    W, b_h, b_v = net.by_name["h"].weight.val, net.by_name["h"].bias.val, net.by_name["v"].bias.val
+    expected = ((held_out - torch.sigmoid(torch.sigmoid(held_out @ W + b_h) @ W.t() + b_v)) ** 2).sum(1).mean()
+    assert net.forward({"x": held_out}, "test")["v/recon_error"] == pytest.approx(float(expected), rel=1e-5)
+    noise = torch.bernoulli(torch.full((50, 12), 0.5))
+    assert net.forward({"x": noise}, "test")["v/recon_error"] > 2 * float(expected)
 
 
 @pytest.mark.parametrize("name,torch_opt", [

@@ -23,6 +23,10 @@ import torch
 
 # name -> "module:Class" (built-ins, imported lazily) or a class (registered by user code)
 LAYER_TYPES: dict[str, Any] = {}
+# Packages may offer layer types without being named in singa.layer_modules:
+#   [project.entry-points."orchard.singa_layers"]
+#   mylayers = "mypkg.layers"        (a module whose import registers its layers)
+ENTRY_POINT_GROUP = "orchard.singa_layers"
 
 
 def register_layer(type_name: str):
@@ -34,15 +38,65 @@ def register_layer(type_name: str):
     return wrap
 
 
+def import_layer_modules(modules) -> None:
+    """Import the user's layer modules (``singa.layer_modules``): their ``@register_layer``
+    classes become YAML layer types.  Called wherever a net is built: the driver, every worker
+    group's actor and every node actor of a partitioned group, so a user layer exists in each
+    process.  Raises ``ImportError`` with one line naming the module."""
+    for name in modules or ():
+        try:
+            importlib.import_module(str(name))
+        except Exception as exc:  # a syntax error in the user's module is as fatal as a missing one
+            raise ImportError(f"cannot import layer module {name!r}: {type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
+
+
+_ENTRY_POINTS_LOADED = False
+
+
+def _load_entry_points() -> None:
+    global _ENTRY_POINTS_LOADED
+    if _ENTRY_POINTS_LOADED:
+        return
+    _ENTRY_POINTS_LOADED = True
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        ep.load()
+
+
 def layer_class(type_name: str):
-    """Resolve a layer type name to its class (lazy import for built-ins)."""
+    """Resolve a layer type name to its class (lazy import for built-ins, then the
+    ``orchard.singa_layers`` entry points)."""
     if type_name not in LAYER_TYPES:
         from workloads.singa.layers import BUILTIN_MODULES  # noqa: F401  (fills LAYER_TYPES)
         for module in BUILTIN_MODULES:
             importlib.import_module(module)
     if type_name not in LAYER_TYPES:
-        raise KeyError(f"unknown layer type {type_name!r}; known: {', '.join(sorted(LAYER_TYPES))}")
+        _load_entry_points()
+    if type_name not in LAYER_TYPES:
+        raise KeyError(f"unknown layer type {type_name!r} (add your own with singa.layer_modules); "
+                       f"known: {', '.join(sorted(LAYER_TYPES))}")
     return LAYER_TYPES[type_name]
+
+
+def source_count(cls) -> tuple[int, int | None] | None:
+    """How many ``srclayers`` a layer type takes: ``(min, max)`` (max None: any), or None when
+    the type does not say.  ``num_sources`` on the class wins; an ``AutogradLayer`` without it
+    takes as many sources as its ``forward`` has positional arguments."""
+    n = getattr(cls, "num_sources", None)
+    if n is not None:
+        return (n, n) if isinstance(n, int) else (int(n[0]), None if n[1] is None else int(n[1]))
+    if issubclass(cls, AutogradLayer) and cls.forward is not AutogradLayer.forward:
+        import inspect
+
+        kinds = [p.kind for p in list(inspect.signature(cls.forward).parameters.values())[1:]]
+        if inspect.Parameter.VAR_POSITIONAL in kinds:
+            return None
+        positional = sum(k in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+                         for k in kinds)
+        return (positional, positional)
+    return None
 
 
 class Blob:
@@ -108,6 +162,12 @@ class Layer:
     # True for a bridge end whose peer lives in another process: it runs in every backward
     # pass, with or without a local gradient, because the other end waits for it.
     remote = False
+    # How many srclayers the type takes: an int, (min, max) with max None for "any", or None
+    # (not checked).  ``NeuralNet`` rejects a missing or extra source before anything runs.
+    num_sources: int | tuple | None = None
+    # True for the two ends of an undirected connection (RBM visible/hidden): only a pair of
+    # such layers may name each other as sources; any other cycle is an error.
+    undirected = False
 
     def __init__(self, name: str, conf: dict | None = None):
         self.name = name
@@ -162,19 +222,36 @@ class AutogradLayer(Layer):
         raise NotImplementedError
 
     def compute_feature(self, src_layers, phase="train"):
+        if phase != "train":  # no gradient will be asked for: no graph
+            with torch.no_grad():
+                self.data.feature = self.forward(*[s.data.feature for s in src_layers])
+            self._out = None
+            return
         self._inputs = [s.data.feature.detach().requires_grad_(True) for s in src_layers]
-        for p in self.params:
-            p.val.requires_grad_(True)
-        with torch.enable_grad():
-            self._out = self.forward(*self._inputs)
+        # ``forward`` reads ``param.val``: during the call each val is a leaf alias that
+        # requires grad (same storage), so the Param itself never requires grad and in-place
+        # updates (updaters, fresh values from servers or peers) stay legal.
+        originals = [p.val for p in self.params]
+        self._leaves = [v.detach().requires_grad_(True) for v in originals]
+        try:
+            for p, leaf in zip(self.params, self._leaves):
+                p.val = leaf
+            with torch.enable_grad():
+                self._out = self.forward(*self._inputs)
+        finally:
+            for p, v in zip(self.params, originals):
+                p.val = v
         self.data.feature = self._out.detach()
 
     def compute_gradient(self, src_layers):
-        wrt = self._inputs + [p.val for p in self.params]
-        grads = torch.autograd.grad(self._out, wrt, self.data.grad, allow_unused=True)
+        if self._out is None or not self._out.requires_grad:
+            for p in self.params:
+                p.grad = torch.zeros_like(p.val)
+            return
+        grads = torch.autograd.grad(self._out, self._inputs + self._leaves, self.data.grad, allow_unused=True)
         for src, g in zip(src_layers, grads[: len(src_layers)]):
-            if g is not None:
+            if g is not None and src.needs_grad:
                 src.data.accumulate(g)
         for p, g in zip(self.params, grads[len(src_layers):]):
             p.grad = torch.zeros_like(p.val) if g is None else g
-            p.val.requires_grad_(False)
+        self._out = None

@@ -26,6 +26,8 @@ def piece_bounds(total: int, parts: int, index: int) -> tuple[int, int]:
 class SliceLayer(Layer):
     """Piece ``index`` of ``num_slices`` of its source along ``dim`` (one layer per piece)."""
 
+    num_sources = 1
+
     def setup(self, src_layers, conf):
         self.src_layers = list(src_layers)
         self.dim = int(conf.get("dim", 0))
@@ -57,6 +59,8 @@ class SliceLayer(Layer):
 class ConcatLayer(Layer):
     """Concatenates its sources along ``dim``; the gradient is cut back into the pieces."""
 
+    num_sources = (1, None)
+
     def setup(self, src_layers, conf):
         self.src_layers = list(src_layers)
         self.dim = int(conf.get("dim", 0))
@@ -80,6 +84,8 @@ class ConcatLayer(Layer):
 class SplitLayer(Layer):
     """Replicates its source for several destinations (the ReplicateLayer of Appendix B);
     gradients from the destinations add up."""
+
+    num_sources = 1
 
     def compute_feature(self, src_layers, phase="train"):
         self.data.feature = src_layers[0].data.feature

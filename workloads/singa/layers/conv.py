@@ -12,6 +12,13 @@ import torch.nn.functional as F
 from workloads.singa.layers.base import Layer, register_layer
 
 
+def _chw(src: Layer) -> tuple[int, int, int]:
+    """The (channels, height, width) feature shape of ``src``, or a one-line error."""
+    if len(src.shape) != 3:
+        raise ValueError(f"needs a (channels, height, width) source; {src.name} has shape {src.shape}")
+    return tuple(int(d) for d in src.shape)
+
+
 def _pair(v) -> tuple[int, int]:
     return (int(v), int(v)) if not isinstance(v, (list, tuple)) else (int(v[0]), int(v[1]))
 
@@ -22,16 +29,19 @@ class ConvolutionLayer(Layer):
     Feature-partitionable: a sub-layer holds a block of the filters (output channels)."""
 
     partition_dims = (0, 1)
+    num_sources = 1
 
     def setup(self, src_layers, conf):
         self.src_layers = list(src_layers)
         self.kernel = _pair(conf["kernel"])
         self.stride = _pair(conf.get("stride", 1))
         self.pad = _pair(conf.get("pad", 0))
-        c, h, w = src_layers[0].shape
+        c, h, w = _chw(src_layers[0])
         self.channels = c
         self.out_hw = ((h + 2 * self.pad[0] - self.kernel[0]) // self.stride[0] + 1,
                        (w + 2 * self.pad[1] - self.kernel[1]) // self.stride[1] + 1)
+        if min(self.out_hw) < 1:
+            raise ValueError(f"kernel {self.kernel} does not fit its {h}x{w} input (pad {self.pad})")
         self.shape = (int(conf["num_filters"]),) + self.out_hw
         self._make_params(self.shape[0])
 
@@ -67,14 +77,19 @@ class PoolingLayer(Layer):
 
     partition_dims = (0, 1)
     elementwise = True  # channel blocks pool independently
+    num_sources = 1
 
     def setup(self, src_layers, conf):
         self.src_layers = list(src_layers)
         self.pool = conf.get("pool", "max")
+        if self.pool not in ("max", "avg"):
+            raise ValueError(f"pool {self.pool!r}: max or avg")
         self.kernel = _pair(conf["kernel"])
         self.stride = _pair(conf.get("stride", 1))
-        c, h, w = src_layers[0].shape
+        c, h, w = _chw(src_layers[0])
         out = [-(-(d - k) // s) + 1 for d, k, s in zip((h, w), self.kernel, self.stride)]
+        if min(out) < 1:
+            raise ValueError(f"kernel {self.kernel} does not fit its {h}x{w} input")
         self.shape = (c, out[0], out[1])
 
     def setup_after_partition(self, src_layers, conf, shape):
@@ -109,9 +124,11 @@ class LRNLayer(Layer):
     b_c = a_c / s_c^beta with s_c = k + alpha/n * sum_{|j-c|<=n//2} a_j^2."""
 
     partition_dims = (0,)  # needs neighbouring channels: never split by feature
+    num_sources = 1
 
     def setup(self, src_layers, conf):
         super().setup(src_layers, conf)
+        _chw(src_layers[0])
         self.size = int(conf.get("local_size", 3))
         self.alpha = float(conf.get("alpha", 5e-5))
         self.beta = float(conf.get("beta", 0.75))

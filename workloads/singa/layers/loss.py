@@ -14,6 +14,7 @@ class _LossLayer(Layer):
 
     is_loss = True
     partition_dims = ()
+    num_sources = 2
 
     def setup(self, src_layers, conf):
         self.src_layers = list(src_layers)
@@ -29,6 +30,10 @@ class SoftmaxLossLayer(_LossLayer):
     def setup(self, src_layers, conf):
         super().setup(src_layers, conf)
         self.topk = int(conf.get("topk", 1))
+        scores, labels = src_layers
+        if len(scores.shape) != 1 or labels.shape != ():
+            raise ValueError(f"takes [scores (K,), labels ()], got {scores.name} {scores.shape} and "
+                             f"{labels.name} {labels.shape}")
 
     def compute_feature(self, src_layers, phase="train"):
         scores, labels = src_layers[0].data.feature, src_layers[1].data.feature
@@ -51,6 +56,12 @@ class SoftmaxLossLayer(_LossLayer):
 class EuclideanLossLayer(_LossLayer):
     """src_layers = [a, b] of equal shape; loss = loss_weight * 0.5 * mean_i ||a_i - b_i||^2.
     Both sources receive gradients when they need them (the MSAE's two latent layers do)."""
+
+    def setup(self, src_layers, conf):
+        super().setup(src_layers, conf)
+        a, b = src_layers
+        if a.feature_size != b.feature_size:
+            raise ValueError(f"its sources differ in size: {a.name} {a.shape} vs {b.name} {b.shape}")
 
     def compute_feature(self, src_layers, phase="train"):
         a, b = src_layers[0].data.feature, src_layers[1].data.feature

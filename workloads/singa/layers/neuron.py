@@ -19,6 +19,7 @@ class DataLayer(Layer):
 
     is_input = True
     needs_grad = False
+    num_sources = 0
 
     def setup(self, src_layers, conf):
         self.src_layers = []
@@ -34,11 +35,17 @@ class ParserLayer(Layer):
     """Base parser: ``conf.field`` names the record field this layer extracts."""
 
     needs_grad = False
+    num_sources = 1
 
     def setup(self, src_layers, conf):
         self.src_layers = list(src_layers)
         self.field = conf.get("field", self.default_field)
-        self.shape = tuple(src_layers[0].field_shapes[self.field])
+        if not src_layers[0].is_input:
+            raise ValueError(f"reads records, so its source must be a data layer, not {src_layers[0].name!r}")
+        shapes = src_layers[0].field_shapes
+        if self.field not in shapes:
+            raise ValueError(f"field {self.field!r} is not in the data; its fields: {', '.join(sorted(shapes))}")
+        self.shape = tuple(shapes[self.field])
 
     def raw(self, src_layers) -> torch.Tensor:
         return src_layers[0].records[self.field]
@@ -101,11 +108,16 @@ class InnerProductLayer(Layer):
 
     partition_dims = (0, 1)
     activation = "none"
+    num_sources = 1
 
     def setup(self, src_layers, conf):
         self.src_layers = list(src_layers)
         self.activation = conf.get("activation", self.activation)
+        if self.activation not in _ACTIVATIONS:
+            raise ValueError(f"activation {self.activation!r}: one of {', '.join(_ACTIVATIONS)}")
         self.num_input = src_layers[0].feature_size
+        if "num_output" not in conf:
+            raise ValueError("needs num_output")
         self.shape = (int(conf["num_output"]),)
         self._make_params(self.shape[0])
 
@@ -156,6 +168,7 @@ class TanhHiddenLayer(InnerProductLayer):
 class ElementwiseLayer(Layer):
     partition_dims = (0, 1)
     elementwise = True
+    num_sources = 1
     kind = "none"
 
     def compute_feature(self, src_layers, phase="train"):

@@ -19,9 +19,13 @@ class RBMVisibleLayer(Layer):
     negative phase: vk = sigmoid(h W^T + b_v) from the hidden layer's current sample."""
 
     partition_dims = ()
+    num_sources = 2
+    undirected = True
 
     def setup(self, src_layers, conf):
         self.src_layers = list(src_layers)
+        if src_layers[1].type != "rbm_hidden":
+            raise ValueError(f"takes [input, its rbm_hidden], got {src_layers[1].name!r} ({src_layers[1].type}) second")
         self.shape = (src_layers[0].feature_size,)
         self.bias = self.param("bias", self.shape, "bias", {"init": "constant", "value": 0.0})
         self.metrics: dict[str, float] = {}
@@ -40,6 +44,13 @@ class RBMVisibleLayer(Layer):
     def compute_gradient(self, src_layers):
         self.bias.grad = -(self.pos - self.neg).mean(0)
 
+    def test_metrics(self) -> dict[str, float]:
+        """After a test-phase forward: the reconstruction error of this batch (held-out data),
+        through the hidden probabilities (mean field, no sampling, so it is deterministic)."""
+        hidden = self.src_layers[1]
+        recon = torch.sigmoid(torch.addmm(self.bias.val, hidden.pos, hidden.weight.val.t()))
+        return {"recon_error": float((self.pos - recon).pow(2).sum(1).mean())}
+
 
 @register_layer("rbm_hidden")
 class RBMHiddenLayer(Layer):
@@ -47,9 +58,13 @@ class RBMHiddenLayer(Layer):
     probabilities and a Bernoulli sample (the sample drives the next negative phase)."""
 
     partition_dims = ()
+    num_sources = 1
+    undirected = True
 
     def setup(self, src_layers, conf):
         self.src_layers = list(src_layers)
+        if src_layers[0].type != "rbm_visible":
+            raise ValueError(f"its source must be an rbm_visible layer, got {src_layers[0].name!r} ({src_layers[0].type})")
         num_vis = src_layers[0].shape[0]
         self.shape = (int(conf["num_output"]),)
         self.weight = self.param("weight", (num_vis, self.shape[0]), "weight",
