@@ -132,14 +132,15 @@ def orchard_run(segments, index, vcfg, features, cache=None) -> float:
     ds = build_dataset(segments, features, index.paths, index.lengths, vcfg, None, cache,
                        pts=index.pts, digests=index.digests)
     columns = features or ["frames"]
-    t0, n = None, 0
+    start, t0, n = time.perf_counter(), None, 0
     for batch, _ in consume(ds, 16, columns):
         if t0 is None:
             t0 = time.perf_counter()
             continue
         n += len(batch[columns[0]])
-    wall = time.perf_counter() - t0
-    return wall * len(segments) / max(n, 1)   # scaled to every clip, at the steady-state rate
+    if n == 0:   # a single batch: no steady state to time, so the whole execution counts
+        return time.perf_counter() - start
+    return (time.perf_counter() - t0) * len(segments) / n   # every clip at the steady-state rate
 
 
 def memory_run(args) -> None:
