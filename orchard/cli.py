@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 
 from orchard import config as config_lib
-from orchard import lifecycle
+from orchard import interrupts, lifecycle
 from orchard.errors import ConfigError
 
 USAGE = """usage: python -m orchard workload=<name> [strategy=<name>] [group=option ...] [key=value ...]
@@ -31,6 +31,15 @@ examples:
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        with interrupts.raising():  # from the first instant: Ctrl-C while composing is 130 too
+            _dispatch(argv)
+    except KeyboardInterrupt as exc:
+        print(f"orchard: {exc or 'interrupted'}", file=sys.stderr)
+        sys.exit(interrupts.exit_code(exc))
+
+
+def _dispatch(argv: list[str]) -> None:
     if any(a in ("-h", "--help") for a in argv):
         groups = "\n".join(f"  {g:<11} {', '.join(config_lib.group_options(g)) or '-'}" for g in config_lib.GROUPS)
         print(USAGE.format(groups=groups))

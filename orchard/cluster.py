@@ -17,6 +17,9 @@ def connect(cluster: dict) -> bool:
 
     if ray.is_initialized():  # tests and notebooks start Ray once and reuse it
         return False
+    from ray._private import auto_init_hook
+
+    auto_init_hook.enable_auto_connect = os.environ.get("RAY_ENABLE_AUTO_CONNECT", "") != "0"  # undo shutdown()
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
     # Ray Train V2 prints deprecation notices for APIs orchard does not use.
     os.environ.setdefault("RAY_TRAIN_ENABLE_V2_MIGRATION_WARNINGS", "0")
@@ -38,6 +41,9 @@ def connect(cluster: dict) -> bool:
     prepare_local_env()
     runtime_env = ray_logging.quiet(level, runtime_env, "local")
     ray.init(
+        # "local": always a new embedded Ray. Without it ray.init() attaches to whatever cluster
+        # /tmp/ray/ray_current_cluster names (another run's, a test's), and fails or shares it.
+        address="local",
         num_cpus=cluster.get("num_cpus"),
         num_gpus=cluster.get("num_gpus"),
         object_store_memory=cluster.get("object_store_memory"),
@@ -57,6 +63,17 @@ def prepare_local_env() -> None:
 
 
 def shutdown() -> None:
-    import ray
+    """Stop the Ray that ``connect`` started, and keep it stopped.
 
+    Ray Data iterators left unfinished (a run stopped mid-epoch) shut their executor down when
+    they are garbage-collected, and that calls Ray, which would start a *new* Ray in this
+    process (Ray's auto-init) and hang its exit: collect them while Ray is up, then turn
+    auto-init off."""
+    import gc
+
+    import ray
+    from ray._private import auto_init_hook
+
+    gc.collect()
     ray.shutdown()
+    auto_init_hook.enable_auto_connect = False

@@ -188,8 +188,9 @@ def run_one(cfg: dict, module, parent_run_id: str | None = None, on_metrics=None
         if tracked:
             live.ctx.set_tags({"orchard.run_dir": str(run_dir)})
         metrics = _run_workload(cfg, module, live, quiet)
-    except KeyboardInterrupt as exc:
-        status, error, exit_code = "KILLED", exc, interrupts.exit_code(exc)
+    except KeyboardInterrupt as exc:  # a plain one (a library re-raised it): Ctrl-C
+        error = exc if isinstance(exc, interrupts.Interrupted) else interrupts.Interrupted()
+        status, exit_code = "KILLED", error.exit_code
     except Exception as exc:  # the run is marked FAILED with the reason; the CLI exits 1
         status, error, exit_code = "FAILED", exc, 1
     with interrupts.deferred():
@@ -227,7 +228,9 @@ def _start_run_services(cfg: dict, tracked, run_id: str | None, run_dir: Path, o
     uri = tracked.tracking_uri if tracked else None
     # The sink lives on the driver's node: a sqlite store is a file only this machine sees.
     here = ray.get_runtime_context().get_node_id()
-    sink = MetricsSink.options(scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote(
+    # Named, so that operators (and the fault tests) can find a run's sink: orchard-sink-<run>
+    sink_name = f"orchard-sink-{run_id or run_dir.name}"
+    sink = MetricsSink.options(name=sink_name, scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote(
         uri, run_id, tcfg.get("flush_interval_s", 1.0))
     ctx = RunContext(sink, run_id, str(run_dir), cfg["workload"]["name"], cfg["strategy"]["name"], uri)
     ctx._on_metrics = on_metrics

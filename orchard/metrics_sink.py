@@ -72,7 +72,8 @@ class MetricsSink:
     def log_final(self, metrics: dict[str, float], timestamp_ms: int) -> None:
         """The run's closing values, at its last step (a chart must not jump back to step 0);
         a key whose last logged value is already this one is not logged again."""
-        step = max(self._last_step.values(), default=0)
+        # resource samples count their own steps (one per sample): the run's steps are the rest
+        step = max((v for k, v in self._last_step.items() if not k.startswith("system/")), default=0)
         fresh = {k: float(v) for k, v in metrics.items() if self._last.get(k) != float(v)}
         self.log_metrics(fresh, step, timestamp_ms)
 

@@ -5,8 +5,9 @@ memory or lost power: both say RUNNING forever (mlflow#3932).  So every orchard 
 who drives it (host, boot id, pid and the pid's start time) and a heartbeat tag that the
 driver refreshes every ``HEARTBEAT_S`` seconds.  A RUNNING run is *lost* when
 
-- its driver was on this machine and that process is gone (or the machine rebooted since), or
-- its heartbeat is older than ``LOST_AFTER_S`` (a driver on another machine).
+- its driver was on this machine (same host name and boot id) and that process is gone, or
+- its heartbeat is older than ``LOST_AFTER_S`` (a driver on another machine, or on this one
+  before a reboot).
 
 Every orchard start closes lost runs as FAILED with the reason "driver lost"
 (``reap``); ``python -m orchard runs reap`` does the same on demand and ``runs list`` shows
@@ -75,9 +76,9 @@ def why_lost(tags: dict, now: float | None = None) -> str | None:
     now = time.time() if now is None else now
     if TAG_HEARTBEAT not in tags:
         return None  # not an orchard run (or from before heartbeats): leave it alone
-    if tags.get("orchard.host") == socket.gethostname():
-        if tags.get("orchard.boot_id") not in (None, "unknown", _boot_id()):
-            return LOST_REASON + "; the machine restarted since"
+    # Same machine (host name and boot id): the process table is the truth.  Anything else (another
+    # machine, or this one rebooted: a power loss) is judged by the heartbeat's age.
+    if tags.get("orchard.host") == socket.gethostname() and tags.get("orchard.boot_id") == _boot_id():
         pid = int(tags.get("orchard.pid", "0") or 0)
         started = _process_start(pid) if pid else None
         if started is None or abs(started - float(tags.get("orchard.pid_start", "0") or 0)) > 1.0:

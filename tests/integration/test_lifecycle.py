@@ -62,12 +62,18 @@ class Orchard:
                 time.sleep(0.5)
                 break
             time.sleep(0.2)
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
         raise AssertionError(f"no line with {needle!r} within {timeout_s}s; output:\n{self.output()[-3000:]}")
 
     def stop(self, sig: int, timeout_s: float = 120) -> int:
         self.proc.send_signal(sig)  # to orchard only, as `kill` or a job scheduler would
         try:
             return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # leave no orchard (and its Ray) behind
+            raise AssertionError(f"orchard still running {timeout_s}s after {signal.Signals(sig).name}; "
+                                 f"output:\n{self.output()[-3000:]}") from None
         finally:
             self._reader.join(timeout=5)
 
@@ -119,8 +125,8 @@ def test_interrupt_while_ray_starts_leaves_no_open_run(tmp_path):
 # --------------------------------------------------------------------------- SIGKILL, then reap
 def test_sigkilled_driver_is_closed_by_runs_reap_and_then_resumed(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    run = Orchard("workload=flower", "strategy=ring", "flower.epochs=8", *common(tmp_path, uri), cwd=tmp_path)
-    run.wait_for("epoch 2")  # a checkpoint exists (checkpoint_every=1)
+    run = Orchard("workload=flower", "strategy=ring", "flower.epochs=4", *common(tmp_path, uri), cwd=tmp_path)
+    run.wait_for("epoch 2/")  # a checkpoint exists (checkpoint_every=1)
     run.proc.kill()
     run.wait(60)
     (lost,) = runs(uri)

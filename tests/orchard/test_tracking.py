@@ -38,6 +38,15 @@ def test_finished_run_holds_everything(run_orchard):
     assert "tiny:" in cfg_text and "steps: 30" in cfg_text
 
 
+def test_final_metrics_land_at_the_last_step_not_back_at_zero(run_orchard):
+    res = run_orchard("workload=tiny", "tiny.steps=12", "tracking.sample_interval_s=0.2")
+    (final,) = res.client.get_metric_history(res.run.info.run_id, "train/final_loss")
+    (total,) = res.client.get_metric_history(res.run.info.run_id, "time/total_s")
+    assert final.step == total.step == 11  # the run's last training step, whatever the samplers counted
+    # a key whose per-step series already ends on the final value is not logged once more
+    assert len(res.history("train/loss")) == 12
+
+
 def test_failing_workload_leaves_a_failed_run_with_the_reason(run_orchard, capsys):
     res = run_orchard("workload=tiny", "tiny.fail=true")
     assert res.exit_code == 1
@@ -95,3 +104,40 @@ def test_hydra_multirun_runs_each_grid_point(ray_session, tracking_uri, tracking
                               "attributes.run_name = 'multirun-test'")
     assert sorted(r.data.params["tiny.steps"] for r in runs) == ["7", "9"]
     assert all(r.info.status == "FINISHED" for r in runs)
+
+
+@pytest.mark.slow
+def test_metrics_sink_killed_mid_run_is_restarted_and_the_run_finishes(run_orchard):
+    """The sink dies twice while flower's Train workers log through it: Ray restarts it, the calls
+    in flight are resent, and the run ends FINISHED with its metrics (the unflushed batch, at
+    most tracking.flush_interval_s of metrics, may be lost)."""
+    import threading
+
+    import ray
+
+    kills = []
+    stop = threading.Event()
+
+    def killer():
+        while not stop.is_set() and len(kills) < 2:
+            names = [n for n in ray.util.list_named_actors() if n.startswith("orchard-sink-")]
+            if names:
+                time.sleep(20 if not kills else 10)  # into the training epochs
+                try:
+                    ray.kill(ray.get_actor(names[0]), no_restart=False)
+                    kills.append(time.time())
+                except ValueError:  # the run ended meanwhile
+                    return
+            stop.wait(0.5)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    try:
+        res = run_orchard("workload=flower", "strategy=ring", "debug=smoke", "flower.epochs=4")
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert kills, "the sink was never killed: the run ended before the first kill"
+    assert res.exit_code == 0, res.outcome.error
+    assert res.run.info.status == "FINISHED"
+    assert "test/mae" in res.run.data.metrics and res.history("train/loss")

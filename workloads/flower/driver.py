@@ -68,8 +68,8 @@ def throughput_stats(worker_files: list[Path], warmup_steps: int) -> dict[str, f
         out[f"time/w{s['rank']}_completion_s"] = s["completion_s"]
         util = s.get("gpu_util") or []
         if util:
-            out[f"gpu/w{s['rank']}_util_mean_pct"] = float(np.mean(util))
-            out[f"gpu/w{s['rank']}_util_std_pct"] = float(np.std(util))
+            out[f"system/w{s['rank']}_gpu_util_pct_mean"] = float(np.mean(util))
+            out[f"system/w{s['rank']}_gpu_util_pct_std"] = float(np.std(util))
     return out
 
 

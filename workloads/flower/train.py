@@ -177,7 +177,7 @@ def train_loop(config: dict) -> None:
             util = _gpu_util(env.device)
             if util is not None:
                 gpu_util.append(util)
-                metrics[f"gpu/w{env.rank}_util_pct"] = util
+                metrics[f"system/w{env.rank}_gpu_util_pct"] = util  # MLflow system metric, per worker
             if env.rank == 0:
                 ctx.progress(global_step + 1, epochs * steps_per_epoch, desc=f"epoch {epoch + 1}/{epochs}",
                              **{"img/s": images_per_s * env.world_size})
