@@ -183,6 +183,8 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
     states: dict[str, bytes] = {}
     done: dict[int, dict] = {}
     target = vcfg.get("target_top1")
+    train_stats: dict[str, dict] = {}   # every stage's counters over the whole training
+    history_waits: dict[str, list[float]] = {}
     epochs_run, time_to_target = 0, None
     try:
         for epoch in range(epochs):
@@ -191,10 +193,12 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
                 done.setdefault(item["epoch"], {})[item["stream"]] = item
             for s, item in done[epoch].items():
                 states[s] = item["state"]
+                history_waits.setdefault(s, []).append(item["metrics"][f"pipeline/{s}_trainer_wait_fraction"])
             window = time.perf_counter() - t_window
             t_window = time.perf_counter()
             stats = ray.get(master.stage_stats.remote(True))
             _accumulate(cache_totals, stats)
+            _merge_stats(train_stats, stats)
             pipe = stage_metrics(stats, window)
             # [6] validation per stream (the trainers go on with the next epoch meanwhile)
             t_val = time.perf_counter()
@@ -206,8 +210,6 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
             val |= {f"val/{s}_top1": aggregation.topk_accuracy(scores[s].mean(1), labels, 1) for s in streams}
             clips = len(streams) * int(vcfg["clips_per_epoch"])
             ctx.log_metrics({**pipe, **val, **{f"alloc/{s}_workers": n for s, n in alloc.items()},
-                             **{k: v for s in streams for k, v in done[epoch][s]["metrics"].items()
-                                if k.startswith("pipeline/")},
                              "pipeline/feeder_wait_pipeline_s": feeder.wait_pipeline_s,
                              "pipeline/feeder_wait_trainers_s": feeder.wait_trainers_s,
                              "throughput/pipeline_clips_per_s": clips / max(window, 1e-9),
@@ -236,6 +238,11 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
             shutdown_queues({**queues, "results": [results]})   # unblock trainers of a failed run
         feed_thread.join(timeout=30)
     phase_s["train"] = time.perf_counter() - t_train
+    # the pipeline runs ahead of the epochs (bounded by the queues): its busy fractions over the
+    # whole training say more than per-epoch windows in which it may have had nothing left to do
+    whole_training = {k.replace("pipeline/", "pipeline/train_", 1): v
+                      for k, v in stage_metrics(train_stats, phase_s["train"]).items()
+                      if k.endswith(("_busy_fraction", "_items_per_s", "frames_per_s"))}
     shutdown_queues({**queues, "results": [results]})
     # Ray Data's own per-operator figures of the training pipeline (one execution for all epochs)
     op_summaries += _operator_summaries(master)
@@ -289,6 +296,7 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
               **{f"memory/{k.split('/', 1)[1]}": v for k, v in whole_run.items()
                  if k in ("pipeline/store_mb_peak", "pipeline/store_limit_mb")},
               "memory/spilled_mb": sum(v for k, v in whole_run.items() if k.endswith("_spilled_mb")),
+              **whole_training, **_wait_fractions(history_waits),
               "time/total_s": time.perf_counter() - t_start, "train/epochs_run": float(epochs_run),
               **({"time/to_target_s": time_to_target} if time_to_target is not None else {}),
               **{f"time/{phase}_s": sec for phase, sec in phase_s.items()}, "val/chance_top1": 1.0 / num_classes,
@@ -325,6 +333,22 @@ def _next_result(results, runs: dict, feeder) -> dict:
                 fut.result()   # raises the run's error, if it failed
         if all(fut.done() for fut in runs.values()):
             raise RuntimeError("the streams' training ended before handing over every epoch")
+
+
+def _merge_stats(total: dict, window: dict) -> None:
+    """Add one window's per-stage counters (master.stage_stats) into ``total``."""
+    for stage, st in window.items():
+        acc = total.setdefault(stage, {"actors": 0})
+        for k, v in st.items():
+            if k == "actors":
+                acc["actors"] = max(acc["actors"], v)
+            elif isinstance(v, (int, float)) and k not in ("first", "last"):
+                acc[k] = acc.get(k, 0) + v
+
+
+def _wait_fractions(waits: dict[str, list[float]]) -> dict[str, float]:
+    """Mean trainer wait fraction per stream over the epochs (the issue's < 25% target)."""
+    return {f"pipeline/{s}_trainer_wait_fraction_mean": float(np.mean(v)) for s, v in waits.items() if v}
 
 
 def _accumulate(totals: dict, stats: dict) -> None:

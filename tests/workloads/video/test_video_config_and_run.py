@@ -130,4 +130,6 @@ def test_real_clips_and_a_user_extractor_train_twice_to_the_same_metrics_the_sec
     assert m2["cache/time_saved_s"] > 0
     # trainers and stages report how much of their time they waited or worked
     assert 0 <= m1["pipeline/temporal_trainer_wait_fraction"] <= 1
-    assert 0 < m1["pipeline/decode_busy_fraction"] <= 1
+    assert 0 <= m1["pipeline/spatial_trainer_wait_fraction_mean"] <= 1
+    assert 0 < m1["pipeline/decode_busy_fraction"] <= 1 and 0 < m1["pipeline/train_decode_busy_fraction"] <= 1
+    assert len(first.history("pipeline/temporal_trainer_wait_fraction")) == 1   # one value per epoch
