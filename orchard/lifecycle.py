@@ -4,8 +4,9 @@ through this module, so every run ends the same way, with its true status and ex
     [1] prepare    compose + validate the config                       nothing started yet
     [2] preflight  output_dir writable, tracking store usable (created once under a file
                    lock), cluster address answering                    ConfigError -> exit 2
-    [3] session    Ray started or attached; SIGINT/SIGTERM raise Interrupted; runs whose
-                   driver was lost are closed ("driver lost")
+    [3] session    Ray started or attached; the run's workers fit it (else exit 2, rather
+                   than a placement group that waits forever); SIGINT/SIGTERM raise
+                   Interrupted; runs whose driver was lost are closed ("driver lost")
     [4] run_one    MLflow run + heartbeat, metrics sink, resource samplers, the workload,
                    final metrics, summary, status
 
@@ -96,18 +97,46 @@ def _check_cluster_address(address: str, timeout_s: float = 5.0) -> None:
 
 
 # --------------------------------------------------------------------------- [3] session
+class RayStartError(RuntimeError):
+    """Ray could not be started or attached (no run was opened)."""
+
+
 @contextmanager
 def ray_session(cfg: dict):
     """Ray started (embedded) or attached for the duration; stopped only if started here."""
     from orchard import cluster
 
-    started = cluster.connect(cfg["cluster"])
+    try:
+        started = cluster.connect(cfg["cluster"])
+    except Exception as exc:  # e.g. a raylet that did not come up on an overloaded machine
+        raise RayStartError(f"Ray did not start: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}") from exc
     try:
         yield
     finally:
         if started:
             with interrupts.deferred():
                 cluster.shutdown()
+
+
+def check_fits(cfg: dict, module) -> None:
+    """The workers a run starts all at once (a Ray Train group, SPREAD actors: the workload's
+    ``resources(cfg).outside``) must fit the embedded Ray, or they would wait forever for a
+    placement group; raises ConfigError.  Attached clusters may autoscale: not checked."""
+    resources_fn = getattr(module, "resources", None)
+    if resources_fn is None or cfg["cluster"]["mode"] != "local":
+        return
+    import ray
+
+    need: dict[str, float] = {}
+    for bundle in resources_fn(cfg).outside:
+        for key, value in bundle.items():
+            need[key] = need.get(key, 0.0) + float(value)
+    have = ray.cluster_resources()
+    short = [f"{value:g} {key} (this machine's Ray has {float(have.get(key, 0)):g})"
+             for key, value in need.items() if value > float(have.get(key, 0)) + 1e-9]
+    if short:
+        raise ConfigError("strategy", f"workers that fit this machine; they need {', '.join(short)} at once: "
+                          "lower strategy.num_workers / cpus_per_worker / gpus_per_worker, or raise cluster.num_cpus")
 
 
 def reap_lost_runs(cfg: dict) -> None:
@@ -145,12 +174,20 @@ def execute(cfg: dict, module=None) -> Outcome:
         with interrupts.raising():
             # again once Ray is up: ray.init installs a SIGTERM handler of its own (sys.exit)
             with ray_session(cfg), interrupts.raising():
+                try:
+                    check_fits(cfg, module)
+                except ConfigError as err:
+                    print(f"orchard: bad config: {err}", file=sys.stderr)
+                    return Outcome(2, None, {}, str(err))
                 reap_lost_runs(cfg)
                 if cfg.get("sweep"):
                     from orchard.sweep import run_sweep
 
                     return run_sweep(cfg, module, run_one)
                 return run_one(cfg, module)
+    except RayStartError as err:
+        print(f"orchard: {err}", file=sys.stderr)
+        return Outcome(1, None, {}, str(err))
     except KeyboardInterrupt as exc:  # before the run opened, or while Ray stopped
         print(f"orchard: {exc or 'interrupted'}", file=sys.stderr)
         return Outcome(interrupts.exit_code(exc), None, {}, str(exc) or "interrupted")

@@ -6,7 +6,8 @@ still reach the session's log files under /tmp/ray/session_*/logs):
   "Reporting training result ..." once per report per worker;
 - Ray Data: "Starting execution of Dataset ..." / "execution finished" per dataset (its own
   logging config, ``ray_data_logging.yaml``, read through ``RAY_DATA_LOGGING_CONFIG``).
-And one WARNING goes at every level: Ray Train's placement-group cleaner asks the State API
+And two WARNINGs go at every level: Ray's token-auth notice at every start (auth itself stays
+on), and Ray Train's placement-group cleaner asks the State API
 (served by the dashboard) once a second whether the controller lives, and warns each time the
 dashboard is off, which orchard's embedded Ray is by default.  Ray frees the placement groups
 when the embedded session ends anyway.
@@ -51,6 +52,17 @@ class _NoStateApiNagging(logging.Filter):
         return "Failed to query Ray Train Controller actor state" not in record.getMessage()
 
 
+class _NoTokenAuthNotice(logging.Filter):
+    """Ray's token auth stays on (even an embedded Ray listens on every interface, and the token
+    keeps other hosts out); only its every-start notice, which suggests turning it off, goes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Token authentication is enabled" not in record.getMessage()
+
+
+TOKEN_SETUP = "ray._private.authentication.authentication_token_setup"
+
+
 def _chatty_loggers() -> list[str]:
     import ray
 
@@ -66,6 +78,9 @@ def install_filters() -> None:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _MinLevel) for f in logger.filters):
             logger.addFilter(_MinLevel(level))
+    token = logging.getLogger(TOKEN_SETUP)
+    if not any(isinstance(f, _NoTokenAuthNotice) for f in token.filters):
+        token.addFilter(_NoTokenAuthNotice())
     cleaner = logging.getLogger(PG_CLEANER)
     if not any(isinstance(f, _NoStateApiNagging) for f in cleaner.filters):
         cleaner.addFilter(_NoStateApiNagging())

@@ -247,3 +247,14 @@ def test_a_run_against_a_real_mlflow_server_records_metrics_and_artifacts(mlflow
     assert run.data.metrics["test/accuracy"] > 0.5
     names = [a.path for a in MlflowClient(mlflow_server).list_artifacts(run.info.run_id)]
     assert "config.yaml" in names
+
+
+def test_workers_that_cannot_fit_the_machine_are_refused_instead_of_waiting_forever(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    done = subprocess.run(orchard("workload=flower", "strategy=ring", "strategy.num_workers=4", "debug=smoke",
+                                  f"tracking.uri={uri}", f"output_dir={tmp_path}/out"),
+                          cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "strategy" in lines[0] and "4 CPU" in lines[0], done.stderr
+    assert runs(uri) == []
