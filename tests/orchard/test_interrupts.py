@@ -1,0 +1,50 @@
+"""SIGINT and SIGTERM as orchard sees them: one exception, the shell's exit codes, and signals held
+back while a run is being opened or closed."""
+import os
+import signal
+import time
+
+import pytest
+
+from orchard import interrupts
+
+
+def _deliver(sig: int) -> None:
+    os.kill(os.getpid(), sig)
+    time.sleep(0.2)  # the handler runs in the main thread at the next bytecode
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_raises_interrupted_with_the_shell_exit_code(sig, code):
+    with pytest.raises(interrupts.Interrupted) as caught:
+        with interrupts.raising():
+            _deliver(sig)
+    assert caught.value.exit_code == code and interrupts.exit_code(caught.value) == code
+    assert signal.Signals(sig).name in str(caught.value)
+    assert signal.getsignal(signal.SIGTERM) is not interrupts._on_signal  # handlers restored
+
+
+def test_signals_during_closing_are_held_back_and_optionally_raised_after():
+    with interrupts.raising():
+        with interrupts.deferred():
+            _deliver(signal.SIGTERM)  # closing a run: nothing may interrupt it
+        with pytest.raises(interrupts.Interrupted) as caught:
+            with interrupts.deferred(reraise=True):
+                _deliver(signal.SIGINT)  # opening a run: finish opening, then stop
+        assert caught.value.exit_code == 130
+
+
+def test_sigterm_is_passed_to_a_librarys_graceful_sigint_handler():
+    """Ray Tune stops a sweep gracefully on SIGINT; SIGTERM should do the same, not cut it off."""
+    seen = []
+    with interrupts.raising():
+        previous = signal.signal(signal.SIGINT, lambda s, f: seen.append(s))  # what Tune installs
+        try:
+            _deliver(signal.SIGTERM)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+    assert seen == [signal.SIGINT] and interrupts.received[-1] == signal.SIGTERM
+
+
+def test_a_plain_keyboard_interrupt_counts_as_ctrl_c():
+    assert interrupts.exit_code(KeyboardInterrupt()) == 130
