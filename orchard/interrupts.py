@@ -59,17 +59,22 @@ def install() -> None:
 
 
 @contextmanager
-def raising():
-    """SIGINT and SIGTERM raise ``Interrupted`` in the main thread (elsewhere: no change)."""
+def _handling(handler):
+    """``handler`` for SIGINT and SIGTERM for the duration, in the main thread (elsewhere: no change)."""
     if not _in_main_thread():
         yield
         return
-    previous = {s: signal.signal(s, _on_signal) for s in SIGNALS}
+    previous = {s: signal.signal(s, handler) for s in SIGNALS}
     try:
         yield
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        for s, old in previous.items():
+            signal.signal(s, old)
+
+
+def raising():
+    """SIGINT and SIGTERM raise ``Interrupted`` in the main thread."""
+    return _handling(_on_signal)
 
 
 @contextmanager
@@ -77,20 +82,13 @@ def deferred(reraise: bool = False):
     """Hold SIGINT/SIGTERM back for the duration (closing a run must finish).
 
     With ``reraise`` the first signal held back is raised as ``Interrupted`` on exit."""
-    if not _in_main_thread():
-        yield
-        return
     held: list[int] = []
 
     def hold(signum, frame):
         received.append(int(signum))
         held.append(int(signum))
 
-    previous = {s: signal.signal(s, hold) for s in SIGNALS}
-    try:
+    with _handling(hold):
         yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
     if held and reraise:
         raise Interrupted(held[0])

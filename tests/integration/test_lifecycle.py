@@ -144,6 +144,9 @@ def test_sigkilled_driver_is_closed_by_runs_reap_and_then_resumed(tmp_path):
     new = runs(uri)[0]
     assert new.info.status == "FINISHED" and new.data.tags["orchard.resumes"] == lost.info.run_id
     assert new.data.metrics["train/resumed_from_epoch"] >= 1
+    # the resumed run continued the first run's checkpoints, and says so for a resume of its own
+    storage = (Path(new.data.tags["orchard.run_dir"]) / "train_storage.txt").read_text()
+    assert storage == str(Path(lost.data.tags["orchard.run_dir"]) / "train")
 
 
 def test_forest_resume_after_a_crash_continues_from_the_last_round(tmp_path):

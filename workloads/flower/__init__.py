@@ -52,10 +52,20 @@ def validate(cfg: dict) -> None:
         require_path(cfg, "flower.checkpoint", kind="file", allow_none=False)
         require_path(cfg, "flower.input", kind="dir", allow_none=False)
     else:
-        require(cfg, "flower.resume", lambda v: v is None or (Path(v) / "train" / "flower").is_dir(),
+        require(cfg, "flower.resume", lambda v: v is None or (train_storage(v) / "flower").is_dir(),
                 "null or the folder of a train run that checkpointed (holding train/flower/)")
         require(cfg, "flower.data_dir", lambda v: v is None or (Path(v) / "images").is_dir(),
                 "null (synthetic field) or a folder holding images/ (and points.csv or annotated/)")
+
+
+TRAIN_STORAGE_NOTE = "train_storage.txt"  # in a run folder: where its Ray Train run keeps checkpoints
+
+
+def train_storage(run_dir) -> Path:
+    """Where a train run's Ray Train checkpoints live: ``<run>/train``, or, for a run that resumed
+    another, the storage it continued (named in its ``train_storage.txt``)."""
+    note = Path(run_dir) / TRAIN_STORAGE_NOTE
+    return Path(note.read_text().strip()) if note.is_file() else Path(run_dir) / "train"
 
 
 def resume(cfg: dict, previous_run_dir: str) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from workloads.flower import baseline_counter, evaluate
+from workloads.flower import TRAIN_STORAGE_NOTE, baseline_counter, evaluate, train_storage
 from workloads.flower.data import TileSet, bin_label, bin_sample, prepare_tiles
 from workloads.flower.density_map import density_map
 from workloads.flower.synthetic_field import generate_field
@@ -121,8 +121,9 @@ def run_train(cfg: dict, ctx) -> dict[str, float]:
     train_started = time.time()
     # A resumed run continues the previous run's Train run (same storage path and name): Ray
     # Train restores its latest checkpoint, and new checkpoints join it there.
-    storage = str(Path(f["resume"]) / "train") if f.get("resume") else None
-    launch(train_loop, loop_config, cfg, ctx, name="flower", storage_path=storage)
+    storage = train_storage(f["resume"]) if f.get("resume") else run_dir / "train"
+    (run_dir / TRAIN_STORAGE_NOTE).write_text(str(storage.resolve()))  # a resume of this run finds it
+    launch(train_loop, loop_config, cfg, ctx, name="flower", storage_path=str(storage))
     metrics = {"time/train_wall_s": time.time() - train_started, "time/prepare_s": prepared_s}
     metrics.update(throughput_stats(sorted((run_dir / "workers").glob("rank*.json")), f["warmup_steps"]))
 
