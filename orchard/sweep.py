@@ -1,28 +1,43 @@
-"""Ray Tune sweeps: ``python -m orchard workload=<name> sweep=<name>``.
+"""Ray Tune sweeps: ``python -m orchard workload=<name> sweep=<name>`` (docs/sweeps.md).
 
-``conf/sweep/<name>.yaml`` declares the search (param space over any config keys, metric,
-mode, samples, scheduler, concurrency).  The sweep is a parent MLflow run; every trial is a
-child run (``mlflow.parentRunId``) produced by the same ``run_one`` as a single run.  The
-parent records the best trial's config and metric and the leaderboard.  Tune's experiment
-state lives in ``<output_dir>/sweeps/<workload>-<sweep>``: running the same command again after
-a crash or Ctrl-C resumes the unfinished trials instead of starting over.
+``conf/sweep/<name>.yaml`` declares the search (param space over any config keys, metric, mode,
+samples, scheduler).  The sweep is a parent MLflow run; every trial is a child run
+(``mlflow.parentRunId``) made by the lifecycle's ``run_one``, exactly like a single run.
+
+    [1] identity    the sweep's key: workload, sweep name and a digest of the command's
+                    overrides (``sweep_key``); its state lives in <output_dir>/sweeps/<key>
+    [2] resources   the workload says what one run holds (``resources(cfg)``,
+                    orchard/placement.py): a placement group per trial, and as many trials at
+                    once as the cluster holds
+    [3] trials      each trial runs ``run_one``; a thread polls the run's metrics sink for the
+                    sweep metric, wherever it was logged (driver, task, actor, Train worker),
+                    and reports every new value to Tune, so ASHA can cut a lagging trial
+    [4] ending      trials stopped early and trials cut off by Ctrl-C/SIGTERM are closed KILLED
+                    with the reason; the parent gets the best trial and the leaderboard, or
+                    KILLED (exit 130/143: the same command resumes, keeping finished trials)
 """
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
+import signal
 import sys
-import time
+import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Callable
 
 from orchard import config as config_lib
+from orchard import interrupts
 from orchard.errors import ConfigError
-
-if TYPE_CHECKING:
-    from orchard.cli import Outcome
+from orchard.outcome import Outcome
 
 PARAM_TYPES = ("grid", "choice", "uniform", "loguniform", "randint")
+# Overrides that say where a sweep runs and records, not what its trials compute: they do not
+# change its identity, so e.g. the same sweep against another tracking server still resumes.
+NOT_IDENTITY = ("tracking", "output_dir", "cluster", "progress", "run_name", "sweep.max_concurrent_trials", "hydra")
+FINAL = "orchard/final"  # set only in a trial's last report: a trial without it was stopped early
+STOPPED_EARLY = "stopped early by the {scheduler} scheduler (its {metric} lagged)"
 
 
 def validate_sweep(cfg: dict) -> None:
@@ -30,8 +45,12 @@ def validate_sweep(cfg: dict) -> None:
     config_lib.require(cfg, "sweep.metric", lambda v: isinstance(v, str) and "/" in v, "a metric key such as val/mae")
     config_lib.require_choice(cfg, "sweep.mode", ("min", "max"))
     config_lib.require_positive(cfg, "sweep.num_samples", integer=True)
-    config_lib.require_positive(cfg, "sweep.max_concurrent_trials", integer=True)
+    if s.get("max_concurrent_trials") is not None:
+        config_lib.require_positive(cfg, "sweep.max_concurrent_trials", integer=True)
     config_lib.require_choice(cfg, "sweep.scheduler", ("fifo", "asha"))
+    if "resources_per_trial" in s:
+        raise ConfigError("sweep.resources_per_trial", "not a sweep key any more: a trial's resources come from the "
+                          "workload's resources(cfg) (docs/sweeps.md); remove it")
     if not s.get("params"):
         raise ConfigError("sweep.params", "at least one config key to search over")
     for key, spec in s["params"].items():
@@ -73,139 +92,359 @@ def trial_config(base: dict, values: dict) -> dict:
     return cfg
 
 
-def _make_trainable(base: dict, module_name: str, parent_run_id: str | None, metric: str):
+# --------------------------------------------------------------------------- [1] identity
+def identity_overrides(overrides: list[str]) -> list[str]:
+    """The command's overrides that define the sweep, sorted (see ``NOT_IDENTITY``)."""
+    kept = []
+    for item in overrides:
+        key = item.lstrip("+~").split("=", 1)[0]
+        if not any(key == p or key.startswith(p + ".") for p in NOT_IDENTITY):
+            kept.append(item)
+    return sorted(kept)
+
+
+def sweep_key(cfg: dict) -> str:
+    """``<workload>-<sweep>-<digest>``: the same command gives the same key, another command
+    another.  The digest covers the identity overrides and the search itself (an edited sweep
+    file is a new sweep: Tune would resume the old search space)."""
+    search = {k: v for k, v in cfg["sweep"].items() if k != "max_concurrent_trials"}
+    identity = {"overrides": identity_overrides(cfg.get("_overrides") or []), "search": search}
+    digest = hashlib.sha1(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    return f"{cfg['workload']['name']}-{cfg['sweep']['name']}-{digest}"
+
+
+def sweep_dir(cfg: dict) -> Path:
+    return Path(cfg["output_dir"]).resolve() / "sweeps" / sweep_key(cfg)
+
+
+# --------------------------------------------------------------------------- [2] resources
+def trial_resources(cfg: dict, module):
+    """What one trial holds: the workload's ``resources(cfg)``; a workload that does not say is
+    taken to run its tasks in one CPU of the trial's own reservation."""
+    from orchard.placement import Resources, bundles
+
+    fn = getattr(module, "resources", None)
+    return fn(cfg) if fn is not None else Resources(in_trial=bundles(1, 1.0))
+
+
+# --------------------------------------------------------------------------- [3] trials
+class MetricFeed:
+    """Reports every new value of the sweep metric to Tune, from a thread of the trial.
+
+    The metric may be logged anywhere in the run (the driver, a task, an actor, a Ray Train
+    worker): all of it goes through the run's metrics sink, which keeps the watched key's
+    values for ``logged_since``.  Reports are serialized with the trial's final report."""
+
+    def __init__(self, metric: str, interval_s: float = 0.5):
+        self.metric, self.interval = metric, interval_s
+        self.seen, self.last, self.run_id, self.sink = 0, None, "", None
+        self.lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, ctx) -> None:
+        import ray
+
+        self.sink, self.run_id = ctx._sink, ctx.run_id or ""
+        ray.get(self.sink.watch.remote(self.metric), timeout=60)
+        self._thread = threading.Thread(target=self._loop, name="orchard-sweep-metric", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.poll()
+            except Exception as exc:  # a sink restart or a slow store: the next poll tries again
+                print(f"orchard: sweep metric {self.metric}: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+    def poll(self) -> None:
+        import ray
+        from ray import tune
+
+        if self.sink is None:
+            return
+        with self.lock:
+            for step, value in ray.get(self.sink.logged_since.remote(self.metric, self.seen), timeout=60):
+                self.seen += 1
+                self.last = value
+                tune.report({self.metric: value, "orchard/step": step, "run_id": self.run_id})
+
+    def stop(self) -> None:
+        """Stop polling, after one last poll for what was logged since the previous one."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+        try:
+            self.poll()
+        except Exception as exc:
+            print(f"orchard: sweep metric {self.metric}: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+
+class _Watched:
+    """The workload as ``run_one`` sees it, with the metric feed started inside its run."""
+
+    def __init__(self, module, feed: MetricFeed):
+        self._module, self._feed = module, feed
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
+
+    def run(self, cfg: dict, ctx):
+        self._feed.start(ctx)
+        try:
+            return self._module.run(cfg, ctx)
+        finally:  # report the last values while the run's sink still lives (run_one then ends it)
+            try:
+                ctx.flush()
+            except Exception:
+                pass
+            self._feed.stop()
+
+
+def _make_trainable(base: dict, module_name: str, parent_run_id: str | None, metric: str, run_one: Callable):
     def trainable(values: dict) -> None:
         import importlib
 
         from ray import tune
 
-        from orchard.cli import run_one
-
         cfg = trial_config(base, values)
         trial = tune.get_context().get_trial_name()
-        cfg["run_name"] = f"{base['_sweep_name']}-{trial}"
+        cfg["run_name"] = f"{base['sweep']['name']}-{trial}"
         cfg["sweep"] = None
-        reported = {"n": 0}
-
-        def report(metrics: dict, step) -> None:
-            # Intermediate values of the sweep metric feed the scheduler (ASHA) as they come.
-            if metric in metrics:
-                reported["n"] += 1
-                reported["last"] = metrics[metric]
-                tune.report({metric: metrics[metric], "step": reported["n"]})
-
-        outcome = run_one(cfg, importlib.import_module(module_name), parent_run_id=parent_run_id, on_metrics=report, quiet=True)
+        feed = MetricFeed(metric)
+        outcome = run_one(cfg, _Watched(importlib.import_module(module_name), feed), parent_run_id=parent_run_id,
+                          quiet=True)
+        feed.stop()
         if outcome.exit_code != 0:
             raise RuntimeError(f"trial {trial} failed: {outcome.error}")
         final = {k: v for k, v in outcome.metrics.items() if isinstance(v, (int, float))}
-        if metric not in final and "last" in reported:
-            final[metric] = reported["last"]  # a per-step metric: its last value ranks the trial
-        tune.report({**final, "run_id": outcome.run_id or "", "step": reported["n"] + 1})
+        if metric not in final:
+            if feed.last is None:
+                raise RuntimeError(f"trial {trial}: the run never logged the sweep metric {metric}")
+            final[metric] = feed.last  # a per-epoch metric: its last value ranks the trial
+        with feed.lock:
+            tune.report({**final, "run_id": outcome.run_id or "", FINAL: 1.0})
 
     return trainable
 
 
-def sweep_dir(cfg: dict) -> Path:
-    return Path(cfg["output_dir"]).resolve() / "sweeps" / f"{cfg['workload']['name']}-{cfg['sweep']['name']}"
-
-
-def run_sweep(cfg: dict, module) -> Outcome:
-    from ray import tune
+def _scheduler(s: dict):
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
-    from orchard import tracking
-    from orchard.cli import Outcome
+    if s["scheduler"] != "asha":
+        return FIFOScheduler()
+    a = s.get("asha") or {}
+    # time = the trial's reports of the metric (one per epoch for an epoch metric)
+    return ASHAScheduler(time_attr="training_iteration", max_t=int(a.get("max_t", 1000)),
+                         grace_period=int(a.get("grace_period", 1)), reduction_factor=float(a.get("reduction_factor", 2)))
+
+
+# --------------------------------------------------------------------------- the sweep
+def run_sweep(cfg: dict, module, run_one: Callable) -> Outcome:
+    """The Tune search; ``run_one`` is the lifecycle's single run, called once per trial."""
+    import ray
+    from ray import tune
 
     s = cfg["sweep"]
-    folder = sweep_dir(cfg)
+    key, folder = sweep_key(cfg), sweep_dir(cfg)
+    # [2] what a trial holds, and how many fit at once: checked before anything is recorded
+    try:
+        need = trial_resources(cfg, module)
+        concurrent = need.max_concurrent(ray.cluster_resources(), s.get("max_concurrent_trials"))
+    except ConfigError as err:
+        print(f"orchard: bad config: {err}", file=sys.stderr)
+        return Outcome(2, None, {}, str(err))
     folder.mkdir(parents=True, exist_ok=True)
-    state_file = folder / "orchard_sweep.json"
     exp_path = folder / "tune"
     resuming = tune.Tuner.can_restore(str(exp_path))
-    base = copy.deepcopy(cfg)
-    base["_sweep_name"] = s["name"]
-    tracked = None
-    client = None
-    if cfg["tracking"]["enabled"]:
-        if resuming and state_file.exists():
-            parent_id = json.loads(state_file.read_text())["parent_run_id"]
-            tracked = tracking.TrackedRun(parent_id, "", tracking.resolve_uri(cfg["tracking"]["uri"]))
-            client = tracked.client()
-            client.update_run(parent_id, status="RUNNING")
-            _kill_stale_children(client, parent_id)
-        else:
-            sweep_cfg = copy.deepcopy(cfg)
-            tracked = tracking.open_run(sweep_cfg, cfg.get("run_name") or f"sweep-{s['name']}-{time.strftime('%y%m%d-%H%M%S')}",
-                                        extra_tags={"orchard.sweep": s["name"]})
-            client = tracked.client()
-            state_file.write_text(json.dumps({"parent_run_id": tracked.run_id}))
-    parent_id = tracked.run_id if tracked else None
+    parent = _Parent.open(cfg, key, folder, resuming, need, concurrent)
     metric, mode = s["metric"], s["mode"]
-    trainable = tune.with_resources(_make_trainable(base, module.__name__, parent_id, metric),
-                                    dict(s.get("resources_per_trial") or {"cpu": 1}))
-    if s["scheduler"] == "asha":
-        a = s.get("asha") or {}
-        scheduler = ASHAScheduler(time_attr="step", max_t=int(a.get("max_t", 100)), grace_period=int(a.get("grace_period", 1)),
-                                  reduction_factor=float(a.get("reduction_factor", 2)))
-    else:
-        scheduler = FIFOScheduler()
-    run_config = tune.RunConfig(name="tune", storage_path=str(folder), verbose=0)
-    print(f"orchard: sweep {s['name']} {'resuming' if resuming else 'starting'} in {folder}", flush=True)
+    trainable = tune.with_resources(_make_trainable(copy.deepcopy(cfg), module.__name__, parent.run_id, metric, run_one),
+                                    need.factory())
+    print(f"orchard: sweep {key} {'resuming' if resuming else 'starting'} in {folder}\n"
+          f"orchard: up to {concurrent} trial(s) at once; each holds {need.describe()}\n"
+          f"orchard: stopped or interrupted, the same command resumes it", flush=True)
     if resuming:
-        tuner = tune.Tuner.restore(str(exp_path), trainable=trainable, resume_errored=True, restart_errored=False)
+        tuner = tune.Tuner.restore(str(exp_path), trainable=trainable, resume_unfinished=True,
+                                   resume_errored=True, restart_errored=False)
     else:
         tuner = tune.Tuner(
-            trainable,
-            param_space=param_space(s["params"]),
+            trainable, param_space=param_space(s["params"]),
             tune_config=tune.TuneConfig(metric=metric, mode=mode, num_samples=s["num_samples"],
-                                        max_concurrent_trials=s["max_concurrent_trials"], scheduler=scheduler),
-            run_config=run_config,
+                                        max_concurrent_trials=concurrent, scheduler=_scheduler(s)),
+            run_config=tune.RunConfig(name="tune", storage_path=str(folder), verbose=0),
         )
-    status = "FINISHED"
+    signals_before = len(interrupts.received)
+    grid, second_signal = None, None
     try:
-        grid = tuner.fit()
-    except KeyboardInterrupt:
-        status = "KILLED"
-        if tracked:
-            tracking.close_run(tracked, status, None)
-        print("orchard: sweep interrupted; run the same command again to resume", file=sys.stderr)
-        return Outcome(130, parent_id, {}, "KeyboardInterrupt")
-    rows = leaderboard(grid, list(s["params"]), metric, mode)
-    best = rows[0] if rows else None
-    if tracked:
-        if best:
-            client.log_batch(parent_id, metrics=[], params=[])
-            for key, value in best["params"].items():
-                client.set_tag(parent_id, f"best.{key}", str(value))
-            client.log_metric(parent_id, f"best/{metric}", best["metric"])
-            client.set_tag(parent_id, "best_run_id", best["run_id"])
-        tracking_dir = folder / "leaderboard.json"
-        tracking_dir.write_text(json.dumps(rows, indent=2))
-        client.log_artifact(parent_id, str(tracking_dir))
-        errors = [r for r in grid if r.error]
-        tracking.close_run(tracked, "FAILED" if len(errors) == len(grid) and len(grid) else "FINISHED",
-                           errors[0].error if errors and len(errors) == len(grid) else None)
-    print(format_leaderboard(rows, metric, parent_id))
+        grid = tuner.fit()  # Tune's own SIGINT handler stops it gracefully; it then returns
+    except KeyboardInterrupt as exc:  # a second Ctrl-C, once Tune gave SIGINT back
+        second_signal = exc
+    trials = list(grid._experiment_analysis.trials) if grid is not None else []
+    # Once stopped, Tune marks the trials it cut TERMINATED in memory; the state it saved just
+    # before says RUNNING (or PENDING) for them.
+    unfinished = [tid for tid, status in _saved_statuses(exp_path).items() if status not in ("TERMINATED", "ERROR")]
+    signals = interrupts.received[signals_before:]
+    interrupted = second_signal is not None or bool(signals) or bool(unfinished)
+    # [4] close what the trials left open, then the parent
+    with interrupts.deferred():
+        parent.close_children(trials, s["scheduler"], metric, interrupted)
+        if interrupted:
+            signum = getattr(second_signal, "signum", None) or (signals[-1] if signals else signal.SIGINT)
+            name = signal.Signals(signum).name
+            parent.close("KILLED", f"sweep interrupted by {name}; run the same command to resume")
+            print(f"orchard: sweep {key} interrupted ({name}); parent run {parent.run_id or '-'} and its running "
+                  f"trials marked KILLED; run the same command again to resume", file=sys.stderr)
+            return Outcome(128 + int(signum), parent.run_id, {}, f"interrupted by {name}")
+        rows = leaderboard(trials, list(s["params"]), metric, mode)
+        parent.record(rows, metric, folder)
+        failed = [t for t in trials if t.status == "ERROR"]
+        if rows or not failed:
+            parent.close("FINISHED")
+        else:
+            parent.close("FAILED", f"every trial failed; first: {_trial_error(failed[0])}")
+    print(format_leaderboard(rows, metric, parent.run_id))
     if not rows:
-        return Outcome(1, parent_id, {}, "no trial finished")
-    return Outcome(0, parent_id, {f"best/{metric}": best["metric"]}, None)
+        return Outcome(1, parent.run_id, {}, "no trial finished")
+    return Outcome(0, parent.run_id, {f"best/{metric}": rows[0]["metric"]}, None)
 
 
-def _kill_stale_children(client, parent_id: str) -> None:
-    """Trials that were running when the sweep died will run again; close their old runs."""
-    exp_id = client.get_run(parent_id).info.experiment_id
-    for run in client.search_runs([exp_id], f"tags.mlflow.parentRunId = '{parent_id}' and attributes.status = 'RUNNING'"):
-        client.set_terminated(run.info.run_id, status="KILLED")
+class _Parent:
+    """The sweep's MLflow run (none with ``tracking=none``), kept across resumes by its key."""
+
+    def __init__(self, tracked, heartbeat):
+        self.tracked, self.heartbeat = tracked, heartbeat
+        self.run_id = tracked.run_id if tracked else None
+        self.client = tracked.client() if tracked else None
+
+    @classmethod
+    def open(cls, cfg: dict, key: str, folder: Path, resuming: bool, need, concurrent: int) -> "_Parent":
+        from orchard import tracking
+        from orchard.runs import Heartbeat
+
+        if not cfg["tracking"]["enabled"]:
+            return cls(None, None)
+        state_file = folder / "orchard_sweep.json"
+        uri = tracking.resolve_uri(cfg["tracking"]["uri"])
+        tracked = None
+        if resuming and state_file.exists():
+            tracked = _reopen(json.loads(state_file.read_text()).get("parent_run_id"), uri)
+        with interrupts.deferred(reraise=True):  # a parent run either exists with its state file, or not at all
+            if tracked is None:
+                tags = {"orchard.sweep": cfg["sweep"]["name"], "orchard.sweep_key": key,
+                        "orchard.sweep_dir": str(folder), "orchard.overrides": json.dumps(cfg.get("_overrides", [])),
+                        "orchard.sweep.trial_resources": need.describe(), "orchard.sweep.concurrent_trials": str(concurrent)}
+                tracked = tracking.open_run(cfg, cfg.get("run_name") or f"sweep-{key}", extra_tags=tags)
+                state_file.write_text(json.dumps({"parent_run_id": tracked.run_id, "key": key}))
+            heartbeat = Heartbeat(tracked.client(), tracked.run_id)
+        return cls(tracked, heartbeat)
+
+    def close_children(self, trials: list, scheduler: str, metric: str, interrupted: bool) -> None:
+        """Every child run still RUNNING is closed KILLED, with why: cut by the scheduler, or the
+        sweep was interrupted (its trial reruns on resume)."""
+        if self.client is None:
+            return
+        stopped = {(t.last_result or {}).get("run_id") for t in trials
+                   if t.status == "TERMINATED" and FINAL not in (t.last_result or {})}
+        for run in self._children("RUNNING"):
+            run_id = run.info.run_id
+            if run_id in stopped and not interrupted:
+                reason = STOPPED_EARLY.format(scheduler=scheduler.upper(), metric=metric)
+            elif interrupted:
+                reason = "sweep interrupted; this trial runs again when the sweep resumes"
+            else:
+                reason = "its trial ended without closing the run"
+            try:
+                self.client.set_tag(run_id, "orchard.error", reason)
+                self.client.set_terminated(run_id, status="KILLED")
+            except Exception as exc:  # the reaper closes it later ("driver lost")
+                print(f"orchard: could not close trial run {run_id}: {exc}", file=sys.stderr)
+
+    def _children(self, status: str) -> list:
+        exp_id = self.client.get_run(self.run_id).info.experiment_id
+        return self.client.search_runs([exp_id], f"tags.mlflow.parentRunId = '{self.run_id}' "
+                                                 f"and attributes.status = '{status}'", max_results=5000)
+
+    def record(self, rows: list[dict], metric: str, folder: Path) -> None:
+        board = folder / "leaderboard.json"
+        board.write_text(json.dumps(rows, indent=2))
+        if self.client is None:
+            return
+        if rows:
+            best = rows[0]
+            for key, value in best["params"].items():
+                self.client.set_tag(self.run_id, f"best.{key}", str(value))
+            self.client.log_metric(self.run_id, f"best/{metric}", best["metric"])
+            self.client.set_tag(self.run_id, "best_run_id", best["run_id"])
+        self.client.log_artifact(self.run_id, str(board))
+
+    def close(self, status: str, reason: str | None = None) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+        if self.client is None:
+            return
+        if reason:
+            self.client.set_tag(self.run_id, "orchard.error", reason[:5000])
+        self.client.set_terminated(self.run_id, status=status)
 
 
-def leaderboard(grid, keys: list[str], metric: str, mode: str) -> list[dict]:
+def _reopen(run_id: str | None, uri: str):
+    """The parent run of a sweep being resumed, RUNNING again and driven by this process (None
+    if the store no longer has it).  Its children left RUNNING by a crash are closed KILLED."""
+    from mlflow.entities import RunTag
+    from mlflow.exceptions import MlflowException
+
+    from orchard import tracking
+    from orchard.runs import driver_tags
+
+    if not run_id:
+        return None
+    tracked = tracking.TrackedRun(run_id, "", uri)
+    client = tracked.client()
+    try:
+        run = client.get_run(run_id)
+    except MlflowException:
+        return None
+    client.update_run(run_id, status="RUNNING")
+    client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in driver_tags().items()])
+    if "orchard.error" in run.data.tags:  # e.g. "driver lost" from the reaper, or the interrupt
+        client.delete_tag(run_id, "orchard.error")
+    stale = client.search_runs([run.info.experiment_id], f"tags.mlflow.parentRunId = '{run_id}' "
+                                                         "and attributes.status = 'RUNNING'", max_results=5000)
+    for child in stale:
+        client.set_tag(child.info.run_id, "orchard.error", "sweep interrupted; this trial runs again on resume")
+        client.set_terminated(child.info.run_id, status="KILLED")
+    return tracking.TrackedRun(run_id, run.info.experiment_id, uri)
+
+
+def _saved_statuses(exp_path: Path) -> dict[str, str]:
+    """Trial id -> status in the experiment state Tune saved last (``{}`` if none could be read)."""
+    from ray.tune import ExperimentAnalysis
+
+    try:
+        return {t.trial_id: t.status for t in ExperimentAnalysis(str(exp_path)).trials}
+    except Exception as exc:
+        print(f"orchard: could not read the sweep's saved state: {exc}", file=sys.stderr)
+        return {}
+
+
+def _trial_error(trial) -> str:
+    try:
+        return str(trial.error_msg or "").strip().splitlines()[-1][:300]
+    except Exception:
+        return "see the trial's error.txt"
+
+
+def leaderboard(trials, keys: list[str], metric: str, mode: str) -> list[dict]:
+    """The trials that finished, best first: ``{trial, params, metric, run_id}``."""
     rows = []
-    for result in grid:
-        m = result.metrics or {}
-        if result.error or metric not in m:
+    for trial in trials:
+        m = trial.last_result or {}
+        if trial.status != "TERMINATED" or FINAL not in m or metric not in m:
             continue
-        rows.append({"trial": result.path.rsplit("/", 1)[-1][:40] if result.path else "?",
-                     "params": {k: result.config.get(k) for k in keys},
+        rows.append({"trial": str(trial.trial_id), "params": {k: trial.config.get(k) for k in keys},
                      "metric": float(m[metric]), "run_id": m.get("run_id", "")})
     rows.sort(key=lambda r: r["metric"], reverse=(mode == "max"))
     return rows

@@ -1,4 +1,6 @@
-"""Ray Tune sweeps: parent + one child run per trial, a leaderboard, resume after a crash."""
+"""Ray Tune sweeps on the tiny test workload: parent + one child run per trial, a leaderboard,
+identity by command, ASHA closing the trials it stops, Ctrl-C then resume.  The shipped sweeps
+on the real workloads are tests/integration/test_sweeps.py."""
 import json
 import signal
 import subprocess
@@ -7,14 +9,21 @@ from pathlib import Path
 
 import pytest
 
-from orchard.cli import prepare
 from orchard.errors import ConfigError
+from orchard.lifecycle import execute, preflight, prepare
+from orchard.placement import HEAD, Resources, bundles
+from orchard.sweep import identity_overrides, sweep_key
 from tests.tiny_workload.cli import tiny_cli, tiny_cli_env
 
+SHIPPED = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "conf" / "sweep").glob("*.yaml"))
 
 
 def _sweep_overrides(*extra):
     return ["workload=tiny", "sweep=tiny_grid", *extra]
+
+
+def _children(client, parent):
+    return client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
 
 
 def test_sweep_config_validation_names_the_key():
@@ -24,6 +33,65 @@ def test_sweep_config_validation_names_the_key():
     with pytest.raises(ConfigError) as err:
         prepare(_sweep_overrides("sweep.mode=best"))
     assert err.value.key == "sweep.mode"
+    with pytest.raises(ConfigError) as err:  # CPU counts are the workload's to say, not the sweep file's
+        prepare(_sweep_overrides("+sweep.resources_per_trial={cpu: 1}"))
+    assert err.value.key == "sweep.resources_per_trial"
+
+
+def test_no_shipped_sweep_writes_cpu_counts():
+    for name in SHIPPED:
+        text = (Path(__file__).resolve().parents[2] / "conf" / "sweep" / f"{name}.yaml").read_text()
+        assert "resources_per_trial" not in text and "cpu:" not in text.lower(), name
+
+
+def test_sweep_identity_is_the_command_less_where_it_runs_and_records():
+    base = ["workload=tiny", "sweep=tiny_grid", "tiny.steps=7"]
+    cfg, _ = prepare(base)
+    cfg["_overrides"] = base
+    same = dict(cfg, _overrides=["tiny.steps=7", "tracking.uri=sqlite:///elsewhere.db", "output_dir=/tmp/x",
+                                 "sweep=tiny_grid", "cluster.num_cpus=2", "workload=tiny", "progress=never"])
+    other = dict(cfg, _overrides=[*base, "tiny.lr=0.2"])
+    assert sweep_key(cfg) == sweep_key(same)
+    assert sweep_key(cfg) != sweep_key(other)
+    assert sweep_key(cfg).startswith("tiny-tiny_grid-")
+    assert identity_overrides(["tracking=none", "+tiny.x=1", "cluster=remote"]) == ["+tiny.x=1"]
+
+
+def test_placement_reserves_what_a_trial_starts_and_limits_concurrency():
+    actors = Resources(in_trial=bundles(2, 1.0))        # tasks/actors the trial starts itself
+    train = Resources(in_trial=bundles(1, 1.0), outside=bundles(2, 1.0))  # + a Train worker group
+    cluster = {"CPU": 2.0, "memory": 8 * 2**30}
+    assert actors.factory().bundles == [HEAD, {"CPU": 1.0}, {"CPU": 1.0}]
+    assert Resources(outside=bundles(2, 1.0)).factory().bundles == [HEAD]  # a small head, no CPU
+    assert actors.max_concurrent(cluster) == 1
+    assert actors.max_concurrent({"CPU": 8.0, "memory": 8 * 2**30}) == 4
+    assert actors.max_concurrent({"CPU": 8.0, "memory": 8 * 2**30}, requested=3) == 3
+    with pytest.raises(ConfigError, match="CPU 3 .cluster: 2"):
+        train.max_concurrent(cluster)
+    gpu = Resources(outside=bundles(2, 1.0, gpu=1.0))
+    with pytest.raises(ConfigError, match="GPU"):
+        gpu.max_concurrent(cluster)
+    assert gpu.max_concurrent({**cluster, "CPU": 4.0, "GPU": 4.0}) == 2
+
+
+def test_every_shipped_sweep_fits_a_two_core_machine(ray_session):
+    """Each workload says what a trial starts; every shipped sweep runs on 2 cores."""
+    import importlib
+
+    workloads = {"flower": "flower_lr", "forest": "forest_features", "singa": "singa_mlp", "video": "video_lr"}
+    assert sorted(workloads.values()) == SHIPPED  # every workload ships a sweep, every sweep is tested
+    two_cores = {"CPU": 2.0, "memory": 8 * 2**30}
+    for workload, sweep in workloads.items():
+        cfg, module = prepare([f"workload={workload}", f"sweep={sweep}"])
+        need = module.resources(cfg)
+        assert isinstance(need, Resources), workload
+        assert need.max_concurrent(two_cores) >= 1, (workload, need.describe())
+    flower, _ = prepare(["workload=flower", "strategy.num_workers=3"])
+    need = importlib.import_module("workloads.flower").resources(flower)
+    assert need.outside == bundles(3, 1.0)  # Ray Train workers: their own placement group
+    video, _ = prepare(["workload=video"])
+    need = importlib.import_module("workloads.video").resources(video)
+    assert len(need.outside) == sum(video["video"]["workers"].values())
 
 
 @pytest.mark.slow
@@ -32,7 +100,7 @@ def test_four_trial_sweep_gives_parent_children_and_leaderboard(run_orchard, cap
     assert res.exit_code == 0
     parent = res.run
     assert parent.info.status == "FINISHED"
-    children = res.client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    children = _children(res.client, parent)
     assert len(children) == 4 and all(c.info.status == "FINISHED" for c in children)
     assert sorted(float(c.data.params["tiny.lr"]) for c in children) == [0.01, 0.05, 0.1, 0.3]
     best_child = min(children, key=lambda c: c.data.metrics["train/loss"])
@@ -44,40 +112,102 @@ def test_four_trial_sweep_gives_parent_children_and_leaderboard(run_orchard, cap
     assert len(board) == 4 and board[0]["run_id"] == best_child.info.run_id
 
 
+@pytest.fixture
+def tiny_sweep(ray_session, tracking_uri, tmp_path, capsys):
+    """``tiny_sweep(*overrides, lrs=[...]) -> (Outcome, stdout)``: a tiny sweep in this process over
+    the learning rates ``lrs`` (the grid, in this order), on the test store."""
+
+    def _run(*overrides, lrs=(0.1,)):
+        cfg, module = prepare(["workload=tiny", "sweep=tiny_grid", "tracking.system_metrics=false", *overrides,
+                               f"tracking.uri={tracking_uri}", f"output_dir={tmp_path}/out"])
+        cfg["sweep"]["params"]["tiny.lr"]["values"] = list(lrs)
+        preflight(cfg)
+        return execute(cfg, module), capsys.readouterr().out
+
+    return _run
+
+
 @pytest.mark.slow
-def test_interrupted_sweep_resumes_where_it_stopped(tmp_path):
+def test_same_command_resumes_another_command_starts_a_new_sweep(tiny_sweep, tracking_uri):
+    from mlflow.tracking import MlflowClient
+
+    first, out1 = tiny_sweep("tiny.steps=5")
+    again, out2 = tiny_sweep("tiny.steps=5")
+    other, out3 = tiny_sweep("tiny.steps=6")
+    assert first.exit_code == again.exit_code == other.exit_code == 0
+    assert "starting" in out1 and "resuming" in out2 and "starting" in out3
+    assert again.run_id == first.run_id != other.run_id  # same command, same parent run
+    client = MlflowClient(tracking_uri)
+    for outcome in (first, other):
+        parent = client.get_run(outcome.run_id)
+        assert parent.info.status == "FINISHED"
+        assert len(_children(client, parent)) == 1  # resuming a finished sweep trains nothing again
+    keys = {client.get_run(o.run_id).data.tags["orchard.sweep_key"] for o in (first, other)}
+    assert len(keys) == 2
+
+
+@pytest.mark.slow
+def test_asha_stops_a_lagging_trial_on_a_metric_logged_by_a_ray_task(tiny_sweep, tracking_uri):
+    """worker/loss is logged from a Ray task, not the trial's own process: the run's sink feeds it
+    to ASHA.  One trial at a time, the good one first: the lagging one is cut at the first rung,
+    and its MLflow run is closed KILLED with the reason instead of staying RUNNING."""
+    from mlflow.tracking import MlflowClient
+
+    outcome, _ = tiny_sweep("sweep.scheduler=asha", "sweep.metric=worker/loss", "sweep.max_concurrent_trials=1",
+                            "sweep.asha.grace_period=3", "tiny.steps=40", "tiny.sleep_s=0.1", lrs=(0.3, 0.003))
+    client = MlflowClient(tracking_uri)
+    parent = client.get_run(outcome.run_id)
+    assert outcome.exit_code == 0 and parent.info.status == "FINISHED"
+    children = {float(c.data.params["tiny.lr"]): c for c in _children(client, parent)}
+    assert children[0.3].info.status == "FINISHED"
+    lagging = children[0.003]
+    assert lagging.info.status == "KILLED"
+    assert "stopped early by the ASHA scheduler" in lagging.data.tags["orchard.error"]
+    board = json.loads(Path(client.download_artifacts(parent.info.run_id, "leaderboard.json")).read_text())
+    assert [row["params"]["tiny.lr"] for row in board] == [0.3]  # a trial cut early is not ranked
+
+
+@pytest.mark.slow
+def test_interrupted_sweep_exits_130_and_resumes_where_it_stopped(tmp_path):
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     args = tiny_cli("workload=tiny", "sweep=tiny_grid", "sweep.max_concurrent_trials=1",
-            "tiny.steps=40", "tiny.sleep_s=0.05", "tracking.system_metrics=false",
-            f"tracking.uri={uri}", f"output_dir={tmp_path}/out", "cluster.num_cpus=2")
+                    "tiny.steps=40", "tiny.sleep_s=0.05", "tracking.system_metrics=false",
+                    f"tracking.uri={uri}", f"output_dir={tmp_path}/out", "cluster.num_cpus=2")
     env = tiny_cli_env()
     client = MlflowClient(uri)
 
-    def finished_children():
+    def runs(status=None):
         try:
-            runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
-                                      "attributes.status = 'FINISHED'")
+            found = client.search_runs([e.experiment_id for e in client.search_experiments()])
         except Exception:
             return []
-        return [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+        return [r for r in found if status is None or r.info.status == status]
+
+    def children(status):
+        return [r for r in runs(status) if "mlflow.parentRunId" in r.data.tags]
 
     first = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 240
-    while time.time() < deadline and len(finished_children()) < 1:
-        time.sleep(1)
-    done_before = {r.data.params["tiny.lr"] for r in finished_children()}
-    assert 1 <= len(done_before) < 4, "the sweep should be part-way when interrupted"
+    deadline = time.time() + 300
+    while time.time() < deadline and not (children("FINISHED") and children("RUNNING")):
+        time.sleep(0.5)
+    done_before = {r.data.params["tiny.lr"] for r in children("FINISHED")}
+    assert 1 <= len(done_before) < 4, "the sweep should be part-way, a trial running, when interrupted"
     first.send_signal(signal.SIGINT)
-    first.communicate(timeout=120)
-    second = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
+    out, _ = first.communicate(timeout=180)
+    assert first.returncode == 130, out
+    parent = next(r for r in runs() if "orchard.sweep" in r.data.tags)
+    assert parent.info.status == "KILLED"
+    assert not runs("RUNNING"), "the interrupted trial's run is closed too"
+    assert all("interrupted" in r.data.tags.get("orchard.error", "") for r in children("KILLED"))
+    second = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stdout + second.stderr
     assert "resuming" in second.stdout
-    done = finished_children()
+    done = children("FINISHED")
     lrs = [r.data.params["tiny.lr"] for r in done]
     assert sorted(set(lrs)) == ["0.01", "0.05", "0.1", "0.3"]
     for lr in done_before:  # finished trials were not trained again
         assert lrs.count(lr) == 1
-    parents = {r.data.tags["mlflow.parentRunId"] for r in done}
-    assert len(parents) == 1  # one sweep, one parent run, across both invocations
+    assert {r.data.tags["mlflow.parentRunId"] for r in done} == {parent.info.run_id}  # one sweep, one parent
+    assert client.get_run(parent.info.run_id).info.status == "FINISHED"

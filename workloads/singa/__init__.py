@@ -134,6 +134,21 @@ def _reject_ignored_keys(cfg: dict, arch: dict) -> None:
                           f"{arch['workers_per_group']} (the group's nodes split the net), got 'none'")
 
 
+def resources(cfg: dict):
+    """What a run holds in Ray (orchard/placement.py): one ``GroupActor`` per worker group
+    (``architectures.py``; placed SPREAD, so outside a sweep trial's placement group) with the CPUs
+    ``train._cpus_per_group`` gives it, and the parameter servers, started by the run itself,
+    where they hold CPUs (``strategy.cpus_per_server``)."""
+    from orchard.placement import Resources, bundles
+    from workloads.singa.settings import resolve_arch
+    from workloads.singa.train import _cpus_per_group
+
+    arch = resolve_arch(cfg)
+    servers = int(arch.get("server_groups", 0) or 0) * int(arch.get("servers_per_group", 0) or 0)
+    return Resources(in_trial=bundles(servers, float(arch.get("cpus_per_server", 0.0))),
+                     outside=bundles(int(arch["worker_groups"]), _cpus_per_group(cfg, arch)))
+
+
 def run(cfg: dict, ctx) -> dict[str, float]:
     """Train ``singa.app`` under ``singa.arch``; returns the final metrics."""
     from workloads.singa.train import run_app

@@ -105,6 +105,25 @@ def _frames_needed(feature: str, stack: int) -> int:
     return build_extractor(feature, stack=stack).frames_needed(stack)
 
 
+def resources(cfg: dict):
+    """What a run holds in Ray (orchard/placement.py): each stream's Ray Train workers, in
+    placement groups of their own (the streams train at once); inside the run's own reservation,
+    the index's 1-CPU probe tasks, then the Ray Data decode and feature pools at their smallest
+    (an autoscaling pool grows into what that bundle has spare)."""
+    from orchard.placement import Resources, bundles
+
+    def smallest(pool) -> int:  # a pool size: n or [min, max]
+        return int(pool) if isinstance(pool, int) else int(pool[0])
+
+    v, s = cfg["video"], cfg["strategy"]
+    stages = len(set(v["streams"].values()))
+    pools = smallest(v["decode_concurrency"]) * float(v["decode_cpus"]) \
+        + stages * smallest(v["extract_concurrency"]) * float(v["extract_cpus"])
+    workers = sum(int(n) for n in v["workers"].values())
+    return Resources(in_trial=bundles(1, max(1.0, pools)),
+                     outside=bundles(workers, s.get("cpus_per_worker", 1), s.get("gpus_per_worker", 0)))
+
+
 def run(cfg: dict, ctx) -> dict[str, float]:
     """Train and evaluate the two-stream pipeline; returns the final metrics."""
     from .runner import run as _run

@@ -1,0 +1,46 @@
+"""Every shipped sweep (conf/sweep/) runs to the end on its real workload at ``debug=smoke``:
+the trial's placement group and the concurrency come from the workload's ``resources(cfg)``, the
+parent and its child finish, nothing is left RUNNING.  One trial each (the first value of every
+grid or choice) keeps the four under a few minutes on 2 cores."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchard.lifecycle import execute, preflight, prepare
+
+pytestmark = pytest.mark.slow
+SWEEPS = {"singa_mlp": "singa", "forest_features": "forest", "flower_lr": "flower", "video_lr": "video"}
+
+
+def test_every_shipped_sweep_is_tested():
+    shipped = {p.stem for p in (Path(__file__).resolve().parents[2] / "conf" / "sweep").glob("*.yaml")}
+    assert shipped == set(SWEEPS)
+    assert {"flower", "forest", "singa", "video"} == set(SWEEPS.values())
+
+
+@pytest.mark.parametrize("sweep", list(SWEEPS))
+def test_shipped_sweep_runs_to_the_end_at_smoke(sweep, ray_session, tracking_uri, tmp_path, capsys):
+    from mlflow.tracking import MlflowClient
+
+    cfg, module = prepare([f"workload={SWEEPS[sweep]}", f"sweep={sweep}", "debug=smoke",
+                           f"tracking.uri={tracking_uri}", f"output_dir={tmp_path}/out"])
+    s = cfg["sweep"]
+    s["num_samples"] = 1
+    for spec in s["params"].values():
+        if spec["type"] in ("grid", "choice"):
+            spec["values"] = spec["values"][:1]
+    preflight(cfg)
+    outcome = execute(cfg, module)
+    out = capsys.readouterr().out
+    assert outcome.exit_code == 0, outcome.error
+    assert "trial(s) at once; each holds" in out and "rank" in out
+    client = MlflowClient(tracking_uri)
+    parent = client.get_run(outcome.run_id)
+    assert parent.info.status == "FINISHED"
+    assert f"best/{s['metric']}" in parent.data.metrics
+    children = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{outcome.run_id}'")
+    assert [c.info.status for c in children] == ["FINISHED"]
+    assert s["metric"] in children[0].data.metrics
+    assert parent.data.tags["best_run_id"] == children[0].info.run_id
