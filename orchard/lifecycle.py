@@ -228,6 +228,8 @@ def run_one(cfg: dict, module, parent_run_id: str | None = None, on_metrics=None
     except KeyboardInterrupt as exc:  # a plain one (a library re-raised it): Ctrl-C
         error = exc if isinstance(exc, interrupts.Interrupted) else interrupts.Interrupted()
         status, exit_code = "KILLED", error.exit_code
+    except ConfigError as exc:  # found by the workload only once its data was read: still exit 2
+        status, error, exit_code = "FAILED", exc, 2
     except Exception as exc:  # the run is marked FAILED with the reason; the CLI exits 1
         status, error, exit_code = "FAILED", exc, 1
     with interrupts.deferred():
@@ -235,6 +237,8 @@ def run_one(cfg: dict, module, parent_run_id: str | None = None, on_metrics=None
     metrics = {**summary, **metrics, "time/total_s": time.time() - t_start}
     if isinstance(error, KeyboardInterrupt):
         print(f"orchard: {error}; run {run_id or name} marked KILLED", file=sys.stderr)
+    elif isinstance(error, ConfigError):
+        print(f"orchard: bad config: {error}" + (f" (run {run_id} marked FAILED)" if tracked else ""), file=sys.stderr)
     elif error is not None:
         print(f"orchard: {cfg['workload']['name']} failed: {type(error).__name__}: {error}", file=sys.stderr)
         if tracked:

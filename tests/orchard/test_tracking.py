@@ -115,20 +115,22 @@ def test_metrics_sink_killed_mid_run_is_restarted_and_the_run_finishes(run_orcha
 
     import ray
 
-    kills = []
+    kills: list[int] = []
     stop = threading.Event()
 
     def killer():
+        # kill mid-epoch: once the workers' step reports reach the sink, and again two steps on
         while not stop.is_set() and len(kills) < 2:
             names = [n for n in ray.util.list_named_actors() if n.startswith("orchard-sink-")]
-            if names:
-                time.sleep(20 if not kills else 10)  # into the training epochs
-                try:
-                    ray.kill(ray.get_actor(names[0]), no_restart=False)
-                    kills.append(time.time())
-                except ValueError:  # the run ended meanwhile
-                    return
-            stop.wait(0.5)
+            try:
+                sink = ray.get_actor(names[0]) if names else None
+                step = ray.get(sink.get_progress.remote(), timeout=10).get("step", 0) if sink else 0
+            except Exception:  # restarting, or the run is over
+                step = 0
+            if step >= (kills[-1] + 2 if kills else 1):
+                ray.kill(sink, no_restart=False)
+                kills.append(step)
+            stop.wait(0.2)
 
     thread = threading.Thread(target=killer, daemon=True)
     thread.start()
