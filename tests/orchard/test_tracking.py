@@ -56,6 +56,15 @@ def test_failing_workload_leaves_a_failed_run_with_the_reason(run_orchard, capsy
     assert "tiny failed: RuntimeError" in capsys.readouterr().err
 
 
+def test_bad_data_found_inside_the_run_is_exit_2_with_the_run_failed(run_orchard, capsys):
+    res = run_orchard("workload=tiny", "tiny.bad_data=true")
+    assert res.exit_code == 2 and res.run.info.status == "FAILED"
+    assert "usable sample" in res.run.data.tags["orchard.error"]
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("orchard:")]
+    assert err == [f"orchard: bad config: tiny.data_dir: a folder with at least one usable sample; none was "
+                   f"(tiny.bad_data=true) (run {res.run.info.run_id} marked FAILED)"]
+
+
 def test_tracking_none_records_nothing_but_returns_metrics(run_orchard):
     res = run_orchard("workload=tiny", "tracking=none", "tiny.steps=5")
     assert res.exit_code == 0 and res.run is None

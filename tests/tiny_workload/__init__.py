@@ -52,6 +52,8 @@ def run(cfg: dict, ctx) -> dict[str, float]:
     t = cfg["tiny"]
     if t.get("fail"):
         raise RuntimeError("tiny workload asked to fail (tiny.fail=true)")
+    if t.get("bad_data"):
+        raise ConfigError("tiny.data_dir", "a folder with at least one usable sample; none was (tiny.bad_data=true)")
     started = time.time()
     driver_loss = _fit(t["steps"], t["lr"], cfg["seed"], ctx, "train", t.get("sleep_s", 0.0))
     # The same fit inside a Ray task: its metrics must land in the same MLflow run.
