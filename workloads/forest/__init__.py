@@ -36,6 +36,7 @@ def validate(cfg: dict) -> None:
         require(cfg, f"forest.{key}", lambda v: 0 < v <= 1, "a fraction in (0, 1]")
     require(cfg, "forest.unary_fraction", lambda v: 0 <= v <= 1, "a fraction in [0, 1]")
     require(cfg, "forest.min_gain", lambda v: v >= 0, "a number >= 0")
+    require(cfg, "forest.actor_cpus", lambda v: isinstance(v, (int, float)) and 0 <= v <= 64, "CPUs in [0, 64]")
     for key in ("flip_prob", "compose_prob", "clutter_prob", "dropout"):
         require(cfg, f"forest.preprocess.{key}", lambda v: 0 <= v <= 1, "a probability in [0, 1]")
     require(cfg, "forest.preprocess.noise_sigma_mm", lambda v: v >= 0, "a number >= 0")
@@ -63,11 +64,32 @@ def validate(cfg: dict) -> None:
     except Exception as exc:  # noqa: BLE001 - any malformed palette is a config error
         raise ConfigError("forest.palette", f"32 distinct '#rrggbb' colours (31 parts, then background): {exc}")
     require_path(cfg, "forest.data_dir", kind="dir")
+    if f.get("data_dir"):
+        _check_data_dir(f)
     if f.get("resume") is not None:
         require(cfg, "forest.resume", lambda v: resolve_checkpoint(v).is_file(),
                 f"a {CHECKPOINT_NAME} file or a run folder that holds one")
     if f.get("stop_after_rounds") is not None:
         require_positive(cfg, "forest.stop_after_rounds", integer=True)
+
+
+def _check_data_dir(f: dict) -> None:
+    """A real-data folder must hold >= 2 pairs and at least one usable body pixel: otherwise
+    the run would train on nothing (exit 2 before anything starts, not an accuracy of 0).
+    Pairs are read in name order only up to the first usable one."""
+    from orchard import ConfigError
+
+    from .depth_png import first_usable_pair, pair_stems
+
+    stems = pair_stems(f["data_dir"])
+    if len(stems) < 2:
+        raise ConfigError("forest.data_dir", f"a folder with >= 2 <stem>_depth.png / <stem>_labels.png "
+                          f"pairs; {f['data_dir']!r} has {len(stems)}")
+    from .depth_png import palette_array
+    usable, problems = first_usable_pair(stems, palette_array(f["palette"]))
+    if usable is None:
+        raise ConfigError("forest.data_dir", f"pairs with body pixels; none of the {len(stems)} pairs in "
+                          f"{f['data_dir']!r} has one (first: {problems[0]})")
 
 
 def resume(cfg: dict, previous_run_dir: str) -> None:

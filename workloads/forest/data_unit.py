@@ -35,13 +35,26 @@ def build_block(stems: list[str], image_ids: list[int], block_id: int, seed: int
                 keep_labels: bool) -> dict:
     """Load PNG pairs, apply the paper's preprocessing and sample examples -> one block.
 
+    A pair that cannot be read (corrupt, truncated, missing its label image, mismatched
+    sizes, colours outside the palette) is skipped and named in block["skipped"]
+    [(stem, reason)]; a block whose every pair was skipped has no "depths".
+
     With probability `compose_prob` a scene is composed with the next image of the
     block (cyclically), making a two-person scene. Randomness is a pure function of
     (seed, image id), so a block is reproducible wherever and whenever it is built.
     """
     from .depth_png import preprocess, read_pair
 
-    raw = [read_pair(Path(s), palette) for s in stems]
+    raw, skipped, kept_ids = [], [], []
+    for stem, image_id in zip(stems, image_ids):
+        try:
+            raw.append(read_pair(Path(stem), palette))
+            kept_ids.append(image_id)
+        except (OSError, ValueError) as exc:  # corrupt, truncated, mismatched: skip, counted
+            skipped.append((str(stem), str(exc).splitlines()[0][:200]))
+    image_ids = kept_ids
+    if not raw:
+        return {"block_id": block_id, "image_ids": np.zeros(0, np.int32), "skipped": skipped}
     depths, label_images, ex = [], [], {"img": [], "y": [], "x": [], "cls": []}
     for k, (depth, labels) in enumerate(raw):
         rng = np.random.default_rng([seed, 7, image_ids[k]])
@@ -57,7 +70,7 @@ def build_block(stems: list[str], image_ids: list[int], block_id: int, seed: int
         depths.append(depth)
         label_images.append(labels)
     block = {"block_id": block_id, "image_ids": np.asarray(image_ids, np.int32),
-             "depths": np.stack(depths)}
+             "depths": np.stack(depths), "skipped": skipped}
     block.update({f"ex_{k}": np.concatenate(v) for k, v in ex.items()})
     if keep_labels:
         block["labels"] = np.stack(label_images)
@@ -78,21 +91,32 @@ def tree_selection(block: dict, seed: int, tree_index: int, image_fraction: floa
     return image_keep[block["ex_img"]] & pixel_keep
 
 
+def _block_and_report(*args):
+    """Ray task body: (the block, or None if every pair was bad; a small report the driver reads)."""
+    block = build_block(*args)
+    report = {"skipped": block.pop("skipped"), "images": len(block["image_ids"]),
+              "examples": len(block.get("ex_img", ()))}
+    return (block if report["images"] else None), report
+
+
 def build_blocks(stems: list[Path], images_per_block: int, seed: int, palette: np.ndarray,
                  preprocess_settings: dict, examples_per_image: int, keep_labels: bool,
-                 first_block_id: int = 0, first_image_id: int = 0) -> list:
-    """Preprocess all PNG pairs in parallel Ray tasks; returns ObjectRefs of the blocks.
+                 first_block_id: int = 0, first_image_id: int = 0) -> tuple[list, list]:
+    """Preprocess all PNG pairs in parallel Ray tasks; returns (ObjectRefs of the blocks,
+    ObjectRefs of their reports {"skipped": [(stem, reason)], "images", "examples"}).
 
     The blocks stay in Ray's object store (spilled to disk if needed): the "large
     collection of data units, distributed evenly" that every round reads.
     """
     import ray
 
-    task = ray.remote(num_cpus=1)(build_block)
-    refs = []
+    task = ray.remote(num_cpus=1, num_returns=2)(_block_and_report)
+    refs, reports = [], []
     for b, start in enumerate(range(0, len(stems), images_per_block)):
         chunk = stems[start:start + images_per_block]
         ids = list(range(first_image_id + start, first_image_id + start + len(chunk)))
-        refs.append(task.remote([str(s) for s in chunk], ids, first_block_id + b, seed, palette,
-                                preprocess_settings, examples_per_image, keep_labels))
-    return refs
+        block, report = task.remote([str(s) for s in chunk], ids, first_block_id + b, seed, palette,
+                                    preprocess_settings, examples_per_image, keep_labels)
+        refs.append(block)
+        reports.append(report)
+    return refs, reports

@@ -134,3 +134,24 @@ def preprocess(depth, labels, rng: np.random.Generator, settings: dict, partner=
     if settings["noise_sigma_mm"] > 0 or settings["dropout"] > 0:
         depth = add_noise(depth, rng, settings["noise_sigma_mm"], settings["dropout"])
     return depth, labels
+
+
+def pair_stems(folder) -> list[Path]:
+    """Stems of the `<stem>_depth.png` files of `folder`, in name order."""
+    return sorted(p.with_name(p.name[:-len("_depth.png")]) for p in Path(folder).expanduser().glob("*_depth.png"))
+
+
+def first_usable_pair(stems: list[Path], palette: np.ndarray) -> tuple[Path | None, list[str]]:
+    """Scan pairs in order up to the first one that reads and shows a body pixel with a depth
+    reading. Returns (that stem or None, why each pair before it was not usable)."""
+    problems = []
+    for stem in stems:
+        try:
+            depth, labels = read_pair(stem, palette)
+        except (OSError, ValueError) as exc:
+            problems.append(f"{Path(stem).name}: {str(exc).splitlines()[0][:120]}")
+            continue
+        if ((labels != BACKGROUND) & (depth > 0)).any():
+            return stem, problems
+        problems.append(f"{Path(stem).name}: no body pixel with a depth reading")
+    return None, problems

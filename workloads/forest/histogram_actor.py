@@ -1,20 +1,24 @@
 """Histogram actors: each owns a partition of the frontier nodes (2.2, phases 2-3).
 
 Phase-2 tasks send an actor the slice of their partial histogram that covers its
-nodes; the actor sums the slices of all data partitions into one lazily allocated
-compact (node-class columns, features, bins) array and, in phase 3, picks the best feature and
-threshold per node. Integer counts make the sum independent of arrival order, so the
-result does not depend on how the work was partitioned or retried.
+nodes (sparse or dense, shuffle.py); the actor sums the slices of all data partitions into
+one lazily allocated compact (node-class columns, features, bins) array and, in phase 3,
+picks the best feature and threshold per node. Integer counts make the sum independent of
+arrival order, so the result does not depend on how the work was partitioned or retried.
 
-Fault tolerance: the actor reports which partial histograms it has summed; the
-driver compares with what it sent and replays the (still referenced) partials into a
-restarted or recreated actor, so a killed actor cannot change the tree.
+Fault tolerance: the actor reports which partials it has summed. A restarted actor has
+no batch (`shape` is None): it ignores partials until the driver resets it, and its
+phase-3 answer names no partials, so the driver sees the loss, resets it and has the lost
+partials recomputed by deterministic phase-2 tasks (rounds.py). Partials are therefore
+never kept in the object store past the add that consumes them.
 """
 from __future__ import annotations
 
 import time
 
 import numpy as np
+
+from .shuffle import add_partial
 
 
 class HistogramActor:
@@ -25,6 +29,7 @@ class HistogramActor:
 
         # Several actors share the machine with the phase-2 tasks: one thread each.
         numba.set_num_threads(1)
+        self.shape = None  # no batch yet (also after a restart): partials are ignored
         self.hist = None
         self.parts: set = set()
         self.busy_s = 0.0
@@ -36,15 +41,18 @@ class HistogramActor:
         self.hist, self.parts, self.busy_s, self.peak_bytes = None, set(), 0.0, 0
         return True
 
-    def add(self, part_id: int, feature_start: int, partial: np.ndarray) -> int:
-        """Sum a task's partial (columns, its features, bins) into features
-        [feature_start, ...); `part_id` identifies the task. Returns parts summed so far."""
+    def add(self, part_id: int, feature_start: int, partial: dict) -> int:
+        """Sum a task's encoded partial (shuffle.encode_partial) into features
+        [feature_start, ...); `part_id` identifies the task. Returns parts summed so far,
+        -1 when the actor has no batch (it was restarted: the driver will reset it)."""
+        if self.shape is None:
+            return -1
         start = time.perf_counter()
         if part_id not in self.parts:  # a replayed partial must not be counted twice
             if self.hist is None:
                 self.hist = np.zeros(self.shape, np.int32)
                 self.peak_bytes = self.hist.nbytes
-            self.hist[:, feature_start:feature_start + partial.shape[1]] += partial
+            add_partial(self.hist, feature_start, partial)
             self.parts.add(part_id)
         self.busy_s += time.perf_counter() - start
         return len(self.parts)
@@ -52,9 +60,11 @@ class HistogramActor:
     def best(self, col_start: np.ndarray, col_class: np.ndarray, class_weights: np.ndarray,
              min_child_examples: int) -> dict:
         """Phase 3 over this actor's nodes (their columns: col_start (S+1,), col_class);
-        see `histogram_kernels.best_splits`."""
+        see `histogram_kernels.best_splits`. {"parts": None} when it has no batch."""
         from .histogram_kernels import best_splits
 
+        if self.shape is None:
+            return {"parts": None}
         start = time.perf_counter()
         if self.hist is None:
             self.hist = np.zeros(self.shape, np.int32)
@@ -67,6 +77,10 @@ class HistogramActor:
                   "peak_bytes": self.peak_bytes}
         self.hist = None  # free the batch's memory before the next batch arrives
         return result
+
+    def pid(self) -> int:
+        import os
+        return os.getpid()
 
     def ping(self) -> bool:
         return True

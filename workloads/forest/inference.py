@@ -87,7 +87,28 @@ def accuracy_metrics(confusion: np.ndarray) -> dict:
     present = per_class_total > 0
     per_class = np.diag(confusion)[present] / per_class_total[present]
     return {"pixel_accuracy": float(np.trace(confusion) / max(confusion.sum(), 1)),
-            "mean_class_accuracy": float(per_class.mean()) if present.any() else 0.0}
+            "mean_class_accuracy": float(per_class.mean()) if present.any() else 0.0,
+            "class_accuracy": {int(c): float(a) for c, a in zip(np.nonzero(present)[0], per_class)}}
+
+
+def class_accuracy_figure(class_accuracy: dict, part_names):
+    """Per-part accuracy (recall over that part's body pixels) as a sorted bar chart."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    order = sorted(class_accuracy, key=class_accuracy.get)
+    fig, ax = plt.subplots(figsize=(9, 4))
+    ax.bar(range(len(order)), [class_accuracy[c] for c in order], color="tab:blue")
+    mean = float(np.mean(list(class_accuracy.values()))) if class_accuracy else 0.0
+    ax.axhline(mean, color="tab:red", lw=1, label=f"mean per-class {mean:.3f}")
+    ax.set_xticks(range(len(order)), [part_names[c] for c in order], rotation=90, fontsize=7)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("accuracy on the part's pixels")
+    ax.set_title("per-part accuracy (held-out images)")
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    return fig
 
 
 def confusion_figure(confusion: np.ndarray, part_names):

@@ -2,8 +2,10 @@
 
 Round i splits every frontier node at depth i:
   [1] phase 1  tasks, one per data partition: re-associate each example with its node by
-               traversing the partial tree from the root; count classes per node. In
-               round 0 these counts are the normalisation constants (class priors).
+               traversing the partial tree from the root; count classes per frontier node.
+               In round 0 these counts are the normalisation constants (class priors);
+               later rounds know them from the last split and scan only to verify
+               (`forest.verify_counts`).
   [2] phase 2  tasks, one per (data partition x feature partition), with the whole tree:
                (node, feature, threshold bin, class) histograms by the numba kernel; each
                task sends every histogram actor the slice of its nodes.
@@ -37,58 +39,97 @@ def _set_threads(threads: int) -> None:
     numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))
 
 
-def _reassociate(block, tree_arrays, selection, background_mm):
+def _reassociate(block, traversal, selection, background_mm):
     """Selected example indices of a block and the node each one reaches, (K,), (K,)."""
     from .histogram_kernels import assign_nodes
 
     ex = np.nonzero(tree_selection(block, **selection))[0]
     nodes = assign_nodes(block["depths"], block["ex_img"][ex], block["ex_y"][ex],
-                         block["ex_x"][ex], tree_arrays["offsets"], tree_arrays["threshold"],
-                         tree_arrays["left"], tree_arrays["right"], background_mm)
+                         block["ex_x"][ex], traversal["offsets"], traversal["threshold"],
+                         traversal["left"], traversal["right"], background_mm)
     return ex, nodes
 
 
-def phase1_task(tree_arrays, selection, background_mm, threads, *blocks):
-    """Class counts (N, C) int64 of the examples reaching each of the tree's N nodes."""
+def traversal_arrays(tree_arrays: dict) -> dict:
+    """What tasks need of the tree to re-associate examples: the split fields only (the
+    class counts of every node, (N, 31) int64, stay on the driver)."""
+    return {k: tree_arrays[k] for k in ("offsets", "threshold", "left", "right")}
+
+
+def _slots(sorted_nodes: np.ndarray, nodes: np.ndarray) -> np.ndarray:
+    """Position of each of `nodes` in `sorted_nodes`, -1 where absent."""
+    pos = np.searchsorted(sorted_nodes, nodes)
+    pos = np.minimum(pos, len(sorted_nodes) - 1)
+    return np.where(sorted_nodes[pos] == nodes, pos, -1)
+
+
+def phase1_task(traversal, frontier, selection, background_mm, threads, *blocks):
+    """Class counts (K, C) int64 of the examples reaching each of the K frontier nodes
+    (`frontier` sorted): only the frontier, never the whole tree (issue 20's 100 GB)."""
     start = time.perf_counter()
     _set_threads(threads)
-    n_nodes = len(tree_arrays["left"])
-    counts = np.zeros(n_nodes * NUM_PARTS, np.int64)
+    counts = np.zeros(len(frontier) * NUM_PARTS, np.int64)
     for block in blocks:
-        ex, nodes = _reassociate(block, tree_arrays, selection, background_mm)
-        counts += np.bincount(nodes.astype(np.int64) * NUM_PARTS + block["ex_cls"][ex],
-                              minlength=n_nodes * NUM_PARTS)
-    return counts.reshape(n_nodes, NUM_PARTS), time.perf_counter() - start
+        ex, nodes = _reassociate(block, traversal, selection, background_mm)
+        slot = _slots(frontier, nodes)
+        keep = slot >= 0
+        counts += np.bincount(slot[keep].astype(np.int64) * NUM_PARTS + block["ex_cls"][ex][keep],
+                              minlength=len(frontier) * NUM_PARTS)
+    return counts.reshape(len(frontier), NUM_PARTS), time.perf_counter() - start
 
 
-def phase2_task(tree_arrays, column_of, n_columns, offsets, thresholds, column_bounds,
-                selection, background_mm, threads, *blocks):
+def phase2_task(traversal, batch_nodes, column_of, col_lo, col_hi, offsets, thresholds,
+                column_bounds, selection, background_mm, threads, fault, *blocks):
     """Partial histograms of one (data partition, feature partition) for one node batch.
 
-    column_of (N, C) int32: histogram column of (node, class), -1 outside the batch.
-    Returns one (columns of actor k, F_part, T+1) int32 slice per histogram actor k,
-    then a stats dict (busy seconds, example-features evaluated, histogram bytes).
+    batch_nodes (B,) sorted node ids; column_of (B, C) int32: histogram column of (node,
+    class), -1 where the class is absent. Only columns [col_lo, col_hi) are counted (all of
+    the batch normally; one actor's share when its lost partials are recomputed).
+    column_bounds: boundaries of each receiving actor's columns, relative to col_lo.
+    Returns one encoded slice (shuffle.encode_partial) per receiving actor, then a stats
+    dict (busy seconds, example-features, histogram bytes, bytes shipped encoded / dense).
+    `fault` (tests only): a marker path; the first task to see it absent creates it and
+    kills its own worker process mid-task.
     """
     from .histogram_kernels import accumulate_histograms
+    from .shuffle import encode_partial, encoded_bytes
 
     start = time.perf_counter()
     _set_threads(threads)
-    hist = np.zeros((n_columns, len(offsets), thresholds.shape[1] + 1), np.int32)
+    hist = np.zeros((col_hi - col_lo, len(offsets), thresholds.shape[1] + 1), np.int32)
     example_features = 0
-    for block in blocks:
-        ex, nodes = _reassociate(block, tree_arrays, selection, background_mm)
-        columns = column_of[nodes, block["ex_cls"][ex]]
-        mine = columns >= 0
+    for i, block in enumerate(blocks):
+        ex, nodes = _reassociate(block, traversal, selection, background_mm)
+        slot = _slots(batch_nodes, nodes)
+        columns = np.where(slot >= 0, column_of[np.maximum(slot, 0), block["ex_cls"][ex]], -1)
+        mine = (columns >= col_lo) & (columns < col_hi)
         # grouping examples by column keeps one node's histogram rows hot in cache
         order = np.argsort(columns[mine], kind="stable")
-        ex, columns = ex[mine][order], columns[mine][order]
+        ex, columns = ex[mine][order], columns[mine][order] - col_lo
         accumulate_histograms(hist, block["depths"], block["ex_img"][ex], block["ex_y"][ex],
                               block["ex_x"][ex], columns, offsets, thresholds, background_mm)
         example_features += len(ex) * len(offsets)
-    parts = [hist[column_bounds[k]:column_bounds[k + 1]] for k in range(len(column_bounds) - 1)]
+        if fault and i == 0:
+            _die_once(fault)
+    parts = [encode_partial(hist[column_bounds[k]:column_bounds[k + 1]])
+             for k in range(len(column_bounds) - 1)]
     stats = {"busy_s": time.perf_counter() - start, "example_features": example_features,
-             "hist_bytes": hist.nbytes}
+             "hist_bytes": hist.nbytes, "shuffle_bytes": sum(encoded_bytes(p) for p in parts),
+             "dense_bytes": hist.nbytes}
     return (*parts, stats)
+
+
+def _die_once(marker: str) -> None:
+    """Test hook: SIGKILL this worker process the first time `marker` does not exist."""
+    import os
+    import signal
+    from pathlib import Path
+
+    try:
+        Path(marker).touch(exist_ok=False)
+    except FileExistsError:
+        return
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def partitions_at(forest_cfg: dict, depth: int) -> dict:
@@ -142,135 +183,202 @@ def plan_batches(nodes: list, columns: list, n_features: int, max_features_per_t
 
 
 class RoundRunner:
-    """Drives the rounds of one forest on a live Ray session."""
+    """Drives the rounds of one forest on a live Ray session.
+
+    hooks (tests only): {"phase1" | "phase2" | "after_phase2" | "phase3" | "phase4":
+    fn(runner, depth, batch_index)} called on the driver at that point of a round (phase2:
+    after the first task's partials went out; phase3: after the first of two or more
+    actors answered),
+    and {"task_fault": marker path} (see phase2_task).
+    """
 
     def __init__(self, block_refs: list, forest_cfg: dict, strategy_cfg: dict, seed: int,
                  checkpoint_path, on_round=None, hooks: dict | None = None):
         self.block_refs, self.cfg, self.seed = block_refs, forest_cfg, seed
         self.workers = int(strategy_cfg.get("num_workers", 1))
         self.cpus = float(strategy_cfg.get("cpus_per_worker", 1))
+        self.threads = max(1, int(round(self.cpus)))
         self.max_failures = int(strategy_cfg.get("max_failures", 3))
         self.checkpoint_path, self.on_round, self.hooks = checkpoint_path, on_round, hooks or {}
         self.background = np.float32(forest_cfg["background_mm"])
+        # Inside a sweep trial every task and actor must stay in the trial's placement group
+        # (captured, default scheduling); elsewhere actors reserve CPUs and spread over nodes.
+        self.in_group = ray.util.get_current_placement_group() is not None
+        self.actor_cpus = 0.0 if self.in_group else float(forest_cfg.get("actor_cpus", 0.25))
         self.actors: list = []
         self.rounds_this_run = 0
-        self.actor_replays = 0  # phase-3 retries after an actor died or lost its partials
-        self._phase1_task = ray.remote(phase1_task).options(num_cpus=self.cpus, max_retries=self.max_failures)
+        self.actor_replays = 0  # lost partials recomputed after an actor died or restarted
+        self._phase1_task = ray.remote(phase1_task)
         self._phase2_task = ray.remote(phase2_task)
+
+    # ---- resources ----------------------------------------------------------------
+    def _task_cpus(self) -> float:
+        """CPUs a phase-1/2 task reserves: the run's budget (num_workers x cpus_per_worker)
+        less the actors' share, so that actors and a full set of tasks fit together."""
+        share = self.actor_cpus * len(self.actors) / max(self.workers, 1)
+        return max(0.05, round(self.cpus - share, 4))
 
     # ---- actors -------------------------------------------------------------------
     def _new_actor(self):
-        # num_cpus=0: actors only sum and scan histograms, the CPUs belong to phase-2 tasks.
-        return ray.remote(HistogramActor).options(
-            num_cpus=0, max_restarts=self.max_failures, max_task_retries=0).remote()
+        options = dict(num_cpus=self.actor_cpus, max_restarts=self.max_failures, max_task_retries=0)
+        if not self.in_group:
+            options["scheduling_strategy"] = "SPREAD"  # node partitions on different machines
+        return ray.remote(HistogramActor).options(**options).remote()
 
     def _ensure_actors(self, count: int) -> None:
         while len(self.actors) < count:
             self.actors.append(self._new_actor())
 
     def _reset(self, k: int, shape) -> None:
-        """Empty actor k's histograms for a new batch; an actor that is still restarting after
-        a failure in the previous batch gets time to come back (or is replaced)."""
+        """Empty actor k's histograms for a new batch; an actor that died in an earlier phase
+        (or is still restarting) gets time to come back, or is replaced."""
         for _ in range(self.max_failures + 2):
             try:
                 ray.get(self.actors[k].reset.remote(*shape))
                 return
-            except ray.exceptions.RayActorError:  # incl. ActorUnavailableError (restarting)
+            except ray.exceptions.RayError:  # RayActorError, ActorUnavailableError (restarting)
                 self._revive(k)
         raise RuntimeError(f"histogram actor {k} failed {self.max_failures + 2} times")
 
     def _revive(self, k: int) -> None:
         """After a failed call: wait for Ray to restart actor k, or replace it."""
         try:
-            ray.get(self.actors[k].ping.remote(), timeout=30)
+            ray.get(self.actors[k].ping.remote(), timeout=60)
         except Exception:
             ray.kill(self.actors[k], no_restart=True)
             self.actors[k] = self._new_actor()
 
-    def _collect(self, k, shape, sent: dict, best_args: tuple):
-        """Phase 3 result of actor k, replaying `sent` {part_id: (f0, ref)} into a restarted
-        or recreated actor until it has summed exactly the partials that were sent."""
-        for attempt in range(self.max_failures + 2):
+    @staticmethod
+    def _acked(acks: list) -> bool:
+        """Did every add of these reach a live actor that had its batch?"""
+        try:
+            return all(v >= 0 for v in ray.get(acks))
+        except ray.exceptions.RayError:
+            return False
+
+    # ---- phases 2 and 3 of one node batch ------------------------------------------
+    def _phase2(self, b: dict, targets: list, col_lo: int, col_hi: int, bounds: list, hook=None):
+        """Run every (data partition x feature partition) task of batch `b` over columns
+        [col_lo, col_hi), split at `bounds` among actors `targets`; each finished task's
+        slices go straight to their actors (the shuffle). The driver keeps no reference to a
+        slice: it lives in the object store only until its actor has summed it.
+        Returns (task stats, {actor: [add acknowledgements]})."""
+        stats, acks, in_flight = [], {k: [] for k in targets}, {}
+        fault = self.hooks.get("task_fault")
+
+        def forward(stat_ref):
+            part_id, f0, refs = in_flight.pop(stat_ref)
+            stats.append(ray.get(stat_ref))
+            for k, ref in zip(targets, refs):
+                acks[k].append(self.actors[k].add.remote(part_id, f0, ref))
+            if hook and len(stats) == 1:
+                hook(self, b["depth"], b["index"])
+
+        offsets, thresholds = b["pool"]
+        for part_id, (d, p) in enumerate(b["jobs"]):
+            while len(in_flight) >= self.workers:  # at most num_workers tasks at a time
+                forward(ray.wait(list(in_flight), num_returns=1)[0][0])
+            f0, f1 = b["feature_bounds"][p], b["feature_bounds"][p + 1]
+            refs = self._phase2_task.options(num_returns=len(targets) + 1, num_cpus=self._task_cpus(),
+                                             max_retries=self.max_failures).remote(
+                b["traversal"], b["nodes"], b["column_of"], col_lo, col_hi, offsets[f0:f1],
+                thresholds[f0:f1], bounds, b["selection"], self.background, self.threads, fault,
+                *b["data_parts"][d])
+            in_flight[refs[-1]] = (part_id, f0, refs[:-1])
+        while in_flight:
+            forward(ray.wait(list(in_flight), num_returns=1)[0][0])
+        return stats, acks
+
+    def _collect(self, k: int, b: dict, ok: bool) -> tuple[dict, list]:
+        """Phase 3 result of actor k. If it lost partials (it died or was restarted in phase
+        1, 2 or 3), it is revived, reset, and only its share of the batch is recomputed by
+        phase-2 tasks (deterministic), until it has summed every partial exactly once.
+        Returns (result, stats of the recomputing tasks)."""
+        c0, c1 = b["column_bounds"][k], b["column_bounds"][k + 1]
+        expected, extra = list(range(len(b["jobs"]))), []
+        for _ in range(self.max_failures + 2):
             try:
-                if attempt > 0:
+                if not ok:
                     self.actor_replays += 1
-                    ray.get(self.actors[k].reset.remote(*shape))
-                    for part_id, (f0, ref) in sent.items():
-                        self.actors[k].add.remote(part_id, f0, ref)
-                result = ray.get(self.actors[k].best.remote(*best_args))
-                if result["parts"] == sorted(sent):
-                    return result
-            except ray.exceptions.RayActorError:  # incl. ActorUnavailableError (restarting)
+                    self._reset(k, b["shapes"][k])
+                    stats, acks = self._phase2(b, [k], c0, c1, [0, c1 - c0])
+                    extra += stats
+                    ok = self._acked(acks[k])
+                    if not ok:
+                        continue
+                result = ray.get(self.actors[k].best.remote(*b["best_args"][k]))
+                if result["parts"] == expected:
+                    return result, extra
+                ok = False
+            except ray.exceptions.RayError:  # died in phase 3, or restarting
+                ok = False
                 self._revive(k)
         raise RuntimeError(f"histogram actor {k} failed {self.max_failures + 2} times")
+
+    def _phases_2_3(self, traversal_ref, batch, node_bounds, counts_of, pool, degrees, data_parts,
+                    selection, weights, depth, batch_index):
+        """Histograms and best splits of one node batch; returns (results per actor, stats)."""
+        offsets, thresholds = pool
+        n_actors = len(node_bounds) - 1
+        self._ensure_actors(n_actors)
+        # compact columns: one per (node, class present at that node), node by node
+        present = np.stack([counts_of[n] for n in batch]) > 0
+        col_start = np.concatenate([[0], np.cumsum(present.sum(axis=1))]).astype(np.int32)
+        column_of = np.where(present, np.cumsum(present, axis=1) - 1 + col_start[:-1, None], -1).astype(np.int32)
+        col_class = np.nonzero(present)[1].astype(np.int32)
+        column_bounds = [int(col_start[i]) for i in node_bounds]
+        n_bins = thresholds.shape[1] + 1
+        b = {"depth": depth, "index": batch_index, "pool": pool, "selection": selection,
+             "data_parts": data_parts, "traversal": traversal_ref,
+             "nodes": ray.put(np.asarray(batch, np.int64)), "column_of": ray.put(column_of),
+             "jobs": [(d, p) for p in range(degrees["features"]) for d in range(len(data_parts))],
+             "feature_bounds": [f * len(offsets) // degrees["features"] for f in range(degrees["features"] + 1)],
+             "column_bounds": column_bounds,
+             "shapes": [(column_bounds[k + 1] - column_bounds[k], len(offsets), n_bins) for k in range(n_actors)],
+             "best_args": [(col_start[node_bounds[k]:node_bounds[k + 1] + 1] - col_start[node_bounds[k]],
+                            col_class[column_bounds[k]:column_bounds[k + 1]], weights,
+                            self.cfg["min_child_examples"]) for k in range(n_actors)]}
+        for k in range(n_actors):
+            self._reset(k, b["shapes"][k])
+        start = time.perf_counter()
+        stats, acks = self._phase2(b, list(range(n_actors)), 0, column_bounds[-1], column_bounds,
+                                   hook=self.hooks.get("phase2"))
+        ok = [self._acked(acks[k]) for k in range(n_actors)]  # every slice summed (or lost)
+        phase2_s = time.perf_counter() - start
+        if "after_phase2" in self.hooks:
+            self.hooks["after_phase2"](self, depth, batch_index)
+        start = time.perf_counter()
+        results = []
+        for k in range(n_actors):
+            result, extra = self._collect(k, b, ok[k])
+            results.append(result)
+            stats += extra
+            if k == 0 and n_actors > 1 and "phase3" in self.hooks:
+                self.hooks["phase3"](self, depth, batch_index)
+        phase3_s = time.perf_counter() - start
+        return results, {"phase2_s": phase2_s, "phase3_s": phase3_s,
+                         "task_busy_s": sum(s["busy_s"] for s in stats),
+                         "actor_busy_s": sum(r["busy_s"] for r in results),
+                         "example_features": sum(s["example_features"] for s in stats),
+                         "shuffle_bytes": sum(s["shuffle_bytes"] for s in stats),
+                         "dense_bytes": sum(s["dense_bytes"] for s in stats),
+                         "hist_peak_bytes": max([s["hist_bytes"] for s in stats]
+                                                + [r["peak_bytes"] for r in results])}
 
     # ---- one tree -----------------------------------------------------------------
     def _data_partitions(self, degree: int) -> list[list]:
         degree = max(1, min(degree, len(self.block_refs)))
         return [list(p) for p in np.array_split(np.array(self.block_refs, dtype=object), degree)]
 
-    def _phase1(self, tree_arrays_ref, data_parts, selection):
-        outs = ray.get([self._phase1_task.remote(tree_arrays_ref, selection, self.background, self.cpus, *p)
-                        for p in data_parts])
-        return sum(o[0] for o in outs), sum(o[1] for o in outs)
-
-    def _phases_2_3(self, tree_arrays_ref, n_tree_nodes, batch, node_bounds, counts, pool,
-                    degrees, data_parts, selection, weights, depth, batch_index):
-        """Histograms and best splits of one node batch; returns (results per actor, stats)."""
-        offsets, thresholds = pool
-        n_actors = len(node_bounds) - 1
-        self._ensure_actors(n_actors)
-        # compact columns: one per (node, class present at that node), node by node
-        present = counts[batch] > 0
-        col_start = np.concatenate([[0], np.cumsum(present.sum(axis=1))]).astype(np.int32)
-        column_of = np.full((n_tree_nodes, NUM_PARTS), -1, np.int32)
-        column_of[batch] = np.where(present, np.cumsum(present, axis=1) - 1 + col_start[:-1, None], -1)
-        col_class = np.nonzero(present)[1].astype(np.int32)
-        column_bounds = [int(col_start[b]) for b in node_bounds]
-        feature_bounds = [f * len(offsets) // degrees["features"] for f in range(degrees["features"] + 1)]
-        n_bins = thresholds.shape[1] + 1
-        shapes = [(column_bounds[k + 1] - column_bounds[k], len(offsets), n_bins) for k in range(n_actors)]
-        best_args = [(col_start[node_bounds[k]:node_bounds[k + 1] + 1] - col_start[node_bounds[k]],
-                      col_class[column_bounds[k]:column_bounds[k + 1]], weights, self.cfg["min_child_examples"])
-                     for k in range(n_actors)]
-        for k in range(n_actors):
-            self._reset(k, shapes[k])
-        column_ref = ray.put(column_of)
-        sent = [dict() for _ in range(n_actors)]
-        stats, in_flight = [], {}
-        jobs = [(d, p) for p in range(degrees["features"]) for d in range(len(data_parts))]
-        start = time.perf_counter()
-
-        def forward(stat_ref):
-            part_id, f0, refs = in_flight.pop(stat_ref)
-            stats.append(ray.get(stat_ref))
-            for k in range(n_actors):  # the shuffle: each actor gets its nodes' slice
-                self.actors[k].add.remote(part_id, f0, refs[k])
-                sent[k][part_id] = (f0, refs[k])
-
-        for part_id, (d, p) in enumerate(jobs):
-            while len(in_flight) >= self.workers:  # at most num_workers tasks at a time
-                forward(ray.wait(list(in_flight), num_returns=1)[0][0])
-            f0, f1 = feature_bounds[p], feature_bounds[p + 1]
-            refs = self._phase2_task.options(num_returns=n_actors + 1, num_cpus=self.cpus,
-                                        max_retries=self.max_failures).remote(
-                tree_arrays_ref, column_ref, int(col_start[-1]), offsets[f0:f1], thresholds[f0:f1],
-                column_bounds, selection, self.background, self.cpus, *data_parts[d])
-            in_flight[refs[-1]] = (part_id, f0, refs[:-1])
-        while in_flight:
-            forward(ray.wait(list(in_flight), num_returns=1)[0][0])
-        phase2_s = time.perf_counter() - start
-        if "after_phase2" in self.hooks:
-            self.hooks["after_phase2"](self, depth, batch_index)
-        start = time.perf_counter()
-        results = [self._collect(k, shapes[k], sent[k], best_args[k]) for k in range(n_actors)]
-        phase3_s = time.perf_counter() - start
-        return results, {"phase2_s": phase2_s, "phase3_s": phase3_s,
-                         "task_busy_s": sum(s["busy_s"] for s in stats),
-                         "actor_busy_s": sum(r["busy_s"] for r in results),
-                         "example_features": sum(s["example_features"] for s in stats),
-                         "hist_peak_bytes": max([s["hist_bytes"] for s in stats]
-                                                + [r["peak_bytes"] for r in results])}
+    def _phase1(self, traversal_ref, frontier, data_parts, selection, depth):
+        """[1] class counts (K, C) of the K frontier nodes; (counts, busy s, bytes returned)."""
+        frontier_ref = ray.put(np.asarray(frontier, np.int64))
+        refs = [self._phase1_task.options(num_cpus=self._task_cpus(), max_retries=self.max_failures).remote(
+                traversal_ref, frontier_ref, selection, self.background, self.threads, *p) for p in data_parts]
+        if "phase1" in self.hooks:
+            self.hooks["phase1"](self, depth, 0)
+        outs = ray.get(refs)
+        return sum(o[0] for o in outs), sum(o[1] for o in outs), sum(o[0].nbytes for o in outs)
 
     def train_tree(self, tree_index: int, pool, state: dict) -> None:
         """Grow tree `tree_index` from `state` (fresh or resumed), checkpointing every round.
@@ -291,33 +399,42 @@ class RoundRunner:
             round_start = time.perf_counter()
             degrees = partitions_at(cfg, depth)
             data_parts = self._data_partitions(int(degrees["data_units"]))
-            tree_arrays_ref = ray.put(tree.arrays())  # the tree is broadcast to every task
-            n_tree_nodes = len(tree)  # phase 4 grows `tree` mid-round; tasks see this snapshot
-            # [1] phase 1: scan the data: node class counts, class priors at the root
-            counts, phase1_busy = self._phase1(tree_arrays_ref, data_parts, selection)
+            frontier = sorted(frontier)  # children are created in order; sorted for lookups
+            n_tree_nodes = len(tree)  # phase 4 grows `tree` mid-round
+            # the tree's split fields are broadcast to every task (2.1); its counts are not
+            traversal_ref = ray.put(traversal_arrays(tree.arrays()))
+            # [1] phase 1: scan the data: class priors at the root (the normalisation constants).
+            # Below the root the frontier's counts are the last split's left/right counts, so
+            # the scan is repeated only to verify them (forest.verify_counts).
+            if depth == 0 or cfg.get("verify_counts"):
+                counts, phase1_busy, counts_bytes = self._phase1(traversal_ref, frontier, data_parts,
+                                                                 selection, depth)
+            else:
+                counts, phase1_busy, counts_bytes = np.array(tree.counts)[frontier], 0.0, 0
+            counts_of = dict(zip(frontier, counts))
             if depth == 0:
                 tree.counts[0] = counts[0]
                 priors = counts[0] / max(counts[0].sum(), 1)
                 present = priors > 0
                 weights = np.where(present, 1.0 / (present.sum() * np.where(present, priors, 1.0)), 0.0)
                 state["class_weights"].append(weights)
-            elif not np.array_equal(counts[frontier], np.array(tree.counts)[frontier]):
+            elif not np.array_equal(counts, np.array(tree.counts)[frontier]):
                 raise RuntimeError("re-association disagrees with the counts of the last split")
             weights = state["class_weights"][tree_index]
             phase1_s = time.perf_counter() - round_start
-            active = [n for n in frontier if counts[n].sum() >= cfg["min_examples"]]
+            active = [n for n in frontier if counts_of[n].sum() >= cfg["min_examples"]]
             # [2]+[3] per node batch: histograms in tasks, sums and best splits in actors
-            columns = [int((counts[n] > 0).sum()) for n in active]
+            columns = [int((counts_of[n] > 0).sum()) for n in active]
             batches = plan_batches(active, columns, len(offsets), -(-len(offsets) // degrees["features"]),
                                    thresholds.shape[1] + 1, int(degrees["nodes"]), budget)
             totals = {"phase2_s": 0.0, "phase3_s": 0.0, "task_busy_s": phase1_busy,
-                      "actor_busy_s": 0.0, "example_features": 0, "hist_peak_bytes": 0}
+                      "actor_busy_s": 0.0, "example_features": 0, "hist_peak_bytes": 0,
+                      "shuffle_bytes": counts_bytes, "dense_bytes": 0}
             # [4] phase 4 (interleaved per batch): split nodes, grow the next frontier
             next_frontier, phase4_s = [], 0.0
             for b, (batch, node_bounds) in enumerate(batches):
-                results, stats = self._phases_2_3(tree_arrays_ref, n_tree_nodes, batch, node_bounds,
-                                                  counts, pool, degrees, data_parts, selection,
-                                                  weights, depth, b)
+                results, stats = self._phases_2_3(traversal_ref, batch, node_bounds, counts_of, pool,
+                                                  degrees, data_parts, selection, weights, depth, b)
                 for key in totals:
                     totals[key] = max(totals[key], stats[key]) if key == "hist_peak_bytes" \
                         else totals[key] + stats[key]
@@ -328,6 +445,8 @@ class RoundRunner:
                     children = tree.split(node, f, offsets[f], thresholds[f, t], left, right)
                     next_frontier += [c for c in children if depth + 1 < cfg["max_depth"]
                                       and tree.counts[c].sum() >= cfg["min_examples"]]
+                if "phase4" in self.hooks:
+                    self.hooks["phase4"](self, depth, b)
                 phase4_s += time.perf_counter() - start
             frontier, depth = next_frontier, depth + 1
             state.update(partial=tree.arrays(), frontier=frontier, next_depth=depth)
@@ -343,10 +462,16 @@ class RoundRunner:
                     "round/phase3_s": totals["phase3_s"], "round/phase4_s": phase4_s,
                     "round/total_s": wall, "round/frontier_size": len(active),
                     "round/node_batches": len(batches),
-                    "round/examples": int(counts[active].sum()) if active else 0,
+                    "round/examples": int(sum(counts_of[n].sum() for n in active)),
                     "round/example_features_per_s": totals["example_features"] / max(totals["phase2_s"], 1e-9),
                     "round/hist_peak_bytes": totals["hist_peak_bytes"],
                     "round/hist_unbatched_bytes": sum(columns) * len(offsets) * cell,
+                    "round/hist_columns": sum(columns), "round/data_partitions": len(data_parts),
+                    "round/feature_partitions": int(degrees["features"]),
+                    # the shuffle: encoded partials to actors + phase-1 frontier counts, and what
+                    # dense partials with counts for every node of the tree would have been
+                    "round/shuffle_bytes": totals["shuffle_bytes"],
+                    "round/shuffle_dense_bytes": totals["dense_bytes"] + len(data_parts) * n_tree_nodes * NUM_PARTS * 8,
                     "round/effective_parallelism": (totals["task_busy_s"] + totals["actor_busy_s"]) / wall,
                 })
             self.rounds_this_run += 1

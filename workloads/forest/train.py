@@ -21,10 +21,10 @@ from . import CHECKPOINT_NAME, resolve_checkpoint
 from .avatar import focal_length_px, render_dataset
 from .body_parts import BACKGROUND, PART_NAMES
 from .data_unit import build_blocks
-from .depth_png import palette_array
+from .depth_png import pair_stems, palette_array
 from .features import candidate_pool
-from .inference import (accuracy_metrics, confusion_figure, confusion_matrix, labelings_figure,
-                        pack_forest, predict_images)
+from .inference import (accuracy_metrics, class_accuracy_figure, confusion_figure, confusion_matrix,
+                        labelings_figure, pack_forest, predict_images)
 from .rounds import RoundRunner
 from .tree import config_fingerprint, load_checkpoint
 
@@ -41,10 +41,7 @@ def corpus(cfg: dict, run_dir: Path, palette: np.ndarray, parallelism: int):
     """(train stems, test stems) of PNG pairs: real data split by name order, or rendered."""
     f = cfg["forest"]
     if f.get("data_dir"):
-        stems = sorted(p.with_name(p.name[:-len("_depth.png")])
-                       for p in Path(f["data_dir"]).expanduser().glob("*_depth.png"))
-        if len(stems) < 2:
-            raise FileNotFoundError(f"forest.data_dir={f['data_dir']}: need >= 2 *_depth.png files")
+        stems = pair_stems(f["data_dir"])  # validate() saw >= 2 pairs, one of them usable
         n_test = min(len(stems) - 1, f["test_images"])
         return stems[:len(stems) - n_test][:f["train_images"]], stems[len(stems) - n_test:]
     h, w = f["image_height"], f["image_width"]
@@ -53,6 +50,18 @@ def corpus(cfg: dict, run_dir: Path, palette: np.ndarray, parallelism: int):
     test = render_dataset(run_dir / "data" / "test", f["test_images"], cfg["seed"], 1, h, w,
                           palette, parallelism)
     return train, test
+
+
+def checked_blocks(refs: list, report_refs: list, ctx, split: str) -> tuple[list, dict]:
+    """Keep the blocks that hold images; print one line per skipped pair (before phase 1).
+    Returns (block refs, {"skipped": n, "images": n, "examples": n})."""
+    reports = ray.get(report_refs)
+    for report in reports:
+        for stem, reason in report["skipped"]:
+            print(f"forest: skipped {split} pair {stem}: {reason}", flush=True)
+    kept = [ref for ref, report in zip(refs, reports) if report["images"]]
+    return kept, {k: sum(len(r[k]) if k == "skipped" else r[k] for r in reports)
+                  for k in ("skipped", "images", "examples")}
 
 
 def initial_state(forest_cfg: dict, seed: int) -> dict:
@@ -68,8 +77,9 @@ def initial_state(forest_cfg: dict, seed: int) -> dict:
     return state
 
 
-def evaluate(trees, class_weights, test_refs, forest_cfg, palette, ctx) -> dict:
-    """Metrics and figures of the finished forest on the held-out blocks."""
+def evaluate(trees, class_weights, test_refs, forest_cfg, palette, ctx, step: int = 0) -> dict:
+    """Metrics and figures of the finished forest on the held-out blocks; per-part accuracy
+    as `test/class_acc/<part>` at `step` (the last round's)."""
     blocks = ray.get(test_refs)
     depths = np.concatenate([b["depths"] for b in blocks])
     truth = np.concatenate([b["labels"] for b in blocks])
@@ -81,9 +91,14 @@ def evaluate(trees, class_weights, test_refs, forest_cfg, palette, ctx) -> dict:
     ctx.log_figure(confusion_figure(confusion, PART_NAMES), "figures/confusion_matrix.png")
     ctx.log_figure(labelings_figure(depths, np.where(mask, truth, BACKGROUND), predicted, palette,
                                     forest_cfg["figure_images"]), "figures/predicted_labelings.png")
+    ctx.log_figure(class_accuracy_figure(acc["class_accuracy"], PART_NAMES), "figures/class_accuracy.png")
     ctx.log_dict({"parts": list(PART_NAMES), "confusion": confusion.tolist()}, "tables/confusion.json")
+    per_class = {f"test/class_acc/{PART_NAMES[c]}": v for c, v in acc["class_accuracy"].items()}
+    ctx.log_metrics(per_class, step=step)  # in MLflow; the summary shows the headline below
+    worst = min(acc["class_accuracy"], key=acc["class_accuracy"].get) if per_class else None
     return {"test/pixel_accuracy": acc["pixel_accuracy"],
             "test/mean_class_accuracy": acc["mean_class_accuracy"],
+            "test/worst_class_accuracy": acc["class_accuracy"][worst] if per_class else 0.0,
             "test/pixels": float(mask.sum()),
             "throughput/inference_pixels_per_s": pixels_per_s}
 
@@ -105,9 +120,19 @@ def train_and_evaluate(cfg: dict, ctx) -> dict[str, float]:
     # [2] data units: preprocessing + example sampling, materialised in the object store
     common = dict(seed=seed, palette=palette, preprocess_settings=f["preprocess"],
                   examples_per_image=f["examples_per_image"])
-    train_refs = build_blocks(train_stems, f["images_per_block"], keep_labels=False, **common)
-    test_refs = build_blocks(test_stems, f["images_per_block"], keep_labels=True,
-                             first_block_id=1_000_000, first_image_id=1_000_000, **common)
+    train_refs, train_reports = build_blocks(train_stems, f["images_per_block"], keep_labels=False, **common)
+    test_refs, test_reports = build_blocks(test_stems, f["images_per_block"], keep_labels=True,
+                                           first_block_id=1_000_000, first_image_id=1_000_000, **common)
+    # bad pairs are skipped and counted here, before phase 1 (one line each)
+    train_refs, train_data = checked_blocks(train_refs, train_reports, ctx, "training")
+    test_refs, test_data = checked_blocks(test_refs, test_reports, ctx, "test")
+    ctx.log_metrics({"data/skipped_pairs": float(train_data["skipped"] + test_data["skipped"]),
+                     "data/skipped_train_pairs": train_data["skipped"],
+                     "data/train_images": train_data["images"], "data/train_examples": train_data["examples"],
+                     "data/test_images": test_data["images"]}, step=0)
+    if not train_data["examples"] or not test_refs:
+        raise ValueError(f"no usable body pixels: {train_data['images']} training and {test_data['images']} "
+                         f"test images could be read, with {train_data['examples']} body-pixel examples")
     ray.wait(train_refs + test_refs, num_returns=len(train_refs) + len(test_refs), fetch_local=False)
     data_s = time.perf_counter() - started
     # [3] trees in rounds
@@ -132,7 +157,8 @@ def train_and_evaluate(cfg: dict, ctx) -> dict[str, float]:
     train_s = time.perf_counter() - train_start
     ctx.log_artifact(run_dir / CHECKPOINT_NAME, "model")
     # [4] evaluation
-    metrics = evaluate(state["trees"], state["class_weights"], test_refs, f, palette, ctx)
+    metrics = evaluate(state["trees"], state["class_weights"], test_refs, f, palette, ctx,
+                       step=total_rounds - 1)
     plt.close("all")
     phase2 = sum(m["round/phase2_s"] for m in history)
     metrics.update({
@@ -141,6 +167,8 @@ def train_and_evaluate(cfg: dict, ctx) -> dict[str, float]:
         "train/max_depth_reached": float(max(int(t["depth"].max()) for t in state["trees"])),
         "train/rounds_this_run": float(len(history)),
         "train/hist_peak_bytes": float(max([m["round/hist_peak_bytes"] for m in history] or [0])),
+        "train/shuffle_bytes": float(sum(m["round/shuffle_bytes"] for m in history)),
+        "data/skipped_pairs": float(train_data["skipped"] + test_data["skipped"]),
         "throughput/example_features_per_s": (
             sum(m["round/example_features_per_s"] * m["round/phase2_s"] for m in history) / phase2
             if phase2 else 0.0),

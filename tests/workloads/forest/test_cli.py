@@ -46,12 +46,17 @@ def test_smoke_run_records_everything_and_resumes_identically(run_orchard):
     # better than chance (1/31) on held-out images, even at smoke size
     assert m["test/pixel_accuracy"] > 0.1 and m["test/mean_class_accuracy"] > 0.06
     assert m["throughput/inference_pixels_per_s"] > 0 and m["train/trees"] == 2
+    # per-part accuracy as metrics and a figure; the shuffle is counted; nothing was skipped
+    parts = {k for k in m if k.startswith("test/class_acc/")}
+    assert len(parts) >= 20 and 0 <= m["test/worst_class_accuracy"] <= m["test/mean_class_accuracy"]
+    assert m["data/skipped_pairs"] == 0 and m["train/shuffle_bytes"] > 0
     rounds = full.history("round/phase2_s")
     assert len(rounds) == 2 * 5                                     # trees x max_depth rounds
-    for key in ("round/phase1_s", "round/phase3_s", "round/phase4_s", "round/frontier_size",
+    for key in ("round/phase1_s", "round/phase3_s", "round/phase4_s", "round/frontier_size", "round/shuffle_bytes",
                 "round/example_features_per_s", "round/hist_peak_bytes", "round/effective_parallelism"):
         assert len(full.history(key)) == len(rounds), key
-    assert {"figures/confusion_matrix.png", "figures/predicted_labelings.png"} <= set(full.artifacts("figures"))
+    assert {"figures/confusion_matrix.png", "figures/predicted_labelings.png",
+            "figures/class_accuracy.png"} <= set(full.artifacts("figures"))
     assert "model/forest_checkpoint.npz" in full.artifacts("model")
     run_dir = full.run.data.tags["orchard.run_dir"]
     assert len(list((__import__("pathlib").Path(run_dir) / "data" / "train").glob("*_depth.png"))) == 16

@@ -97,3 +97,34 @@ def test_data_unit_block_samples_body_pixels_and_tree_selection_is_deterministic
     m3 = tree_selection(block, seed=0, tree_index=2, image_fraction=0.7, pixel_fraction=0.5)
     np.testing.assert_array_equal(m1, m2)
     assert not np.array_equal(m1, m3) and 0 < m1.mean() < 0.8
+
+
+def test_corrupt_and_mismatched_pairs_are_skipped_and_named(tmp_path, compose):
+    pal = palette(compose)
+    stems = write_corpus(tmp_path, 3, pal)
+    good = stems[0]
+    (tmp_path / "broken_depth.png").write_bytes((tmp_path / f"{good.name}_depth.png").read_bytes()[:300])
+    (tmp_path / "broken_labels.png").write_bytes((tmp_path / f"{good.name}_labels.png").read_bytes())
+    cv2.imwrite(str(tmp_path / "small_depth.png"), np.full((40, 50), 2000, np.uint16))
+    (tmp_path / "small_labels.png").write_bytes((tmp_path / f"{good.name}_labels.png").read_bytes())
+    names = [str(s) for s in stems] + [str(tmp_path / "broken"), str(tmp_path / "small")]
+    block = build_block(names, list(range(5)), 0, 0, pal, {"flip_prob": 0.0, "compose_prob": 0.0,
+                        "clutter_prob": 0.0, "clutter_objects": 0, "noise_sigma_mm": 0.0, "dropout": 0.0},
+                        50, keep_labels=False)
+    assert len(block["image_ids"]) == 3 and list(block["image_ids"]) == [0, 1, 2]
+    skipped = dict(block["skipped"])
+    assert set(skipped) == {str(tmp_path / "broken"), str(tmp_path / "small")}
+    assert "!=" in skipped[str(tmp_path / "small")]          # the size mismatch is named
+
+
+def test_a_folder_without_body_pixels_is_one_line_and_exit_2(tmp_path, capsys):
+    from orchard.cli import main
+
+    for i in range(3):
+        cv2.imwrite(str(tmp_path / f"{i}_depth.png"), np.full((60, 80), 2500, np.uint16))
+        cv2.imwrite(str(tmp_path / f"{i}_labels.png"), np.zeros((60, 80, 3), np.uint8))  # all background
+    with pytest.raises(SystemExit) as exit_info:
+        main(["workload=forest", "debug=smoke", f"forest.data_dir={tmp_path}", "tracking=none"])
+    assert exit_info.value.code == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("orchard: bad config: forest.data_dir:") and "body pixel" in err[0]

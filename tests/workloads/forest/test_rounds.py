@@ -1,5 +1,6 @@
 """The distributed rounds: partition-invariance, resume, actor failure, memory budget."""
 import os
+import signal
 import time
 
 import numpy as np
@@ -102,26 +103,44 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def test_killed_histogram_actor_does_not_change_the_tree(reference, block_refs, tmp_path):
+def _kill(actor) -> int:
+    """SIGKILL an actor's process and wait until it is gone; returns its pid."""
+    pid = ray.get(actor.pid.remote())
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.time() + 60
+    while time.time() < deadline and _alive(pid):
+        time.sleep(0.05)
+    return pid
+
+
+# One small forest, five failures: a histogram actor SIGKILLed in each phase of a round
+# (phase 1: while the data is scanned; 2: after the first partials reached it; 3: while the
+# actors answer, after actor 0 did; 4: while the driver splits), and a phase-2 task's
+# worker process killed mid-task. Each must give the uninterrupted run's tree.
+@pytest.mark.parametrize("phase", ["phase1", "phase2", "phase3", "phase4", "task"])
+def test_a_failure_at_any_phase_does_not_change_the_tree(phase, reference, block_refs, tmp_path):
     fcfg, ref_state, _ = reference
     killed = []
 
     def kill_actor(runner, depth, batch_index):
-        if depth == 2 and not killed:                 # partial histograms already sent to it
-            actor = runner.actors[0]
-            pid = ray.get(actor.__ray_call__.remote(lambda self: os.getpid()))
-            ray.kill(actor, no_restart=False)
-            # ray.kill returns before the process dies: wait, so phase 3 of THIS batch meets
-            # the failure (otherwise a late death only shows at the next batch's reset).
-            deadline = time.time() + 60
-            while time.time() < deadline and _alive(pid):
-                time.sleep(0.05)
-            killed.append(runner)
+        if depth >= 1 and not killed:
+            victim = 1 if phase == "phase3" else 0   # phase 3: the actor not yet asked
+            killed.append((_kill(runner.actors[victim]), runner))
 
-    nodes2 = dict(fcfg, partitions={"data_units": 2, "features": 1, "nodes": 2})
-    state, _ = train(block_refs, nodes2, tmp_path / "ckpt.npz", hooks={"after_phase2": kill_actor})
-    assert len(killed) == 1 and killed[0].actor_replays >= 1   # the failure was seen and repaired
+    # verify_counts: phase 1 runs in every round (by default only at the root)
+    two_actors = dict(fcfg, partitions={"data_units": 2, "features": 1, "nodes": 2}, verify_counts=True)
+    marker = tmp_path / "task_killed"
+    hooks = {"task_fault": str(marker)} if phase == "task" else {phase: kill_actor}
+    state, rounds = train(block_refs, two_actors, tmp_path / "ckpt.npz", hooks=hooks)
+    if phase == "task":
+        assert marker.exists()                         # a worker died mid-task and Ray re-ran it
+    else:
+        (pid, runner), = killed
+        assert not _alive(pid)
+        if phase in ("phase2", "phase3"):             # its summed partials were lost: recomputed
+            assert runner.actor_replays >= 1
     assert_same_forest(state, ref_state)
+    assert all(m["round/shuffle_bytes"] > 0 for m in rounds)
 
 
 def test_memory_budget_holds_where_unbatched_histograms_would_not_fit(reference, block_refs, tmp_path):
@@ -136,3 +155,20 @@ def test_memory_budget_holds_where_unbatched_histograms_would_not_fit(reference,
     assert all(m["round/hist_peak_bytes"] <= budget_mb * 2**20 for m in rounds)
     assert max(m["round/hist_peak_bytes"] for m in ref_rounds) > budget_mb * 2**20
     assert_same_forest(state, ref_state)
+
+
+def test_shuffle_bytes_are_sparse_and_within_the_docs_model(reference):
+    """docs/forest.md models the shuffle at the paper's scale with shuffle.model_round_bytes:
+    here the same model, fed each round's measured shape, bounds the measured counter."""
+    from workloads.forest.shuffle import model_round_bytes
+
+    fcfg, _, rounds = reference
+    for m in rounds:
+        model = model_round_bytes(m["round/examples"], m["round/frontier_size"],
+                                  m["round/hist_columns"] / m["round/frontier_size"], fcfg["n_offsets"],
+                                  fcfg["n_thresholds"] + 1, int(m["round/data_partitions"]),
+                                  int(m["round/feature_partitions"]))
+        assert m["round/shuffle_bytes"] <= model["total"] * 1.05, (m["round/depth"], m["round/shuffle_bytes"], model)
+        assert m["round/shuffle_bytes"] >= model["total"] / 4, (m["round/depth"], m["round/shuffle_bytes"], model)
+    deep = rounds[-1]
+    assert deep["round/shuffle_bytes"] < deep["round/shuffle_dense_bytes"] / 3   # sparse at depth

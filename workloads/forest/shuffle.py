@@ -1,0 +1,84 @@
+"""The shuffle of a round (2.2, 2.3): partial histograms on the wire, and a model of its bytes.
+
+A phase-2 task sums every data unit of its partition into one histogram *where it is made*
+(one partial per task, not per data unit), then ships each histogram actor its slice in
+whichever of two encodings is smaller:
+    dense   the (columns, features, bins) counts in the narrowest unsigned dtype that holds them
+    sparse  the flat indices (uint32) of the non-zero cells and their counts (narrowest dtype)
+Deep in the tree a node holds a few examples of a few classes, so ~1% of a slice's cells are
+non-zero (issue 20) and sparse wins by ~10-50x; near the root dense wins. Counts are exact
+integers either way, so the tree does not depend on the encoding.
+
+`model_round_bytes` predicts the bytes a round ships from the shape of the problem; docs/forest.md
+tabulates it at the paper's scale and tests check it against the measured `round/shuffle_bytes`.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+INDEX_BYTES = 4  # uint32 flat index of a non-zero cell
+
+
+def _narrow(values: np.ndarray) -> np.ndarray:
+    top = int(values.max()) if values.size else 0
+    dtype = np.uint8 if top < 2**8 else np.uint16 if top < 2**16 else np.uint32
+    return values.astype(dtype, copy=False)
+
+
+def encode_partial(hist: np.ndarray) -> dict:
+    """One actor's slice (columns, F_part, bins) of a task's histogram -> the smaller encoding.
+
+    Returns {"shape": (3,) int64, "dense": array} or {"shape", "index": uint32, "count": uint*}.
+    """
+    shape = np.asarray(hist.shape, np.int64)
+    flat = hist.reshape(-1)
+    index = np.flatnonzero(flat)
+    count = _narrow(flat[index])
+    sparse_bytes = index.size * (INDEX_BYTES + count.itemsize)
+    dense = _narrow(flat)
+    if sparse_bytes < dense.nbytes and flat.size < 2**32:
+        return {"shape": shape, "index": index.astype(np.uint32), "count": count}
+    return {"shape": shape, "dense": dense.reshape(hist.shape)}
+
+
+def encoded_bytes(partial: dict) -> int:
+    """Bytes of an encoded partial's arrays (what crosses the network, framing aside)."""
+    return int(sum(v.nbytes for k, v in partial.items() if k != "shape"))
+
+
+def add_partial(hist: np.ndarray, feature_start: int, partial: dict) -> None:
+    """hist[:, feature_start:feature_start + F_part] += the decoded partial, in place."""
+    cols, f_part, bins = (int(v) for v in partial["shape"])
+    if "dense" in partial:
+        hist[:cols, feature_start:feature_start + f_part] += partial["dense"]
+        return
+    c, f, b = np.unravel_index(partial["index"].astype(np.int64), (cols, f_part, bins))
+    # indices are distinct, so fancy-index += adds each count exactly once
+    hist[c, f + feature_start, b] += partial["count"]
+
+
+def model_round_bytes(examples: float, nodes: float, classes_per_node: float, n_features: int,
+                      n_bins: int, data_partitions: int, feature_partitions: int) -> dict:
+    """Predicted shuffle of one round (bytes), from the shape of the problem.
+
+    A task covers examples / data_partitions examples and n_features / feature_partitions
+    features; its histogram has nodes x classes_per_node columns x its features x n_bins
+    cells. Each example-feature increments one cell, so a task's non-zero cells are at most
+    min(cells, its example-features). It ships the smaller of dense (1 byte a cell, 2 once
+    a task holds >= 256 examples) and sparse (4 + 1 bytes a non-zero cell, 4 + 2 where
+    cells average >= 64). Phase 1 returns 31 int64 counts per frontier node and data
+    partition. Returns bytes {"histograms", "counts", "total", "dense"}; "dense" is what
+    int32 partials for every cell took before issue 20 (counts for the frontier only).
+    """
+    tasks = data_partitions * feature_partitions
+    task_examples = examples / data_partitions
+    f_part = n_features / feature_partitions
+    cells = nodes * classes_per_node * f_part * n_bins
+    nonzero = min(cells, task_examples * f_part)
+    dense_cell = 1 if task_examples < 256 else 2
+    sparse_cell = INDEX_BYTES + (2 if task_examples * f_part / max(nonzero, 1) >= 64 else 1)
+    per_task = min(cells * dense_cell, nonzero * sparse_cell)
+    counts = data_partitions * nodes * 31 * 8
+    hist = tasks * per_task
+    return {"histograms": hist, "counts": counts, "total": hist + counts,
+            "dense": tasks * cells * 4 + counts}
