@@ -36,6 +36,8 @@ def validate(cfg: dict) -> None:
         require(cfg, f"forest.{key}", lambda v: 0 < v <= 1, "a fraction in (0, 1]")
     require(cfg, "forest.unary_fraction", lambda v: 0 <= v <= 1, "a fraction in [0, 1]")
     require(cfg, "forest.min_gain", lambda v: v >= 0, "a number >= 0")
+    require(cfg, "forest.small_round_example_features", lambda v: isinstance(v, (int, float)) and v >= 0,
+            "a number >= 0")
     require(cfg, "forest.actor_cpus", lambda v: isinstance(v, (int, float)) and 0 <= v <= 64, "CPUs in [0, 64]")
     for key in ("flip_prob", "compose_prob", "clutter_prob", "dropout"):
         require(cfg, f"forest.preprocess.{key}", lambda v: 0 <= v <= 1, "a probability in [0, 1]")

@@ -240,6 +240,17 @@ class RoundRunner:
                 self._revive(k)
         raise RuntimeError(f"histogram actor {k} failed {self.max_failures + 2} times")
 
+    def _reset_all(self, shapes: list) -> None:
+        """Reset actors 0..len(shapes)-1 for a new batch: all at once (one round trip), then
+        one by one with revival for any that failed."""
+        pending = [self.actors[k].reset.remote(*shape) for k, shape in enumerate(shapes)]
+        for k, ref in enumerate(pending):
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayError:
+                self._revive(k)
+                self._reset(k, shapes[k])
+
     def _revive(self, k: int) -> None:
         """After a failed call: wait for Ray to restart actor k, or replace it."""
         try:
@@ -338,8 +349,7 @@ class RoundRunner:
              "best_args": [(col_start[node_bounds[k]:node_bounds[k + 1] + 1] - col_start[node_bounds[k]],
                             col_class[column_bounds[k]:column_bounds[k + 1]], weights,
                             self.cfg["min_child_examples"]) for k in range(n_actors)]}
-        for k in range(n_actors):
-            self._reset(k, b["shapes"][k])
+        self._reset_all(b["shapes"])
         start = time.perf_counter()
         stats, acks = self._phase2(b, list(range(n_actors)), 0, column_bounds[-1], column_bounds,
                                    hook=self.hooks.get("phase2"))
@@ -423,6 +433,12 @@ class RoundRunner:
             weights = state["class_weights"][tree_index]
             phase1_s = time.perf_counter() - round_start
             active = [n for n in frontier if counts_of[n].sum() >= cfg["min_examples"]]
+            # a small round is dominated by Ray's per-task cost: one task per worker, one
+            # feature partition (the tree does not depend on partitioning)
+            work = sum(int(counts_of[n].sum()) for n in active) * len(offsets)
+            if work < cfg.get("small_round_example_features", 0):
+                degrees = dict(degrees, data_units=min(int(degrees["data_units"]), self.workers), features=1)
+                data_parts = self._data_partitions(int(degrees["data_units"]))
             # [2]+[3] per node batch: histograms in tasks, sums and best splits in actors
             columns = [int((counts_of[n] > 0).sum()) for n in active]
             batches = plan_batches(active, columns, len(offsets), -(-len(offsets) // degrees["features"]),

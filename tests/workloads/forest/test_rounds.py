@@ -68,7 +68,7 @@ def test_reference_tree_grows_and_reports_rounds(reference):
 
 def test_tree_is_identical_with_1_and_4_partitions(reference, block_refs, tmp_path):
     fcfg, ref_state, _ = reference
-    four = dict(fcfg, partitions={"data_units": 4, "features": 4, "nodes": 4},
+    four = dict(fcfg, partitions={"data_units": 4, "features": 4, "nodes": 4}, small_round_example_features=0,
                 partitions_by_depth=[{"from_depth": 2, "data_units": 3, "features": 2, "nodes": 3}])
     state, rounds = train(block_refs, four, tmp_path / "ckpt.npz")
     assert_same_forest(state, ref_state)
