@@ -52,7 +52,7 @@ class Orchard:
         for line in self.proc.stdout:
             self.lines.append(line)
 
-    def wait_for(self, needle: str, timeout_s: float = 300) -> None:
+    def wait_for(self, needle: str, timeout_s: float = 600) -> None:
         """Block until a line containing ``needle`` was printed (progress=always prints every update)."""
         deadline = time.time() + timeout_s
         while time.time() < deadline:
@@ -99,7 +99,9 @@ def common(tmp_path: Path, uri: str) -> list[str]:
     (["workload=video", "video.epochs=30"], signal.SIGINT, "epoch 1"),
     # forest: mid-round of Ray tasks and histogram actors
     (["workload=forest", "forest.num_trees=6"], signal.SIGTERM, "depth"),
-], ids=["flower-ring-SIGINT", "flower-ps-SIGTERM", "video-SIGINT", "forest-SIGTERM"])
+    # singa: worker-group actors and parameter servers
+    (["workload=singa", "singa.arch=sync_ps", "singa.epochs=200"], signal.SIGINT, "epoch 2/"),
+], ids=["flower-ring-SIGINT", "flower-ps-SIGTERM", "video-SIGINT", "forest-SIGTERM", "singa-SIGINT"])
 def test_interrupt_ends_the_run_killed_with_the_shell_exit_code(tmp_path, args, sig, needle):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     run = Orchard(*args, *common(tmp_path, uri), cwd=tmp_path)
