@@ -191,14 +191,16 @@ def test_interrupted_sweep_exits_130_and_resumes_where_it_stopped(tmp_path):
     def children(status):
         return [r for r in runs(status) if "mlflow.parentRunId" in r.data.tags]
 
-    first = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = open(tmp_path / "first.log", "w")  # a file, not a pipe nobody reads while waiting
+    first = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 300
     while time.time() < deadline and not (children("FINISHED") and children("RUNNING")):
         time.sleep(0.5)
     done_before = {r.data.params["tiny.lr"] for r in children("FINISHED")}
     assert 1 <= len(done_before) < 3, "the sweep should be part-way, a trial running, when interrupted"
     first.send_signal(signal.SIGINT)
-    out, _ = first.communicate(timeout=180)
+    first.wait(timeout=180)
+    out = (tmp_path / "first.log").read_text()
     assert first.returncode == 130, out
     parent = next(r for r in runs() if "orchard.sweep" in r.data.tags)
     assert parent.info.status == "KILLED"
@@ -214,3 +216,35 @@ def test_interrupted_sweep_exits_130_and_resumes_where_it_stopped(tmp_path):
         assert lrs.count(lr) == 1
     assert {r.data.tags["mlflow.parentRunId"] for r in done} == {parent.info.run_id}  # one sweep, one parent
     assert client.get_run(parent.info.run_id).info.status == "FINISHED"
+
+
+@pytest.mark.slow
+def test_sigterm_of_a_sweep_exits_143_with_parent_and_running_trial_killed(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    args = tiny_cli("workload=tiny", "sweep=tiny_grid", "sweep.max_concurrent_trials=1", TWO_LRS, "tiny.steps=100",
+                    "tiny.sleep_s=0.1", "tracking.system_metrics=false", f"tracking.uri={uri}",
+                    f"output_dir={tmp_path}/out", "cluster.num_cpus=2")
+    log = open(tmp_path / "sweep.log", "w")  # a file, not a pipe nobody reads while waiting
+    proc = subprocess.Popen(args, cwd=tmp_path, env=tiny_cli_env(), stdout=log, stderr=subprocess.STDOUT, text=True)
+    client = MlflowClient(uri)
+
+    def runs():
+        try:
+            return client.search_runs([e.experiment_id for e in client.search_experiments()])
+        except Exception:
+            return []
+
+    deadline = time.time() + 300
+    while time.time() < deadline and not any("mlflow.parentRunId" in r.data.tags and r.info.status == "RUNNING"
+                                             for r in runs()):
+        time.sleep(0.5)
+    assert proc.poll() is None, (tmp_path / "sweep.log").read_text()
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=180)
+    out = (tmp_path / "sweep.log").read_text()
+    assert proc.returncode == 143, out
+    assert "interrupted (SIGTERM)" in out
+    statuses = {r.data.tags.get("orchard.sweep", "child"): r.info.status for r in runs()}
+    assert statuses == {"tiny_grid": "KILLED", "child": "KILLED"}
