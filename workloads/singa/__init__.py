@@ -36,6 +36,7 @@ def validate(cfg: dict) -> None:
     if s.get("data") is not None:
         require_choice(cfg, "singa.data", list(DATASETS))
     require_path(cfg, "singa.data_dir", kind="dir")
+    require_path(cfg, "singa.resume", kind="dir")
     for key in ("epochs", "batch_size", "tsne_samples", "threads"):
         if s.get(key) is not None:
             require_positive(cfg, f"singa.{key}", integer=True)
@@ -147,6 +148,19 @@ def resources(cfg: dict):
     servers = int(arch.get("server_groups", 0) or 0) * int(arch.get("servers_per_group", 0) or 0)
     return Resources(in_trial=bundles(servers, float(arch.get("cpus_per_server", 0.0))),
                      outside=bundles(int(arch["worker_groups"]), _cpus_per_group(cfg, arch)))
+
+
+def resume(cfg: dict, previous_run_dir: str) -> None:
+    """``python -m orchard resume <run id>``: go on from that run's last checkpointed epoch."""
+    from pathlib import Path
+
+    from orchard.errors import ConfigError
+    from workloads.singa.train import CHECKPOINT_NAME
+
+    if not (Path(previous_run_dir) / CHECKPOINT_NAME).is_file():
+        raise ConfigError("singa.resume", f"a run folder holding {CHECKPOINT_NAME}; the run stopped before its "
+                          f"first checkpointed epoch ({previous_run_dir})")
+    cfg["singa"]["resume"] = str(previous_run_dir)
 
 
 def run(cfg: dict, ctx) -> dict[str, float]:

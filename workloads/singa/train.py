@@ -3,8 +3,11 @@ arch, (pre-)train with the architecture, evaluate every epoch, then the app's ex
 for msae, t-SNE figures).  Called by ``run``."""
 from __future__ import annotations
 
+import json
 import math
+import os
 import time
+from pathlib import Path
 
 import numpy as np
 import ray
@@ -29,20 +32,32 @@ def run_app(cfg: dict, ctx) -> dict[str, float]:
         ctx.log_text(yaml.safe_dump(app, sort_keys=False), "net.yaml")
     final: dict[str, float] = {}
     initial = None
+    # A resumed run (python -m orchard resume) starts from the previous run's last checkpoint:
+    # stages finished before it are skipped, the stage it was in goes on from its epoch.
+    resumed = load_checkpoint(Path(s["resume"]) / CHECKPOINT_NAME) if s.get("resume") else None
+    if resumed is not None:
+        initial = resumed["params"]
+        final["train/resumed_from_epoch"] = float(resumed["epoch"])
+    saver = Checkpointer(Path(ctx.run_dir) / CHECKPOINT_NAME, int(cfg["strategy"].get("checkpoint_every", 1) or 1))
+    pretrain = app.get("pretrain") or []
     # [1] CD pre-training of stacked RBMs, one stage per RBM (Table 1 hybrid: rbm/dbn)
-    for i, stage in enumerate(app.get("pretrain") or []):
+    for i, stage in enumerate(pretrain):
+        if resumed is not None and resumed["stage"] > i:
+            continue
         stage_train = dict(train, updater=dict(stage.get("updater", train["updater"])),
                            batch_size=train["batch_size"])
         epochs = int(stage.get("epochs", 1)) if not cfg.get("smoke") else min(2, int(stage.get("epochs", 1)))
         spec = group_spec(cfg, app, stage_train, arch, layers=stage["layers"], algorithm="cd")
         spec["initial_params"] = initial
-        out = fit(spec, arch, cfg, ctx, epochs, target=None, prefix=f"pretrain{i + 1}/")
+        out = fit(spec, arch, cfg, ctx, epochs, target=None, prefix=f"pretrain{i + 1}/",
+                  start_epoch=_start(resumed, i), saver=saver.for_stage(i, initial))
         initial = {**(initial or {}), **out["params"]}
         final.update({k: v for k, v in out["final"].items() if "recon_error" in k})
     # [2] BP training (or fine-tuning from the RBM weights)
     spec = group_spec(cfg, app, train, arch)
     spec["initial_params"] = initial
-    out = fit(spec, arch, cfg, ctx, int(train["epochs"]), target=train.get("target_accuracy"))
+    out = fit(spec, arch, cfg, ctx, int(train["epochs"]), target=train.get("target_accuracy"),
+              start_epoch=_start(resumed, len(pretrain)), saver=saver.for_stage(len(pretrain), initial))
     final.update(out["final"])
     # [3] the app's extras on the trained parameters
     if s["app"] == "msae" and not s.get("net"):
@@ -50,6 +65,45 @@ def run_app(cfg: dict, ctx) -> dict[str, float]:
     if s.get("tsne") and app.get("tsne_layers"):
         final.update(tsne_figures(spec, out["params"], app["tsne_layers"], int(s["tsne_samples"]), ctx))
     return final
+
+
+CHECKPOINT_NAME = "singa_checkpoint.npz"  # in the run folder: the parameters as of the last checkpointed epoch
+
+
+class Checkpointer:
+    """Writes the net's parameters every ``every`` epochs (``strategy.checkpoint_every``) with the
+    stage (pre-training RBM i, then BP = len(pretrain)) and epoch they belong to.  npz, no pickle;
+    written to a temporary file and renamed, so a kill mid-write keeps the previous checkpoint."""
+
+    def __init__(self, path: Path, every: int):
+        self.path, self.every = path, max(1, every)
+        self.stage, self.base = 0, None
+
+    def for_stage(self, stage: int, base: dict | None) -> "Checkpointer":
+        self.stage, self.base = stage, base
+        return self
+
+    def __call__(self, epoch: int, epochs: int, params_fn) -> None:
+        if epoch % self.every and epoch != epochs:
+            return
+        params = {**(self.base or {}), **params_fn()}
+        tmp = self.path.with_name(self.path.stem + ".tmp.npz")
+        np.savez(tmp, _meta=np.array(json.dumps({"stage": self.stage, "epoch": epoch})),
+                 **{f"p:{k}": np.asarray(v) for k, v in params.items()})
+        os.replace(tmp, self.path)
+
+
+def load_checkpoint(path: Path) -> dict:
+    """``{"stage", "epoch", "params"}`` of a checkpoint written by ``Checkpointer``."""
+    with np.load(path, allow_pickle=False) as data:
+        meta = json.loads(str(data["_meta"]))
+        params = {k[2:]: np.array(data[k]) for k in data.files if k.startswith("p:")}
+    return {**meta, "params": params}
+
+
+def _start(resumed: dict | None, stage: int) -> int:
+    """The epoch a stage starts from: the checkpoint's for the stage it was in, else 0."""
+    return int(resumed["epoch"]) if resumed is not None and resumed["stage"] == stage else 0
 
 
 def _cpus_per_group(cfg: dict, arch: dict) -> float:
@@ -69,8 +123,10 @@ def _rename(metrics: dict[str, float], split: str) -> dict[str, float]:
     return out
 
 
-def fit(spec: dict, arch: dict, cfg: dict, ctx, epochs: int, target: float | None, prefix: str = "") -> dict:
-    """Run ``epochs`` epochs of ``spec`` under ``arch``; evaluate after every epoch."""
+def fit(spec: dict, arch: dict, cfg: dict, ctx, epochs: int, target: float | None, prefix: str = "",
+        start_epoch: int = 0, saver=None) -> dict:
+    """Run epochs ``start_epoch + 1 .. epochs`` of ``spec`` under ``arch``; evaluate after every
+    epoch; ``saver(epoch, epochs, params_fn)`` checkpoints."""
     from workloads.singa.architectures import Architecture
 
     machine = Architecture(arch, spec, _cpus_per_group(cfg, arch))
@@ -84,7 +140,8 @@ def fit(spec: dict, arch: dict, cfg: dict, ctx, epochs: int, target: float | Non
             ctx.log_params({f"singa.{prefix}partition_plan": ",".join(f"{k}:{v}" for k, v in machine.plan.items()
                                                                        if v != "whole")})
         spe = machine.steps_per_epoch
-        total, done, train_s, reached = epochs * spe, 0, 0.0, None
+        total, done, train_s, reached = epochs * spe, start_epoch * spe, 0.0, None
+        first = done
         images_per_step = spec["batch_size"] * machine.num_groups
         last_eval: dict[str, float] = {}
         train_metrics: dict[str, float] = {}
@@ -99,7 +156,7 @@ def fit(spec: dict, arch: dict, cfg: dict, ctx, epochs: int, target: float | Non
             # [epoch end] evaluate on the test set, log the epoch's figures
             epoch = math.ceil(done / spe)
             last_eval = _rename(machine.evaluate(), "test")
-            rate = done * images_per_step / max(train_s, 1e-9)
+            rate = (done - first) * images_per_step / max(train_s, 1e-9)
             metrics = {**last_eval, **_rename(train_metrics, "train"), "throughput/images_per_s": rate,
                        "time/train_s": train_s}
             acc = last_eval.get("test/accuracy")
@@ -107,11 +164,15 @@ def fit(spec: dict, arch: dict, cfg: dict, ctx, epochs: int, target: float | Non
                 reached = train_s
             ctx.log_metrics({prefix + k: v for k, v in metrics.items()}, step=epoch)
             ctx.progress(epoch, epochs, desc=f"{prefix}epoch {epoch}/{epochs}", **{"img/s": rate})
+            if saver is not None:
+                saver(epoch, epochs, machine.params)
+        if not last_eval:  # resumed after its last epoch: nothing left to train, still report
+            last_eval = _rename(machine.evaluate(), "test")
         stats = machine.stats()
         params = machine.params()
     finally:
         machine.shutdown()
-    final = {**last_eval, "throughput/images_per_s": done * images_per_step / max(train_s, 1e-9),
+    final = {**last_eval, "throughput/images_per_s": (done - first) * images_per_step / max(train_s, 1e-9),
              "time/train_s": train_s, "comm/bytes_per_step": stats["comm_bytes_per_step"],
              "comm/bridge_bytes_per_step": stats["bridge_bytes_per_step"],
              "comm/group_param_bytes_per_step": stats["group_param_bytes_per_step"], "comm/wait_s": stats["comm_s"]}
