@@ -153,6 +153,10 @@ class MetricsSink:
     def logged_since(self, key: str, start: int = 0) -> list[tuple[int, float]]:
         """The watched ``key``'s ``(step, value)`` pairs from the ``start``-th on."""
         with self._lock:
+            if key not in self._watched and self._client is not None:
+                # a restarted sink forgot its watch list: what reached the store is the history
+                history = sorted(self._client.get_metric_history(self._run_id, key), key=lambda m: (m.step, m.timestamp))
+                self._watched[key] = [(int(m.step), float(m.value)) for m in history]
             return list(self._watched.get(key, ()))[start:]
 
     @ray.method(concurrency_group="read")
