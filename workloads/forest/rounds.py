@@ -19,6 +19,7 @@ Histograms are compact: one column per (node, class seen there by phase 1).
 """
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -206,6 +207,7 @@ class RoundRunner:
         self.in_group = ray.util.get_current_placement_group() is not None
         self.actor_cpus = 0.0 if self.in_group else float(forest_cfg.get("actor_cpus", 0.25))
         self.actors: list = []
+        self.stopping = threading.Event()  # set by the driver's main thread on an interrupt
         self.rounds_this_run = 0
         self.actor_replays = 0  # lost partials recomputed after an actor died or restarted
         self._phase1_task = ray.remote(phase1_task)
@@ -287,6 +289,8 @@ class RoundRunner:
 
         offsets, thresholds = b["pool"]
         for part_id, (d, p) in enumerate(b["jobs"]):
+            if self.stopping.is_set():
+                raise TrainingInterrupted("stopped: the run was interrupted")
             while len(in_flight) >= self.workers:  # at most num_workers tasks at a time
                 forward(ray.wait(list(in_flight), num_returns=1)[0][0])
             f0, f1 = b["feature_bounds"][p], b["feature_bounds"][p + 1]

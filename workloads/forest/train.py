@@ -64,6 +64,35 @@ def checked_blocks(refs: list, report_refs: list, ctx, split: str) -> tuple[list
                   for k in ("skipped", "images", "examples")}
 
 
+def in_worker_thread(fn, stopping) -> None:
+    """Run fn() in a worker thread while the main thread waits, interruptibly.
+
+    Ray defers SIGINT while the main thread submits a task (`.remote()`), and a SIGTERM that
+    lands in that window reaches orchard as a SIGINT (exit 130, not 143). The rounds submit
+    thousands of tasks, so they run off the main thread, as Ray Train's fit does in orchard;
+    on an interrupt the main thread sets `stopping` and the rounds stop at their next task."""
+    import threading
+
+    failure: list = []
+
+    def target():
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=target, name="forest-rounds", daemon=True)
+    thread.start()
+    try:
+        while thread.is_alive():
+            thread.join(0.2)
+    except BaseException:
+        stopping.set()
+        raise
+    if failure:
+        raise failure[0]
+
+
 def initial_state(forest_cfg: dict, seed: int) -> dict:
     """A fresh checkpoint state, or the one `forest.resume` points at (same forest config)."""
     fingerprint = config_fingerprint(forest_cfg, seed)
@@ -149,9 +178,12 @@ def train_and_evaluate(cfg: dict, ctx) -> dict[str, float]:
 
     runner = RoundRunner(train_refs, f, strategy, seed, run_dir / CHECKPOINT_NAME, on_round)
     train_start = time.perf_counter()
-    try:
+    def grow_all():
         for tree_index in range(len(state["trees"]), f["num_trees"]):
             runner.train_tree(tree_index, tree_pool(seed, tree_index, f), state)
+
+    try:
+        in_worker_thread(grow_all, runner.stopping)
     finally:
         runner.shutdown()
     train_s = time.perf_counter() - train_start
