@@ -159,9 +159,11 @@ def train_and_evaluate(cfg: dict, ctx) -> dict[str, float]:
                      "data/skipped_train_pairs": train_data["skipped"],
                      "data/train_images": train_data["images"], "data/train_examples": train_data["examples"],
                      "data/test_images": test_data["images"]}, step=0)
-    if not train_data["examples"] or not test_refs:
-        raise ValueError(f"no usable body pixels: {train_data['images']} training and {test_data['images']} "
-                         f"test images could be read, with {train_data['examples']} body-pixel examples")
+    if not train_data["examples"] or not test_refs:  # the contract: bad data found on reading -> exit 2
+        from orchard import ConfigError
+        raise ConfigError("forest.data_dir", f"usable body pixels; {train_data['images']} training and "
+                          f"{test_data['images']} test images could be read, with {train_data['examples']} "
+                          f"body-pixel examples")
     ray.wait(train_refs + test_refs, num_returns=len(train_refs) + len(test_refs), fetch_local=False)
     data_s = time.perf_counter() - started
     # [3] trees in rounds
