@@ -41,13 +41,24 @@ def _in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+_forwarded_term = False  # a SIGTERM was handed to a library's SIGINT handler (see _on_signal)
+
+
 def _on_signal(signum, frame) -> None:
-    received.append(int(signum))
-    current_sigint = signal.getsignal(signal.SIGINT)
-    if signum == signal.SIGTERM and callable(current_sigint) and current_sigint is not _on_signal:
-        # A library's graceful-stop handler is in place (Ray Tune during a sweep): let it stop.
-        current_sigint(signal.SIGINT, frame)
-        return
+    global _forwarded_term
+    if signum == signal.SIGINT and _forwarded_term:
+        # the library handed our SIGTERM back as a SIGINT (Ray defers SIGINT while it submits
+        # a task, then calls this handler): it is still the SIGTERM
+        _forwarded_term, signum = False, signal.SIGTERM
+    else:
+        received.append(int(signum))
+        current_sigint = signal.getsignal(signal.SIGINT)
+        if signum == signal.SIGTERM and callable(current_sigint) and current_sigint is not _on_signal:
+            # A library's SIGINT handler is in place: Ray Tune's graceful stop during a sweep,
+            # or Ray's deferral while it submits a task.  Let it do what it does on Ctrl-C.
+            _forwarded_term = True
+            current_sigint(signal.SIGINT, frame)
+            return
     raise Interrupted(signum)
 
 
@@ -74,6 +85,8 @@ def _handling(handler):
 
 def raising():
     """SIGINT and SIGTERM raise ``Interrupted`` in the main thread."""
+    global _forwarded_term
+    _forwarded_term = False
     return _handling(_on_signal)
 
 

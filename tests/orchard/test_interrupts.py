@@ -46,5 +46,17 @@ def test_sigterm_is_passed_to_a_librarys_graceful_sigint_handler():
     assert seen == [signal.SIGINT] and interrupts.received[-1] == signal.SIGTERM
 
 
+def test_sigterm_while_ray_defers_sigint_during_a_task_submission_is_still_sigterm():
+    """Ray holds SIGINT back while it submits a task (DeferSigint), then calls our handler with
+    SIGINT: the run must still end as SIGTERM, exit 143."""
+    from ray._private.utils import DeferSigint
+
+    with pytest.raises(interrupts.Interrupted) as caught:
+        with interrupts.raising():
+            with DeferSigint():
+                _deliver(signal.SIGTERM)
+    assert caught.value.exit_code == 143
+
+
 def test_a_plain_keyboard_interrupt_counts_as_ctrl_c():
     assert interrupts.exit_code(KeyboardInterrupt()) == 130
