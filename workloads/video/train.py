@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import io
 import time
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from concurrent.futures import Future
 
 import numpy as np
 
@@ -152,7 +153,6 @@ def launch_streams(streams: dict[str, dict], alloc: dict[str, int], queues: dict
     from orchard.strategies import launch
 
     vcfg = cfg["video"]
-    pool = ThreadPoolExecutor(len(streams), thread_name_prefix="video-train")
 
     def one(stream: str):
         spec = streams[stream]
@@ -165,6 +165,20 @@ def launch_streams(streams: dict[str, dict], alloc: dict[str, int], queues: dict
         }
         return launch(train_loop, loop_config, stream_cfg, ctx, name=stream)
 
-    futures = {s: pool.submit(one, s) for s in streams}
-    pool.shutdown(wait=False)
-    return futures
+    return {s: _in_daemon_thread(one, s, name=f"video-train-{s}") for s in streams}
+
+
+def _in_daemon_thread(fn, *args, name: str) -> Future:
+    """``fn(*args)`` in a daemon thread, as a Future.  Not a ThreadPoolExecutor: the interpreter
+    joins its threads at exit, and a Train run cut off by Ctrl-C (Ray already stopped) would
+    then keep the process from ever exiting."""
+    future: Future = Future()
+
+    def target() -> None:
+        try:
+            future.set_result(fn(*args))
+        except BaseException as exc:  # handed to whoever waits on the future
+            future.set_exception(exc)
+
+    threading.Thread(target=target, name=name, daemon=True).start()
+    return future
