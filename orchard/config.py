@@ -200,6 +200,14 @@ def require_path(cfg: dict, key: str, kind: str = "any", allow_none: bool = True
     return value
 
 
+def ensure_writable(folder: Path) -> None:
+    """Create ``folder`` if needed and prove a file can be written there; raises OSError."""
+    folder.mkdir(parents=True, exist_ok=True)
+    probe = folder / f".orchard-probe-{os.getpid()}"
+    probe.write_text("")
+    probe.unlink()
+
+
 def validate(cfg: dict, module) -> None:
     """Core checks, then the workload's own ``validate``; raises ``ConfigError``."""
     name = cfg["workload"]["name"]

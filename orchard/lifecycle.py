@@ -68,12 +68,8 @@ def preflight(cfg: dict) -> None:
 
 
 def _check_output_dir(output_dir: str) -> None:
-    path = Path(os.path.expanduser(str(output_dir)))
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".orchard-probe-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
+        config_lib.ensure_writable(Path(os.path.expanduser(str(output_dir))))
     except OSError as exc:
         raise ConfigError("output_dir", f"a folder orchard can create and write; {str(output_dir)!r}: "
                           f"{exc.strerror or exc}") from None

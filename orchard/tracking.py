@@ -101,10 +101,7 @@ def check_store(uri: str, timeout_s: float = 10.0) -> None:
     if path is None:
         return
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        probe = path.parent / f".orchard-probe-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
+        config_lib.ensure_writable(path.parent)
     except OSError as exc:
         raise ConfigError("tracking.uri", f"a sqlite file in a writable folder; {path.parent}: {exc.strerror}") from None
     from mlflow.tracking import MlflowClient
