@@ -216,6 +216,7 @@ def run_one(cfg: dict, module, parent_run_id: str | None = None, on_metrics=None
     status, error, metrics, exit_code = "FINISHED", None, {}, 0
     run_dir = Path(cfg["output_dir"]).resolve() / cfg["workload"]["name"] / (run_id or name)
     live = None
+    signals_before = len(interrupts.received)
     try:
         live = _start_run_services(cfg, tracked, run_id, run_dir, on_metrics)
         if tracked:
@@ -228,6 +229,9 @@ def run_one(cfg: dict, module, parent_run_id: str | None = None, on_metrics=None
         status, error, exit_code = "FAILED", exc, 2
     except Exception as exc:  # the run is marked FAILED with the reason; the CLI exits 1
         status, error, exit_code = "FAILED", exc, 1
+        stopped = _interrupt_behind(exc, interrupts.received[signals_before:])
+        if stopped is not None:  # Ctrl-C first, then a library failed while it stopped: still KILLED
+            status, error, exit_code = "KILLED", stopped, stopped.exit_code
     with interrupts.deferred():
         summary = _close(live, tracked, heartbeat, status, error, metrics, t_start)
     metrics = {**summary, **metrics, "time/total_s": time.time() - t_start}
@@ -242,6 +246,19 @@ def run_one(cfg: dict, module, parent_run_id: str | None = None, on_metrics=None
     if not quiet:
         _print_summary(cfg, module, name, tracked, status, run_dir, metrics)
     return Outcome(exit_code, run_id, metrics, None if error is None else f"{type(error).__name__}: {error}")
+
+
+def _interrupt_behind(exc: BaseException, signals: list[int]):
+    """The ``Interrupted`` an exception is a consequence of, if any: one in its chain (a library
+    caught Ctrl-C and raised its own error) or a signal that reached this process during the run
+    (a queue or actor torn down by the interrupt failed first)."""
+    seen, link = set(), exc
+    while link is not None and id(link) not in seen:
+        if isinstance(link, KeyboardInterrupt):
+            return link if isinstance(link, interrupts.Interrupted) else interrupts.Interrupted()
+        seen.add(id(link))
+        link = link.__cause__ or link.__context__
+    return interrupts.Interrupted(signals[0]) if signals else None
 
 
 @dataclass

@@ -126,8 +126,13 @@ def test_interrupt_while_ray_starts_leaves_no_open_run(tmp_path):
 # --------------------------------------------------------------------------- SIGKILL, then reap
 def test_sigkilled_driver_is_closed_by_runs_reap_and_then_resumed(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    run = Orchard("workload=flower", "strategy=ring", "flower.epochs=4", *common(tmp_path, uri), cwd=tmp_path)
-    run.wait_for("epoch 2/")  # a checkpoint exists (checkpoint_every=1)
+    run = Orchard("workload=flower", "strategy=ring", "flower.epochs=30", *common(tmp_path, uri), cwd=tmp_path)
+    # mid-training, once Ray Train has registered a checkpoint (checkpoint_every=1): progress
+    # lines are throttled, so the checkpoint manager's own snapshot is what the test waits for
+    deadline = time.time() + 600
+    while not list((tmp_path / "out").glob("flower/*/train/flower/checkpoint_manager_snapshot.json")):
+        assert run.proc.poll() is None and time.time() < deadline, run.output()[-3000:]
+        time.sleep(0.1)
     run.proc.kill()
     run.wait(60)
     (lost,) = runs(uri)

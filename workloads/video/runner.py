@@ -8,10 +8,13 @@ storage/caching report.
 """
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 
 def _prepare_data(cfg: dict, ctx) -> tuple[str, dict]:
@@ -235,7 +238,10 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
     finally:
         feeder.stop.set()
         if any(not f.done() for f in runs.values()) or feeder.error:
-            shutdown_queues({**queues, "results": [results]})   # unblock trainers of a failed run
+            try:   # unblock trainers of a failed or interrupted run; never mask why it stopped
+                shutdown_queues({**queues, "results": [results]})
+            except Exception as exc:
+                log.warning("video: queues not shut down cleanly: %s", exc)
         feed_thread.join(timeout=30)
     phase_s["train"] = time.perf_counter() - t_train
     # the pipeline runs ahead of the epochs (bounded by the queues): its busy fractions over the
