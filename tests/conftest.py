@@ -96,3 +96,60 @@ def run_orchard(ray_session, tracking_uri, tracking_dir, tmp_path):
         return RunResult(outcome.exit_code, run, outcome.metrics, client, outcome)
 
     return _run
+
+
+# --------------------------------------------------------------------------- shared CLI smoke runs
+@dataclass
+class CliRun:
+    """One ``python -m orchard ... debug=smoke`` as a user runs it: its console and its MLflow run."""
+    args: tuple
+    exit_code: int
+    console: str           # stdout and stderr together, as the terminal showed them
+    run: object            # mlflow.entities.Run
+    client: object         # MlflowClient on the session's CLI store
+    uri: str
+
+    @property
+    def run_id(self) -> str:
+        return self.run.info.run_id
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.data.tags["orchard.run_dir"])
+
+    def artifacts(self, path: str | None = None) -> list[str]:
+        return [a.path for a in self.client.list_artifacts(self.run_id, path)]
+
+
+@pytest.fixture(scope="session")
+def cli_run(tmp_path_factory):
+    """``cli_run(*overrides) -> CliRun``: a real CLI process (its own embedded Ray), run once per
+    session for each distinct set of overrides and shared by every test that asks for the same one
+    (console checks, figures, models, predict, notebooks), so CI pays for each smoke run once.
+    All of them write to one sqlite store, so notebooks can compare them."""
+    import subprocess
+    import sys
+
+    from mlflow.tracking import MlflowClient
+
+    root = tmp_path_factory.mktemp("cli_runs")
+    uri = f"sqlite:///{root}/mlflow.db"
+    done: dict[tuple, CliRun] = {}
+
+    def _run(*overrides: str) -> CliRun:
+        key = tuple(overrides)
+        if key not in done:
+            name = f"cli-{len(done)}"
+            proc = subprocess.run(
+                [sys.executable, "-m", "orchard", *overrides, "debug=smoke", f"run_name={name}",
+                 f"tracking.uri={uri}", f"output_dir={root}/out"],
+                cwd=root, capture_output=True, text=True, timeout=900,
+                env={**os.environ, "PYTHONPATH": str(TESTS.parent), "PYTHONUNBUFFERED": "1"})
+            client = MlflowClient(uri)
+            exps = [e.experiment_id for e in client.search_experiments()]
+            found = client.search_runs(exps, f"tags.mlflow.runName = '{name}'") if exps else []
+            assert found, f"no MLflow run for {overrides} (exit {proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+            done[key] = CliRun(key, proc.returncode, proc.stdout + proc.stderr, found[0], client, uri)
+        return done[key]
+
+    return _run
