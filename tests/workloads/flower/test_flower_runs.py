@@ -135,7 +135,7 @@ def test_comparison_notebook_executes_on_the_smoke_runs(smoke_runs, tracking_uri
     import nbformat
     from nbclient import NotebookClient
 
-    nb = nbformat.read(ROOT / "notebooks" / "compare_strategies.ipynb", as_version=4)
+    nb = nbformat.read(ROOT / "notebooks" / "flower_strategies.ipynb", as_version=4)
     assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), "commit it without outputs"
     os.environ["MLFLOW_TRACKING_URI"] = tracking_uri
     try:
