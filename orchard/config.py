@@ -231,6 +231,9 @@ def validate(cfg: dict, module) -> None:
         require(cfg, "cluster.address", lambda v: v == "auto" or str(v).startswith(("ray://", "http")) or ":" in str(v),
                 "auto, ray://host:10001 or host:6379")
     require_choice(cfg, "progress", ("auto", "always", "never"))
+    from orchard.models import validate_mode
+
+    validate_mode(cfg)  # mode / model / input (docs/models.md)
     if cfg["tracking"]["enabled"]:
         require(cfg, "tracking.uri", lambda v: bool(re.match(r"^(sqlite|http|https|file|postgresql|mysql|databricks)[:+]", str(v))),
                 "an MLflow tracking URI such as sqlite:///mlflow.db or http://127.0.0.1:5000")

@@ -8,10 +8,9 @@ from __future__ import annotations
 from orchard import ConfigError
 from pathlib import Path
 
-from orchard.config import require, require_choice, require_path, require_positive
+from orchard.config import require, require_choice, require_positive
 
 STRATEGIES = ("ring", "ps")
-MODES = ("train", "predict")
 
 
 def _valid_bins(bins) -> bool:
@@ -30,8 +29,6 @@ def _valid_bins(bins) -> bool:
 
 def validate(cfg: dict) -> None:
     """Reject a bad flower config before Ray starts (orchard.ConfigError(key, allowed))."""
-    f = cfg["flower"]
-    require_choice(cfg, "flower.mode", MODES)
     if cfg["strategy"]["name"] not in STRATEGIES:
         raise ConfigError("strategy", f"one of {', '.join(STRATEGIES)} for workload=flower, got {cfg['strategy']['name']}")
     require(cfg, "flower.tile_size", lambda v: isinstance(v, int) and v > 0 and v % 4 == 0,
@@ -48,10 +45,7 @@ def validate(cfg: dict) -> None:
     require(cfg, "flower.roi", lambda v: v is None or (isinstance(v, list) and len(v) == 4 and v[2] > 0 and v[3] > 0),
             "null or [x, y, width, height]")
     require_choice(cfg, "flower.synthetic.annotation", ("csv", "red_cross"))
-    if f["mode"] == "predict":
-        require_path(cfg, "flower.checkpoint", kind="file", allow_none=False)
-        require_path(cfg, "flower.input", kind="dir", allow_none=False)
-    else:
+    if cfg["mode"] == "train":
         require(cfg, "flower.resume", lambda v: v is None or (train_storage(v) / "flower").is_dir(),
                 "null or the folder of a train run that checkpointed (holding train/flower/)")
         require(cfg, "flower.data_dir", lambda v: v is None or (Path(v) / "images").is_dir(),
@@ -70,8 +64,8 @@ def train_storage(run_dir) -> Path:
 
 def resume(cfg: dict, previous_run_dir: str) -> None:
     """``python -m orchard resume <run id>``: continue that run's Ray Train run where it stopped."""
-    if cfg["flower"]["mode"] != "train":
-        raise ConfigError("flower.mode", "train: only a training run has checkpoints to resume from")
+    if cfg["mode"] != "train":
+        raise ConfigError("mode", "train: only a training run has checkpoints to resume from")
     cfg["flower"]["resume"] = str(previous_run_dir)
     validate(cfg)
 
@@ -83,16 +77,16 @@ def resources(cfg: dict):
     from orchard.placement import Resources, bundles
 
     s = cfg["strategy"]
-    if cfg["flower"]["mode"] != "train":
-        return Resources()  # predict counts on the driver
+    if cfg["mode"] == "predict":  # an actor pool of 1 CPU each, as many as fit (orchard/models.py)
+        return Resources(in_trial=bundles(1, 1.0))
     servers = bundles(s["num_servers"], s.get("cpus_per_server", 0)) if s["name"] == "ps" else ()
     return Resources(in_trial=bundles(1, 1.0) + servers,
                      outside=bundles(s["num_workers"], s.get("cpus_per_worker", 1), s.get("gpus_per_worker", 0)))
 
 
 def run(cfg: dict, ctx) -> dict[str, float]:
-    """Train and evaluate (flower.mode=train) or count flowers in new images (flower.mode=predict)."""
-    if cfg["flower"]["mode"] == "predict":
+    """Train and evaluate (mode=train) or count flowers in new images (mode=predict)."""
+    if cfg["mode"] == "predict":
         from workloads.flower.predict import run_predict
 
         return run_predict(cfg, ctx)

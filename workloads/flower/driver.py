@@ -1,4 +1,4 @@
-"""What the driver does for flower.mode=train: data -> tiles -> bins -> train -> evaluate.
+"""What the driver does for mode=train: data -> tiles -> bins -> train -> evaluate.
 
 Timing follows the thesis (4.2): the completion time is the slowest worker's training time;
 evaluation happens after training from the saved model, so it never counts towards it.
@@ -155,7 +155,9 @@ def run_train(cfg: dict, ctx) -> dict[str, float]:
     ctx.log_figure(fig, "figures/density_maps.png")
     fig = _per_bin_figure(cnn_table, blob_table)
     ctx.log_figure(fig, "figures/per_bin_mae.png")
-    ctx.log_artifact(run_dir / MODEL_FILE, "model")
+    from workloads.flower.predict import log_model
+
+    log_model(ctx, run_dir / MODEL_FILE)  # the MLflow Model: artifact model/ (docs/models.md)
     metrics["time/total_s"] = time.time() - started
     return metrics
 

@@ -1,12 +1,17 @@
-"""flower.mode=predict: count flowers in new images of any size with a trained model.
+"""mode=predict for flower, and the MLflow Model a train run logs.
 
-Each image is padded (by reflection) up to whole tiles, cut into tiles of the training size,
-counted tile by tile (bounded memory, as in training), and the stitched density map is cropped
-back to the image: the count is its sum. Writes counts.csv and one density PNG per image.
+The model: MLflow's PyTorch flavour, saved as a ``torch.export`` program (``pt2``: no pickle
+of our classes), input tiles (N, 3, T, T) float32 in [0, 1] at the training tile size T,
+output density maps (N, 1, T, T) x ``density_scale`` (MLmodel metadata); the weights also
+travel as the state dict ``model.pt`` (``torch.load(weights_only=True)``), which predict uses.
+
+Prediction: each image of any size is padded (by reflection) up to whole tiles, cut into tiles
+of the training size, counted tile by tile (bounded memory, as in training), and the stitched
+density map is cropped back to the image: the count is its sum. Writes predictions.csv
+(image, width, height, count) and one density PNG per image (predictions/density/).
 """
 from __future__ import annotations
 
-import csv
 import time
 from pathlib import Path
 
@@ -15,17 +20,13 @@ import numpy as np
 
 from workloads.flower.data import IMAGE_SUFFIXES, read_rgb
 
-
-def image_files(folder: str | Path) -> list[Path]:
-    """Images directly in folder, or in folder/images (the training layout), sorted."""
-    folder = Path(folder)
-    if (folder / "images").is_dir():
-        folder = folder / "images"
-    return sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+STATE_FILE = "model.pt"
 
 
 def count_image(model, rgb: np.ndarray, tile_size: int, scale: float, batch_size: int = 16) -> np.ndarray:
     """Density map (H, W) in flowers per pixel for an RGB uint8 image (H, W, 3) of any size."""
+    import torch
+
     from workloads.flower.evaluate import predict_density
 
     height, width = rgb.shape[:2]
@@ -36,7 +37,8 @@ def count_image(model, rgb: np.ndarray, tile_size: int, scale: float, batch_size
     padded = cv2.copyMakeBorder(rgb, 0, pad_h, 0, pad_w, mode)
     rows, cols = padded.shape[0] // tile_size, padded.shape[1] // tile_size
     tiles = padded.reshape(rows, tile_size, cols, tile_size, 3).swapaxes(1, 2).reshape(-1, tile_size, tile_size, 3)
-    maps, _ = predict_density(model, tiles, scale, batch_size)
+    with torch.inference_mode():
+        maps, _ = predict_density(model, tiles, scale, batch_size)
     stitched = maps.reshape(rows, cols, tile_size, tile_size).swapaxes(1, 2).reshape(rows * tile_size, cols * tile_size)
     return stitched[:height, :width]
 
@@ -48,38 +50,103 @@ def density_png(density: np.ndarray) -> np.ndarray:
     return cv2.applyColorMap((unit * 255).astype(np.uint8), cv2.COLORMAP_JET)
 
 
-def run_predict(cfg: dict, ctx) -> dict[str, float]:
-    """Count every image under flower.input; log counts.csv, density PNGs and images/s."""
+def read_image(path: Path) -> np.ndarray:
+    """RGB uint8 (H, W, 3); ValueError (the reason) for a file that is not a colour image."""
+    bgr = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
+    if bgr is None:
+        raise ValueError("not a readable image (corrupt or not an image)")
+    if bgr.dtype != np.uint8:
+        raise ValueError(f"{bgr.dtype} pixels; a field photograph is 8-bit")
+    if bgr.ndim == 2 or bgr.shape[2] not in (3, 4):
+        raise ValueError(f"{1 if bgr.ndim == 2 else bgr.shape[2]} channel(s); a field photograph is RGB")
+    return read_rgb(path)
+
+
+# --------------------------------------------------------------------------- the MLflow Model
+def log_model(ctx, model_file: Path) -> Path:
+    """At the end of training: the trained model as an MLflow Model (PyTorch flavour), artifact
+    ``model`` of the run and ``<run folder>/model``."""
     import torch
 
+    from orchard.models import free_dims, pip_requirements, save_model
     from workloads.flower.train import load_model
 
-    f = cfg["flower"]
-    data = torch.load(Path(f["checkpoint"]), map_location="cpu", weights_only=True)
-    tile_size = int(data.get("tile_size", f["tile_size"]))  # the size it was trained on
-    model, scale = load_model(f["checkpoint"])
-    out_dir = Path(f["output"]) if f["output"] else Path(ctx.run_dir) / "predictions"
-    (out_dir / "density").mkdir(parents=True, exist_ok=True)
-    files = image_files(f["input"])
-    if not files:
-        raise FileNotFoundError(f"no images in {f['input']}")
-    rows, pixels = [], 0
+    model, scale = load_model(model_file)
+    tile = int(torch.load(model_file, map_location="cpu", weights_only=True).get("tile_size", 64))
+
+    def write(path: Path, metadata: dict) -> None:
+        import mlflow.pytorch
+        from mlflow.models import infer_signature
+
+        example = np.random.default_rng(0).random((2, 3, tile, tile), dtype=np.float32)
+        with torch.inference_mode():
+            out = model(torch.from_numpy(example)).numpy()
+        mlflow.pytorch.save_model(model, str(path), serialization_format="pt2", input_example=example,
+                                  signature=free_dims(infer_signature(example, out), [0], [0]),
+                                  extra_files=[str(model_file)], pip_requirements=pip_requirements(),
+                                  metadata={**metadata, "tile_size": tile, "density_scale": scale})
+
+    return save_model(ctx, "flower", write)
+
+
+def state_file(model_dir: Path) -> Path:
+    """The weights-only state dict inside a flower MLflow Model."""
+    found = sorted(Path(model_dir).rglob(STATE_FILE))
+    if not found:
+        from orchard import ConfigError
+
+        raise ConfigError("model", f"a flower model holding {STATE_FILE}; {model_dir} has none")
+    return found[0]
+
+
+class Predictor:
+    """Ray Data actor: holds the model, counts a batch of image paths, writes density PNGs."""
+
+    def __init__(self, model_dir: str, out_dir: str, tile_size: int):
+        import torch
+
+        from workloads.flower.train import load_model
+
+        torch.set_num_threads(1)
+        self.model, self.scale = load_model(state_file(Path(model_dir)))
+        self.tile, self.out = int(tile_size), Path(out_dir)
+
+    def __call__(self, batch: dict) -> dict:
+        cols = {"path": [], "error": [], "width": [], "height": [], "count": []}
+        for path in batch["path"]:
+            path = Path(str(path))
+            try:
+                rgb = read_image(path)
+                density = count_image(self.model, rgb, self.tile, self.scale)
+                cv2.imwrite(str(self.out / "density" / f"{path.stem}.png"), density_png(density))
+                values = ("", rgb.shape[1], rgb.shape[0], round(float(density.sum()), 3))
+            except Exception as exc:  # one bad file never stops the run: skipped and counted
+                values = (str(exc).splitlines()[0][:200] or type(exc).__name__, 0, 0, 0.0)
+            cols["path"].append(str(path))
+            for key, value in zip(("error", "width", "height", "count"), values):
+                cols[key].append(value)
+        return {k: np.asarray(v) for k, v in cols.items()}
+
+
+def run_predict(cfg: dict, ctx) -> dict[str, float]:
+    """Count every image of ``input`` (a file, a folder, or a folder holding images/) with
+    ``model``; predictions.csv, density PNGs, skipped.csv; images/s."""
+    from orchard import models
+
+    model_dir, meta = models.resolve_model(cfg["model"], "flower", ctx.tracking_uri, Path(ctx.run_dir) / "model_in")
+    source = Path(cfg["input"]).expanduser()
+    if source.is_dir() and (source / "images").is_dir():
+        source = source / "images"
+    files = models.input_files(source, IMAGE_SUFFIXES)
+    out = models.output_dir(ctx)
+    (out / "density").mkdir(exist_ok=True)
     started = time.perf_counter()
-    for i, path in enumerate(files):
-        rgb = read_rgb(path)
-        density = count_image(model, rgb, tile_size, scale)
-        rows.append((path.name, rgb.shape[1], rgb.shape[0], round(float(density.sum()), 3)))
-        pixels += rgb.shape[0] * rgb.shape[1]
-        cv2.imwrite(str(out_dir / "density" / f"{path.stem}.png"), density_png(density))
-        ctx.progress(i + 1, len(files), desc="counting")
+    rows = models.predict_files(files, Predictor, {"model_dir": str(model_dir), "out_dir": str(out),
+                                                   "tile_size": int(meta.get("tile_size", 64))},
+                                ctx, desc="counting")
     elapsed = time.perf_counter() - started
-    with open(out_dir / "counts.csv", "w", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(("image", "width", "height", "count"))
-        writer.writerows(rows)
-    ctx.log_artifact(out_dir / "counts.csv", "predictions")
-    for png in sorted((out_dir / "density").glob("*.png")):
-        ctx.log_artifact(png, "predictions/density")
-    return {"predict/images": float(len(files)), "predict/images_per_s": len(files) / max(elapsed, 1e-9),
-            "predict/megapixels_per_s": pixels / 1e6 / max(elapsed, 1e-9),
-            "predict/total_count": float(sum(r[3] for r in rows))}
+    metrics = models.report(rows, ["path", "width", "height", "count"], ctx, out, "images", elapsed)
+    good = [r for r in rows if not r["error"]]
+    pixels = sum(int(r["width"]) * int(r["height"]) for r in good)
+    return {**metrics, "predict/megapixels_per_s": pixels / 1e6 / max(elapsed, 1e-9),
+            "predict/total_count": float(sum(float(r["count"]) for r in good))}

@@ -113,11 +113,18 @@ def resources(cfg: dict):
     from orchard.placement import Resources, bundles
 
     s = cfg["strategy"]
+    if cfg["mode"] == "predict":  # an actor pool of 1 CPU each, as many as fit (orchard/models.py)
+        return Resources(in_trial=bundles(1, 1.0))
     return Resources(in_trial=bundles(s["num_workers"], max(1.0, float(s.get("cpus_per_worker", 1)))))
 
 
 def run(cfg: dict, ctx) -> dict[str, float]:
-    """Render/load data, train the forest in rounds, evaluate; see train.py."""
+    """Render/load data, train the forest in rounds, evaluate (see train.py); or, with
+    mode=predict, label new depth images with a trained forest (predict.py)."""
+    if cfg["mode"] == "predict":
+        from .predict import run_predict
+
+        return run_predict(cfg, ctx)
     from .train import train_and_evaluate
 
     return train_and_evaluate(cfg, ctx)

@@ -190,6 +190,8 @@ def train_and_evaluate(cfg: dict, ctx) -> dict[str, float]:
         runner.shutdown()
     train_s = time.perf_counter() - train_start
     ctx.log_artifact(run_dir / CHECKPOINT_NAME, "model")
+    from .predict import log_model
+    log_model(ctx, state["trees"], state["class_weights"], f, palette)  # the MLflow Model (docs/models.md)
     # [4] evaluation
     metrics = evaluate(state["trees"], state["class_weights"], test_refs, f, palette, ctx,
                        step=total_rounds - 1)

@@ -144,6 +144,8 @@ def resources(cfg: dict):
     from workloads.singa.settings import resolve_arch
     from workloads.singa.train import _cpus_per_group
 
+    if cfg["mode"] == "predict":  # an actor pool of 1 CPU each, as many as fit (orchard/models.py)
+        return Resources(in_trial=bundles(1, 1.0))
     arch = resolve_arch(cfg)
     servers = int(arch.get("server_groups", 0) or 0) * int(arch.get("servers_per_group", 0) or 0)
     return Resources(in_trial=bundles(servers, float(arch.get("cpus_per_server", 0.0))),
@@ -164,7 +166,12 @@ def resume(cfg: dict, previous_run_dir: str) -> None:
 
 
 def run(cfg: dict, ctx) -> dict[str, float]:
-    """Train ``singa.app`` under ``singa.arch``; returns the final metrics."""
+    """Train ``singa.app`` under ``singa.arch`` (returns the final metrics), or, with
+    mode=predict, classify files with a trained net (predict.py)."""
+    if cfg["mode"] == "predict":
+        from workloads.singa.predict import run_predict
+
+        return run_predict(cfg, ctx)
     from workloads.singa.train import run_app
 
     return run_app(cfg, ctx)

@@ -59,6 +59,8 @@ def run_app(cfg: dict, ctx) -> dict[str, float]:
     out = fit(spec, arch, cfg, ctx, int(train["epochs"]), target=train.get("target_accuracy"),
               start_epoch=_start(resumed, len(pretrain)), saver=saver.for_stage(len(pretrain), initial))
     final.update(out["final"])
+    from workloads.singa.predict import log_model
+    log_model(ctx, spec, out["params"])  # the MLflow Model: artifact model/ (docs/models.md)
     # [3] the app's extras on the trained parameters
     if s["app"] == "msae" and not s.get("net"):
         final.update(msae_retrieval(spec, out["params"], ctx))

@@ -115,6 +115,8 @@ def resources(cfg: dict):
     def smallest(pool) -> int:  # a pool size: n or [min, max]
         return int(pool) if isinstance(pool, int) else int(pool[0])
 
+    if cfg["mode"] == "predict":  # an actor pool of 1 CPU each, as many as fit (orchard/models.py)
+        return Resources(in_trial=bundles(1, 1.0))
     v, s = cfg["video"], cfg["strategy"]
     stages = len(set(v["streams"].values()))
     pools = smallest(v["decode_concurrency"]) * float(v["decode_cpus"]) \
@@ -125,7 +127,12 @@ def resources(cfg: dict):
 
 
 def run(cfg: dict, ctx) -> dict[str, float]:
-    """Train and evaluate the two-stream pipeline; returns the final metrics."""
+    """Train and evaluate the two-stream pipeline (returns the final metrics), or, with
+    mode=predict, classify videos and find their highlights with a trained model (predict.py)."""
+    if cfg["mode"] == "predict":
+        from .predict import run_predict
+
+        return run_predict(cfg, ctx)
     from .runner import run as _run
 
     return _run(cfg, ctx)

@@ -280,6 +280,8 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
         _accumulate(cache_totals, ray.get(master.stage_stats.remote(True)))
         ctx.log_dict({"method": method, "videos": records}, "tables/untrimmed_predictions.json")
         final |= metrics
+        from .predict import training_highlight_metrics
+        final |= training_highlight_metrics(records, count)   # highlights vs the true action frames
 
     phase_s["inference"] = time.perf_counter() - t_phase
 
@@ -307,6 +309,8 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
               **({"time/to_target_s": time_to_target} if time_to_target is not None else {}),
               **{f"time/{phase}_s": sec for phase, sec in phase_s.items()}, "val/chance_top1": 1.0 / num_classes,
               **{f"val/{s}_top1": val[f"val/{s}_top1"] for s in streams}}
+    from .predict import log_model
+    log_model(ctx, models, streams, classes, vcfg, agg["winner"], agg["fitted"])  # the MLflow Model (docs/models.md)
     return final
 
 

@@ -72,36 +72,6 @@ def test_a_killed_worker_is_replaced_and_training_resumes_from_the_checkpoint(sm
     assert max(epochs) == 3.0
 
 
-@pytest.mark.slow
-def test_predict_counts_an_image_whose_size_is_not_a_multiple_of_the_tile(smoke_runs, run_orchard, tmp_path):
-    from workloads.flower.synthetic_field import render_field
-
-    runs, _ = smoke_runs
-    run_dir = Path(runs["ring"][1].data.tags["orchard.run_dir"])
-    rng = np.random.default_rng(5)
-    folder = tmp_path / "new_images"
-    folder.mkdir()
-    rgb, points, _ = render_field(rng, 150, 201, (0, 0, 201, 150), 64, 3.0, (2.5, 5.0), 0.2, 0.0)
-    cv2.imwrite(str(folder / "odd.png"), cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
-    result = run_orchard("workload=flower", "flower.mode=predict", f"flower.checkpoint={run_dir / 'model.pt'}",
-                         f"flower.input={folder}", f"flower.output={tmp_path / 'out'}")
-    assert result.exit_code == 0
-    with open(tmp_path / "out" / "counts.csv") as f:
-        rows = list(csv.DictReader(f))
-    assert [(r["image"], r["width"], r["height"]) for r in rows] == [("odd.png", "201", "150")]
-    from workloads.flower.predict import count_image
-    from workloads.flower.train import load_model
-
-    model, scale = load_model(run_dir / "model.pt")
-    density = count_image(model, rgb, 64, scale)
-    assert density.shape == (150, 201)
-    assert float(rows[0]["count"]) == pytest.approx(float(density.sum()), abs=1e-2)
-    picture = cv2.imread(str(tmp_path / "out" / "density" / "odd.png"))
-    assert picture.shape == (150, 201, 3)
-    assert result.metrics["predict/images_per_s"] > 0
-    assert "predictions/counts.csv" in result.artifacts("predictions")
-
-
 def test_bad_tile_size_is_refused_before_ray_starts(compose):
     from orchard import ConfigError
 
@@ -112,7 +82,7 @@ def test_bad_tile_size_is_refused_before_ray_starts(compose):
         flower.validate(cfg)
     assert err.value.key == "flower.tile_size"
     for override, key in (("flower.bins=[[0,2],[1,3]]", "flower.bins"), ("strategy=tasks", "strategy"),
-                          ("flower.mode=predict", "flower.checkpoint"), ("flower.optimizer.name=lbfgs", "flower.optimizer.name")):
+                          ("flower.optimizer.name=lbfgs", "flower.optimizer.name")):
         with pytest.raises(ConfigError) as err:
             flower.validate(compose("workload=flower", override))
         assert err.value.key == key, override

@@ -1,0 +1,278 @@
+"""Trained models as MLflow Models, and what ``mode=predict`` shares across the four workloads.
+
+Training ends with one call, ``save_model(ctx, workload, write)``: the workload writes an MLflow
+Model into ``<run folder>/model`` (flower: MLflow's PyTorch flavour; forest, video, singa: a
+``pyfunc`` whose ``loader_module`` is the workload's ``predict.py``), and it is logged to the run
+as the artifact folder ``model``, so ``mlflow.pyfunc.load_model("runs:/<id>/model")`` works in a
+fresh process without Ray.  Parameters are ``.npz`` arrays or ``torch`` state dicts (flower:
+a ``torch.export`` program), never a pickle of our objects; every model's ``MLmodel`` metadata
+names its workload (``orchard_workload``), so a model of another workload is refused (exit 2).
+
+``python -m orchard workload=<w> mode=predict model=<runs:/... | models:/name/version | path>
+input=<file or folder>`` resolves the model (``resolve_model``), then the workload's predict.py
+runs ``predict_files``: a Ray Data ``map_batches`` over the input files with an actor pool that
+holds the model (streamed: memory stays bounded whatever the folder's size), a progress line with
+items/s, files that cannot be read skipped and counted with the reason (``skipped.csv``), results
+written to ``<run folder>/predictions`` and logged as the artifact folder ``predictions``.
+"""
+from __future__ import annotations
+
+import csv
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterable
+
+from orchard.errors import ConfigError
+
+MODEL_DIR = "model"                 # in a run folder and among a run's artifacts
+PREDICTIONS_DIR = "predictions"     # likewise, for a predict run
+MODES = ("train", "predict")
+MODEL_SCHEMES = ("runs:/", "models:/")
+
+
+# --------------------------------------------------------------------------- config
+def validate_mode(cfg: dict) -> None:
+    """Top-level ``mode``/``model``/``input``; raises ConfigError (one line, exit 2)."""
+    from orchard.config import require, require_choice, require_path
+
+    require_choice(cfg, "mode", MODES)
+    if cfg["mode"] != "predict":
+        return
+    require(cfg, "model", lambda v: isinstance(v, str) and bool(v) and (
+        v.startswith(MODEL_SCHEMES) or Path(os.path.expanduser(v)).exists()),
+        "runs:/<run id>/model, models:/<name>/<version> or the path of a model folder (or a train run's folder)")
+    require(cfg, "input", lambda v: v is not None, "a file or folder of inputs to predict on")
+    require_path(cfg, "input", allow_none=False)
+    if cfg.get("sweep"):
+        raise ConfigError("sweep", "null with mode=predict (a sweep trains)")
+
+
+def pip_requirements() -> list[str]:
+    """Pinned requirements of a logged model; given explicitly, so MLflow does not spend
+    seconds inferring them (and so the local ``+cpu`` label of torch is dropped)."""
+    import mlflow
+    import numpy
+    import torch
+
+    return [f"mlflow=={mlflow.__version__}", f"torch=={torch.__version__.split('+')[0]}",
+            f"numpy=={numpy.__version__}", "opencv-python-headless", "orchard"]
+
+
+# --------------------------------------------------------------------------- logging a model
+def save_model(ctx, workload: str, write: Callable[[Path, dict], None], extra_metadata: dict | None = None) -> Path:
+    """Write the run's MLflow Model to ``<run folder>/model`` with ``write(path, metadata)``
+    (which calls ``mlflow.<flavour>.save_model(path, ..., metadata=metadata)``), then log it
+    as the run's artifact folder ``model``.  Returns the local model folder."""
+    path = Path(ctx.run_dir) / MODEL_DIR
+    shutil.rmtree(path, ignore_errors=True)
+    metadata = {"orchard_workload": workload, "orchard_run_id": ctx.run_id or "", **(extra_metadata or {})}
+    write(path, metadata)
+    if ctx.run_id and ctx.tracking_uri:
+        from mlflow.tracking import MlflowClient
+
+        MlflowClient(ctx.tracking_uri).log_artifacts(ctx.run_id, str(path), MODEL_DIR)
+        ctx.set_tags({"orchard.model_uri": f"runs:/{ctx.run_id}/{MODEL_DIR}"})
+    return path
+
+
+def save_pyfunc(path: Path, metadata: dict, loader_module: str, data_path: Path, input_example, output_example,
+                free_inputs: Iterable[int] = (0,), free_outputs: Iterable[int] = (0,)) -> None:
+    """A pickle-free pyfunc model: ``loader_module._load_pyfunc(<data folder>)`` rebuilds it
+    from plain files (npz, json, torch state dicts).  The signature is inferred from the
+    example input and output, with the dimensions that hold a count or an image size left free (-1): the
+    example's shape is a count or an image size (``free_inputs``/``free_outputs``), so new
+    inputs of another size pass the schema."""
+    import mlflow
+    from mlflow.models import infer_signature
+
+    signature = free_dims(infer_signature(input_example, output_example), free_inputs, free_outputs)
+    mlflow.pyfunc.save_model(str(path), loader_module=loader_module, data_path=str(data_path),
+                             signature=signature, input_example=input_example,
+                             pip_requirements=pip_requirements(), metadata=metadata)
+
+
+def free_dims(signature, inputs: Iterable[int] = (), outputs: Iterable[int] = ()):
+    """A copy of a tensor signature with the given dimensions (of the first input / output)
+    made free (-1): images and videos of any size."""
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import Schema, TensorSpec
+
+    def loosen(schema, dims):
+        spec = schema.inputs[0]
+        shape = list(spec.shape)
+        for d in dims:
+            shape[d] = -1
+        return Schema([TensorSpec(spec.type, tuple(shape), spec.name)])
+
+    return ModelSignature(loosen(signature.inputs, inputs), loosen(signature.outputs, outputs))
+
+
+# --------------------------------------------------------------------------- resolving model=
+def resolve_model(spec: str, workload: str, tracking_uri: str | None, scratch: Path) -> tuple[Path, dict]:
+    """``model=`` -> (local MLflow Model folder, its orchard metadata).
+
+    ``runs:/<id>/model`` and ``models:/<name>/<version>`` are downloaded from the run's store
+    into ``scratch``; a path is a model folder (holding ``MLmodel``) or a train run's folder
+    (holding ``model/MLmodel``).  Raises ConfigError naming ``model`` for anything else,
+    including a model another workload trained."""
+    import yaml
+
+    spec = str(spec)
+    if spec.startswith(MODEL_SCHEMES):
+        import mlflow
+
+        try:
+            if tracking_uri:
+                mlflow.set_tracking_uri(tracking_uri)
+                mlflow.set_registry_uri(tracking_uri)
+            scratch.mkdir(parents=True, exist_ok=True)
+            local = Path(mlflow.artifacts.download_artifacts(artifact_uri=spec, dst_path=str(scratch),
+                                                             tracking_uri=tracking_uri))
+        except Exception as exc:  # unknown run, version or name: one line, exit 2
+            raise ConfigError("model", f"a model the tracking store holds; {spec}: {_one_line(exc)}") from None
+    else:
+        local = Path(os.path.expanduser(spec))
+        if not (local / "MLmodel").is_file() and (local / MODEL_DIR / "MLmodel").is_file():
+            local = local / MODEL_DIR
+    if not (local / "MLmodel").is_file():
+        raise ConfigError("model", f"an MLflow Model (a folder with an MLmodel file); {spec} has none")
+    meta = (yaml.safe_load((local / "MLmodel").read_text()) or {}).get("metadata") or {}
+    owner = meta.get("orchard_workload")
+    if owner is None:
+        raise ConfigError("model", f"a model an orchard {workload} run logged; {spec} has no orchard_workload metadata")
+    if owner != workload:
+        raise ConfigError("model", f"a {workload} model; {spec} is a {owner} model (use workload={owner})")
+    return local, meta
+
+
+# --------------------------------------------------------------------------- inputs and outputs
+def input_files(path: str | os.PathLike, suffixes: Iterable[str]) -> list[Path]:
+    """The file itself, or the files directly in the folder whose suffix is one of ``suffixes``
+    (case-insensitive), sorted by name.  Hidden files are left out."""
+    path = Path(os.path.expanduser(str(path)))
+    if path.is_file():
+        return [path]
+    wanted = {s.lower() for s in suffixes}
+    return sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")
+                  and (not wanted or p.suffix.lower() in wanted))
+
+
+def output_dir(ctx) -> Path:
+    out = Path(ctx.run_dir) / PREDICTIONS_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def predict_files(files: list[Path], predictor: type, args: dict, ctx, desc: str = "predicting",
+                  batch_size: int = 4, num_cpus: float = 1.0) -> list[dict]:
+    """Run ``predictor(**args)`` over ``files`` as a Ray Data ``map_batches`` with an actor
+    pool holding the model (one actor per free CPU at most, streamed, so memory stays bounded),
+    and return one row per file: ``{"path", "error", ...}`` with ``error == ""`` where it
+    worked.  The predictor's ``__call__(batch)`` gets ``{"path": array of str}`` and returns
+    columns of the same length; it writes its own output files and never raises for one bad
+    file (it fills ``error`` instead).  Drives the progress line with items/s."""
+    import numpy as np
+    import ray
+
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    total = len(files)
+    cpus = max(1, int(ray.available_resources().get("CPU", 1) // max(num_cpus, 1e-9)))
+    pool = max(1, min(cpus, -(-total // batch_size)))
+    ds = ray.data.from_items([{"path": str(p)} for p in files], override_num_blocks=max(1, -(-total // batch_size)))
+    ds = ds.map_batches(predictor, fn_constructor_kwargs=args, batch_size=batch_size, batch_format="numpy",
+                        concurrency=(1, pool), num_cpus=num_cpus)
+    rows: list[dict] = []
+    started = time.perf_counter()
+    for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
+        n = len(batch["path"])
+        for i in range(n):
+            rows.append({k: (v[i].item() if isinstance(v[i], np.generic) else v[i]) for k, v in batch.items()})
+        rate = len(rows) / max(time.perf_counter() - started, 1e-9)
+        ctx.progress(len(rows), total, desc=desc, **{"items/s": rate})
+    order = {str(p): i for i, p in enumerate(files)}
+    rows.sort(key=lambda r: order.get(str(r["path"]), 0))
+    return rows
+
+
+def report(rows: list[dict], columns: list[str], ctx, out: Path, kind: str, elapsed_s: float,
+           table: str = "predictions.csv") -> dict[str, float]:
+    """Write ``predictions.csv`` (the good rows, ``columns``) and ``skipped.csv`` (file, reason),
+    print one line per skipped file, log the output folder as the artifact folder
+    ``predictions``, and return ``predict/<kind>``, ``predict/skipped`` and
+    ``predict/<kind>_per_s``.  Raises ConfigError (exit 2) when no input could be read."""
+    good = [r for r in rows if not r.get("error")]
+    bad = [r for r in rows if r.get("error")]
+    with open(out / table, "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["file" if c == "path" else c for c in columns])
+        for r in good:
+            writer.writerow([Path(r[c]).name if c == "path" else _cell(r[c]) for c in columns])
+    if bad:
+        with open(out / "skipped.csv", "w", newline="") as fh:
+            writer = csv.writer(fh)
+            writer.writerow(("file", "reason"))
+            writer.writerows((Path(r["path"]).name, r["error"]) for r in bad)
+        for r in bad[:20]:
+            _say(f"orchard: skipped {Path(r['path']).name}: {r['error']}")
+        if len(bad) > 20:
+            _say(f"orchard: ... and {len(bad) - 20} more skipped (predictions/skipped.csv)")
+    log_outputs(ctx, out)
+    if not good:
+        raise ConfigError("input", f"readable {kind}; none of the {len(rows)} file(s) could be used"
+                          + (f" (first: {Path(bad[0]['path']).name}: {bad[0]['error']})" if bad else ""))
+    return {f"predict/{kind}": float(len(good)), "predict/skipped": float(len(bad)),
+            f"predict/{kind}_per_s": len(good) / max(elapsed_s, 1e-9)}
+
+
+def log_outputs(ctx, out: Path) -> None:
+    """The predictions folder as the run's artifact folder ``predictions`` (one call)."""
+    if ctx.run_id and ctx.tracking_uri:
+        from mlflow.tracking import MlflowClient
+
+        MlflowClient(ctx.tracking_uri).log_artifacts(ctx.run_id, str(out), PREDICTIONS_DIR)
+
+
+def _say(line: str) -> None:
+    """A line on the user's terminal (orchard's console, when it holds the descriptors)."""
+    try:
+        from orchard.console import say
+    except ImportError:  # a console without a quiet mode: plain stderr
+        print(line, file=sys.stderr, flush=True)
+        return
+    say(line, file=sys.stderr)
+
+
+def _cell(value):
+    if isinstance(value, float):
+        return round(value, 6)
+    return value
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:300]
+
+
+# --------------------------------------------------------------------------- registry (sweeps)
+def register(model_uri: str, name: str, tracking_uri: str, tags: dict | None = None) -> str:
+    """Put ``model_uri`` in the MLflow Model Registry under ``name`` with ``tags``; returns
+    ``models:/<name>/<version>``."""
+    from mlflow.tracking import MlflowClient
+
+    import mlflow
+
+    mlflow.set_registry_uri(tracking_uri)
+    mlflow.set_tracking_uri(tracking_uri)
+    client = MlflowClient(tracking_uri, registry_uri=tracking_uri)
+    try:
+        client.get_registered_model(name)
+    except Exception:
+        client.create_registered_model(name)
+    run_id = model_uri.split("/")[1] if model_uri.startswith("runs:/") else None
+    source = client.get_run(run_id).info.artifact_uri + "/" + MODEL_DIR if run_id else model_uri
+    version = client.create_model_version(name, source, run_id=run_id,
+                                          tags={k: str(v)[:5000] for k, v in (tags or {}).items()})
+    return f"models:/{name}/{version.version}"

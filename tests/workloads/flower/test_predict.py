@@ -1,0 +1,101 @@
+"""flower's trained model as an MLflow Model (PyTorch flavour), loaded in a fresh process, and
+``mode=predict`` through the CLI on real PNGs, one of them not an image."""
+from __future__ import annotations
+
+import csv
+
+import cv2
+import numpy as np
+import pytest
+
+from tests.orchard.model_helpers import predict_cli, pyfunc_in_fresh_process
+
+
+@pytest.fixture(scope="module")
+def trained(cli_run):
+    run = cli_run("workload=flower", "strategy=ring")
+    assert run.exit_code == 0, run.console[-3000:]
+    return run
+
+
+@pytest.fixture(scope="module")
+def field_png():
+    """A real field image whose size is not a multiple of the tile, and its flower count."""
+    from workloads.flower.synthetic_field import render_field
+
+    rgb, points, _ = render_field(np.random.default_rng(5), 150, 201, (0, 0, 201, 150), 64, 3.0, (2.5, 5.0), 0.2, 0.0)
+    return rgb, len(points)
+
+
+@pytest.mark.slow
+def test_the_logged_model_predicts_in_a_fresh_process_without_ray(trained, field_png, tmp_path):
+    import torch
+
+    from workloads.flower.train import load_model
+
+    assert "model/MLmodel" in trained.artifacts("model")
+    rgb, _ = field_png
+    tiles = np.ascontiguousarray(rgb[:64, :128].reshape(1, 64, 2, 64, 3).swapaxes(1, 2).reshape(2, 64, 64, 3))
+    x = tiles.transpose(0, 3, 1, 2).astype(np.float32) / 255.0
+    got = pyfunc_in_fresh_process(trained.uri, f"runs:/{trained.run_id}/model", x, tmp_path)
+    assert not got.ray_loaded
+    assert "pytorch" in got.flavors and "python_function" in got.flavors
+    assert got.metadata["orchard_workload"] == "flower" and got.metadata["tile_size"] == 64
+    assert got.on_example.shape == (len(got.example), 1, 64, 64)
+    assert got.on_file.shape == (2, 1, 64, 64)
+    # the same numbers as the state dict the run saved (weights only)
+    model, scale = load_model(trained.run_dir / "model.pt")
+    with torch.inference_mode():
+        expected = model(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(got.on_file, expected, rtol=1e-4, atol=1e-4)
+    assert got.metadata["density_scale"] == pytest.approx(scale)
+
+
+@pytest.mark.slow
+def test_predict_counts_new_images_and_skips_a_bad_file(trained, field_png, tmp_path):
+    from workloads.flower.predict import count_image
+    from workloads.flower.train import load_model
+
+    rgb, true_count = field_png
+    folder = tmp_path / "new_images"
+    folder.mkdir()
+    cv2.imwrite(str(folder / "odd.png"), cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
+    (folder / "notes.png").write_text("a text file named .png")
+    result = predict_cli(trained, "flower", f"runs:/{trained.run_id}/model", folder, tmp_path)
+    assert result.exit_code == 0, result.console[-3000:]
+    assert "Traceback" not in result.console
+    assert "skipped notes.png: not a readable image" in result.console
+    with open(result.predictions / "predictions.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["file"], r["width"], r["height"]) for r in rows] == [("odd.png", "201", "150")]
+    model, scale = load_model(trained.run_dir / "model.pt")
+    density = count_image(model, rgb, 64, scale)
+    assert float(rows[0]["count"]) == pytest.approx(float(density.sum()), abs=1e-2)
+    assert 0 <= float(rows[0]["count"]) < 10 * true_count
+    assert cv2.imread(str(result.predictions / "density" / "odd.png")).shape == (150, 201, 3)
+    with open(result.predictions / "skipped.csv") as f:
+        assert [r["file"] for r in csv.DictReader(f)] == ["notes.png"]
+    m = result.metrics
+    assert m["predict/images"] == 1 and m["predict/skipped"] == 1 and m["predict/images_per_s"] > 0
+    assert {"predictions/predictions.csv", "predictions/skipped.csv", "predictions/density"} <= set(result.artifacts("predictions"))
+
+
+@pytest.mark.slow
+def test_predict_takes_a_registered_model_and_refuses_nothing_readable(trained, field_png, tmp_path):
+    from orchard.models import register
+
+    version = register(f"runs:/{trained.run_id}/model", "flower-counter-test", trained.uri, {"test": "yes"})
+    rgb, _ = field_png
+    folder = tmp_path / "one"
+    folder.mkdir()
+    cv2.imwrite(str(folder / "a.jpg"), cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
+    result = predict_cli(trained, "flower", version, folder / "a.jpg", tmp_path)
+    assert result.exit_code == 0, result.console[-3000:]
+    assert result.metrics["predict/images"] == 1
+    # a folder where nothing reads: one line, exit 2, no traceback
+    empty = tmp_path / "bad"
+    empty.mkdir()
+    (empty / "x.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
+    bad = predict_cli(trained, "flower", version, empty, tmp_path / "again")
+    assert bad.exit_code == 2 and "Traceback" not in bad.console
+    assert "orchard: bad config: input: readable images" in bad.console

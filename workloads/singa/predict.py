@@ -1,0 +1,230 @@
+"""mode=predict for singa, and the MLflow Model a train run logs.
+
+The model is a ``pyfunc`` with this module as its ``loader_module``: the net config (the YAML
+layer list, the per-sample input shapes, the user's ``layer_modules``) in ``net.json`` and the
+parameters in ``params.npz`` (no pickle).  Its input is samples of the net's data field, e.g.
+``pixel`` (N, 64) uint8 for the digits MLP, ``image`` (N, 3, 32, 32) uint8 for the CIFAR CNN;
+its output is the class probabilities (N, K) of the net's ``softmax_loss`` layer.  Only
+classification nets (one data field besides ``label``, a ``softmax_loss`` layer) are logged.
+
+Prediction over files (each file a row of predictions.csv, per-sample labels in
+``predictions/labels/<file>.csv``):
+- MNIST IDX images (``*-images-idx3-ubyte[.gz]``), labels from the ``*-labels-idx1-ubyte`` beside;
+- CIFAR-10 python batches (``data_batch_*``, ``test_batch``), with their labels;
+- images (.png, .jpg, ...), resized to the net's input, labelled by a numeric class folder
+  (``input/3/x.png`` is a 3).
+Accuracy is reported over every sample whose label is known.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+NET_FILE, PARAMS_FILE = "net.json", "params.npz"
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff")
+
+
+class SingaModel:
+    """The pyfunc model: ``predict(samples)`` -> class probabilities (N, K); no Ray."""
+
+    def __init__(self, config: dict, params: dict):
+        from workloads.singa.layers.base import import_layer_modules
+        from workloads.singa.net import NeuralNet
+
+        import_layer_modules(config.get("layer_modules") or [])
+        self.config = config
+        self.field = config["field"]
+        self.sample_shape = tuple(config["input_shapes"][self.field])
+        self.net = NeuralNet(config["layers"], config["input_shapes"], seed=0)
+        self.net.set_params(params, strict=False)
+        self.loss = next(layer.name for layer in self.net.layers if layer.type == "softmax_loss")
+
+    def predict(self, model_input, params=None, batch: int = 500) -> np.ndarray:
+        import torch
+
+        x = np.asarray(model_input)
+        if x.shape[1:] != self.sample_shape:
+            raise ValueError(f"samples of shape {self.sample_shape} (field {self.field}), got {x.shape[1:]}")
+        out = []
+        for i in range(0, len(x), batch):
+            chunk = torch.as_tensor(x[i:i + batch])
+            records = {self.field: chunk, "label": torch.zeros(len(chunk), dtype=torch.int64)}
+            out.append(self.net.features(records, [self.loss])[self.loss].numpy().copy())
+        return np.concatenate(out) if out else np.zeros((0, self.config["num_classes"]), np.float32)
+
+
+def _load_pyfunc(data_path: str) -> SingaModel:
+    """MLflow's entry point (loader_module): rebuild the net from its plain files."""
+    folder = Path(data_path)
+    config = json.loads((folder / NET_FILE).read_text())
+    with np.load(folder / PARAMS_FILE, allow_pickle=False) as data:
+        params = {k: np.array(data[k]) for k in data.files}
+    return SingaModel(config, params)
+
+
+def log_model(ctx, spec: dict, params: dict) -> Path | None:
+    """At the end of training: the net (config + parameters) as an MLflow pyfunc Model
+    (artifact ``model``); None for a net that does not classify (nothing to predict)."""
+    import tempfile
+
+    from orchard.models import save_model, save_pyfunc
+    from workloads.singa.apps import load_dataset
+
+    data = load_dataset(spec["data"], spec.get("data_dir"), spec["seed"], True)  # shapes and an example
+    shapes = data.shapes()
+    fields = [k for k in shapes if k != "label"]
+    if len(fields) != 1 or "label" not in shapes or not any(l.get("type") == "softmax_loss" for l in spec["layers"]):
+        print("singa: the net is not a single-input classifier; no MLflow Model logged", flush=True)
+        return None
+    config = {"layers": spec["layers"], "input_shapes": {k: list(v) for k, v in shapes.items()},
+              "field": fields[0], "num_classes": int(data.meta.get("num_classes", 10)),
+              "image_hw": list(data.meta.get("image_hw") or ()), "layer_modules": spec.get("layer_modules") or [],
+              "data": spec["data"]}
+    model = SingaModel(config, params)
+
+    def write(path: Path, metadata: dict) -> None:
+        with tempfile.TemporaryDirectory(prefix="orchard-singa-") as tmp:
+            folder = Path(tmp) / "net"
+            folder.mkdir()
+            (folder / NET_FILE).write_text(json.dumps(config))
+            np.savez(folder / PARAMS_FILE, **{k: np.asarray(v, np.float32) for k, v in params.items()})
+            example = np.ascontiguousarray(data.test[fields[0]][:2])
+            save_pyfunc(path, {**metadata, "field": fields[0], "data": spec["data"]}, "workloads.singa.predict",
+                        folder, example, model.predict(example))
+
+    return save_model(ctx, "singa", write)
+
+
+# --------------------------------------------------------------------------- files
+def to_samples(images: list[np.ndarray], config: dict) -> np.ndarray:
+    """Decoded images (H, W) or (H, W, 3) uint8 -> the net's samples (N, *sample_shape) uint8."""
+    import cv2
+
+    shape = tuple(config["input_shapes"][config["field"]])
+    out = []
+    for img in images:
+        if len(shape) == 3:            # (3, H, W) colour
+            c, h, w = shape
+            rgb = img if img.ndim == 3 else np.repeat(img[..., None], 3, axis=2)
+            out.append(cv2.resize(rgb[..., :3], (w, h), interpolation=cv2.INTER_AREA).transpose(2, 0, 1))
+        else:                          # (H*W,) grey
+            h, w = config.get("image_hw") or (int(round(np.sqrt(shape[0]))),) * 2
+            grey = img if img.ndim == 2 else cv2.cvtColor(img[..., :3], cv2.COLOR_RGB2GRAY)
+            out.append(cv2.resize(grey, (w, h), interpolation=cv2.INTER_AREA).reshape(-1))
+    return np.stack(out).astype(np.uint8)
+
+
+def read_samples(path: Path, config: dict) -> tuple[np.ndarray, np.ndarray | None]:
+    """A file -> (samples, labels or None); ValueError (the reason) for a file that is none of
+    an IDX image file, a CIFAR-10 batch, an image."""
+    import cv2
+
+    name = path.name.lower()
+    shape = tuple(config["input_shapes"][config["field"]])
+    if "idx3" in name:
+        from workloads.singa.apps.digits import read_idx
+
+        try:
+            x = read_idx(path)
+        except Exception as exc:  # truncated header (struct.error), wrong magic, short data
+            raise ValueError(f"not an IDX image file: {str(exc).splitlines()[0][:120]}") from None
+        labels_path = path.with_name(path.name.replace("images-idx3", "labels-idx1").replace("images.idx3", "labels.idx1"))
+        y = read_idx(labels_path).astype(np.int64) if labels_path.is_file() else None
+        samples = to_samples(list(x), config) if x.shape[1:] != shape and x.reshape(len(x), -1).shape[1:] != shape \
+            else x.reshape(len(x), *shape)
+        return samples, (y if y is not None and len(y) == len(samples) else None)
+    if name.startswith(("data_batch", "test_batch")):
+        from workloads.singa.apps.cifar import read_cifar_batch
+
+        try:
+            x, y = read_cifar_batch(path)
+        except Exception as exc:  # a corrupt or foreign pickle: refused by the safe unpickler
+            raise ValueError(f"not a CIFAR-10 batch: {str(exc).splitlines()[0][:120]}") from None
+        samples = x if x.shape[1:] == shape else to_samples(list(x.transpose(0, 2, 3, 1)), config)
+        return samples, y
+    img = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
+    if img is None:
+        raise ValueError("not a readable image (corrupt or not an image)")
+    if img.dtype != np.uint8:
+        img = cv2.convertScaleAbs(img, alpha=255.0 / max(float(img.max()), 1.0))
+    if img.ndim == 3:
+        img = cv2.cvtColor(img, cv2.COLOR_BGRA2RGB if img.shape[2] == 4 else cv2.COLOR_BGR2RGB)
+    label = int(path.parent.name) if path.parent.name.isdigit() else None
+    return to_samples([img], config), (np.array([label]) if label is not None else None)
+
+
+class Predictor:
+    """Ray Data actor: holds the net, classifies a batch of files."""
+
+    def __init__(self, model_dir: str, out_dir: str):
+        import torch
+
+        torch.set_num_threads(1)
+        self.model = _load_pyfunc(str(next(Path(model_dir).rglob(NET_FILE)).parent))
+        self.out = Path(out_dir)
+
+    def __call__(self, batch: dict) -> dict:
+        cols = {k: [] for k in ("path", "error", "samples", "labelled", "correct", "label", "confidence")}
+        for path in batch["path"]:
+            path = Path(str(path))
+            try:
+                x, y = read_samples(path, self.model.config)
+                probs = self.model.predict(x)
+                pred = probs.argmax(1)
+                if len(x) > 1:  # a container file: its samples' labels in a CSV of their own
+                    with open(self.out / "labels" / f"{path.name}.csv", "w", newline="") as fh:
+                        w = csv.writer(fh)
+                        w.writerow(("index", "label", "confidence", "truth"))
+                        for i in range(len(x)):
+                            w.writerow((i, int(pred[i]), round(float(probs[i, pred[i]]), 4),
+                                        "" if y is None else int(y[i])))
+                values = ("", len(x), 0 if y is None else len(y), 0 if y is None else int((pred == y).sum()),
+                          int(pred[0]) if len(x) == 1 else -1, float(probs[0, pred[0]]) if len(x) == 1 else 0.0)
+            except Exception as exc:  # one bad file never stops the run: skipped and counted
+                values = (str(exc).splitlines()[0][:200] or type(exc).__name__, 0, 0, 0, -1, 0.0)
+            cols["path"].append(str(path))
+            for key, value in zip(("error", "samples", "labelled", "correct", "label", "confidence"), values):
+                cols[key].append(value)
+        return {k: np.asarray(v) for k, v in cols.items()}
+
+
+def sample_files(source) -> list[Path]:
+    """Files of ``input`` (and of its numeric class folders); IDX label files and CIFAR's
+    ``batches.meta`` are read beside what they label, not on their own."""
+    from orchard.models import input_files
+
+    source = Path(source).expanduser()
+    files = input_files(source, ())
+    if source.is_dir():
+        for sub in sorted(p for p in source.iterdir() if p.is_dir() and p.name.isdigit()):
+            files += input_files(sub, IMAGE_SUFFIXES)
+    return [p for p in files if "labels-idx1" not in p.name and "labels.idx1" not in p.name
+            and p.name not in ("batches.meta", "readme.html")]
+
+
+def run_predict(cfg: dict, ctx) -> dict[str, float]:
+    """Classify every sample of ``input``; accuracy over the samples with known labels."""
+    from orchard import models
+
+    model_dir, _ = models.resolve_model(cfg["model"], "singa", ctx.tracking_uri, Path(ctx.run_dir) / "model_in")
+    files = sample_files(cfg["input"])
+    out = models.output_dir(ctx)
+    (out / "labels").mkdir(exist_ok=True)
+    started = time.perf_counter()
+    rows = models.predict_files(files, Predictor, {"model_dir": str(model_dir), "out_dir": str(out)}, ctx,
+                                desc="classifying", batch_size=16)
+    elapsed = time.perf_counter() - started
+    metrics = models.report(rows, ["path", "samples", "label", "confidence", "labelled", "correct"], ctx, out,
+                            "files", elapsed)
+    good = [r for r in rows if not r["error"]]
+    samples = sum(int(r["samples"]) for r in good)
+    labelled = sum(int(r["labelled"]) for r in good)
+    metrics.update({"predict/samples": float(samples), "predict/samples_per_s": samples / max(elapsed, 1e-9)})
+    if labelled:
+        metrics["predict/accuracy"] = sum(int(r["correct"]) for r in good) / labelled
+        metrics["predict/labelled_samples"] = float(labelled)
+    return metrics

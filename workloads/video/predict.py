@@ -1,0 +1,344 @@
+"""mode=predict for video, and the MLflow Model a train run logs.
+
+The model is a ``pyfunc`` with this module as its ``loader_module``, holding everything a clip
+goes through after training: the preprocessing (frame size, clip length, the stream features
+and their extractor options), both streams' CNNs (``<stream>.pt``, weights-only state dicts),
+the fusion method chosen on validation and its fitted weights (linear weights in
+``video.json``, the attention module's state dict in ``attention.pt``) and the highlight
+settings.  No pickle.  Its input is clips (N, T, H, W, 3) uint8 RGB of any size and length
+(T >= 1; shorter clips loop), its output the fused class probabilities (N, K).
+
+Prediction over video files: each video is decoded once, cut into sliding windows, every
+window scored by both streams; highlight detection keeps the windows that move and that the
+model is sure of (inference.py), and the kept windows are fused into the video's class and
+confidence.  The kept windows, merged, are the video's highlight segments (frames).  With a
+ground-truth CSV (``segments.csv`` in the input folder, columns
+``video,start_frame,end_frame[,label]``; docs/models.md), the temporal IoU of each
+video's highlights with its true segments and the mAP at tIoU 0.5 are reported.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+SETTINGS_FILE, ATTENTION_FILE = "video.json", "attention.pt"
+VIDEO_SUFFIXES = (".mp4", ".avi", ".mkv", ".mov", ".webm", ".m4v", ".mpg", ".mpeg", ".ogv")
+TRUTH_FILE = "segments.csv"
+
+
+class VideoModel:
+    """The pyfunc model: clips -> fused probabilities, and whole videos -> label + highlights."""
+
+    def __init__(self, settings: dict, states: dict, attention_state: dict | None):
+        import torch
+
+        from .aggregation import AttentionPool
+        from .extractors import build_extractor, load_modules
+        from .model import build_stream_model
+
+        load_modules(settings.get("extractor_modules") or [])
+        self.s = settings
+        self.classes = settings["classes"]
+        self.streams = settings["streams"]
+        self.models = {}
+        for name, spec in self.streams.items():
+            model = build_stream_model(spec["in_channels"], len(self.classes), settings["widths"], settings["dropout"])
+            model.load_state_dict(states[name])
+            self.models[name] = model.eval()
+        stack = int(settings["stack"])
+        self.extractors = {f: build_extractor(f, stack=stack, **(settings["extractor_options"].get(f) or {}))
+                           for f in {spec["feature"] for spec in self.streams.values()}}
+        self.count = max(e.frames_needed(stack) for e in self.extractors.values())
+        self.fitted = {"linear_weights": settings.get("linear_weights") or {}}
+        if attention_state is not None:
+            pool = AttentionPool(hidden=int(settings["attention_hidden"]))
+            first = attention_state["0.weight"]
+            pool.net = torch.nn.Sequential(torch.nn.Linear(first.shape[1], first.shape[0]), torch.nn.Tanh(),
+                                           torch.nn.Linear(first.shape[0], 1))
+            pool.net.load_state_dict(attention_state)
+            self.fitted["attention"] = pool
+
+    # -- clips --------------------------------------------------------------------------------
+    def _resize(self, frames: np.ndarray) -> np.ndarray:
+        import cv2
+
+        size = int(self.s["size"])
+        if frames.shape[1] == frames.shape[2] == size:
+            return frames
+        return np.stack([cv2.resize(f, (size, size), interpolation=cv2.INTER_AREA) for f in frames])
+
+    def _clip(self, frames: np.ndarray, offset: int) -> np.ndarray:
+        from .decoder import wanted_indices
+
+        return frames[wanted_indices(offset, self.count, len(frames), self.s["short_rule"])]
+
+    def window_scores(self, clips: list[np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Per stream (W, K) probabilities and per feature (W, C, H, W) features of clips of
+        ``count`` frames at the model's size."""
+        from .train import predict
+
+        feats = {f: np.stack([ext(c) for c in clips]) for f, ext in self.extractors.items()}
+        scores = {name: predict(self.models[name], feats[spec["feature"]]) for name, spec in self.streams.items()}
+        return scores, feats
+
+    def fuse(self, scores: dict[str, np.ndarray]) -> np.ndarray:
+        """(V, K, C) per stream -> (V, C) with the method chosen on validation."""
+        from .aggregation import fuse
+
+        return fuse(self.s["method"], scores, self.fitted, topk=int(self.s["topk"]))
+
+    def predict(self, model_input, params=None) -> np.ndarray:
+        x = np.asarray(model_input)
+        if x.ndim == 4:
+            x = x[None]
+        if x.ndim != 5 or x.shape[-1] != 3 or x.dtype != np.uint8:
+            raise ValueError(f"clips (N, T, H, W, 3) uint8 RGB, got {x.dtype} {x.shape}")
+        clips = [self._clip(self._resize(clip), max(0, (len(clip) - self.count) // 2)) for clip in x]
+        scores, _ = self.window_scores(clips)
+        return self.fuse({s: v[:, None] for s, v in scores.items()}).astype(np.float32)
+
+    # -- whole videos ---------------------------------------------------------------------------
+    def classify_video(self, frames: np.ndarray) -> dict:
+        """Every frame of one video (T, H, W, 3) -> label, confidence, highlight segments."""
+        from .inference import classify_untrimmed, motion_energy, window_offsets
+
+        frames = self._resize(frames)
+        offsets = window_offsets(len(frames), self.count, int(self.s["window_stride"]))
+        scores, feats = self.window_scores([self._clip(frames, o) for o in offsets])
+        temporal = next((spec["feature"] for spec in self.streams.values() if spec["feature"] != "rgb"), None)
+        motion = motion_energy(temporal, feats[temporal], (self.s["extractor_options"].get(temporal) or {})
+                               | {"stack": int(self.s["stack"])}) if temporal else np.full(len(offsets), np.inf)
+        out = classify_untrimmed(scores, motion, self.s["method"], self.fitted, self.s["inference"], int(self.s["topk"]))
+        segments = merge_windows([o for o, k in zip(offsets, out["keep"]) if k], self.count, len(frames),
+                                 [c for c, k in zip(out["confidence"], out["keep"]) if k])
+        return {"label": self.classes[out["label"]], "confidence": float(out["fused"][out["label"]]),
+                "frames": len(frames), "windows": len(offsets), "kept": int(out["keep"].sum()), "segments": segments}
+
+
+def merge_windows(offsets: list[int], count: int, length: int, confidence: list[float]) -> list[tuple[int, int, float]]:
+    """Kept windows [offset, offset + count) -> merged segments (start, end, mean confidence)."""
+    segments: list[list] = []
+    for o, c in sorted(zip(offsets, confidence)):
+        start, end = int(o), min(int(o) + count, length)
+        if segments and start <= segments[-1][1]:
+            segments[-1][1] = max(segments[-1][1], end)
+            segments[-1][2].append(float(c))
+        else:
+            segments.append([start, end, [float(c)]])
+    return [(s, e, float(np.mean(c))) for s, e, c in segments]
+
+
+def _load_pyfunc(data_path: str) -> VideoModel:
+    """MLflow's entry point (loader_module): rebuild both streams and the fusion from plain files."""
+    import torch
+
+    folder = Path(data_path)
+    settings = json.loads((folder / SETTINGS_FILE).read_text())
+    states = {s: torch.load(folder / f"{s}.pt", map_location="cpu", weights_only=True) for s in settings["streams"]}
+    attention = folder / ATTENTION_FILE
+    attn = torch.load(attention, map_location="cpu", weights_only=True) if attention.is_file() else None
+    return VideoModel(settings, states, attn)
+
+
+def log_model(ctx, models: dict, streams: dict, classes: list[str], vcfg: dict, winner: str, fitted: dict) -> Path:
+    """At the end of training: both streams, the fusion and the preprocessing as an MLflow
+    pyfunc Model (artifact ``model``)."""
+    import tempfile
+
+    import torch
+
+    from orchard.models import save_model, save_pyfunc
+
+    method = winner if vcfg["inference"]["method"] == "winner" else vcfg["inference"]["method"]
+    attention = fitted.get("attention")
+    settings = {"classes": list(classes), "streams": {s: {"feature": spec["feature"], "in_channels": int(spec["in_channels"])}
+                                                     for s, spec in streams.items()},
+                "widths": [int(w) for w in vcfg["widths"]], "dropout": float(vcfg["dropout"]),
+                "size": int(vcfg["size"]), "stack": int(vcfg["stack"]), "short_rule": vcfg["short_rule"],
+                "extractor_options": vcfg["extractor_options"], "extractor_modules": list(vcfg.get("extractor_modules") or []),
+                "method": method, "topk": int(vcfg["aggregation"]["topk"]),
+                "linear_weights": {k: float(v) for k, v in (fitted.get("linear_weights") or {}).items()},
+                "attention_hidden": int(getattr(attention, "hidden", 16)),
+                "window_stride": int(vcfg["inference"]["window_stride"]), "inference": dict(vcfg["inference"])}
+
+    def write(path: Path, metadata: dict) -> None:
+        with tempfile.TemporaryDirectory(prefix="orchard-video-") as tmp:
+            folder = Path(tmp) / "video"
+            folder.mkdir()
+            (folder / SETTINGS_FILE).write_text(json.dumps(settings))
+            for s, model in models.items():
+                torch.save(model.state_dict(), folder / f"{s}.pt")
+            if attention is not None and getattr(attention, "net", None) is not None:
+                torch.save(attention.net.state_dict(), folder / ATTENTION_FILE)
+            model = _load_pyfunc(str(folder))
+            size = int(vcfg["size"])
+            example = np.random.default_rng(0).integers(0, 256, (1, model.count, size, size, 3), dtype=np.uint8)
+            save_pyfunc(path, {**metadata, "classes": ",".join(classes), "method": method}, "workloads.video.predict",
+                        folder, example, model.predict(example), free_inputs=(0, 1, 2, 3), free_outputs=(0,))
+
+    return save_model(ctx, "video", write)
+
+
+# --------------------------------------------------------------------------- highlights vs truth
+def temporal_iou(a: tuple[int, int], b: tuple[int, int]) -> float:
+    """IoU of two frame ranges [start, end)."""
+    inter = max(0, min(a[1], b[1]) - max(a[0], b[0]))
+    union = max(a[1], b[1]) - min(a[0], b[0])
+    return inter / union if union > 0 else 0.0
+
+
+def union_iou(pred: list[tuple[int, int]], truth: list[tuple[int, int]], length: int) -> float:
+    """IoU of the frame sets covered by two lists of segments (a video's highlight quality)."""
+    p, t = np.zeros(length + 1, bool), np.zeros(length + 1, bool)
+    for s, e in pred:
+        p[s:e] = True
+    for s, e in truth:
+        t[s:e] = True
+    union = (p | t).sum()
+    return float((p & t).sum() / union) if union else 0.0
+
+
+def average_precision(detections: list[tuple[str, int, int, float]], truth: dict[str, list[tuple[int, int]]],
+                      threshold: float = 0.5) -> float:
+    """AP of scored segments ``(video, start, end, score)`` against true segments per video:
+    a detection is a hit when its tIoU with a not yet matched true segment reaches
+    ``threshold`` (ActivityNet/THUMOS style, all-point interpolation)."""
+    total = sum(len(v) for v in truth.values())
+    if not total:
+        return 0.0
+    used = {v: [False] * len(segs) for v, segs in truth.items()}
+    hits = []
+    for video, s, e, _ in sorted(detections, key=lambda d: -d[3]):
+        ious = [temporal_iou((s, e), t) for t in truth.get(video, [])]
+        best = int(np.argmax(ious)) if ious else -1
+        hit = best >= 0 and ious[best] >= threshold and not used[video][best]
+        if hit:
+            used[video][best] = True
+        hits.append(hit)
+    if not hits:
+        return 0.0
+    tp = np.cumsum(hits)
+    precision = tp / np.arange(1, len(hits) + 1)
+    recall = tp / total
+    # all-point interpolation: precision made monotone, summed over recall steps
+    precision = np.maximum.accumulate(precision[::-1])[::-1]
+    steps = np.diff(np.concatenate([[0.0], recall]))
+    return float((precision * steps).sum())
+
+
+def highlight_metrics(predicted: dict[str, dict], truth: dict[str, list[tuple]], prefix: str) -> dict[str, float]:
+    """``<prefix>/temporal_iou`` (mean over videos with truth), ``<prefix>/map_tiou_0.5``
+    (mean over the true classes of per-class AP; a detection's class is its video's label,
+    truth rows without a label count for every class: class-agnostic AP).
+
+    ``predicted``: video -> {"label", "segments": [(start, end, score)], "frames"};
+    ``truth``: video -> [(start, end, label or None)]."""
+    videos = [v for v in truth if v in predicted]
+    if not videos:
+        return {}
+    ious = [union_iou([(s, e) for s, e, _ in predicted[v]["segments"]], [(s, e) for s, e, _ in truth[v]],
+                      max(predicted[v]["frames"], max(e for _, e, _ in truth[v]))) for v in videos]
+    labels = sorted({lab for v in videos for *_, lab in truth[v] if lab})
+    aps = []
+    for lab in labels or [None]:
+        gt = {v: [(s, e) for s, e, l in truth[v] if lab is None or l == lab] for v in videos}
+        det = [(v, s, e, c) for v in videos for s, e, c in predicted[v]["segments"]
+               if lab is None or predicted[v]["label"] == lab]
+        if any(gt.values()):
+            aps.append(average_precision(det, gt, 0.5))
+    return {f"{prefix}/temporal_iou": float(np.mean(ious)), f"{prefix}/map_tiou_0.5": float(np.mean(aps)) if aps else 0.0,
+            f"{prefix}/videos_with_truth": float(len(videos))}
+
+
+def training_highlight_metrics(records: list[dict], count: int) -> dict[str, float]:
+    """tIoU and mAP@0.5 of the synthetic untrimmed set's highlights during training
+    (runner [8]: each record's kept windows vs its known action frames)."""
+    predicted, truth = {}, {}
+    for r in records:
+        start, end = r.get("action_frames") or [None, None]
+        if start is None:
+            continue
+        kept = [w for w in r["windows"] if w["highlight"]]
+        last = max((w["offset"] for w in r["windows"]), default=0) + count
+        predicted[r["path"]] = {"label": r["label"], "frames": last,
+                                "segments": merge_windows([w["offset"] for w in kept], count, last,
+                                                          [w["confidence"] for w in kept])}
+        truth[r["path"]] = [(int(start), int(end), r.get("truth"))]
+    return highlight_metrics(predicted, truth, "infer")
+
+
+def read_truth(path: Path) -> dict[str, list[tuple]]:
+    """``video,start_frame,end_frame[,label]`` -> video file name -> [(start, end, label)]."""
+    from orchard import ConfigError
+
+    out: dict[str, list[tuple]] = {}
+    try:
+        with open(path, newline="") as fh:
+            for row in csv.DictReader(fh):
+                out.setdefault(Path(row["video"]).name, []).append(
+                    (int(row["start_frame"]), int(row["end_frame"]), (row.get("label") or None)))
+    except (KeyError, ValueError, TypeError) as exc:
+        raise ConfigError("input", f"{path.name}: a CSV with columns video,start_frame,end_frame[,label] ({exc})") from None
+    return out
+
+
+# --------------------------------------------------------------------------- files
+class Predictor:
+    """Ray Data actor: holds both streams and the fusion, classifies a batch of video files."""
+
+    def __init__(self, model_dir: str, out_dir: str):
+        import torch
+
+        torch.set_num_threads(1)
+        self.model = _load_pyfunc(str(next(Path(model_dir).rglob(SETTINGS_FILE)).parent))
+        self.out = Path(out_dir)
+
+    def __call__(self, batch: dict) -> dict:
+        from .decoder import BadVideo, build_decoder
+
+        dec = build_decoder("pyav", size=int(self.model.s["size"]), short_rule=self.model.s["short_rule"])
+        cols = {k: [] for k in ("path", "error", "label", "confidence", "frames", "windows", "kept", "segments")}
+        for path in batch["path"]:
+            path = str(path)
+            try:
+                dec.index(path)  # a truncated or non-video file is refused here, with its kind
+                out = self.model.classify_video(dec.decode_all(path))
+                segs = json.dumps([[s, e, round(c, 4)] for s, e, c in out["segments"]])
+                values = ("", out["label"], out["confidence"], out["frames"], out["windows"], out["kept"], segs)
+            except (BadVideo, Exception) as exc:  # one bad file never stops the run: skipped and counted
+                values = (str(exc).splitlines()[0][:200] or type(exc).__name__, "", 0.0, 0, 0, 0, "[]")
+            cols["path"].append(path)
+            for key, value in zip(("error", "label", "confidence", "frames", "windows", "kept", "segments"), values):
+                cols[key].append(value)
+        return {k: np.asarray(v) for k, v in cols.items()}
+
+
+def run_predict(cfg: dict, ctx) -> dict[str, float]:
+    """Classify every video of ``input``; highlight segments; tIoU and mAP@0.5 against
+    ``segments.csv`` when the input folder has one."""
+    from orchard import models
+
+    model_dir, _ = models.resolve_model(cfg["model"], "video", ctx.tracking_uri, Path(ctx.run_dir) / "model_in")
+    source = Path(cfg["input"]).expanduser()
+    files = [p for p in models.input_files(source, ()) if p.name != TRUTH_FILE]
+    out = models.output_dir(ctx)
+    started = time.perf_counter()
+    rows = models.predict_files(files, Predictor, {"model_dir": str(model_dir), "out_dir": str(out)}, ctx,
+                                desc="classifying", batch_size=2)
+    elapsed = time.perf_counter() - started
+    metrics = models.report(rows, ["path", "label", "confidence", "frames", "kept", "segments"], ctx, out, "videos", elapsed)
+    good = [r for r in rows if not r["error"]]
+    metrics["predict/frames_per_s"] = sum(int(r["frames"]) for r in good) / max(elapsed, 1e-9)
+    truth_path = source / TRUTH_FILE if source.is_dir() else source.with_name(TRUTH_FILE)
+    if truth_path.is_file():
+        truth = read_truth(truth_path)
+        predicted = {Path(r["path"]).name: {"label": r["label"], "frames": int(r["frames"]),
+                                            "segments": [tuple(s) for s in json.loads(r["segments"])]} for r in good}
+        found = highlight_metrics(predicted, truth, "predict")
+        metrics.update(found)
+        models.log_outputs(ctx, out)
+    return metrics
