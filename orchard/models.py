@@ -276,3 +276,18 @@ def register(model_uri: str, name: str, tracking_uri: str, tags: dict | None = N
     version = client.create_model_version(name, source, run_id=run_id,
                                           tags={k: str(v)[:5000] for k, v in (tags or {}).items()})
     return f"models:/{name}/{version.version}"
+
+
+def register_best(tracking_uri: str, name: str, best: dict, metric: str, parent_run_id: str | None = None) -> str:
+    """``sweep.register=<name>``: the best trial's model (``best``: a leaderboard row) in the
+    Model Registry, tagged with the trial's metric, its swept config values and run id; the
+    sweep's parent run gets the tag ``orchard.registered_model``.  Returns the model URI."""
+    tags = {"orchard.metric": metric, metric: best["metric"], "orchard.trial_run_id": best["run_id"],
+            **{f"config.{k}": v for k, v in best["params"].items()}}
+    uri = register(f"runs:/{best['run_id']}/{MODEL_DIR}", name, tracking_uri, tags)
+    if parent_run_id:
+        from mlflow.tracking import MlflowClient
+
+        MlflowClient(tracking_uri).set_tag(parent_run_id, "orchard.registered_model", uri)
+    _say(f"orchard: registered the best trial's model as {uri}")
+    return uri

@@ -51,6 +51,9 @@ def validate_sweep(cfg: dict) -> None:
     if "resources_per_trial" in s:
         raise ConfigError("sweep.resources_per_trial", "not a sweep key any more: a trial's resources come from the "
                           "workload's resources(cfg) (docs/sweeps.md); remove it")
+    if s.get("register") is not None:
+        config_lib.require(cfg, "sweep.register", lambda v: isinstance(v, str) and v.strip() != "",
+                           "null or a Model Registry name for the best trial's model")
     if not s.get("params"):
         raise ConfigError("sweep.params", "at least one config key to search over")
     for key, spec in s["params"].items():
@@ -300,6 +303,10 @@ def run_sweep(cfg: dict, module, run_one: Callable) -> Outcome:
             return Outcome(128 + int(signum), parent.run_id, {}, f"interrupted by {name}")
         rows = leaderboard(trials, list(s["params"]), metric, mode)
         parent.record(rows, metric, folder)
+        if rows and s.get("register") and parent.client is not None:   # sweep.register=<name> (docs/models.md)
+            from orchard.models import register_best
+            from orchard.tracking import resolve_uri
+            register_best(resolve_uri(cfg["tracking"]["uri"]), s["register"], rows[0], metric, parent.run_id)
         failed = [t for t in trials if t.status == "ERROR"]
         if rows or not failed:
             parent.close("FINISHED")

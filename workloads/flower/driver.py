@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from orchard.storage import Storage
 from workloads.flower import TRAIN_STORAGE_NOTE, baseline_counter, evaluate, train_storage
 from workloads.flower.data import TileSet, bin_label, bin_sample, prepare_tiles
 from workloads.flower.density_map import density_map
@@ -21,37 +22,58 @@ from workloads.flower.synthetic_field import generate_field
 
 
 def synthetic_data(cfg: dict) -> Path:
-    """The synthetic field for this config, generated once and cached under output_dir.
+    """The synthetic field for this config as a folder on this machine (see synthetic_storage)."""
+    return synthetic_storage(cfg)[0].localize()
+
+
+def synthetic_storage(cfg: dict) -> tuple[Storage, bool]:
+    """The synthetic field for this config, generated once and kept in the run storage
+    (``<storage root>/flower_data/synthetic-<key>``); returns (its folder, True if it was there).
 
     The folder name hashes every setting that changes the images, so runs that differ only in
-    strategy or training knobs (the strategy comparison) train on identical tiles.
+    strategy or training knobs (the strategy comparison) train on identical tiles, and runs on
+    other machines with the same ``storage.uri`` find them too.
     """
     f = cfg["flower"]
     settings = {"synthetic": f["synthetic"], "tile_size": f["tile_size"], "seed": cfg["seed"]}
     digest = hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
-    root = Path(cfg["output_dir"]).resolve() / "flower_data" / f"synthetic-{digest}"
-    if (root / "images").is_dir():
-        return root
-    s = f["synthetic"]
+    store = Storage.root(cfg).child("flower_data", f"synthetic-{digest}")
+    if store.ready("images"):
+        return store, True
+    if not store.is_local:  # generate here, then publish the folder (marked complete last)
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="orchard-flower-") as tmp:
+            _generate(cfg, Path(tmp) / "field")
+            store.upload(Path(tmp) / "field")
+            store.write_bytes("images/_COMPLETE", b"complete\n")  # what ready("images") looks for
+        return store, False
+    root = store.local_path
     partial = root.with_name(f"{root.name}.tmp-{os.getpid()}")
-    generate_field(partial, num_images=s["num_images"], height=s["height"], width=s["width"],
-                   tile_size=f["tile_size"], seed=cfg["seed"], mean_flowers_per_tile=s["mean_flowers_per_tile"],
-                   flower_radius=tuple(s["flower_radius"]), occlusion=s["occlusion"],
-                   distractor_rate=s["distractor_rate"], annotation=s["annotation"])
+    _generate(cfg, partial)
     try:
         partial.rename(root)  # atomic: a concurrent run sees all of it or none of it
     except OSError:
         shutil.rmtree(partial, ignore_errors=True)  # another run finished first: use its copy
-    return root
+    return store, False
 
 
-def throughput_stats(worker_files: list[Path], warmup_steps: int) -> dict[str, float]:
+def _generate(cfg: dict, partial: Path) -> None:
+    f = cfg["flower"]
+    s = f["synthetic"]
+    generate_field(partial, num_images=s["num_images"], height=s["height"], width=s["width"],
+                   tile_size=f["tile_size"], seed=cfg["seed"], mean_flowers_per_tile=s["mean_flowers_per_tile"],
+                   flower_radius=tuple(s["flower_radius"]), occlusion=s["occlusion"],
+                   distractor_rate=s["distractor_rate"], annotation=s["annotation"])
+
+
+def throughput_stats(worker_files: list, warmup_steps: int) -> dict[str, float]:
     """Table 5.2 figures from the workers' per-step series, plus the completion time.
 
     The run's throughput at step i is the sum of every worker's images/s at its step i; the
     first `warmup_steps` steps (graph building, first all-reduce) are left out of mean/std/var.
     """
-    summaries = [json.loads(p.read_text()) for p in worker_files]
+    summaries = [p if isinstance(p, dict) else json.loads(Path(p).read_text()) for p in worker_files]
     if not summaries:
         raise RuntimeError("no worker wrote its summary: training did not finish")
     length = min(len(s["throughput"]) for s in summaries)
@@ -85,13 +107,28 @@ def run_train(cfg: dict, ctx) -> dict[str, float]:
     run_dir = Path(ctx.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
 
-    # [1] field images: the user's folder, or the synthetic field (same on-disk format)
-    data_dir = Path(f["data_dir"]) if f["data_dir"] else synthetic_data(cfg)
-    # [2] region-of-interest crop + tiling as parallel Ray tasks (3.3.1); reused when present
-    tile_dir = data_dir / f"tiles-{f['tile_size']}" if not f["data_dir"] else run_dir
-    if not (tile_dir / "tiles" / "index.csv").exists():
-        prepare_tiles(data_dir, tile_dir, f["tile_size"], f["roi"])
-    tiles = TileSet(tile_dir / "tiles")
+    # [1] field images: the user's folder (a path or a storage URI), or the synthetic field kept
+    #     in the run storage (same format); workers read both through storage (orchard/storage.py)
+    run_storage = Storage.for_run(cfg, run_dir)
+    data, data_hit = (Storage(f["data_dir"]), True) if f["data_dir"] else synthetic_storage(cfg)
+    data_dir = data.uri
+    # [2] region-of-interest crop + tiling as parallel Ray tasks (3.3.1); reused when present:
+    #     the synthetic field's tiles are keyed by its content, so other runs and nodes share them
+    tile_store = data.child(f"tiles-{f['tile_size']}") if not f["data_dir"] else run_storage
+    tiles_hit = tile_store.ready("tiles")
+    if not tiles_hit:
+        if tile_store.is_local:
+            prepare_tiles(data, tile_store.local_path, f["tile_size"], f["roi"])
+        else:
+            import tempfile
+
+            with tempfile.TemporaryDirectory(prefix="orchard-tiles-") as tmp:
+                prepare_tiles(data, tmp, f["tile_size"], f["roi"])
+                tile_store.upload(Path(tmp) / "tiles", "tiles")
+    tiles = TileSet(tile_store.child("tiles").localize())
+    ctx.log_metrics({"cache/data_hits": float(data_hit), "cache/data_misses": float(not data_hit),
+                     "cache/tiles_hits": float(tiles_hit), "cache/tiles_misses": float(not tiles_hit)})
+    print(f"flower: tiles {'read from' if tiles_hit else 'made and kept in'} {tile_store.child('tiles')}", flush=True)
     # [3] bin sampling (4.1.1): equal tiles per count bin, seeded 70/30 split
     train_idx, test_idx, bin_sizes = bin_sample(tiles.counts, f["bins"], f["train_fraction"], cfg["seed"])
     ctx.log_params({"flower.resolved_data_dir": str(data_dir), "flower.tiles_total": len(tiles),
@@ -110,9 +147,9 @@ def run_train(cfg: dict, ctx) -> dict[str, float]:
     ctx.log_params({f"flower.baseline.fitted_{k}": v for k, v in params.items()})
 
     # [5] train on the workers; the strategy (ring | ps sync | ps async) is the launcher's business
-    shutil.rmtree(run_dir / "workers", ignore_errors=True)
+    run_storage.delete("workers")
     loop_config = {
-        "cache": str(tile_dir / "tiles"), "train_idx": train_idx.tolist(), "run_dir": str(run_dir),
+        "cache": tile_store.child("tiles"), "train_idx": train_idx.tolist(), "run_storage": run_storage,
         "seed": cfg["seed"], "batch_size": f["batch_size"], "prefetch": f["prefetch"], "epochs": f["epochs"],
         "sigma": f["sigma"], "density_scale": f["density_scale"], "optimizer": dict(f["optimizer"]),
         "profile_every": f["profile_every"], "checkpoint_every": cfg["strategy"].get("checkpoint_every", 1),
@@ -121,11 +158,16 @@ def run_train(cfg: dict, ctx) -> dict[str, float]:
     train_started = time.time()
     # A resumed run continues the previous run's Train run (same storage path and name): Ray
     # Train restores its latest checkpoint, and new checkpoints join it there.
-    storage = train_storage(f["resume"]) if f.get("resume") else run_dir / "train"
-    (run_dir / TRAIN_STORAGE_NOTE).write_text(str(storage.resolve()))  # a resume of this run finds it
-    launch(train_loop, loop_config, cfg, ctx, name="flower", storage_path=str(storage))
+    storage = train_storage(cfg, f["resume"]) if f.get("resume") else run_storage.child("train")
+    run_storage.write_text(TRAIN_STORAGE_NOTE, storage.uri)  # a resume of this run finds it
+    launch(train_loop, loop_config, cfg, ctx, name="flower", storage_path=storage.uri)
     metrics = {"time/train_wall_s": time.time() - train_started, "time/prepare_s": prepared_s}
-    metrics.update(throughput_stats(sorted((run_dir / "workers").glob("rank*.json")), f["warmup_steps"]))
+    # the workers' summaries and the model come back through storage, never a driver path
+    summaries = [run_storage.read_json(f"workers/{name}") for name in run_storage.list("workers")
+                 if name.startswith("rank") and name.endswith(".json")]
+    metrics.update(throughput_stats(summaries, f["warmup_steps"]))
+    if not run_storage.is_local or run_storage.local_path != run_dir.resolve():
+        (run_dir / MODEL_FILE).write_bytes(run_storage.read_bytes(MODEL_FILE))
 
     # [6] accuracy on the held-out tiles: CNN from the saved model vs the older counter (Table 5.1)
     model, scale = load_model(run_dir / MODEL_FILE)
@@ -161,22 +203,3 @@ def run_train(cfg: dict, ctx) -> dict[str, float]:
     metrics["time/total_s"] = time.time() - started
     return metrics
 
-
-def _per_bin_figure(cnn_table: dict, blob_table: dict):
-    """Bar chart: MAE per count bin and scene kind, CNN next to the blob counter."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = [r for r in cnn_table if cnn_table[r]["tiles"] > 0]
-    x = np.arange(len(rows))
-    fig, ax = plt.subplots(figsize=(max(5, 0.8 * len(rows)), 3.2))
-    ax.bar(x - 0.2, [cnn_table[r]["mae"] for r in rows], 0.4, label="CNN")
-    ax.bar(x + 0.2, [blob_table[r]["mae"] for r in rows], 0.4, label="blob counter (3.3.3)")
-    ax.set_xticks(x, rows, rotation=30, fontsize=8)
-    ax.set_ylabel("MAE (flowers per tile)")
-    ax.legend()
-    fig.tight_layout()
-    plt.close(fig)
-    return fig

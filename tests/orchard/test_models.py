@@ -1,0 +1,145 @@
+"""orchard/models.py: the mode/model/input keys, resolving ``model=``, and the shared predict
+plumbing (Ray Data actor pool, skipped files) on a real pyfunc model saved here."""
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from orchard import ConfigError
+from orchard.config import compose, validate
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _validated(*overrides):
+    import workloads.forest as forest
+
+    cfg = compose(["workload=forest", *overrides])
+    validate(cfg, forest)
+    return cfg
+
+
+@pytest.mark.parametrize("overrides, key, words", [
+    (["mode=serve"], "mode", "one of train, predict"),
+    (["mode=predict", "input=."], "model", "runs:/<run id>/model"),
+    (["mode=predict", "model=/no/such/model", "input=."], "model", "runs:/<run id>/model"),
+    (["mode=predict", "model=runs:/abc/model"], "input", "a file or folder"),
+    (["mode=predict", "model=runs:/abc/model", "input=/no/such/folder"], "input", "does not exist"),
+])
+def test_bad_mode_model_or_input_is_one_config_error(overrides, key, words):
+    with pytest.raises(ConfigError) as err:
+        _validated(*overrides)
+    assert err.value.key == key and words in err.value.allowed
+
+
+def test_the_cli_says_one_line_and_exits_2_before_ray_starts(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "orchard", "workload=forest", "mode=predict", "input=/no/such/x",
+                           "model=runs:/abc/model", f"output_dir={tmp_path}"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HOME": str(tmp_path)})
+    assert proc.returncode == 2
+    assert "orchard: bad config: input: an existing path" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def _forest_model(tmp_path: Path) -> Path:
+    """A real forest pyfunc model folder: one stump that calls every pixel part 0."""
+    import mlflow
+
+    from workloads.forest.predict import FOREST_FILE, SETTINGS_FILE, example_depth
+
+    data = tmp_path / "data"
+    data.mkdir()
+    dist = np.zeros((1, 31), np.float32)
+    dist[0, 0] = 1
+    np.savez(data / FOREST_FILE, offsets=np.zeros((1, 4), np.float32), threshold=np.zeros(1, np.float32),
+             left=np.array([-1], np.int32), right=np.array([-1], np.int32), dist=dist, roots=np.array([0], np.int32))
+    (data / SETTINGS_FILE).write_text(json.dumps({"background_mm": 10000.0, "palette": [[i, i, i] for i in range(32)]}))
+    path = tmp_path / "model"
+    from orchard.models import save_pyfunc
+
+    example = example_depth()
+    save_pyfunc(path, {"orchard_workload": "forest"}, "workloads.forest.predict", data, example,
+                np.zeros(example.shape, np.uint8), free_inputs=(0, 1, 2), free_outputs=(0, 1, 2))
+    assert mlflow.pyfunc.load_model(str(path)).predict(example)[0][example[0] > 0].tolist() == [0] * int((example[0] > 0).sum())
+    return path
+
+
+def test_resolve_model_takes_a_model_folder_or_a_run_folder_and_refuses_others(tmp_path):
+    from orchard.models import resolve_model
+
+    path = _forest_model(tmp_path)
+    local, meta = resolve_model(str(path), "forest", None, tmp_path / "scratch")
+    assert local == path and meta["orchard_workload"] == "forest"
+    assert resolve_model(str(tmp_path), "forest", None, tmp_path / "scratch")[0] == path  # a run folder
+    with pytest.raises(ConfigError, match="a singa model; .* is a forest model"):
+        resolve_model(str(path), "singa", None, tmp_path / "scratch")
+    with pytest.raises(ConfigError, match="an MLflow Model"):
+        resolve_model(str(tmp_path / "data"), "forest", None, tmp_path / "scratch")
+    with pytest.raises(ConfigError) as err:
+        resolve_model("runs:/0123456789abcdef/model", "forest", f"sqlite:///{tmp_path}/m.db", tmp_path / "scratch")
+    assert err.value.key == "model"
+
+
+def test_predict_files_runs_an_actor_pool_and_counts_bad_files(ray_session, tmp_path):
+    import cv2
+
+    from orchard import models
+    from workloads.forest.predict import Predictor
+
+    class Ctx:  # what predict_files and report use of a RunContext; tracking off
+        run_dir, run_id, tracking_uri = tmp_path, None, None
+        seen = []
+
+        def progress(self, step, total, desc="", **rates):
+            self.seen.append((step, total, rates))
+
+    path = _forest_model(tmp_path)
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for i in range(5):
+        cv2.imwrite(str(inputs / f"d{i}.png"), (np.arange(48 * 32).reshape(48, 32) % 3 * 1000).astype(np.uint16))
+    (inputs / "e.png").write_text("not an image")
+    out = models.output_dir(Ctx())
+    (out / "labels").mkdir()
+    files = models.input_files(inputs, (".png",))
+    ctx = Ctx()
+    rows = models.predict_files(files, Predictor, {"model_dir": str(path), "out_dir": str(out)}, ctx, batch_size=2)
+    assert [Path(r["path"]).name for r in rows] == [f.name for f in files]
+    metrics = models.report(rows, ["path", "width", "height"], ctx, out, "images", 1.0)
+    assert metrics["predict/images"] == 5 and metrics["predict/skipped"] == 1
+    assert ctx.seen[-1][0] == 6 and ctx.seen[-1][1] == 6 and ctx.seen[-1][2]["items/s"] > 0
+    with open(out / "skipped.csv") as f:
+        assert [r["file"] for r in csv.DictReader(f)] == ["e.png"]
+    assert len(list((out / "labels").glob("*.png"))) == 5
+    with pytest.raises(ConfigError, match="readable images"):
+        models.report([r for r in rows if r["error"]], ["path"], ctx, out, "images", 1.0)
+
+
+def test_register_best_puts_the_trials_model_in_the_registry_with_its_metric_and_config(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from orchard.models import register_best
+
+    uri = f"sqlite:///{tmp_path}/m.db"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("sweep", artifact_location=(tmp_path / "art").as_uri())
+    trial, parent = client.create_run(exp), client.create_run(exp)
+    client.log_artifacts(trial.info.run_id, str(_forest_model(tmp_path)), "model")
+    best = {"run_id": trial.info.run_id, "metric": 0.42, "params": {"forest.num_trees": 2}}
+    got = register_best(uri, "body-parts", best, "test/mean_class_accuracy", parent.info.run_id)
+    assert got == "models:/body-parts/1"
+    version = client.get_model_version("body-parts", "1")
+    assert version.tags["test/mean_class_accuracy"] == "0.42" and version.tags["config.forest.num_trees"] == "2"
+    assert version.run_id == trial.info.run_id
+    assert client.get_run(parent.info.run_id).data.tags["orchard.registered_model"] == got
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    model = mlflow.pyfunc.load_model(got)
+    assert model.metadata.metadata["orchard_workload"] == "forest"
