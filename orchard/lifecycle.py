@@ -59,6 +59,9 @@ def prepare(overrides: list[str]):
 def preflight(cfg: dict) -> None:
     """Everything that can be checked before Ray starts and a run opens; raises ConfigError."""
     _check_output_dir(cfg["output_dir"])
+    from orchard import storage
+
+    storage.check(cfg)  # storage.uri (s3://...) writable with the AWS_* variables given
     if cfg["tracking"]["enabled"]:
         from orchard.tracking import check_store
 
@@ -396,11 +399,13 @@ def _resume_config(run_id: str, uri: str, extra: list[str]):
     overrides = [o for o in overrides if not o.startswith("tracking.uri=")] + [f"tracking.uri={uri}"]
     overrides += [o for o in extra if not o.startswith("tracking.uri=")]
     cfg, module = prepare(overrides)
+    from orchard import storage
+
     resume_fn = getattr(module, "resume", None)
     previous_dir = tags.get("orchard.run_dir")
     if resume_fn is None:
         raise ConfigError("workload", f"{cfg['workload']['name']} keeps no checkpoints to resume from; start it again")
-    if not previous_dir or not Path(previous_dir).is_dir():
+    if not previous_dir or not (Path(previous_dir).is_dir() or storage.run_kept(cfg, previous_dir)):
         raise ConfigError("run id", f"a run whose folder still exists; {previous_dir!r} is gone")
     resume_fn(cfg, previous_dir)  # the workload points its config at the previous run's checkpoint
     cfg["_resumes"] = run_id

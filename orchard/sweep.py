@@ -35,7 +35,7 @@ from orchard.outcome import Outcome
 PARAM_TYPES = ("grid", "choice", "uniform", "loguniform", "randint")
 # Overrides that say where a sweep runs and records, not what its trials compute: they do not
 # change its identity, so e.g. the same sweep against another tracking server still resumes.
-NOT_IDENTITY = ("tracking", "output_dir", "cluster", "progress", "run_name", "sweep.max_concurrent_trials", "hydra")
+NOT_IDENTITY = ("tracking", "output_dir", "storage", "cluster", "progress", "run_name", "sweep.max_concurrent_trials", "hydra")
 FINAL = "orchard/final"  # set only in a trial's last report: a trial without it was stopped early
 STOPPED_EARLY = "stopped early by the {scheduler} scheduler (its {metric} lagged)"
 
@@ -121,6 +121,13 @@ def sweep_dir(cfg: dict) -> Path:
 
 
 # --------------------------------------------------------------------------- [2] resources
+def tune_path(cfg: dict) -> str:
+    """Tune's experiment folder: ``<storage root>/sweeps/<key>/tune`` (a URI with ``storage.uri``)."""
+    from orchard.storage import Storage
+
+    return Storage.root(cfg).child("sweeps", sweep_key(cfg), "tune").uri
+
+
 def trial_resources(cfg: dict, module):
     """What one trial holds: the workload's ``resources(cfg)``; a workload that does not say is
     taken to run its tasks in one CPU of the trial's own reservation."""
@@ -260,7 +267,7 @@ def run_sweep(cfg: dict, module, run_one: Callable) -> Outcome:
         print(f"orchard: bad config: {err}", file=sys.stderr)
         return Outcome(2, None, {}, str(err))
     folder.mkdir(parents=True, exist_ok=True)
-    exp_path = folder / "tune"
+    exp_path = tune_path(cfg)  # Tune's experiment state: in the run storage (s3://... on a cluster)
     resuming = tune.Tuner.can_restore(str(exp_path))
     parent = _Parent.open(cfg, key, folder, resuming, need, concurrent)
     metric, mode = s["metric"], s["mode"]
@@ -277,7 +284,7 @@ def run_sweep(cfg: dict, module, run_one: Callable) -> Outcome:
             trainable, param_space=param_space(s["params"]),
             tune_config=tune.TuneConfig(metric=metric, mode=mode, num_samples=s["num_samples"],
                                         max_concurrent_trials=concurrent, scheduler=_scheduler(s)),
-            run_config=tune.RunConfig(name="tune", storage_path=str(folder), verbose=0),
+            run_config=tune.RunConfig(name="tune", storage_path=exp_path.rsplit("/", 1)[0], verbose=0),
         )
     signals_before = len(interrupts.received)
     grid, second_signal = None, None

@@ -53,12 +53,21 @@ def fit_off_main_thread(trainer):
     return box["result"]
 
 
+def _storage_path(storage_path: str | None, cfg: dict, ctx) -> str:
+    """Ray Train's storage: ``storage_path``, else the run's storage (``storage.uri``) + ``/train``."""
+    from orchard.storage import Storage
+
+    if storage_path:
+        return Storage(storage_path).train_storage_path()
+    return Storage.for_run(cfg, ctx.run_dir).child("train").train_storage_path()
+
+
 def launch(train_loop: Callable[[dict], None], loop_config: dict, cfg: dict, ctx, name: str,
            datasets: dict | None = None, storage_path: str | None = None, dataset_config=None):
     """Run ``train_loop(config)`` on ``cfg["strategy"]["num_workers"]`` Ray Train workers.
 
     ``config`` = ``loop_config`` + ``ctx``, ``strategy`` (and ``ps_group`` for ps).  Checkpoints
-    go to ``storage_path`` (default ``ctx.run_dir/train``) under ``name``; launching again with
+    go to ``storage_path`` (default: the run's storage + ``/train``, orchard/storage.py) under ``name``; launching again with
     the same path and name resumes from the latest checkpoint.  Returns the Ray Train Result.
     """
     import ray.train
@@ -89,7 +98,8 @@ def launch(train_loop: Callable[[dict], None], loop_config: dict, cfg: dict, ctx
                                      resources_per_worker=resources),
         run_config=RunConfig(
             name=name,
-            storage_path=str(Path(storage_path or ctx.run_dir / "train").resolve()),
+            # a folder or a URI (s3://...): every node opens it itself (orchard/storage.py)
+            storage_path=_storage_path(storage_path, cfg, ctx),
             failure_config=FailureConfig(max_failures=strategy.get("max_failures", 0)),
             checkpoint_config=CheckpointConfig(num_to_keep=2),
             # cluster.ray_log_level (orchard/cluster.py): Train's per-report INFO lines off the console

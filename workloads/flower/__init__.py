@@ -46,7 +46,7 @@ def validate(cfg: dict) -> None:
             "null or [x, y, width, height]")
     require_choice(cfg, "flower.synthetic.annotation", ("csv", "red_cross"))
     if cfg["mode"] == "train":
-        require(cfg, "flower.resume", lambda v: v is None or (train_storage(v) / "flower").is_dir(),
+        require(cfg, "flower.resume", lambda v: v is None or train_storage(cfg, v).exists("flower"),
                 "null or the folder of a train run that checkpointed (holding train/flower/)")
         require(cfg, "flower.data_dir", lambda v: v is None or (Path(v) / "images").is_dir(),
                 "null (synthetic field) or a folder holding images/ (and points.csv or annotated/)")
@@ -55,11 +55,14 @@ def validate(cfg: dict) -> None:
 TRAIN_STORAGE_NOTE = "train_storage.txt"  # in a run folder: where its Ray Train run keeps checkpoints
 
 
-def train_storage(run_dir) -> Path:
-    """Where a train run's Ray Train checkpoints live: ``<run>/train``, or, for a run that resumed
-    another, the storage it continued (named in its ``train_storage.txt``)."""
-    note = Path(run_dir) / TRAIN_STORAGE_NOTE
-    return Path(note.read_text().strip()) if note.is_file() else Path(run_dir) / "train"
+def train_storage(cfg: dict, run_dir):
+    """Where a train run's Ray Train checkpoints live (an ``orchard.storage.Storage``): the run's
+    storage + ``/train``, or, for a run that resumed another, the storage it continued (named in
+    its ``train_storage.txt``).  Read from the run storage, so the driver's folder may be gone."""
+    from orchard.storage import Storage
+
+    run = Storage.for_run(cfg, run_dir)
+    return Storage(run.read_text(TRAIN_STORAGE_NOTE).strip()) if run.exists(TRAIN_STORAGE_NOTE) else run.child("train")
 
 
 def resume(cfg: dict, previous_run_dir: str) -> None:

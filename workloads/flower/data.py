@@ -151,9 +151,12 @@ def tile_kind(box: tuple[int, int, int, int], distractors: list[dict[str, str]])
     return "plain"
 
 
-def tile_images(data_dir: str, names: list[str], tile_size: int, roi: list[int] | None):
-    """Tile a group of images (the body of one Ray task). Returns (tiles, index rows, point rows)."""
-    root = Path(data_dir)
+def tile_images(data_dir, names: list[str], tile_size: int, roi: list[int] | None):
+    """Tile a group of images (the body of one Ray task). Returns (tiles, index rows, point rows).
+
+    ``data_dir`` is a folder or an ``orchard.storage.Storage``: a task on another node reads the
+    field through storage (copied once per node), never a path only the driver has."""
+    root = data_dir.localize() if hasattr(data_dir, "localize") else Path(data_dir)
     points_csv = read_table(root / "points.csv")
     roi_csv = read_table(root / "roi.csv")
     distractor_csv = read_table(root / "distractors.csv")
@@ -182,17 +185,21 @@ def prepare_tiles(data_dir: str | Path, out_dir: str | Path, tile_size: int, roi
                   images_per_task: int = 4, parallel: bool = True) -> Path:
     """Tile every image of data_dir, one Ray task per `images_per_task` images (parallel=False:
     in this process, for tools that run without Ray); write the cache under out_dir/tiles."""
-    names = list_images(data_dir)
+    if hasattr(data_dir, "localize"):  # an orchard.storage.Storage: list it there, tasks fetch it
+        names = [n for n in data_dir.list("images") if Path(n).suffix.lower() in IMAGE_SUFFIXES]
+    else:
+        names = list_images(data_dir)
     if not names:
-        raise FileNotFoundError(f"no images under {Path(data_dir) / 'images'}")
+        raise FileNotFoundError(f"no images under {data_dir}/images")
     groups = [names[i:i + images_per_task] for i in range(0, len(names), images_per_task)]
     if parallel:
         import ray
 
         task = ray.remote(num_cpus=1)(tile_images)
-        results = ray.get([task.remote(str(data_dir), g, tile_size, roi) for g in groups])
+        results = ray.get([task.remote(data_dir if hasattr(data_dir, "localize") else str(data_dir), g, tile_size, roi)
+                           for g in groups])
     else:
-        results = [tile_images(str(data_dir), g, tile_size, roi) for g in groups]
+        results = [tile_images(data_dir, g, tile_size, roi) for g in groups]
     cache = Path(out_dir) / "tiles"
     partial = cache.with_name(f"tiles.tmp-{os.getpid()}")
     partial.mkdir(parents=True, exist_ok=True)

@@ -5,12 +5,14 @@ how it is distributed. Per step it records what the thesis measured (4.2): loss,
 batch's counts, and throughput = images of the step / duration of the step; every
 `profile_every` steps one step runs under the torch profiler and its Chrome trace is kept
 (the thesis's TF Timeline every 500 steps, 5.2.3). At the end each worker writes its own
-completion time and throughput series to <run_dir>/workers/rank<r>.json for the driver.
+completion time and throughput series to workers/rank<r>.json in the run storage for the driver
+(orchard/storage.py: a bucket on a cluster; nothing here opens a path only the driver wrote).
 """
 from __future__ import annotations
 
-import json
+import io
 import os
+import tempfile
 import queue
 import threading
 import time
@@ -79,7 +81,7 @@ def _gpu_util(device: torch.device) -> float | None:
         return None
 
 
-def _maybe_inject_fault(config: dict, env, run_dir: Path, epoch: int, ctx) -> None:
+def _maybe_inject_fault(config: dict, env, run_storage, epoch: int, ctx) -> None:
     """flower.fail_at_epoch: the last worker's process dies once, at the first step of that epoch.
 
     A marker file makes it happen once per run, so the restarted worker group (FailureConfig)
@@ -88,10 +90,9 @@ def _maybe_inject_fault(config: dict, env, run_dir: Path, epoch: int, ctx) -> No
     fail_at = config.get("fail_at_epoch")
     if fail_at is None or epoch != int(fail_at) or env.rank != env.world_size - 1:
         return
-    marker = run_dir / "fault_injected"
-    if marker.exists():
+    if run_storage.exists("fault_injected"):
         return
-    marker.touch()
+    run_storage.write_bytes("fault_injected", b"1")
     ctx.flush()
     # Ray Train's controller collects reports (and so registers the last checkpoint) when it
     # polls the workers, every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (2 s); dying right after a report
@@ -109,10 +110,11 @@ def train_loop(config: dict) -> None:
     # [1] who am I: rank, world size, device
     env = worker.env(config)
     torch.set_num_threads(max(1, int(config["strategy"].get("cpus_per_worker", 1))))
-    run_dir = Path(config["run_dir"])
+    run_storage = config["run_storage"]  # orchard.storage.Storage: this run's folder in storage
 
     # [2] this worker's shard of the training tiles (4.4.5: N shards for N workers)
-    tiles = TileSet(config["cache"])
+    cache = config["cache"]  # the tile cache in storage, copied once to this node (a local root: in place)
+    tiles = TileSet(cache.localize() if hasattr(cache, "localize") else cache)
     order = np.random.default_rng(config["seed"]).permutation(np.asarray(config["train_idx"]))
     shard = np.asarray(env.shard(order))
     batch = int(config["batch_size"])
@@ -141,7 +143,7 @@ def train_loop(config: dict) -> None:
     for epoch in range(first_epoch, epochs):
         # [4] a new shuffle of this worker's shard every epoch, prefetched `prefetch` batches ahead
         shuffled = np.random.default_rng((config["seed"], epoch, env.rank)).permutation(shard)
-        _maybe_inject_fault(config, env, run_dir, epoch, ctx)
+        _maybe_inject_fault(config, env, run_storage, epoch, ctx)
         batches = prefetched_batches(tiles, shuffled, batch, int(config["prefetch"]), sigma, scale)
         tick = time.perf_counter()
         for x, target in batches:
@@ -159,7 +161,7 @@ def train_loop(config: dict) -> None:
                 out["mae"] = float((predicted.detach().sum(dim=(1, 2, 3)) - target.sum(dim=(1, 2, 3))).abs().mean()) / scale
 
             if profile_every > 0 and global_step % profile_every == 0 and global_step > 0:
-                trace = run_dir / "traces" / f"rank{env.rank}_step{global_step}.json"
+                trace = Path(tempfile.gettempdir()) / f"orchard-traces-{os.getpid()}" / f"rank{env.rank}_step{global_step}.json"
                 _profile_step(run_step, trace)
                 ctx.log_artifact(trace, "traces")
             else:
@@ -195,12 +197,13 @@ def train_loop(config: dict) -> None:
     # [8] hand the driver this worker's completion time and throughput; rank 0 keeps the model
     summary = {"rank": env.rank, "completion_s": time.time() - started, "throughput": series,
                "first_epoch": first_epoch, "gpu_util": gpu_util}
-    (run_dir / "workers").mkdir(parents=True, exist_ok=True)
-    (run_dir / "workers" / f"rank{env.rank}.json").write_text(json.dumps(summary))
+    run_storage.write_json(f"workers/rank{env.rank}.json", summary)
     if env.rank == 0:
         module = getattr(replica, "module", model)
+        buffer = io.BytesIO()
         torch.save({"model": module.state_dict(), "density_scale": scale, "tile_size": int(tiles.images.shape[1])},
-                   run_dir / MODEL_FILE)
+                   buffer)
+        run_storage.write_bytes(MODEL_FILE, buffer.getvalue())
 
 
 def load_model(path: str | Path, device: str = "cpu") -> tuple[FlowerCounterCNN, float]:

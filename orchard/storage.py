@@ -1,0 +1,271 @@
+"""One storage location for everything a run makes and a Ray worker reads (``storage.uri``).
+
+On one machine it is a folder (``output_dir`` by default, today's layout); on a cluster without
+a shared disk it is any URI pyarrow's filesystems take: ``s3://bucket/prefix``, ``gs://...``,
+``abfs://...``, or a mounted path.  S3-compatible stores (MinIO, Ceph, moto) are reached through
+the standard AWS environment variables (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
+``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION``), read by pyarrow on every node.
+
+Layout under the root (the same on a folder and in a bucket)::
+
+    <root>/<workload>/<run name>/...     one run: checkpoints, worker summaries, the model
+    <root>/<workload>/train/...          (flower/video/singa) Ray Train storage of that run
+    <root>/flower_data/synthetic-<key>/  content-keyed caches shared by runs and nodes
+    <root>/sweeps/<key>/                 Tune's experiment state
+
+A ``Storage`` is a small picklable value (a URI): pass it into Ray tasks, actors and Train
+workers, never a driver path.  Workers that need files as files (memory maps, video decoders)
+call ``localize()``, which copies a folder once per node into a node-local cache (a local root
+is used in place: no copy).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+
+
+def _is_uri(text: str) -> bool:
+    return "://" in text and not text.startswith("file://")
+
+
+class Storage:
+    """A folder in the run's storage: ``Storage(uri).child("a", "b")``; files are named relative."""
+
+    def __init__(self, uri: str | os.PathLike):
+        text = str(uri)
+        if text.startswith("file://"):
+            text = text[len("file://"):]
+        if not _is_uri(text):
+            text = str(Path(os.path.expanduser(text)).resolve())
+        self.uri = text.rstrip("/") or "/"
+        self._fs = None
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def root(cls, cfg: dict) -> "Storage":
+        """``storage.uri``, or ``output_dir`` when it is unset (the one-machine default)."""
+        uri = (cfg.get("storage") or {}).get("uri")
+        return cls(uri or cfg["output_dir"])
+
+    @classmethod
+    def for_run(cls, cfg: dict, run_dir) -> "Storage":
+        """The run's own folder in storage: ``<root>/<workload>/<run folder name>``; with the default
+        root this *is* the run folder on the driver."""
+        return cls.root(cfg).child(cfg["workload"]["name"], Path(str(run_dir)).name)
+
+    def child(self, *parts: str) -> "Storage":
+        return Storage(self._join(*parts))
+
+    def __getstate__(self):
+        return {"uri": self.uri, "_fs": None}
+
+    def __repr__(self) -> str:
+        return f"Storage({self.uri!r})"
+
+    def __str__(self) -> str:
+        return self.uri
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Storage) and other.uri == self.uri
+
+    def __hash__(self) -> int:
+        return hash(self.uri)
+
+    @property
+    def is_local(self) -> bool:
+        return not _is_uri(self.uri)
+
+    @property
+    def local_path(self) -> Path:
+        """The folder itself (local roots only)."""
+        if not self.is_local:
+            raise ValueError(f"{self.uri} is not a local folder")
+        return Path(self.uri)
+
+    def _join(self, *parts: str) -> str:
+        tail = "/".join(str(p).strip("/") for p in parts if str(p).strip("/"))
+        return f"{self.uri}/{tail}" if tail else self.uri
+
+    def _fs_path(self, rel: str = ""):
+        """(pyarrow filesystem, path inside it) for ``rel`` under this folder."""
+        import pyarrow.fs as pafs
+
+        if self._fs is None:
+            if self.is_local:
+                self._fs, self._base = pafs.LocalFileSystem(), self.uri
+            else:
+                self._fs, self._base = pafs.FileSystem.from_uri(self.uri)
+        base = self._base.rstrip("/")
+        rel = str(rel).strip("/")
+        return self._fs, (f"{base}/{rel}" if rel else base)
+
+    # ------------------------------------------------------------------ files
+    def exists(self, rel: str = "") -> bool:
+        import pyarrow.fs as pafs
+
+        fs, path = self._fs_path(rel)
+        return fs.get_file_info(path).type != pafs.FileType.NotFound
+
+    def read_bytes(self, rel: str) -> bytes:
+        fs, path = self._fs_path(rel)
+        with fs.open_input_stream(path) as f:
+            return f.read()
+
+    def write_bytes(self, rel: str, data: bytes) -> None:
+        """Write a whole file; readers see the old file or the new one, never half of it
+        (object stores publish an object whole; a local file is renamed into place)."""
+        fs, path = self._fs_path(rel)
+        parent = path.rsplit("/", 1)[0]
+        if parent:
+            fs.create_dir(parent, recursive=True)
+        if self.is_local:
+            partial = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+            with fs.open_output_stream(partial) as f:
+                f.write(data)
+            os.replace(partial, path)
+        else:
+            with fs.open_output_stream(path) as f:
+                f.write(data)
+
+    def read_text(self, rel: str) -> str:
+        return self.read_bytes(rel).decode()
+
+    def write_text(self, rel: str, text: str) -> None:
+        self.write_bytes(rel, text.encode())
+
+    def read_json(self, rel: str):
+        return json.loads(self.read_bytes(rel))
+
+    def write_json(self, rel: str, data) -> None:
+        self.write_bytes(rel, json.dumps(data).encode())
+
+    def list(self, rel: str = "") -> list[str]:
+        """Names directly under ``rel`` (sorted; [] when it does not exist)."""
+        import pyarrow.fs as pafs
+
+        fs, path = self._fs_path(rel)
+        infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+        return sorted(i.base_name for i in infos)
+
+    def delete(self, rel: str = "") -> None:
+        """Remove a file or a folder (nothing there: nothing to do)."""
+        import pyarrow.fs as pafs
+
+        fs, path = self._fs_path(rel)
+        kind = fs.get_file_info(path).type
+        if kind == pafs.FileType.Directory:
+            fs.delete_dir(path)
+        elif kind == pafs.FileType.File:
+            fs.delete_file(path)
+
+    # ------------------------------------------------------------------ folders
+    def upload(self, local_dir: str | Path, rel: str = "") -> None:
+        """Copy a local folder's files to ``rel``; a marker ``_COMPLETE`` is written last, so
+        ``complete(rel)`` tells a whole folder from one still being uploaded."""
+        local_dir = Path(local_dir)
+        for path in sorted(p for p in local_dir.rglob("*") if p.is_file()):
+            self.write_bytes(f"{rel}/{path.relative_to(local_dir).as_posix()}", path.read_bytes())
+        self.write_bytes(f"{rel}/_COMPLETE", b"complete\n")  # not empty: some S3 servers refuse empty multipart uploads
+
+    def complete(self, rel: str = "") -> bool:
+        return self.exists(f"{rel}/_COMPLETE")
+
+    def ready(self, rel: str = "") -> bool:
+        """A whole folder is there: a local folder exists (they are renamed into place whole),
+        a remote one carries ``_COMPLETE`` (written last by ``upload``)."""
+        return self.exists(rel) if self.is_local else self.complete(rel)
+
+    def download(self, rel: str, local_dir: str | Path) -> Path:
+        """Copy the folder ``rel`` into ``local_dir`` (created); returns ``local_dir``."""
+        import pyarrow.fs as pafs
+
+        fs, path = self._fs_path(rel)
+        local_dir = Path(local_dir)
+        local_dir.mkdir(parents=True, exist_ok=True)
+        for info in fs.get_file_info(pafs.FileSelector(path, recursive=True)):
+            if info.type != pafs.FileType.File:
+                continue
+            target = local_dir / info.path[len(path):].lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with fs.open_input_stream(info.path) as src, open(target, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+        return local_dir
+
+    def localize(self, rel: str = "") -> Path:
+        """The folder ``rel`` as a local path on *this* node: the folder itself for a local root,
+        else a copy made once per node in ``node_cache_dir()`` (keyed by the URI, renamed into
+        place whole, so tasks of several runs on one node share it)."""
+        if self.is_local:
+            return self.local_path / rel if rel else self.local_path
+        uri = self._join(rel)
+        key = hashlib.sha1(uri.encode()).hexdigest()[:16]
+        target = node_cache_dir() / key
+        if target.is_dir():
+            return target
+        partial = target.with_name(f"{key}.tmp-{uuid.uuid4().hex[:8]}")
+        self.download(rel, partial)
+        try:
+            partial.rename(target)
+        except OSError:  # another task on this node finished first: use its copy
+            shutil.rmtree(partial, ignore_errors=True)
+        return target
+
+    def open_local(self, rel: str) -> Path:
+        """One file as a local path on this node (see ``localize``)."""
+        if self.is_local:
+            return self.local_path / rel
+        parent, _, name = str(rel).strip("/").rpartition("/")
+        key = hashlib.sha1(self._join(rel).encode()).hexdigest()[:16]
+        target = node_cache_dir() / f"{key}-{name}"
+        if not target.is_file():
+            partial = target.with_name(f"{target.name}.tmp-{uuid.uuid4().hex[:8]}")
+            partial.write_bytes(self.read_bytes(rel))
+            os.replace(partial, target)
+        return target
+
+    # ------------------------------------------------------------------ Ray Train / Tune
+    def train_storage_path(self) -> str:
+        """``RunConfig(storage_path=...)``: a local folder or the URI (Ray Train and Tune open
+        it with pyarrow, on every node, with the same AWS environment variables)."""
+        return self.uri
+
+
+def node_cache_dir() -> Path:
+    """This node's cache of folders copied from remote storage (``ORCHARD_NODE_CACHE`` or the
+    system temp folder)."""
+    root = Path(os.environ.get("ORCHARD_NODE_CACHE") or Path(tempfile.gettempdir()) / "orchard-node-cache")
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def run_kept(cfg: dict, run_dir) -> bool:
+    """The run folder ``run_dir`` (its driver's path) still has its part in storage: a resume
+    needs only that, not the driver's folder (gone with the machine on a cluster)."""
+    try:
+        return Storage.for_run(cfg, run_dir).exists()
+    except Exception:  # the store cannot be reached: the caller says the run is gone
+        return False
+
+
+def check(cfg: dict) -> None:
+    """Preflight: the storage root can be written (a probe file written and removed); raises
+    ``ConfigError("storage.uri", ...)`` with one line."""
+    from orchard import ConfigError
+
+    uri = (cfg.get("storage") or {}).get("uri")
+    if not uri:
+        return  # output_dir, already checked
+    storage = Storage(uri)
+    probe = f".orchard-probe-{uuid.uuid4().hex[:8]}"
+    try:
+        storage.write_bytes(probe, b"orchard")
+        storage.delete(probe)
+    except Exception as exc:  # pyarrow raises OSError / ArrowInvalid with multi-line AWS text
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise ConfigError("storage.uri", f"a location orchard can write (AWS_* environment variables for "
+                          f"s3://); {uri!r}: {first}") from None

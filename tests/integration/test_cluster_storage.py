@@ -1,0 +1,177 @@
+"""Many machines, no shared disk (docs/cluster.md): a real orchard process attached to a two-node
+``ray.cluster_utils.Cluster`` with ``storage.uri=s3://...`` on a real S3-compatible server on
+127.0.0.1 (moto's server mode), interrupted once a checkpoint is in the bucket; then the local
+output folder is deleted and ``python -m orchard resume <run id>`` finishes the run from the
+bucket alone.
+
+Each node has its own node-local cache folder (``ORCHARD_NODE_CACHE``), so a worker that read
+a file the driver wrote, rather than one in the bucket, would fail here.  The cluster lives in a
+subprocess of its own: it never meets the test session's Ray.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+CLUSTER_SCRIPT = """
+import sys, time
+from ray.cluster_utils import Cluster
+root = sys.argv[1]
+# two nodes, one CPU each: a two-worker Train group has one worker on each node
+cluster = Cluster(initialize_head=True, connect=False,
+                  head_node_args={"num_cpus": 1, "env_vars": {"ORCHARD_NODE_CACHE": root + "/node-head"}})
+cluster.add_node(num_cpus=1, env_vars={"ORCHARD_NODE_CACHE": root + "/node-2"})
+cluster.wait_for_nodes()
+print("ADDRESS", cluster.address, flush=True)
+sys.stdin.read()  # until the test closes stdin
+cluster.shutdown()
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_port(port: int, timeout_s: float) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise AssertionError(f"nothing listens on 127.0.0.1:{port} after {timeout_s}s")
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """A moto S3 server on 127.0.0.1 with a bucket; yields the AWS_* environment to reach it."""
+    pytest.importorskip("moto.server", reason="moto[server] is not installed (pip install 'moto[server]'): "
+                                              "no S3-compatible server to test on")
+    port = _free_port()
+    log = open(tmp_path_factory.mktemp("moto") / "moto.log", "w")
+    # this interpreter's moto (a `moto_server` on PATH may belong to another Python)
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        _wait_port(port, 30)
+        aws = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "test",
+               "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+        import pyarrow.fs as pafs
+
+        pafs.S3FileSystem(endpoint_override=f"127.0.0.1:{port}", scheme="http", access_key="test",
+                          secret_key="test", region="us-east-1", allow_bucket_creation=True).create_dir("orchard")
+        yield aws
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def cluster(s3, tmp_path_factory):
+    """A two-node Ray cluster (its own process); yields its GCS address."""
+    root = tmp_path_factory.mktemp("cluster")
+    proc = subprocess.Popen([sys.executable, "-c", CLUSTER_SCRIPT, str(root)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **s3, "PYTHONPATH": str(REPO)}, start_new_session=True)
+    address, lines = None, []
+    deadline = time.time() + 120
+    while time.time() < deadline and address is None:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if line.startswith("ADDRESS "):
+            address = line.split()[1]
+    if address is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError("the two-node cluster did not start:\n" + "".join(lines)[-3000:])
+    yield address
+    proc.stdin.close()
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _bucket(s3):
+    import pyarrow.fs as pafs
+
+    host = s3["AWS_ENDPOINT_URL"].split("://", 1)[1]
+    return pafs.S3FileSystem(endpoint_override=host, scheme="http", access_key="test", secret_key="test",
+                             region="us-east-1")
+
+
+def _find(fs, prefix: str, suffix: str) -> list[str]:
+    import pyarrow.fs as pafs
+
+    infos = fs.get_file_info(pafs.FileSelector(prefix, recursive=True, allow_not_found=True))
+    return [i.path for i in infos if i.path.endswith(suffix)]
+
+
+def _runs(uri: str) -> list:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    exps = [e.experiment_id for e in client.search_experiments()]
+    return client.search_runs(exps, order_by=["attributes.start_time DESC"]) if exps else []
+
+
+CASES = {
+    # workload args of the first run; what shows that its first checkpoint reached the bucket
+    "flower-ring": (["workload=flower", "strategy=ring", "flower.epochs=8"], "checkpoint_manager_snapshot.json"),
+    "flower-ps": (["workload=flower", "strategy=ps", "flower.epochs=8"], "checkpoint_manager_snapshot.json"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_run_on_two_nodes_with_s3_storage_resumes_from_the_bucket_alone(case, s3, cluster, tmp_path):
+    args, checkpoint_file = CASES[case]
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    storage = f"s3://orchard/{case}"
+    env = {**os.environ, **s3, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1",
+           "ORCHARD_NODE_CACHE": str(tmp_path / "out" / "driver-cache")}
+    common = [f"tracking.uri={uri}", f"output_dir={tmp_path}/out", "debug=smoke", "progress=never",
+              "cluster=remote", f"cluster.address={cluster}", f"storage.uri={storage}"]
+    fs = _bucket(s3)
+    first = subprocess.Popen([sys.executable, "-m", "orchard", *args, *common], cwd=tmp_path, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    # [1] interrupt once Ray Train registered a checkpoint in the bucket
+    deadline = time.time() + 600
+    while not _find(fs, f"orchard/{case}", checkpoint_file):
+        if first.poll() is not None or time.time() > deadline:
+            if first.poll() is None:
+                os.killpg(first.pid, signal.SIGKILL)
+            raise AssertionError(f"no checkpoint in the bucket; output:\n{first.communicate()[0][-4000:]}")
+        time.sleep(0.5)
+    first.send_signal(signal.SIGINT)
+    output = first.communicate(timeout=180)[0]
+    assert first.returncode == 130, output[-4000:]
+    (killed,) = _runs(uri)
+    assert killed.info.status == "KILLED"
+    # nothing of the run lives only on the driver: its data, tiles and checkpoints are in the bucket
+    assert _find(fs, f"orchard/{case}/flower_data", "images.npy")
+    # [2] the driver's disk is gone; resume from the bucket alone
+    shutil.rmtree(tmp_path / "out")
+    resumed = subprocess.run([sys.executable, "-m", "orchard", "resume", killed.info.run_id, f"tracking.uri={uri}"],
+                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert resumed.returncode == 0, resumed.stdout[-4000:] + resumed.stderr[-4000:]
+    new = _runs(uri)[0]
+    assert new.info.status == "FINISHED" and new.data.tags["orchard.resumes"] == killed.info.run_id
+    assert new.data.metrics["train/resumed_from_epoch"] >= 1
+    assert new.data.metrics["cache/tiles_hits"] == 1  # the first run's tiles, read from the bucket
+    assert new.data.metrics["train/workers"] == 2
