@@ -1,0 +1,98 @@
+"""orchard/storage.py: one storage location, a folder by default or an S3 bucket (a real moto
+server on 127.0.0.1), read from Ray tasks through storage and cached once per node."""
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from orchard.storage import Storage, run_kept
+
+
+def test_default_root_is_output_dir_and_a_run_folder_is_the_drivers(tmp_path):
+    cfg = {"output_dir": str(tmp_path / "out"), "storage": {"uri": None}, "workload": {"name": "flower"}}
+    assert Storage.root(cfg).uri == str((tmp_path / "out").resolve())
+    run = Storage.for_run(cfg, tmp_path / "out" / "flower" / "abc123")
+    assert run.is_local and run.local_path == (tmp_path / "out" / "flower" / "abc123").resolve()
+    assert not run_kept(cfg, "/elsewhere/flower/abc123")
+    run.write_json("workers/rank0.json", {"rank": 0})
+    assert run_kept(cfg, "/elsewhere/flower/abc123")  # found by the run folder's name, not the driver's path
+    assert run.list("workers") == ["rank0.json"] and run.read_json("workers/rank0.json") == {"rank": 0}
+    assert run.localize("workers") == run.local_path / "workers"  # a local root is used in place
+    cfg["storage"]["uri"] = "s3://bucket/prefix/"
+    assert Storage.for_run(cfg, "/x/flower/abc123").uri == "s3://bucket/prefix/flower/abc123"
+
+
+def test_a_storage_travels_into_a_ray_task_as_its_uri(ray_session, tmp_path):
+    store = Storage(tmp_path / "s")
+    store.write_text("a/b.txt", "hello")
+
+    @ray_session.remote(num_cpus=0)
+    def read(s: Storage) -> str:
+        return s.read_text("a/b.txt")
+
+    assert ray_session.get(read.remote(store)) == "hello"
+
+
+@pytest.fixture(scope="module")
+def s3_env():
+    """A moto S3 server on 127.0.0.1 with a bucket ``orchard``; yields the AWS_* variables."""
+    pytest.importorskip("moto.server", reason="moto[server] is not installed: no S3-compatible server to test on")
+    import pyarrow.fs as pafs
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.time() < deadline, "moto did not start"
+                time.sleep(0.2)
+        pafs.S3FileSystem(endpoint_override=f"127.0.0.1:{port}", scheme="http", access_key="test",
+                          secret_key="test", region="us-east-1", allow_bucket_creation=True).create_dir("orchard")
+        yield {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "test",
+               "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_s3_folder_upload_ready_and_one_copy_per_node(s3_env, monkeypatch, tmp_path):
+    for key, value in s3_env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("ORCHARD_NODE_CACHE", str(tmp_path / "node"))
+    store = Storage("s3://orchard/test-storage")
+    local = tmp_path / "field"
+    (local / "images").mkdir(parents=True)
+    (local / "images" / "a.png").write_bytes(b"\x89PNG-a")
+    (local / "points.csv").write_text("image,x,y\n")
+    assert not store.ready("field")
+    store.upload(local, "field")
+    assert store.ready("field")  # _COMPLETE is written last
+    assert store.child("field").list("images") == ["a.png"]
+    copy = store.localize("field")
+    assert copy.parent == tmp_path / "node" and (copy / "images" / "a.png").read_bytes() == b"\x89PNG-a"
+    assert store.localize("field") == copy  # the second read on this node is the cached copy
+    store.delete("field")
+    assert not store.exists("field")
+
+
+def test_unwritable_storage_is_one_line_before_anything_starts(s3_env, monkeypatch):
+    from orchard import ConfigError
+    from orchard.storage import check
+
+    for key, value in s3_env.items():
+        monkeypatch.setenv(key, value)
+    check({"storage": {"uri": "s3://orchard/ok"}})  # writable: no error
+    with pytest.raises(ConfigError) as err:
+        check({"storage": {"uri": "s3://no-such-bucket-here/x"}})
+    assert str(err.value).startswith("storage.uri") and "\n" not in str(err.value)
