@@ -15,9 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from orchard.storage import Storage
-from workloads.flower import TRAIN_STORAGE_NOTE, baseline_counter, evaluate, train_storage
+from workloads.flower import TRAIN_STORAGE_NOTE, baseline_counter, evaluate, figures, train_storage
 from workloads.flower.data import TileSet, bin_label, bin_sample, prepare_tiles
-from workloads.flower.density_map import density_map
 from workloads.flower.synthetic_field import generate_field
 
 
@@ -188,15 +187,11 @@ def run_train(cfg: dict, ctx) -> dict[str, float]:
     ctx.log_dict({"cnn": cnn_table, "baseline": blob_table}, "tables/per_bin.json")
     ctx.set_tags({"flower.beats_baseline": str(metrics["test/mae"] < metrics["baseline/mae"])})
 
-    # [7] figures: tiles beside their true and predicted density maps; per-bin MAE of both counters
-    picks = evaluate.pick_examples(truth, kinds, f["num_figures"], cfg["seed"])
-    size = f["tile_size"]
-    truth_maps = np.stack([density_map(tiles.points[test_idx[i]], size, size, f["sigma"]) for i in picks])
-    fig = evaluate.density_figure(test_images[picks], truth_maps, maps[picks], truth[picks], blob_counts[picks],
-                                  [f"{tiles.names[test_idx[i]]} ({kinds[i]})" for i in picks])
-    ctx.log_figure(fig, "figures/density_maps.png")
-    fig = _per_bin_figure(cnn_table, blob_table)
-    ctx.log_figure(fig, "figures/per_bin_mae.png")
+    # [7] figures (figures.py): density maps over the tiles, per-bin MAE and counts of both counters
+    figures.log_figures(ctx, picks=evaluate.pick_examples(truth, kinds, f["num_figures"], cfg["seed"]),
+                        images=test_images, points=[tiles.points[i] for i in test_idx], maps=maps, truth=truth,
+                        cnn_counts=cnn_counts, blob_counts=blob_counts, cnn_table=cnn_table, blob_table=blob_table,
+                        names=[f"{tiles.names[i]} ({k})" for i, k in zip(test_idx, kinds)])
     from workloads.flower.predict import log_model
 
     log_model(ctx, run_dir / MODEL_FILE)  # the MLflow Model: artifact model/ (docs/models.md)

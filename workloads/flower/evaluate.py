@@ -69,29 +69,6 @@ def predict_density(model: torch.nn.Module, images: np.ndarray, scale: float, ba
     return out, time.perf_counter() - start
 
 
-def density_figure(images: np.ndarray, truth_maps: np.ndarray, predicted_maps: np.ndarray,
-                   truth_counts: np.ndarray, baseline_counts: np.ndarray, names: list[str]):
-    """Tiles beside their ground-truth and predicted density maps (Fig. 3.5 / 5.4)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    n = len(images)
-    fig, axes = plt.subplots(3, n, figsize=(2.2 * n, 6.6), squeeze=False)
-    for j in range(n):
-        axes[0, j].imshow(images[j])
-        axes[0, j].set_title(f"{names[j]}\nmanual count {truth_counts[j]:.0f}", fontsize=7)
-        axes[1, j].imshow(truth_maps[j], cmap="jet")
-        axes[1, j].set_title("ground truth", fontsize=7)
-        axes[2, j].imshow(predicted_maps[j], cmap="jet")
-        axes[2, j].set_title(f"CNN {predicted_maps[j].sum():.1f} | blobs {baseline_counts[j]:.0f}", fontsize=7)
-        for i in range(3):
-            axes[i, j].axis("off")
-    fig.tight_layout()
-    return fig
-
-
 def pick_examples(counts: np.ndarray, kinds: list[str], how_many: int, seed: int) -> list[int]:
     """Positions of a spread of test tiles: distractor scenes first, then a range of counts."""
     rng = np.random.default_rng(seed)

@@ -7,7 +7,8 @@
   [3] T trees, each grown in breadth-first rounds (rounds.py), checkpointed every round;
       `forest.resume` continues from the last completed round
   [4] evaluation on held-out images: per-pixel and mean per-class accuracy, confusion
-      matrix and predicted labelings as figures, inference pixels/s
+      matrix, predicted labelings and per-round phase times as figures (figures.py),
+      inference pixels/s
 """
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ from .body_parts import BACKGROUND, PART_NAMES
 from .data_unit import build_blocks
 from .depth_png import pair_stems, palette_array
 from .features import candidate_pool
-from .inference import (accuracy_metrics, class_accuracy_figure, confusion_figure, confusion_matrix,
-                        labelings_figure, pack_forest, predict_images)
+from . import figures
+from .inference import accuracy_metrics, confusion_matrix, pack_forest, predict_images
 from .rounds import RoundRunner
 from .tree import config_fingerprint, load_checkpoint
 
@@ -106,9 +107,11 @@ def initial_state(forest_cfg: dict, seed: int) -> dict:
     return state
 
 
-def evaluate(trees, class_weights, test_refs, forest_cfg, palette, ctx, step: int = 0) -> dict:
+def evaluate(trees, class_weights, test_refs, forest_cfg, palette, ctx, step: int = 0,
+             rounds: list[dict] | None = None) -> dict:
     """Metrics and figures of the finished forest on the held-out blocks; per-part accuracy
-    as `test/class_acc/<part>` at `step` (the last round's)."""
+    as `test/class_acc/<part>` at `step` (the last round's); `rounds` (this run's round
+    metrics) for the phase-times figure."""
     blocks = ray.get(test_refs)
     depths = np.concatenate([b["depths"] for b in blocks])
     truth = np.concatenate([b["labels"] for b in blocks])
@@ -117,10 +120,9 @@ def evaluate(trees, class_weights, test_refs, forest_cfg, palette, ctx, step: in
                                              forest_cfg["background_mm"])
     confusion = confusion_matrix(np.where(mask, truth, BACKGROUND), predicted)
     acc = accuracy_metrics(confusion)
-    ctx.log_figure(confusion_figure(confusion, PART_NAMES), "figures/confusion_matrix.png")
-    ctx.log_figure(labelings_figure(depths, np.where(mask, truth, BACKGROUND), predicted, palette,
-                                    forest_cfg["figure_images"]), "figures/predicted_labelings.png")
-    ctx.log_figure(class_accuracy_figure(acc["class_accuracy"], PART_NAMES), "figures/class_accuracy.png")
+    figures.log_figures(ctx, depths=depths, truth=np.where(mask, truth, BACKGROUND), predicted=predicted,
+                        palette=palette, confusion=confusion, class_accuracy=acc["class_accuracy"],
+                        part_names=PART_NAMES, rounds=rounds or [], images=forest_cfg["figure_images"])
     ctx.log_dict({"parts": list(PART_NAMES), "confusion": confusion.tolist()}, "tables/confusion.json")
     per_class = {f"test/class_acc/{PART_NAMES[c]}": v for c, v in acc["class_accuracy"].items()}
     ctx.log_metrics(per_class, step=step)  # in MLflow; the summary shows the headline below
@@ -134,10 +136,6 @@ def evaluate(trees, class_weights, test_refs, forest_cfg, palette, ctx, step: in
 
 def train_and_evaluate(cfg: dict, ctx) -> dict[str, float]:
     """The workload's `run`: returns final metrics (`split/name`)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     f, strategy, seed = cfg["forest"], cfg["strategy"], cfg["seed"]
     started = time.perf_counter()
     palette = palette_array(f["palette"])
@@ -194,8 +192,7 @@ def train_and_evaluate(cfg: dict, ctx) -> dict[str, float]:
     log_model(ctx, state["trees"], state["class_weights"], f, palette)  # the MLflow Model (docs/models.md)
     # [4] evaluation
     metrics = evaluate(state["trees"], state["class_weights"], test_refs, f, palette, ctx,
-                       step=total_rounds - 1)
-    plt.close("all")
+                       step=total_rounds - 1, rounds=history)
     phase2 = sum(m["round/phase2_s"] for m in history)
     metrics.update({
         "train/trees": float(len(state["trees"])),

@@ -14,6 +14,7 @@ import ray
 import torch
 import yaml
 
+from workloads.singa.figures import log_learning_curves
 from workloads.singa.layers.base import import_layer_modules
 from workloads.singa.settings import group_spec, load_net, resolve_arch, resolve_training
 
@@ -66,6 +67,7 @@ def run_app(cfg: dict, ctx) -> dict[str, float]:
         final.update(msae_retrieval(spec, out["params"], ctx))
     if s.get("tsne") and app.get("tsne_layers"):
         final.update(tsne_figures(spec, out["params"], app["tsne_layers"], int(s["tsne_samples"]), ctx))
+    log_learning_curves(ctx, s.get("net") or s["app"], s["arch"], train.get("target_accuracy"))
     return final
 
 
@@ -235,19 +237,20 @@ def msae_retrieval(spec: dict, params: dict, ctx) -> dict[str, float]:
 def tsne_figures(spec: dict, params: dict, layers: list[str], samples: int, ctx) -> dict[str, float]:
     """Appendix A: one t-SNE figure per layer for ``samples`` test images; returns each layer's
     neighbourhood purity (how well its features cluster by class)."""
-    import matplotlib.pyplot as plt
-
-    from workloads.singa.tsne import neighbourhood_purity, tsne_figure
+    from orchard.figures import pyplot
+    from workloads.singa.figures import tsne_figure
+    from workloads.singa.tsne import neighbourhood_purity
 
     net, data = _local_net(spec, params)
     feats = _test_features(net, data, layers, limit=samples)
     labels = data.test["label"][: len(next(iter(feats.values())))]
     if labels.ndim > 1:
         labels = labels.argmax(1)
-    out = {}
+    plt, out = pyplot(), {}
     for name, f in feats.items():
-        fig = tsne_figure(f, labels, f"t-SNE of {name} ({len(f)} test samples)", seed=spec["seed"])
+        out[f"tsne/{name}_purity"] = neighbourhood_purity(f, labels)
+        fig = tsne_figure(f, labels, f"t-SNE of {name} ({len(f)} test samples; 10-NN class purity "
+                          f"{out[f'tsne/{name}_purity']:.2f})", seed=spec["seed"])
         ctx.log_figure(fig, f"figures/tsne_{name}.png")
         plt.close(fig)
-        out[f"tsne/{name}_purity"] = neighbourhood_purity(f, labels)
     return out

@@ -179,7 +179,8 @@ def _row(method: str, fused: np.ndarray, labels: np.ndarray, num_classes: int) -
 
 def evaluate(scores: dict[str, np.ndarray], labels: np.ndarray, topk: int = 3, n_folds: int = 4,
              seed: int = 0, attention_steps: int = 300) -> dict:
-    """Score every method; returns ``{"table": [...], "winner": name, "fitted": {...}}``.
+    """Score every method; returns ``{"table": [...], "winner": name, "fitted": {...}, "fused": {...}}``
+    (``fused``: method -> the (V, C) scores the table scored, cross-validated for fitted methods).
 
     ``table`` rows: ``{"method", "top1", "top5"?, "log_loss"}`` (top-5 only with more
     than 5 classes), plus one ``<stream>_only`` row per stream (segment average) for
@@ -206,7 +207,7 @@ def evaluate(scores: dict[str, np.ndarray], labels: np.ndarray, topk: int = 3, n
         table.append(_row(f"{stream}_only", stacked[i].mean(1), labels, num_classes))
     fitted = {"linear_weights": dict(zip(sorted(scores), fit_linear(stacked, labels).tolist())),
               "attention": AttentionPool(steps=attention_steps, seed=seed).fit(stacked, labels)}
-    return {"table": table, "winner": winner, "fitted": fitted, "streams": sorted(scores)}
+    return {"table": table, "winner": winner, "fitted": fitted, "streams": sorted(scores), "fused": fused}
 
 
 def fuse(method: str, scores: dict[str, np.ndarray], fitted: dict, topk: int = 3) -> np.ndarray:

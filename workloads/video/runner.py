@@ -105,7 +105,7 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
 
     from orchard.errors import ConfigError
 
-    from . import aggregation
+    from . import aggregation, figures
     from .cache import make_cache
     from .dataset import classes_problem, scan
     from .extractors import load_modules
@@ -309,6 +309,10 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
               **({"time/to_target_s": time_to_target} if time_to_target is not None else {}),
               **{f"time/{phase}_s": sec for phase, sec in phase_s.items()}, "val/chance_top1": 1.0 / num_classes,
               **{f"val/{s}_top1": val[f"val/{s}_top1"] for s in streams}}
+    # [10] figures (figures.py): confusion, per-stream curves, the pipeline's timeline, highlights
+    figures.log_figures(ctx, classes=classes, labels=labels, fused=agg["fused"], winner=agg["winner"],
+                        streams=streams, features=features, phases=phase_s, train_start_s=t_train - t_start,
+                        records=records if videos else [], window_frames=count)
     from .predict import log_model
     log_model(ctx, models, streams, classes, vcfg, agg["winner"], agg["fitted"])  # the MLflow Model (docs/models.md)
     return final
