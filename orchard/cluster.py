@@ -36,7 +36,8 @@ def connect(cluster: dict) -> bool:
                                                 "*.db", "multirun", "*.mp4", "*.png", "*.npz", "*.pt"])
         runtime_env = ray_logging.quiet(level, runtime_env,
                                         "shipped" if runtime_env["working_dir"] == str(REPO_ROOT) else "foreign")
-        ray.init(address=cluster["address"], runtime_env=runtime_env or None, **common)
+        info = ray.init(address=cluster["address"], runtime_env=runtime_env or None, **common)
+        _print_addresses(cluster["address"], info)
         return True
     prepare_local_env()
     runtime_env = ray_logging.quiet(level, runtime_env, "local")
@@ -53,6 +54,16 @@ def connect(cluster: dict) -> bool:
         **common,
     )
     return True
+
+
+def _print_addresses(address: str, info) -> None:
+    """Where the attached cluster is and where its dashboard answers (docs/cluster.md)."""
+    import sys
+
+    url = getattr(info, "dashboard_url", None) or ""
+    if url and "://" not in url:
+        url = f"http://{url}"
+    print(f"orchard: attached to Ray cluster {address}; dashboard {url or 'off'}", file=sys.stderr, flush=True)
 
 
 def prepare_local_env() -> None:

@@ -59,6 +59,8 @@ def prepare(overrides: list[str]):
 def preflight(cfg: dict) -> None:
     """Everything that can be checked before Ray starts and a run opens; raises ConfigError."""
     _check_output_dir(cfg["output_dir"])
+    if cfg["cluster"]["mode"] == "remote":  # first: a 5 s probe, before a store is created or migrated
+        _check_cluster_address(cfg["cluster"]["address"])
     from orchard import storage
 
     storage.check(cfg)  # storage.uri (s3://...) writable with the AWS_* variables given
@@ -66,8 +68,6 @@ def preflight(cfg: dict) -> None:
         from orchard.tracking import check_store
 
         check_store(cfg["tracking"]["uri"])
-    if cfg["cluster"]["mode"] == "remote":
-        _check_cluster_address(cfg["cluster"]["address"])
 
 
 def _check_output_dir(output_dir: str) -> None:

@@ -159,7 +159,10 @@ def resume(cfg: dict, previous_run_dir: str) -> None:
     from orchard.errors import ConfigError
     from workloads.singa.train import CHECKPOINT_NAME
 
-    if not (Path(previous_run_dir) / CHECKPOINT_NAME).is_file():
+    from orchard.storage import Storage
+
+    # the run storage (orchard/storage.py), so the driver's run folder may be gone
+    if not Storage.for_run(cfg, previous_run_dir).exists(CHECKPOINT_NAME):
         raise ConfigError("singa.resume", f"a run folder holding {CHECKPOINT_NAME}; the run stopped before its "
                           f"first checkpointed epoch ({previous_run_dir})")
     cfg["singa"]["resume"] = str(previous_run_dir)

@@ -3,6 +3,7 @@ arch, (pre-)train with the architecture, evaluate every epoch, then the app's ex
 for msae, t-SNE figures).  Called by ``run``."""
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -35,11 +36,15 @@ def run_app(cfg: dict, ctx) -> dict[str, float]:
     initial = None
     # A resumed run (python -m orchard resume) starts from the previous run's last checkpoint:
     # stages finished before it are skipped, the stage it was in goes on from its epoch.
-    resumed = load_checkpoint(Path(s["resume"]) / CHECKPOINT_NAME) if s.get("resume") else None
+    # Checkpoints live in the run storage (orchard/storage.py): a bucket on a cluster, so a resume
+    # needs nothing from the driver's disk.
+    from orchard.storage import Storage
+
+    resumed = load_checkpoint(Storage.for_run(cfg, s["resume"])) if s.get("resume") else None
     if resumed is not None:
         initial = resumed["params"]
         final["train/resumed_from_epoch"] = float(resumed["epoch"])
-    saver = Checkpointer(Path(ctx.run_dir) / CHECKPOINT_NAME, int(cfg["strategy"].get("checkpoint_every", 1) or 1))
+    saver = Checkpointer(Storage.for_run(cfg, ctx.run_dir), int(cfg["strategy"].get("checkpoint_every", 1) or 1))
     pretrain = app.get("pretrain") or []
     # [1] CD pre-training of stacked RBMs, one stage per RBM (Table 1 hybrid: rbm/dbn)
     for i, stage in enumerate(pretrain):
@@ -77,10 +82,11 @@ CHECKPOINT_NAME = "singa_checkpoint.npz"  # in the run folder: the parameters as
 class Checkpointer:
     """Writes the net's parameters every ``every`` epochs (``strategy.checkpoint_every``) with the
     stage (pre-training RBM i, then BP = len(pretrain)) and epoch they belong to.  npz, no pickle;
-    written to a temporary file and renamed, so a kill mid-write keeps the previous checkpoint."""
+    written whole to the run storage (a local file is renamed into place, an object is published
+    whole), so a kill mid-write keeps the previous checkpoint."""
 
-    def __init__(self, path: Path, every: int):
-        self.path, self.every = path, max(1, every)
+    def __init__(self, storage, every: int):
+        self.storage, self.every = storage, max(1, every)
         self.stage, self.base = 0, None
 
     def for_stage(self, stage: int, base: dict | None) -> "Checkpointer":
@@ -91,15 +97,18 @@ class Checkpointer:
         if epoch % self.every and epoch != epochs:
             return
         params = {**(self.base or {}), **params_fn()}
-        tmp = self.path.with_name(self.path.stem + ".tmp.npz")
-        np.savez(tmp, _meta=np.array(json.dumps({"stage": self.stage, "epoch": epoch})),
+        buffer = io.BytesIO()
+        np.savez(buffer, _meta=np.array(json.dumps({"stage": self.stage, "epoch": epoch})),
                  **{f"p:{k}": np.asarray(v) for k, v in params.items()})
-        os.replace(tmp, self.path)
+        self.storage.write_bytes(CHECKPOINT_NAME, buffer.getvalue())
 
 
-def load_checkpoint(path: Path) -> dict:
-    """``{"stage", "epoch", "params"}`` of a checkpoint written by ``Checkpointer``."""
-    with np.load(path, allow_pickle=False) as data:
+def load_checkpoint(source) -> dict:
+    """``{"stage", "epoch", "params"}`` of a checkpoint written by ``Checkpointer``: a file path,
+    or the run storage (``orchard.storage.Storage``) holding ``CHECKPOINT_NAME``."""
+    if hasattr(source, "read_bytes") and not isinstance(source, Path):
+        source = io.BytesIO(source.read_bytes(CHECKPOINT_NAME))
+    with np.load(source, allow_pickle=False) as data:
         meta = json.loads(str(data["_meta"]))
         params = {k[2:]: np.array(data[k]) for k in data.files if k.startswith("p:")}
     return {**meta, "params": params}
