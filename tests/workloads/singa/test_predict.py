@@ -52,7 +52,7 @@ def test_predict_reads_idx_cifar_batches_and_images_and_skips_a_bad_file(trained
     three = int(np.flatnonzero(y == 3)[0])
     cv2.imwrite(str(folder / "3" / "three.png"), x[three].reshape(8, 8))
     # a CIFAR-10 python batch (as cifar-10-batches-py has them) of 32x32 colour digits
-    colour = np.stack([cv2.resize(img.reshape(8, 8), (32, 32), interpolation=cv2.INTER_NEAREST)] * 3, 0)
+    colour = np.stack([cv2.resize(x[three].reshape(8, 8), (32, 32), interpolation=cv2.INTER_NEAREST)] * 3, 0)
     batch = {b"data": np.stack([colour.reshape(-1)] * 4), b"labels": [3, 3, 3, 3]}
     (folder / "test_batch").write_bytes(pickle.dumps(batch, protocol=2))
     (folder / "bad.png").write_text("a text file named .png")
