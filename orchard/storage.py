@@ -215,14 +215,15 @@ class Storage:
             shutil.rmtree(partial, ignore_errors=True)
         return target
 
-    def open_local(self, rel: str) -> Path:
-        """One file as a local path on this node (see ``localize``)."""
+    def local_copy(self, rel: str) -> Path:
+        """One file as a local path on this node: the file itself for a local root, else a copy
+        in ``node_cache_dir()/<key of this folder>/rel`` (files of one folder stay side by side,
+        so ``<stem>_depth.png`` and ``<stem>_labels.png`` keep their common stem)."""
         if self.is_local:
             return self.local_path / rel
-        parent, _, name = str(rel).strip("/").rpartition("/")
-        key = hashlib.sha1(self._join(rel).encode()).hexdigest()[:16]
-        target = node_cache_dir() / f"{key}-{name}"
+        target = node_cache_dir() / hashlib.sha1(self.uri.encode()).hexdigest()[:16] / str(rel).strip("/")
         if not target.is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
             partial = target.with_name(f"{target.name}.tmp-{uuid.uuid4().hex[:8]}")
             partial.write_bytes(self.read_bytes(rel))
             os.replace(partial, target)
@@ -233,6 +234,37 @@ class Storage:
         """``RunConfig(storage_path=...)``: a local folder or the URI (Ray Train and Tune open
         it with pyarrow, on every node, with the same AWS environment variables)."""
         return self.uri
+
+
+def is_uri(path) -> bool:
+    """``s3://...``, ``gs://...``: a location in a remote store rather than a local path."""
+    return _is_uri(str(path))
+
+
+def _split(uri: str) -> tuple["Storage", str]:
+    parent, _, name = str(uri).rstrip("/").rpartition("/")
+    return Storage(parent), name
+
+
+def read_file(path) -> bytes:
+    """A whole file, local path or URI."""
+    if not is_uri(path):
+        return Path(path).read_bytes()
+    folder, name = _split(path)
+    return folder.read_bytes(name)
+
+
+def write_file(path, data: bytes) -> None:
+    """Write a whole file (published whole: renamed into place, or one object), local path or URI."""
+    folder, name = _split(str(path))
+    folder.write_bytes(name, data)
+
+
+def file_exists(path) -> bool:
+    if not is_uri(path):
+        return Path(path).is_file()
+    folder, name = _split(path)
+    return folder.exists(name)
 
 
 def node_cache_dir() -> Path:

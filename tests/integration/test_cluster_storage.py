@@ -30,7 +30,8 @@ from ray.cluster_utils import Cluster
 root = sys.argv[1]
 # two nodes, one CPU each: a two-worker Train group has one worker on each node
 cluster = Cluster(initialize_head=True, connect=False,
-                  head_node_args={"num_cpus": 1, "env_vars": {"ORCHARD_NODE_CACHE": root + "/node-head"}})
+                  head_node_args={"num_cpus": 1, "ray_client_server_port": int(sys.argv[2]),
+                                  "env_vars": {"ORCHARD_NODE_CACHE": root + "/node-head"}})
 cluster.add_node(num_cpus=1, env_vars={"ORCHARD_NODE_CACHE": root + "/node-2"})
 cluster.wait_for_nodes()
 print("ADDRESS", cluster.address, flush=True)
@@ -83,9 +84,10 @@ def s3(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cluster(s3, tmp_path_factory):
-    """A two-node Ray cluster (its own process); yields its GCS address."""
+    """A two-node Ray cluster (its own process) with a Ray Client server; yields (GCS address, ray:// address)."""
     root = tmp_path_factory.mktemp("cluster")
-    proc = subprocess.Popen([sys.executable, "-c", CLUSTER_SCRIPT, str(root)], stdin=subprocess.PIPE,
+    client_port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-c", CLUSTER_SCRIPT, str(root), str(client_port)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, **s3, "PYTHONPATH": str(REPO)}, start_new_session=True)
     address, lines = None, []
@@ -100,7 +102,7 @@ def cluster(s3, tmp_path_factory):
     if address is None:
         os.killpg(proc.pid, signal.SIGKILL)
         raise AssertionError("the two-node cluster did not start:\n" + "".join(lines)[-3000:])
-    yield address
+    yield address, f"ray://127.0.0.1:{client_port}"
     proc.stdin.close()
     try:
         proc.wait(timeout=60)
@@ -135,18 +137,23 @@ CASES = {
     # workload args of the first run; what shows that its first checkpoint reached the bucket
     "flower-ring": (["workload=flower", "strategy=ring", "flower.epochs=8"], "checkpoint_manager_snapshot.json"),
     "flower-ps": (["workload=flower", "strategy=ps", "flower.epochs=8"], "checkpoint_manager_snapshot.json"),
+    # singa's checkpoint is written by the driver from the parameter servers, into storage
+    "singa-sync_ps": (["workload=singa", "singa.arch=sync_ps", "singa.epochs=10"], "singa_checkpoint.npz"),
+    # forest (issue 20, item 4): avatars rendered into the bucket by tasks, read by data-unit tasks
+    "forest": (["workload=forest", "forest.num_trees=4"], "forest_checkpoint.npz"),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_run_on_two_nodes_with_s3_storage_resumes_from_the_bucket_alone(case, s3, cluster, tmp_path):
     args, checkpoint_file = CASES[case]
+    address = cluster[0]
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     storage = f"s3://orchard/{case}"
     env = {**os.environ, **s3, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1",
            "ORCHARD_NODE_CACHE": str(tmp_path / "out" / "driver-cache")}
     common = [f"tracking.uri={uri}", f"output_dir={tmp_path}/out", "debug=smoke", "progress=never",
-              "cluster=remote", f"cluster.address={cluster}", f"storage.uri={storage}"]
+              "cluster=remote", f"cluster.address={address}", f"storage.uri={storage}"]
     fs = _bucket(s3)
     first = subprocess.Popen([sys.executable, "-m", "orchard", *args, *common], cwd=tmp_path, env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -163,8 +170,9 @@ def test_run_on_two_nodes_with_s3_storage_resumes_from_the_bucket_alone(case, s3
     assert first.returncode == 130, output[-4000:]
     (killed,) = _runs(uri)
     assert killed.info.status == "KILLED"
+    flower = case.startswith("flower")
     # nothing of the run lives only on the driver: its data, tiles and checkpoints are in the bucket
-    assert _find(fs, f"orchard/{case}/flower_data", "images.npy")
+    assert not flower or _find(fs, f"orchard/{case}/flower_data", "images.npy")
     # [2] the driver's disk is gone; resume from the bucket alone
     shutil.rmtree(tmp_path / "out")
     resumed = subprocess.run([sys.executable, "-m", "orchard", "resume", killed.info.run_id, f"tracking.uri={uri}"],
@@ -172,6 +180,43 @@ def test_run_on_two_nodes_with_s3_storage_resumes_from_the_bucket_alone(case, s3
     assert resumed.returncode == 0, resumed.stdout[-4000:] + resumed.stderr[-4000:]
     new = _runs(uri)[0]
     assert new.info.status == "FINISHED" and new.data.tags["orchard.resumes"] == killed.info.run_id
+    if case == "forest":  # went on from the checkpoint in the bucket, the data read from there too
+        assert new.data.params["forest.resume"].startswith(f"{storage}/forest/")
+        assert _find(fs, f"orchard/{case}/forest", "_depth.png")
+        return
     assert new.data.metrics["train/resumed_from_epoch"] >= 1
-    assert new.data.metrics["cache/tiles_hits"] == 1  # the first run's tiles, read from the bucket
-    assert new.data.metrics["train/workers"] == 2
+    if flower:
+        assert new.data.metrics["cache/tiles_hits"] == 1  # the first run's tiles, read from the bucket
+        assert new.data.metrics["train/workers"] == 2
+    else:
+        assert new.data.metrics["test/accuracy"] > 0.5
+
+
+def test_ray_client_address_attaches_and_prints_the_dashboard(s3, cluster, tmp_path):
+    """``cluster.address=ray://host:port`` (Ray Client, ``ray[client]``) runs a smoke run to FINISHED."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    env = {**os.environ, **s3, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    done = subprocess.run([sys.executable, "-m", "orchard", "workload=singa", "singa.arch=local", "debug=smoke",
+                           f"tracking.uri={uri}", f"output_dir={tmp_path}/out", "progress=never", "cluster=remote",
+                           f"cluster.address={cluster[1]}", "storage.uri=s3://orchard/client"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert f"attached to Ray cluster {cluster[1]}; dashboard http" in done.stderr, done.stderr[-3000:]
+    if done.returncode != 0 and "Ray client has already been disconnected" in done.stdout + done.stderr:
+        # seen on the loaded 2-core CI box: the Ray Client session is dropped mid-run (issue 17, open)
+        pytest.xfail("Ray Client attached, but its session was dropped mid-run")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert _runs(uri)[0].info.status == "FINISHED"
+
+
+@pytest.mark.parametrize("address", ["ray://127.0.0.1:{port}", "127.0.0.1:{port}"])
+def test_unreachable_cluster_address_is_one_line_and_exit_2_within_30_s(address, tmp_path):
+    address = address.format(port=_free_port())  # nothing listens there
+    started = time.time()
+    done = subprocess.run([sys.executable, "-m", "orchard", "workload=flower", "debug=smoke", "cluster=remote",
+                           f"cluster.address={address}", f"output_dir={tmp_path}/out",
+                           f"tracking.uri=sqlite:///{tmp_path}/mlflow.db"],
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and time.time() - started < 30, done.stderr[-2000:]
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "cluster.address" in lines[0] and address in lines[0], done.stderr

@@ -15,9 +15,18 @@ CHECKPOINT_NAME = "forest_checkpoint.npz"
 
 
 def resolve_checkpoint(path) -> Path:
-    """A checkpoint file, or a run folder holding CHECKPOINT_NAME -> the checkpoint file."""
+    """A checkpoint file, or a run folder holding CHECKPOINT_NAME -> the checkpoint file; a
+    storage URI (``s3://.../forest_checkpoint.npz``, orchard/storage.py) is returned as it is."""
+    if "://" in str(path):
+        return str(path)
     path = Path(path).expanduser()
     return path / CHECKPOINT_NAME if path.is_dir() else path
+
+
+def _checkpoint_exists(path) -> bool:
+    from orchard.storage import file_exists
+
+    return file_exists(path)
 
 
 def validate(cfg: dict) -> None:
@@ -69,7 +78,7 @@ def validate(cfg: dict) -> None:
     if f.get("data_dir"):
         _check_data_dir(f)
     if f.get("resume") is not None:
-        require(cfg, "forest.resume", lambda v: resolve_checkpoint(v).is_file(),
+        require(cfg, "forest.resume", lambda v: _checkpoint_exists(resolve_checkpoint(v)),
                 f"a {CHECKPOINT_NAME} file or a run folder that holds one")
     if f.get("stop_after_rounds") is not None:
         require_positive(cfg, "forest.stop_after_rounds", integer=True)
@@ -98,10 +107,16 @@ def resume(cfg: dict, previous_run_dir: str) -> None:
     """``python -m orchard resume <run id>``: continue from that run's last completed round."""
     from orchard import ConfigError
 
-    if not resolve_checkpoint(previous_run_dir).is_file():
+    from orchard.storage import Storage
+
+    kept = Storage.for_run(cfg, previous_run_dir)  # the run storage: the driver's folder may be gone
+    if resolve_checkpoint(previous_run_dir).is_file():
+        cfg["forest"]["resume"] = str(previous_run_dir)
+    elif kept.exists(CHECKPOINT_NAME):
+        cfg["forest"]["resume"] = f"{kept.uri}/{CHECKPOINT_NAME}"
+    else:
         raise ConfigError("forest.resume", f"a run folder holding {CHECKPOINT_NAME}; the run stopped before "
                           f"its first round ended ({previous_run_dir})")
-    cfg["forest"]["resume"] = str(previous_run_dir)
     cfg["forest"]["stop_after_rounds"] = None  # the deliberate crash of a test run is not carried over
 
 

@@ -185,6 +185,16 @@ def render_avatar_image(seed_seq, height: int, width: int):
 def _render_chunk(out_dir: str, indices: list[int], seed: int, split: int,
                   height: int, width: int, palette: np.ndarray) -> int:
     from .depth_png import write_pair  # worker side import keeps cv2 out of the driver path
+    if hasattr(out_dir, "write_bytes"):  # an orchard.storage.Storage: render here, publish there
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="orchard-render-") as tmp:
+            for i in indices:
+                depth, labels = render_avatar_image([seed, split, i], height, width)
+                write_pair(Path(tmp) / f"{i:06d}", depth, labels, palette)
+            for png in sorted(Path(tmp).iterdir()):
+                out_dir.write_bytes(png.name, png.read_bytes())
+        return len(indices)
     for i in indices:
         depth, labels = render_avatar_image([seed, split, i], height, width)
         write_pair(Path(out_dir) / f"{i:06d}", depth, labels, palette)
@@ -200,9 +210,13 @@ def render_dataset(out_dir: Path, count: int, seed: int, split: int, height: int
     """
     import ray
 
-    out_dir.mkdir(parents=True, exist_ok=True)
+    remote = hasattr(out_dir, "write_bytes")  # a folder in the run storage (s3://...): stems are URIs
+    if not remote:
+        out_dir.mkdir(parents=True, exist_ok=True)
     render = ray.remote(num_cpus=1)(_render_chunk)
     chunks = [list(range(count))[k::parallelism] for k in range(parallelism)]
-    ray.get([render.remote(str(out_dir), c, seed, split, height, width, palette)
+    ray.get([render.remote(out_dir if remote else str(out_dir), c, seed, split, height, width, palette)
              for c in chunks if c])
+    if remote:
+        return [f"{out_dir.uri}/{i:06d}" for i in range(count)]
     return [out_dir / f"{i:06d}" for i in range(count)]

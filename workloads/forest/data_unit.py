@@ -30,6 +30,20 @@ def sample_examples(depth: np.ndarray, labels: np.ndarray, count: int,
     return ys.astype(np.int32), xs.astype(np.int32)
 
 
+def _local_stem(stem) -> Path:
+    """A pair's stem on this node: a path as it is, a storage URI copied into the node cache
+    (orchard/storage.py), so a task never opens a path only the driver wrote."""
+    from orchard.storage import Storage, is_uri
+
+    if not is_uri(stem):
+        return Path(stem)
+    folder, _, name = str(stem).rpartition("/")
+    store = Storage(folder)
+    for suffix in ("_depth.png", "_labels.png"):
+        local = store.local_copy(name + suffix)
+    return local.with_name(name)
+
+
 def build_block(stems: list[str], image_ids: list[int], block_id: int, seed: int,
                 palette: np.ndarray, preprocess_settings: dict, examples_per_image: int,
                 keep_labels: bool) -> dict:
@@ -48,7 +62,7 @@ def build_block(stems: list[str], image_ids: list[int], block_id: int, seed: int
     raw, skipped, kept_ids = [], [], []
     for stem, image_id in zip(stems, image_ids):
         try:
-            raw.append(read_pair(Path(stem), palette))
+            raw.append(read_pair(_local_stem(stem), palette))
             kept_ids.append(image_id)
         except (OSError, ValueError) as exc:  # corrupt, truncated, mismatched: skip, counted
             skipped.append((str(stem), str(exc).splitlines()[0][:200]))

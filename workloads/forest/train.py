@@ -46,6 +46,12 @@ def corpus(cfg: dict, run_dir: Path, palette: np.ndarray, parallelism: int):
         n_test = min(len(stems) - 1, f["test_images"])
         return stems[:len(stems) - n_test][:f["train_images"]], stems[len(stems) - n_test:]
     h, w = f["image_height"], f["image_width"]
+    from orchard.storage import Storage
+
+    data = Storage.for_run(cfg, run_dir).child("data")  # rendered into the run storage (s3://... on a cluster)
+    if not data.is_local:
+        return (render_dataset(data.child("train"), f["train_images"], cfg["seed"], 0, h, w, palette, parallelism),
+                render_dataset(data.child("test"), f["test_images"], cfg["seed"], 1, h, w, palette, parallelism))
     train = render_dataset(run_dir / "data" / "train", f["train_images"], cfg["seed"], 0, h, w,
                            palette, parallelism)
     test = render_dataset(run_dir / "data" / "test", f["test_images"], cfg["seed"], 1, h, w,
@@ -176,7 +182,12 @@ def train_and_evaluate(cfg: dict, ctx) -> dict[str, float]:
         ctx.progress(step + 1, total_rounds, desc=f"tree {tree_index + 1}/{f['num_trees']} depth {depth}",
                      **{"Mef/s": metrics["round/example_features_per_s"] / 1e6})
 
-    runner = RoundRunner(train_refs, f, strategy, seed, run_dir / CHECKPOINT_NAME, on_round)
+    from orchard.storage import Storage, read_file
+
+    run_storage = Storage.for_run(cfg, run_dir)
+    # the checkpoint lives in the run storage: a resume needs nothing of this machine's disk
+    checkpoint = run_dir / CHECKPOINT_NAME if run_storage.is_local else f"{run_storage.uri}/{CHECKPOINT_NAME}"
+    runner = RoundRunner(train_refs, f, strategy, seed, checkpoint, on_round)
     train_start = time.perf_counter()
     def grow_all():
         for tree_index in range(len(state["trees"]), f["num_trees"]):
@@ -187,6 +198,8 @@ def train_and_evaluate(cfg: dict, ctx) -> dict[str, float]:
     finally:
         runner.shutdown()
     train_s = time.perf_counter() - train_start
+    if not run_storage.is_local:
+        (run_dir / CHECKPOINT_NAME).write_bytes(read_file(checkpoint))
     ctx.log_artifact(run_dir / CHECKPOINT_NAME, "model")
     from .predict import log_model
     log_model(ctx, state["trees"], state["class_weights"], f, palette)  # the MLflow Model (docs/models.md)

@@ -11,6 +11,7 @@ file and renamed, so a crash mid-write leaves the previous round's checkpoint in
 from __future__ import annotations
 
 import json
+import io
 import os
 from pathlib import Path
 
@@ -108,6 +109,13 @@ def save_checkpoint(path: Path, state: dict) -> None:
         flat[f"weights{t}"] = weights
     if state["partial"] is not None:
         flat.update({f"partial_{k}": v for k, v in state["partial"].items()})
+    from orchard.storage import is_uri, write_file
+
+    if is_uri(path):  # the run storage on a cluster (orchard/storage.py): one object, written whole
+        buffer = io.BytesIO()
+        np.savez(buffer, **flat)
+        write_file(path, buffer.getvalue())
+        return
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp.npz")
     np.savez(tmp, **flat)
@@ -115,8 +123,11 @@ def save_checkpoint(path: Path, state: dict) -> None:
 
 
 def load_checkpoint(path: Path) -> dict:
-    """Read a checkpoint written by `save_checkpoint` (no pickles allowed)."""
-    with np.load(Path(path), allow_pickle=False) as data:
+    """Read a checkpoint written by `save_checkpoint` (no pickles allowed); a path or a URI."""
+    from orchard.storage import is_uri, read_file
+
+    source = io.BytesIO(read_file(path)) if is_uri(path) else Path(path)
+    with np.load(source, allow_pickle=False) as data:
         n_trees = int(data["n_trees"])
         state = {
             "fingerprint": str(data["fingerprint"]),
