@@ -96,3 +96,20 @@ def test_unwritable_storage_is_one_line_before_anything_starts(s3_env, monkeypat
     with pytest.raises(ConfigError) as err:
         check({"storage": {"uri": "s3://no-such-bucket-here/x"}})
     assert str(err.value).startswith("storage.uri") and "\n" not in str(err.value)
+
+
+def test_single_files_by_uri_keep_their_stem_side_by_side_on_the_node(s3_env, monkeypatch, tmp_path):
+    from orchard.storage import file_exists, is_uri, read_file, write_file
+
+    for key, value in s3_env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("ORCHARD_NODE_CACHE", str(tmp_path / "node"))
+    assert is_uri("s3://orchard/x") and not is_uri(tmp_path) and not is_uri(f"file://{tmp_path}")
+    write_file("s3://orchard/files/ckpt.npz", b"state")
+    assert file_exists("s3://orchard/files/ckpt.npz") and read_file("s3://orchard/files/ckpt.npz") == b"state"
+    assert not file_exists("s3://orchard/files/none.npz")
+    folder = Storage("s3://orchard/files")
+    folder.write_bytes("000001_depth.png", b"d")
+    folder.write_bytes("000001_labels.png", b"l")
+    depth, labels = folder.local_copy("000001_depth.png"), folder.local_copy("000001_labels.png")
+    assert depth.parent == labels.parent and depth.read_bytes() == b"d" and labels.read_bytes() == b"l"
