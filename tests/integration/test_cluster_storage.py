@@ -200,7 +200,9 @@ def test_ray_client_address_attaches_and_prints_the_dashboard(s3, cluster, tmp_p
                            f"tracking.uri={uri}", f"output_dir={tmp_path}/out", "progress=never", "cluster=remote",
                            f"cluster.address={cluster[1]}", "storage.uri=s3://orchard/client"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert f"attached to Ray cluster {cluster[1]}; dashboard http" in done.stderr, done.stderr[-3000:]
+    # the line reaches the terminal or, under the console, the run's log
+    logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "out").rglob("*.log"))
+    assert f"attached to Ray cluster {cluster[1]}; dashboard" in done.stderr + logs, done.stderr[-3000:]
     if done.returncode != 0 and "Ray client has already been disconnected" in done.stdout + done.stderr:
         # seen on the loaded 2-core CI box: the Ray Client session is dropped mid-run (issue 17, open)
         pytest.xfail("Ray Client attached, but its session was dropped mid-run")
