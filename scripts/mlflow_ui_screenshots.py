@@ -3,14 +3,15 @@
 Starts ``mlflow ui`` on 127.0.0.1 on a free port against a tracking store, opens pages in
 headless Chromium (Debian's ``chromium``: ``apt-get install chromium``) and saves PNGs:
 
-  run_charts.png      the charts (model metrics) tab of one run
+  run_charts.png      the charts (model metrics) tab of one run, searched for ``--run-chart-filter``
   run_artifacts.png   the same run's artifacts tab, showing one of its figures
   compare_flower.png  MLflow's "Compare runs" page for the newest finished flower runs with
                       strategy=ring and strategy=ps (run details, parameters, metrics side by side)
-  compare_flower_charts.png  the flower experiment's chart view: every metric's chart with one
-                      line or bar per run (what README shows)
+  compare_flower_charts.png  the flower experiment's chart view filtered to those two runs, its
+                      charts searched for ``--chart-filter`` (throughput): one line per run
+                      (what README shows)
 
-Usage (takes about a minute; the UI needs ~15 s to start):
+Usage (3.5 min measured on a busy 2-core machine: the UI's start, then ~25 s per page):
   python -m orchard workload=flower strategy=ring debug=smoke
   python -m orchard workload=flower strategy=ps debug=smoke
   python scripts/mlflow_ui_screenshots.py [--store sqlite:///mlflow.db] [--out docs/images] \\
@@ -33,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -62,15 +64,32 @@ def start_ui(store: str, port: int) -> subprocess.Popen:
     raise RuntimeError("mlflow ui did not answer /health within 120 s")
 
 
-def screenshot(chromium: str, url: str, out: Path, size: tuple[int, int], wait_s: float) -> None:
+# Run in the page once it has drawn: close the assistant side panel (room for the charts) and,
+# where there is one, type CHART_FILTER into the chart search box (a React input: set the value
+# through the native setter, then announce it).
+TIDY_JS = """(() => {
+  for (const b of document.querySelectorAll('button[aria-label="Close"]')) {
+    if (b.closest('div') && /Assistant/.test(b.closest('div').parentElement.innerText || '')) { b.click(); break; }
+  }
+  const box = [...document.querySelectorAll('input')].find(i => /Search metric charts/i.test(i.placeholder || ''));
+  if (box && FILTER) {
+    Object.getOwnPropertyDescriptor(HTMLInputElement.prototype, 'value').set.call(box, FILTER);
+    box.dispatchEvent(new Event('input', {bubbles: true}));
+  }
+})()"""
+
+
+def screenshot(chromium: str, url: str, out: Path, size: tuple[int, int], wait_s: float,
+               chart_filter: str = "") -> None:
     """One page as a PNG, through the DevTools protocol: load it, wait ``wait_s`` seconds of real
     time (the UI fetches metric histories and draws its charts after the page has loaded; a
     one-shot ``--screenshot`` takes them as spinners), then capture."""
-    asyncio.run(_capture(chromium, url, out, size, wait_s))
+    js = TIDY_JS.replace("FILTER", json.dumps(chart_filter), 2)
+    asyncio.run(_capture(chromium, url, out, size, wait_s, js))
     print(f"saved {out}  ({url})")
 
 
-async def _capture(chromium: str, url: str, out: Path, size: tuple[int, int], wait_s: float) -> None:
+async def _capture(chromium: str, url: str, out: Path, size: tuple[int, int], wait_s: float, js: str) -> None:
     import aiohttp  # an MLflow dependency
 
     port = free_port()
@@ -114,6 +133,8 @@ async def _capture(chromium: str, url: str, out: Path, size: tuple[int, int], wa
                                deviceScaleFactor=1, mobile=False)
                     await call("Page.navigate", url=url)
                     await asyncio.sleep(wait_s)
+                    await call("Runtime.evaluate", expression=js)
+                    await asyncio.sleep(min(10.0, wait_s / 2))  # the filtered charts redraw
                     shot = await call("Page.captureScreenshot", format="png")
                     out.write_bytes(base64.b64decode(shot["data"]))
         finally:
@@ -141,6 +162,9 @@ def main(argv=None) -> int:
     ap.add_argument("--figure", default="figures/density_maps.png", help="artifact opened in the artifacts shot")
     ap.add_argument("--compare", nargs=2, metavar=("RUN_A", "RUN_B"), help="default: newest flower ring and ps runs")
     ap.add_argument("--chromium", default=shutil.which("chromium") or shutil.which("chromium-browser"))
+    ap.add_argument("--run-chart-filter", default="train/", help="chart search in the run's charts shot")
+    ap.add_argument("--chart-filter", default="throughput/",
+                    help="chart search in the comparison's chart view (default: the throughput charts)")
     ap.add_argument("--wait-s", type=float, default=20.0, help="seconds each page gets to draw before the shot")
     args = ap.parse_args(argv)
     if not args.chromium:
@@ -166,15 +190,16 @@ def main(argv=None) -> int:
         if run_id:
             exp = client.get_run(run_id).info.experiment_id
             screenshot(args.chromium, f"{base}/experiments/{exp}/runs/{run_id}/model-metrics",
-                       out / "run_charts.png", (1400, 1000), args.wait_s)
+                       out / "run_charts.png", (1400, 1000), args.wait_s, args.run_chart_filter)
             screenshot(args.chromium, f"{base}/experiments/{exp}/runs/{run_id}/artifacts/{args.figure}",
                        out / "run_artifacts.png", (1400, 1000), args.wait_s)
         if pair:
             exps = sorted({client.get_run(r).info.experiment_id for r in pair})
             screenshot(args.chromium, f"{base}/compare-runs?runs={json.dumps(pair)}&experiments={json.dumps(exps)}",
                        out / "compare_flower.png", (1400, 1400), args.wait_s)
-            screenshot(args.chromium, f"{base}/experiments/{exps[0]}/runs?compareRunsMode=CHART",
-                       out / "compare_flower_charts.png", (1600, 1100), args.wait_s)
+            both = urllib.parse.quote("attributes.run_id IN (" + ", ".join(f"'{r}'" for r in pair) + ")")
+            screenshot(args.chromium, f"{base}/experiments/{exps[0]}/runs?compareRunsMode=CHART&searchFilter={both}",
+                       out / "compare_flower_charts.png", (1600, 1100), args.wait_s, args.chart_filter)
     finally:
         os.killpg(ui.pid, 15)  # the UI and the gunicorn/uvicorn workers it started
         ui.wait(timeout=30)
