@@ -38,10 +38,15 @@ def compose(overrides: Iterable[str] = (), return_hydra: bool = False) -> dict:
 
     Raises ``ConfigError`` (one line) for unknown keys, unknown group options and bad values.
     """
+    import yaml
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+    from hydra.errors import (
+        ConfigCompositionException,
+        MissingConfigException,
+        OverrideParseException,
+    )
     from omegaconf import OmegaConf, open_dict
     from omegaconf.errors import OmegaConfBaseException
 
@@ -54,6 +59,8 @@ def compose(overrides: Iterable[str] = (), return_hydra: bool = False) -> dict:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
             cfg = hydra_compose("config", overrides=overrides, return_hydra_config=return_hydra)
             choices = dict(cfg.hydra.runtime.choices) if return_hydra else None
+            run_dir = (OmegaConf.select(cfg, "hydra.run.dir")
+                       if return_hydra and any(o.startswith("hydra.run.dir=") for o in overrides) else None)
             if return_hydra:
                 with open_dict(cfg):
                     del cfg["hydra"]
@@ -67,11 +74,44 @@ def compose(overrides: Iterable[str] = (), return_hydra: bool = False) -> dict:
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or "config"
         raise ConfigError(str(key), str(exc).splitlines()[0]) from None
+    except yaml.YAMLError as exc:
+        raise _yaml_error(exc) from None
     finally:
         GlobalHydra.instance().clear()
     if choices is not None:
         plain["_choices"] = {k: v for k, v in choices.items() if not k.startswith("hydra")}
+    if run_dir:  # hydra.run.dir=DIR names the run's folder, as in a @hydra.main app
+        plain["_run_dir"] = str(run_dir)
     return plain
+
+
+def hydra_node(overrides: Iterable[str]) -> dict:
+    """The ``hydra`` part of a composition (``--cfg hydra``), unresolved as Hydra prints it."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    overrides = list(overrides)
+    extra = registry.extra_config_dirs()
+    if extra:
+        overrides.append("hydra.searchpath=[" + ",".join(f"file://{d}" for d in extra) + "]")
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            cfg = hydra_compose("config", overrides=overrides, return_hydra_config=True)
+            return OmegaConf.to_container(cfg.hydra, resolve=False)
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def _yaml_error(exc) -> ConfigError:
+    """A YAML syntax error in a config file: the file and line, not Hydra's 100-line traceback."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    if mark is None:
+        return ConfigError("config file", f"valid YAML; {problem}")
+    return ConfigError(f"{mark.name}:{mark.line + 1}", f"valid YAML; {problem} (line {mark.line + 1}, column {mark.column + 1})")
 
 
 def _missing_option(message: str) -> ConfigError:
@@ -234,6 +274,7 @@ def validate(cfg: dict, module) -> None:
     from orchard.models import validate_mode
 
     validate_mode(cfg)  # mode / model / input (docs/models.md)
+    require_choice(cfg, "verbose", (True, False))
     if cfg["tracking"]["enabled"]:
         require(cfg, "tracking.uri", lambda v: bool(re.match(r"^(sqlite|http|https|file|postgresql|mysql|databricks)[:+]", str(v))),
                 "an MLflow tracking URI such as sqlite:///mlflow.db or http://127.0.0.1:5000")

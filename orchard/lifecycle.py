@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchard import config as config_lib
-from orchard import interrupts, registry
+from orchard import console, interrupts, registry
+from orchard.console import say
 from orchard.errors import ConfigError
 from orchard.outcome import Outcome
 
@@ -150,10 +151,10 @@ def reap_lost_runs(cfg: dict) -> None:
     try:
         closed = runs.reap(MlflowClient(resolve_uri(cfg["tracking"]["uri"])))
     except Exception as exc:  # the store answered the preflight; a failed sweep of old runs is no reason to stop
-        print(f"orchard: could not check for lost runs: {str(exc).splitlines()[0][:200]}", file=sys.stderr)
+        say(f"orchard: could not check for lost runs: {str(exc).splitlines()[0][:200]}", file=sys.stderr)
         return
     if closed:
-        print(f"orchard: closed {len(closed)} run(s) whose driver was lost (FAILED): {', '.join(closed)}", file=sys.stderr)
+        say(f"orchard: closed {len(closed)} run(s) whose driver was lost (FAILED): {', '.join(closed)}", file=sys.stderr)
 
 
 def main(cfg: dict, module, print_cfg: bool = False) -> int:
@@ -161,9 +162,24 @@ def main(cfg: dict, module, print_cfg: bool = False) -> int:
     try:
         preflight(cfg)
     except ConfigError as err:
-        print(f"orchard: bad config: {err}", file=sys.stderr)
+        say(f"orchard: bad config: {err}", file=sys.stderr)
         return 2
+    open_console(cfg)
     return execute(cfg, module).exit_code
+
+
+def open_console(cfg: dict) -> None:
+    """From here on the terminal shows orchard's lines only (unless ``verbose``): the config in
+    one line first, and where everything else goes."""
+    where = ""
+    if not cfg.get("verbose"):
+        log = console.quiet(Path(cfg["output_dir"]).resolve() / "logs")
+        where = f"  (Ray, Train, torch lines: {log}; verbose=true or -v shows them here)"
+    choices = cfg.get("_choices") or {}
+    picked = " ".join(f"{g}={choices[g]}" for g in ("workload", "strategy", "cluster", "tracking", "sweep",
+                                                      "experiment", "debug") if choices.get(g))
+    own = [o for o in cfg.get("_overrides", []) if o.split("=", 1)[0].lstrip("+~") not in choices]
+    say(f"orchard: {picked or cfg['workload']['name']}" + (f"  {' '.join(own)}" if own else "") + where)
 
 
 def execute(cfg: dict, module=None) -> Outcome:
@@ -176,7 +192,7 @@ def execute(cfg: dict, module=None) -> Outcome:
                 try:
                     check_fits(cfg, module)
                 except ConfigError as err:
-                    print(f"orchard: bad config: {err}", file=sys.stderr)
+                    say(f"orchard: bad config: {err}", file=sys.stderr)
                     return Outcome(2, None, {}, str(err))
                 reap_lost_runs(cfg)
                 if cfg.get("sweep"):
@@ -185,10 +201,10 @@ def execute(cfg: dict, module=None) -> Outcome:
                     return run_sweep(cfg, module, run_one)
                 return run_one(cfg, module)
     except RayStartError as err:
-        print(f"orchard: {err}", file=sys.stderr)
+        say(f"orchard: {err}", file=sys.stderr)
         return Outcome(1, None, {}, str(err))
     except KeyboardInterrupt as exc:  # before the run opened, or while Ray stopped
-        print(f"orchard: {exc or 'interrupted'}", file=sys.stderr)
+        say(f"orchard: {exc or 'interrupted'}", file=sys.stderr)
         return Outcome(interrupts.exit_code(exc), None, {}, str(exc) or "interrupted")
 
 
@@ -209,6 +225,8 @@ def run_one(cfg: dict, module, parent_run_id: str | None = None, on_metrics=None
     with interrupts.deferred(reraise=True):
         if tcfg["enabled"]:
             extra = {"orchard.overrides": json.dumps(cfg.get("_overrides", []))}
+            if registry.user_config_dirs():  # --config-dir: resume composes with the same folders
+                extra["orchard.config_dirs"] = json.dumps(registry.user_config_dirs())
             if cfg.get("_resumes"):
                 extra["orchard.resumes"] = cfg["_resumes"]
             tracked = tracking.open_run(cfg, name, parent_run_id, extra_tags=extra)
@@ -217,13 +235,16 @@ def run_one(cfg: dict, module, parent_run_id: str | None = None, on_metrics=None
             heartbeat = Heartbeat(tracked.client(), tracked.run_id)
     run_id = tracked.run_id if tracked else None
     status, error, metrics, exit_code = "FINISHED", None, {}, 0
-    run_dir = Path(cfg["output_dir"]).resolve() / cfg["workload"]["name"] / (run_id or name)
+    run_dir = (Path(cfg["_run_dir"]) if cfg.get("_run_dir") and parent_run_id is None  # not a sweep trial's
+               else Path(cfg["output_dir"]) / cfg["workload"]["name"] / (run_id or name)).resolve()
     live = None
     signals_before = len(interrupts.received)
+    log_start = console.mark_run_start()
     try:
         live = _start_run_services(cfg, tracked, run_id, run_dir, on_metrics)
         if tracked:
             live.ctx.set_tags({"orchard.run_dir": str(run_dir)})
+        write_hydra_folder(cfg, run_dir)
         metrics = _run_workload(cfg, module, live, quiet)
     except KeyboardInterrupt as exc:  # a plain one (a library re-raised it): Ctrl-C
         error = exc if isinstance(exc, interrupts.Interrupted) else interrupts.Interrupted()
@@ -236,19 +257,28 @@ def run_one(cfg: dict, module, parent_run_id: str | None = None, on_metrics=None
         if stopped is not None:  # Ctrl-C first, then a library failed while it stopped: still KILLED
             status, error, exit_code = "KILLED", stopped, stopped.exit_code
     with interrupts.deferred():
-        summary = _close(live, tracked, heartbeat, status, error, metrics, t_start)
+        summary = _close(live, tracked, heartbeat, status, error, metrics, t_start, (log_start, run_dir))
     metrics = {**summary, **metrics, "time/total_s": time.time() - t_start}
     if isinstance(error, KeyboardInterrupt):
-        print(f"orchard: {error}; run {run_id or name} marked KILLED", file=sys.stderr)
+        say(f"orchard: {error}; run {run_id or name} marked KILLED", file=sys.stderr)
     elif isinstance(error, ConfigError):
-        print(f"orchard: bad config: {error}" + (f" (run {run_id} marked FAILED)" if tracked else ""), file=sys.stderr)
+        say(f"orchard: bad config: {error}" + (f" (run {run_id} marked FAILED)" if tracked else ""), file=sys.stderr)
     elif error is not None:
-        print(f"orchard: {cfg['workload']['name']} failed: {type(error).__name__}: {error}", file=sys.stderr)
+        say(f"orchard: {cfg['workload']['name']} failed: {type(error).__name__}: {_one_line(error)}", file=sys.stderr)
         if tracked:
-            print(f"orchard: run {run_id} marked FAILED; traceback in its artifact error.txt", file=sys.stderr)
+            say(f"orchard: run {run_id} marked FAILED; traceback in its artifact error.txt", file=sys.stderr)
     if not quiet:
         _print_summary(cfg, module, name, tracked, status, run_dir, metrics)
     return Outcome(exit_code, run_id, metrics, None if error is None else f"{type(error).__name__}: {error}")
+
+
+def _one_line(error: BaseException) -> str:
+    """An error in one console line: a Ray task error carries the remote traceback in its text;
+    its first and last lines say where and what (the whole of it is in error.txt)."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return lines[0] if lines else ""
+    return f"{lines[0]} ... {lines[-1]}"
 
 
 def _interrupt_behind(exc: BaseException, signals: list[int]):
@@ -306,7 +336,20 @@ def _run_workload(cfg: dict, module, live: _Live, quiet: bool) -> dict:
         return dict(module.run(plain, live.ctx) or {})
 
 
-def _close(live: _Live | None, tracked, heartbeat, status: str, error, metrics: dict, t_start: float) -> dict:
+def write_hydra_folder(cfg: dict, run_dir: Path) -> None:
+    """``<run>/.hydra/config.yaml`` and ``overrides.yaml``, as a ``@hydra.main`` app leaves them:
+    the composed config (what ran) and the command-line overrides (what the user typed)."""
+    import yaml
+
+    folder = run_dir / ".hydra"
+    folder.mkdir(parents=True, exist_ok=True)
+    plain = {k: v for k, v in cfg.items() if not k.startswith("_")}
+    (folder / "config.yaml").write_text(yaml.safe_dump(plain, sort_keys=False))
+    (folder / "overrides.yaml").write_text(yaml.safe_dump(list(cfg.get("_overrides", []))))
+
+
+def _close(live: _Live | None, tracked, heartbeat, status: str, error, metrics: dict, t_start: float,
+           log_part: tuple[int, Path] | None = None) -> dict:
     """Stop samplers, log the final metrics at the run's last step, flush, end the MLflow run.
 
     Each step is guarded: whatever fails here, the run still ends with its true status."""
@@ -319,7 +362,7 @@ def _close(live: _Live | None, tracked, heartbeat, status: str, error, metrics: 
         try:
             resources.stop_samplers(live.samplers)
         except Exception as exc:
-            print(f"orchard: resource samplers did not stop cleanly: {exc}", file=sys.stderr)
+            say(f"orchard: resource samplers did not stop cleanly: {exc}", file=sys.stderr)
         try:
             series = ray.get(live.sink.series.remote("system/"), timeout=60)
             summary = resources.summarize(series)
@@ -328,33 +371,42 @@ def _close(live: _Live | None, tracked, heartbeat, status: str, error, metrics: 
                                                int(time.time() * 1000)), timeout=60)
             ray.get(live.sink.close.remote(), timeout=120)
         except Exception as exc:
-            print(f"orchard: final metrics not all recorded: {str(exc).splitlines()[0][:200]}", file=sys.stderr)
+            say(f"orchard: final metrics not all recorded: {str(exc).splitlines()[0][:200]}", file=sys.stderr)
         try:
             ray.kill(live.sink)
         except Exception:
             pass
     if heartbeat is not None:
         heartbeat.stop()
+    if log_part is not None:
+        try:  # this run's part of the console log: in its folder and beside its metrics
+            kept = console.copy_run_part(log_part[0], log_part[1] / "orchard.log")
+            if kept is not None and tracked:
+                tracked.client().log_artifact(tracked.run_id, str(kept))
+        except Exception as exc:
+            say(f"orchard: the run's log was not kept: {exc}", file=sys.stderr)
     if tracked:
         try:
             tracking.close_run(tracked, status, error)
         except Exception as exc:  # the reaper will close it ("driver lost") once this process is gone
-            print(f"orchard: could not record the run's status {status}: {exc}", file=sys.stderr)
+            say(f"orchard: could not record the run's status {status}: {exc}", file=sys.stderr)
     return summary
 
 
 def _print_summary(cfg: dict, module, name: str, tracked, status: str, run_dir: Path, metrics: dict) -> None:
-    from orchard import tracking
-    from orchard.progress import summary_table
+    from orchard import summary, tracking
 
     label = f"{cfg['workload']['name']}/{cfg['strategy']['name']}"
-    footer = [f"status: {status}    run dir: {run_dir}"]
+    took = metrics.get("time/total_s")
+    title = f"orchard {label}: {name}  {status}" + (f" in {took:,.1f} s" if isinstance(took, (int, float)) else "")
+    footer = [f"run dir:   {run_dir}"]
     if tracked:
-        footer.append(f"MLflow run: {tracked.run_id} (experiment {tracked.experiment_id})")
-        footer.append(f"view: {tracking.ui_command(tracked.tracking_uri)}")
+        n = sum(isinstance(v, (int, float)) for v in metrics.values())
+        footer.append(f"MLflow:    run {tracked.run_id} (experiment {tracked.experiment_id}), {n} metrics, figures, log")
+        footer.append(f"view:      {tracking.ui_command(tracked.tracking_uri)}")
         if status in ("KILLED", "FAILED") and hasattr(module, "resume"):
-            footer.append(f"resume: python -m orchard resume {tracked.run_id}" + _uri_arg(cfg))
-    print(summary_table(f"orchard {label}: {name}", {k: v for k, v in metrics.items() if isinstance(v, (int, float))}, footer))
+            footer.append(f"resume:    python -m orchard resume {tracked.run_id}" + _uri_arg(cfg))
+    say(summary.render(title, summary.headline(module, cfg, metrics), metrics, footer))
 
 
 def _uri_arg(cfg: dict) -> str:
@@ -371,9 +423,10 @@ def resume(run_id: str, extra: list[str]) -> int:
         cfg, module = _resume_config(run_id, uri, extra)
         preflight(cfg)
     except ConfigError as err:
-        print(f"orchard: cannot resume: {err}", file=sys.stderr)
+        say(f"orchard: cannot resume: {err}", file=sys.stderr)
         return 2
-    print(f"orchard: resuming run {run_id} as a new run", file=sys.stderr)
+    open_console(cfg)
+    say(f"orchard: resuming run {run_id} as a new run", file=sys.stderr)
     return execute(cfg, module).exit_code
 
 
@@ -398,6 +451,8 @@ def _resume_config(run_id: str, uri: str, extra: list[str]):
         overrides = shlex.split(tags.get("orchard.command", ""))[3:]
     overrides = [o for o in overrides if not o.startswith("tracking.uri=")] + [f"tracking.uri={uri}"]
     overrides += [o for o in extra if not o.startswith("tracking.uri=")]
+    for folder in json.loads(tags.get("orchard.config_dirs", "[]")):
+        registry.add_config_dir(folder)
     cfg, module = prepare(overrides)
     from orchard import storage
 

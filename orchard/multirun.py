@@ -10,6 +10,7 @@ import sys
 
 from orchard import config as config_lib
 from orchard import interrupts, lifecycle, registry
+from orchard.console import say
 from orchard.errors import ConfigError
 
 
@@ -34,7 +35,7 @@ def run_multirun(overrides: list[str]) -> int:
             plain, module = lifecycle.prepare(job_overrides)
             lifecycle.preflight(plain)
         except ConfigError as err:
-            print(f"orchard: bad config: {err}", file=sys.stderr)
+            say(f"orchard: bad config: {err}", file=sys.stderr)
             failures.append(2)
             return
         if cluster.connect(plain["cluster"]):

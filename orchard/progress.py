@@ -1,15 +1,20 @@
-"""Live progress on the driver and the end-of-run summary table.
+"""Live progress on the driver.
 
 Workers call ``ctx.progress(step, total, desc, **rates)``; a thread on the driver polls the
 run's sink and redraws one line: description, step/total, rates, elapsed and ETA.  When stdout
-is not a terminal (CI, logs) it stays quiet unless ``progress=always``.
+is not a terminal (CI, a log, a pipe) it prints a plain line every ``PLAIN_PERIOD_S`` instead
+(``progress=always``: at every update; ``never``: not at all).
 """
 from __future__ import annotations
 
 import shutil
-import sys
 import threading
 import time
+
+from orchard import console
+
+
+PLAIN_PERIOD_S = 15.0  # progress lines into a file or pipe (progress=auto): one per this many seconds
 
 
 def _fmt_time(seconds: float) -> str:
@@ -19,8 +24,9 @@ def _fmt_time(seconds: float) -> str:
     return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
 
 
-def render(report: dict, started: float, now: float, label: str) -> str:
-    """One progress line from a ``ctx.progress`` report."""
+def render(report: dict, started: float, now: float, label: str, first: tuple | None = None) -> str:
+    """One progress line from a ``ctx.progress`` report; ``first`` = (step, time) of the first
+    report seen, so the ETA counts the work's own rate, not the start-up before it."""
     step, total = report.get("step", 0), report.get("total")
     parts = [f"[{label}]"]
     if report.get("desc"):
@@ -35,7 +41,9 @@ def render(report: dict, started: float, now: float, label: str) -> str:
         parts.append(f"{key} {value:,.4g}")
     elapsed = now - started
     parts.append(f"elapsed {_fmt_time(elapsed)}")
-    if total and step:
+    if total and first is not None and step > first[0] and now > first[1]:
+        parts.append(f"ETA {_fmt_time((now - first[1]) / (step - first[0]) * (total - step))}")
+    elif total and step:
         parts.append(f"ETA {_fmt_time(elapsed * (total - step) / step)}")
     return "  ".join(parts)
 
@@ -44,8 +52,11 @@ class ProgressLine:
     """Background thread that redraws the progress line from the sink every ``period_s``."""
 
     def __init__(self, sink, label: str, mode: str = "auto", period_s: float = 0.5, stream=None):
-        self.stream = stream or sys.stdout
-        self.enabled = mode == "always" or (mode == "auto" and self.stream.isatty())
+        self.stream = stream or console.terminal(err=True)  # the terminal even while Ray's lines go to the log
+        self.enabled = mode in ("always", "auto")
+        self.every = 0.0 if mode == "always" or self.stream.isatty() else PLAIN_PERIOD_S
+        self._printed_at = 0.0
+        self._first: tuple | None = None
         self.sink, self.label, self.period = sink, label, period_s
         self.started = time.time()
         self._stop = threading.Event()
@@ -62,7 +73,7 @@ class ProgressLine:
         self._stop.set()
         if self.enabled:
             self._thread.join(timeout=2)
-            if self._drawn:
+            if self._drawn and self.stream.isatty():  # end the redrawn line
                 self.stream.write("\n")
                 self.stream.flush()
 
@@ -78,33 +89,16 @@ class ProgressLine:
             if not report or report.get("ts") == self._last_ts:
                 continue
             self._last_ts = report.get("ts")
-            line = render(report, self.started, time.time(), self.label)
+            if self._first is None or report.get("step", 0) < self._first[0]:  # a new phase restarts the count
+                self._first = (report.get("step", 0), report.get("ts") or time.time())
+            line = render(report, self.started, time.time(), self.label, self._first)
             if tty:
                 width = shutil.get_terminal_size((120, 20)).columns
                 self.stream.write("\r" + line[: width - 1].ljust(width - 1))
-            else:  # progress=always into a log: one line per update, at most every period
+            else:  # not a terminal: a plain line, at most every `every` seconds
+                if time.time() - self._printed_at < self.every:
+                    continue
+                self._printed_at = time.time()
                 self.stream.write(line + "\n")
             self.stream.flush()
             self._drawn = True
-
-
-_SPLIT_ORDER = {name: i for i, name in enumerate(
-    ["test", "val", "eval", "infer", "throughput", "time", "train", "comm", "gpu", "system"])}
-
-
-def summary_table(title: str, metrics: dict[str, float], footer: list[str], limit: int = 30) -> str:
-    """A plain-text table of the run's key metrics for the end of the CLI output."""
-    # Per-node resource series clutter the table; their run-level summaries stay.  Results a
-    # user looks for first (held-out, validation) lead; peers and bookkeeping follow.
-    keys = [k for k in metrics if not (k.count("/") > 1 and k.startswith("system/"))]
-    keys.sort(key=lambda k: (_SPLIT_ORDER.get(k.split("/")[0], len(_SPLIT_ORDER)), k))
-    rows = [(k, metrics[k]) for k in keys][:limit]
-    width = max([len(k) for k, _ in rows] + [len(title), 10])
-    lines = [title, "-" * (width + 16)]
-    for key, value in rows:
-        lines.append(f"{key:<{width}}  {value:>14,.6g}")
-    if len(keys) > limit:
-        lines.append(f"... and {len(keys) - limit} more in MLflow")
-    lines.append("-" * (width + 16))
-    lines.extend(footer)
-    return "\n".join(lines)

@@ -18,6 +18,7 @@ _WORKLOADS: dict[str, str] = {
     "video": "workloads.video",
 }
 _CONFIG_DIRS: list[str] = []
+_USER_DIRS: list[str] = []
 _entry_points_loaded = False
 
 
@@ -26,6 +27,21 @@ def register_workload(name: str, module: str, config_dir: str | None = None) -> 
     _WORKLOADS[name] = module
     if config_dir and config_dir not in _CONFIG_DIRS:
         _CONFIG_DIRS.append(str(config_dir))
+
+
+def add_config_dir(path: str) -> None:
+    """Hydra's ``--config-dir``: a user's own folder of config groups (``experiment/``, ``sweep/``,
+    ``workload/`` presets ...) searched after orchard's own ``conf/``."""
+    path = str(path)
+    if path not in _USER_DIRS:
+        _USER_DIRS.append(path)
+    if path not in _CONFIG_DIRS:
+        _CONFIG_DIRS.append(path)
+
+
+def user_config_dirs() -> list[str]:
+    """The folders given with ``--config-dir`` in this process (recorded with each run for resume)."""
+    return list(_USER_DIRS)
 
 
 def _load_entry_points() -> None:

@@ -29,6 +29,7 @@ from typing import Callable
 
 from orchard import config as config_lib
 from orchard import interrupts
+from orchard.console import say
 from orchard.errors import ConfigError
 from orchard.outcome import Outcome
 
@@ -120,7 +121,6 @@ def sweep_dir(cfg: dict) -> Path:
     return Path(cfg["output_dir"]).resolve() / "sweeps" / sweep_key(cfg)
 
 
-# --------------------------------------------------------------------------- [2] resources
 def tune_path(cfg: dict) -> str:
     """Tune's experiment folder: ``<storage root>/sweeps/<key>/tune`` (a URI with ``storage.uri``)."""
     from orchard.storage import Storage
@@ -128,6 +128,7 @@ def tune_path(cfg: dict) -> str:
     return Storage.root(cfg).child("sweeps", sweep_key(cfg), "tune").uri
 
 
+# --------------------------------------------------------------------------- [2] resources
 def trial_resources(cfg: dict, module):
     """What one trial holds: the workload's ``resources(cfg)``; a workload that does not say is
     taken to run its tasks in one CPU of the trial's own reservation."""
@@ -165,7 +166,7 @@ class MetricFeed:
             try:
                 self.poll()
             except Exception as exc:  # a sink restart or a slow store: the next poll tries again
-                print(f"orchard: sweep metric {self.metric}: {type(exc).__name__}: {exc}", file=sys.stderr)
+                say(f"orchard: sweep metric {self.metric}: {type(exc).__name__}: {exc}", file=sys.stderr)
 
     def poll(self) -> None:
         import ray
@@ -189,7 +190,7 @@ class MetricFeed:
         try:
             self.poll()
         except Exception as exc:
-            print(f"orchard: sweep metric {self.metric}: {type(exc).__name__}: {exc}", file=sys.stderr)
+            say(f"orchard: sweep metric {self.metric}: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
 class _Watched:
@@ -264,7 +265,7 @@ def run_sweep(cfg: dict, module, run_one: Callable) -> Outcome:
         need = trial_resources(cfg, module)
         concurrent = need.max_concurrent(ray.cluster_resources(), s.get("max_concurrent_trials"))
     except ConfigError as err:
-        print(f"orchard: bad config: {err}", file=sys.stderr)
+        say(f"orchard: bad config: {err}", file=sys.stderr)
         return Outcome(2, None, {}, str(err))
     folder.mkdir(parents=True, exist_ok=True)
     exp_path = tune_path(cfg)  # Tune's experiment state: in the run storage (s3://... on a cluster)
@@ -273,7 +274,7 @@ def run_sweep(cfg: dict, module, run_one: Callable) -> Outcome:
     metric, mode = s["metric"], s["mode"]
     trainable = tune.with_resources(_make_trainable(copy.deepcopy(cfg), module.__name__, parent.run_id, metric, run_one),
                                     need.factory())
-    print(f"orchard: sweep {key} {'resuming' if resuming else 'starting'} in {folder}\n"
+    say(f"orchard: sweep {key} {'resuming' if resuming else 'starting'} in {folder}\n"
           f"orchard: up to {concurrent} trial(s) at once; each holds {need.describe()}\n"
           f"orchard: stopped or interrupted, the same command resumes it", flush=True)
     if resuming:
@@ -305,7 +306,7 @@ def run_sweep(cfg: dict, module, run_one: Callable) -> Outcome:
             signum = getattr(second_signal, "signum", None) or (signals[-1] if signals else signal.SIGINT)
             name = signal.Signals(signum).name
             parent.close("KILLED", f"sweep interrupted by {name}; run the same command to resume")
-            print(f"orchard: sweep {key} interrupted ({name}); parent run {parent.run_id or '-'} and its running "
+            say(f"orchard: sweep {key} interrupted ({name}); parent run {parent.run_id or '-'} and its running "
                   f"trials marked KILLED; run the same command again to resume", file=sys.stderr)
             return Outcome(128 + int(signum), parent.run_id, {}, f"interrupted by {name}")
         rows = leaderboard(trials, list(s["params"]), metric, mode)
@@ -319,7 +320,7 @@ def run_sweep(cfg: dict, module, run_one: Callable) -> Outcome:
             parent.close("FINISHED")
         else:
             parent.close("FAILED", f"every trial failed; first: {_trial_error(failed[0])}")
-    print(format_leaderboard(rows, metric, parent.run_id))
+    say(format_leaderboard(rows, metric, parent.run_id))
     if not rows:
         return Outcome(1, parent.run_id, {}, "no trial finished")
     return Outcome(0, parent.run_id, {f"best/{metric}": rows[0]["metric"]}, None)
@@ -374,7 +375,7 @@ class _Parent:
                 self.client.set_tag(run_id, "orchard.error", reason)
                 self.client.set_terminated(run_id, status="KILLED")
             except Exception as exc:  # the reaper closes it later ("driver lost")
-                print(f"orchard: could not close trial run {run_id}: {exc}", file=sys.stderr)
+                say(f"orchard: could not close trial run {run_id}: {exc}", file=sys.stderr)
 
     def _children(self, status: str) -> list:
         exp_id = self.client.get_run(self.run_id).info.experiment_id
@@ -440,7 +441,7 @@ def _saved_statuses(exp_path: Path) -> dict[str, str]:
     try:
         return {t.trial_id: t.status for t in ExperimentAnalysis(str(exp_path)).trials}
     except Exception as exc:
-        print(f"orchard: could not read the sweep's saved state: {exc}", file=sys.stderr)
+        say(f"orchard: could not read the sweep's saved state: {exc}", file=sys.stderr)
         return {}
 
 

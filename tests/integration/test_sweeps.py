@@ -44,3 +44,6 @@ def test_shipped_sweep_runs_to_the_end_at_smoke(sweep, ray_session, tracking_uri
     assert [c.info.status for c in children] == ["FINISHED"]
     assert s["metric"] in children[0].data.metrics
     assert parent.data.tags["best_run_id"] == children[0].info.run_id
+    if sweep == "flower_lr":  # ASHA's time axis: one val/mae per epoch, reported by the Train workers
+        history = client.get_metric_history(children[0].info.run_id, "val/mae")
+        assert len(history) == cfg["flower"]["epochs"] and len({m.step for m in history}) == len(history)

@@ -1,7 +1,9 @@
-"""The driver's progress line and the end-of-run summary."""
+"""The driver's progress line and the end-of-run summary (headline first)."""
 import io
+import types
 
-from orchard.progress import ProgressLine, render, summary_table
+from orchard import summary
+from orchard.progress import ProgressLine, render
 
 
 def test_progress_line_shows_step_rates_and_eta():
@@ -12,21 +14,42 @@ def test_progress_line_shows_step_rates_and_eta():
     assert "ETA 2m30s" in line  # 75 steps left at 2 s/step
 
 
-def test_progress_is_quiet_when_not_a_tty():
+def test_eta_counts_the_work_rate_not_the_start_up():
+    # 60 s of start-up, then 10 steps in 10 s: 90 steps left at 1 s/step
+    line = render({"step": 10, "total": 100}, started=0.0, now=70.0, label="x", first=(0, 60.0))
+    assert "ETA 1m30s" in line
+
+
+def test_progress_prints_plain_periodic_lines_when_not_a_tty():
     stream = io.StringIO()
-    assert not ProgressLine(sink=None, label="x", mode="auto", stream=stream).enabled
-    assert ProgressLine(sink=None, label="x", mode="always", stream=stream).enabled
+    auto = ProgressLine(sink=None, label="x", mode="auto", stream=stream)
+    assert auto.enabled and auto.every > 0          # a file or pipe: one plain line per period
+    assert ProgressLine(sink=None, label="x", mode="always", stream=stream).every == 0
+    assert not ProgressLine(sink=None, label="x", mode="never", stream=stream).enabled
 
 
-def test_summary_table_keeps_run_level_figures_only():
-    text = summary_table("orchard flower/ring: run", {"val/mae": 1.25, "system/node0/cpu_pct_mean": 50.0,
-                                                      "system/cpu_pct_mean": 50.0}, ["view: mlflow ui ..."])
-    assert "val/mae" in text and "system/cpu_pct_mean" in text
-    assert "node0" not in text
-    assert text.rstrip().endswith("view: mlflow ui ...")
+def test_summary_leads_with_the_workloads_headline_then_speed_time_resources():
+    from workloads import flower
+
+    metrics = {"test/mae": 1.0, "baseline/mae": 2.0, "bin_0/mae": 9.0, "throughput/mean_images_per_s": 60.0,
+               "throughput/std_images_per_s": 5.0, "time/total_s": 30.0, "system/cpu_pct_mean": 80.0,
+               "system/node0/cpu_pct_mean": 80.0}
+    lines = summary.headline(flower, {}, metrics)
+    assert lines == ["count MAE: CNN 1 vs blob counter 2 (0.50x, better)"]
+    text = summary.render("orchard flower/ring: r  FINISHED", lines, metrics, ["view: mlflow ui ..."]).splitlines()
+    assert text[1] == "  " + lines[0]
+    assert text[2].startswith("speed:") and "mean_images_per_s 60" in text[2] and "std_" not in text[2]
+    assert text[3].startswith("time:") and "total 30.0 s" in text[3]
+    assert text[4].startswith("resources:") and "CPU 80%" in text[4]
+    assert text[-1] == "view: mlflow ui ..." and "bin_0" not in "\n".join(text)
 
 
-def test_summary_table_leads_with_held_out_results():
-    text = summary_table("t", {"baseline/mae": 2.0, "train/loss": 0.1, "test/mae": 0.5, "time/total_s": 3.0}, [])
-    rows = [line.split()[0] for line in text.splitlines()[2:6]]
-    assert rows == ["test/mae", "time/total_s", "train/loss", "baseline/mae"]
+def test_summary_without_a_declared_headline_shows_held_out_results():
+    plain = types.SimpleNamespace()
+    assert summary.headline(plain, {}, {"train/loss": 0.1, "test/acc": 0.9}) == ["test/acc 0.9"]
+
+
+def test_a_failed_run_without_results_falls_back_instead_of_crashing():
+    from workloads import video
+
+    assert summary.headline(video, {}, {"time/total_s": 3.0}) == []

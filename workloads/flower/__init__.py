@@ -38,6 +38,8 @@ def validate(cfg: dict) -> None:
     for key in ("sigma", "density_scale"):
         require_positive(cfg, f"flower.{key}")
     require(cfg, "flower.train_fraction", lambda v: 0 < v < 1, "a fraction in (0, 1)")
+    require(cfg, "flower.val_fraction", lambda v: 0 <= v < 0.5, "a fraction in [0, 0.5): training tiles held back")
+    require_positive(cfg, "flower.val_every", integer=True)
     require(cfg, "flower.bins", _valid_bins,
             "a list of increasing, non-overlapping [low, high] count ranges (high may be null)")
     require_choice(cfg, "flower.optimizer.name", ("sgd", "adagrad", "adam"))
@@ -85,6 +87,13 @@ def resources(cfg: dict):
     servers = bundles(s["num_servers"], s.get("cpus_per_server", 0)) if s["name"] == "ps" else ()
     return Resources(in_trial=bundles(1, 1.0) + servers,
                      outside=bundles(s["num_workers"], s.get("cpus_per_worker", 1), s.get("gpus_per_worker", 0)))
+
+
+def headline(cfg: dict, metrics: dict) -> list[str]:
+    """The thesis's question (Table 5.1): does the CNN count better than the blob counter?"""
+    cnn, blob = metrics["test/mae"], metrics["baseline/mae"]
+    verdict = "better" if cnn < blob else "not better"
+    return [f"count MAE: CNN {cnn:.3g} vs blob counter {blob:.3g} ({cnn / blob:.2f}x, {verdict})"]
 
 
 def run(cfg: dict, ctx) -> dict[str, float]:

@@ -145,10 +145,16 @@ def run_train(cfg: dict, ctx) -> dict[str, float]:
                                                    b["cutoffs"], b["thresholds"], b["gain"], b["min_sigma"], b["max_sigma"])
     ctx.log_params({f"flower.baseline.fitted_{k}": v for k, v in params.items()})
 
-    # [5] train on the workers; the strategy (ring | ps sync | ps async) is the launcher's business
+    # [5] train on the workers; the strategy (ring | ps sync | ps async) is the launcher's business.
+    #     With val_fraction > 0 some training tiles are held back and scored after every
+    #     val_every epochs by rank 0 (val/mae): the per-epoch metric a sweep's ASHA cuts on.
     run_storage.delete("workers")
+    n_val = int(round(float(f.get("val_fraction", 0.0)) * len(train_idx)))
+    val_idx = train_idx[np.random.default_rng((cfg["seed"], 1)).permutation(len(train_idx))[:n_val]]
+    train_idx = np.setdiff1d(train_idx, val_idx)
     loop_config = {
         "cache": tile_store.child("tiles"), "train_idx": train_idx.tolist(), "run_storage": run_storage,
+        "val_idx": val_idx.tolist(), "val_every": int(f.get("val_every", 1)),
         "seed": cfg["seed"], "batch_size": f["batch_size"], "prefetch": f["prefetch"], "epochs": f["epochs"],
         "sigma": f["sigma"], "density_scale": f["density_scale"], "optimizer": dict(f["optimizer"]),
         "profile_every": f["profile_every"], "checkpoint_every": cfg["strategy"].get("checkpoint_every", 1),

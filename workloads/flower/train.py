@@ -101,6 +101,22 @@ def _maybe_inject_fault(config: dict, env, run_storage, epoch: int, ctx) -> None
     os._exit(1)  # a hard crash, like a killed process: no Python cleanup, no report
 
 
+@torch.no_grad()
+def validation_mae(model, tiles: TileSet, val_idx: list[int], scale: float, device) -> float:
+    """Count MAE on the held-back tiles, on rank 0 alone: through the plain module, so DDP's
+    forward (which syncs buffers with the other ranks) is not entered by one rank only."""
+    from workloads.flower.evaluate import predict_density
+
+    plain = getattr(model, "module", model)
+    was_training = plain.training
+    plain.eval()
+    try:
+        maps, _ = predict_density(plain, np.asarray(tiles.images[np.asarray(val_idx)]), scale, device=str(device))
+    finally:
+        plain.train(was_training)
+    return float(np.abs(maps.sum(axis=(1, 2)) - tiles.counts[np.asarray(val_idx)]).mean())
+
+
 def train_loop(config: dict) -> None:
     """Ray Train worker entry point; config = the loop config of `driver.run_train` + ctx, strategy (+ ps_group)."""
     from orchard.strategies import worker
@@ -192,7 +208,10 @@ def train_loop(config: dict) -> None:
             recent = losses[-steps_per_epoch:] or [float("nan")]
             worker.save_checkpoint(replica.state_dict(), {"train/epoch_loss": float(np.mean(recent))}, epoch)
         if env.rank == 0:
-            ctx.log_metrics({"train/epoch": epoch + 1}, step=global_step)
+            epoch_metrics = {"train/epoch": epoch + 1}
+            if config.get("val_idx") and (epoch + 1) % int(config.get("val_every", 1)) == 0:
+                epoch_metrics["val/mae"] = validation_mae(replica.model, tiles, config["val_idx"], scale, env.device)
+            ctx.log_metrics(epoch_metrics, step=global_step)
 
     # [8] hand the driver this worker's completion time and throughput; rank 0 keeps the model
     summary = {"rank": env.rank, "completion_s": time.time() - started, "throughput": series,

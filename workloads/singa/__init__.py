@@ -168,6 +168,17 @@ def resume(cfg: dict, previous_run_dir: str) -> None:
     cfg["singa"]["resume"] = str(previous_run_dir)
 
 
+def headline(cfg: dict, metrics: dict) -> list[str]:
+    """Test accuracy against the app's own target (conf/singa/apps/<app>.yaml)."""
+    s = cfg["singa"]
+    net = f"{s.get('net') or s['app']} on {s['arch']}"
+    acc = metrics["test/accuracy"]
+    target = metrics.get("test/target_accuracy")
+    if target is None:
+        return [f"test accuracy {acc:.3f} ({net})"]
+    return [f"test accuracy {acc:.3f} vs target {target:.2f} ({'met' if acc >= target else 'not met'}; {net})"]
+
+
 def run(cfg: dict, ctx) -> dict[str, float]:
     """Train ``singa.app`` under ``singa.arch`` (returns the final metrics), or, with
     mode=predict, classify files with a trained net (predict.py)."""

@@ -191,6 +191,7 @@ def fit(spec: dict, arch: dict, cfg: dict, ctx, epochs: int, target: float | Non
              "comm/group_param_bytes_per_step": stats["group_param_bytes_per_step"], "comm/wait_s": stats["comm_s"]}
     if target is not None and "test/accuracy" in last_eval:
         final["test/reached_target"] = float(reached is not None)
+        final["test/target_accuracy"] = float(target)
         if reached is not None:
             final["time/to_target_s"] = reached
     final = {prefix + k: v for k, v in final.items()}

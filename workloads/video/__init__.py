@@ -126,6 +126,16 @@ def resources(cfg: dict):
                      outside=bundles(workers, s.get("cpus_per_worker", 1), s.get("gpus_per_worker", 0)))
 
 
+def headline(cfg: dict, metrics: dict) -> list[str]:
+    """The best fusion of the streams against chance, and each stream alone."""
+    fused = {k[len("val/agg_"):-len("_top1")]: v for k, v in metrics.items()
+             if k.startswith("val/agg_") and k.endswith("_top1")}
+    best = max(fused, key=fused.get)
+    streams = ", ".join(f"{k[4:-5]} {v:.3f}" for k, v in sorted(metrics.items())
+                        if k.endswith("_top1") and k.startswith("val/") and not k.startswith(("val/agg_", "val/chance")))
+    return [f"top-1: fused {fused[best]:.3f} ({best}) vs chance {metrics['val/chance_top1']:.3f}; streams alone: {streams}"]
+
+
 def run(cfg: dict, ctx) -> dict[str, float]:
     """Train and evaluate the two-stream pipeline (returns the final metrics), or, with
     mode=predict, classify videos and find their highlights with a trained model (predict.py)."""
