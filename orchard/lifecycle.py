@@ -402,11 +402,23 @@ def _print_summary(cfg: dict, module, name: str, tracked, status: str, run_dir: 
     footer = [f"run dir:   {run_dir}"]
     if tracked:
         n = sum(isinstance(v, (int, float)) for v in metrics.values())
-        footer.append(f"MLflow:    run {tracked.run_id} (experiment {tracked.experiment_id}), {n} metrics, figures, log")
+        footer.append(f"MLflow:    run {tracked.run_id} (experiment {tracked.experiment_id}), {n} metrics, the run's log and artifacts")
+        figures = _figure_names(tracked)
+        if figures:
+            footer.append(f"figures:   {', '.join(figures)} (artifacts figures/)")
         footer.append(f"view:      {tracking.ui_command(tracked.tracking_uri)}")
         if status in ("KILLED", "FAILED") and hasattr(module, "resume"):
             footer.append(f"resume:    python -m orchard resume {tracked.run_id}" + _uri_arg(cfg))
     say(summary.render(title, summary.headline(module, cfg, metrics), metrics, footer))
+
+
+def _figure_names(tracked) -> list[str]:
+    """The run's figures (PNG artifacts under figures/), by name, for the summary."""
+    try:
+        found = tracked.client().list_artifacts(tracked.run_id, "figures")
+    except Exception:  # an artifact store that cannot list: the UI still shows them
+        return []
+    return sorted(Path(a.path).stem for a in found if a.path.endswith(".png"))
 
 
 def _uri_arg(cfg: dict) -> str:

@@ -73,9 +73,28 @@ def save_model(ctx, workload: str, write: Callable[[Path, dict], None], extra_me
     if ctx.run_id and ctx.tracking_uri:
         from mlflow.tracking import MlflowClient
 
-        MlflowClient(ctx.tracking_uri).log_artifacts(ctx.run_id, str(path), MODEL_DIR)
-        ctx.set_tags({"orchard.model_uri": f"runs:/{ctx.run_id}/{MODEL_DIR}"})
+        client = MlflowClient(ctx.tracking_uri)
+        client.log_artifacts(ctx.run_id, str(path), MODEL_DIR)
+        ctx.set_tags({"orchard.model_uri": f"runs:/{ctx.run_id}/{MODEL_DIR}",
+                      "orchard.logged_model": _logged_model(client, ctx.run_id, workload, path)})
     return path
+
+
+def _logged_model(client, run_id: str, workload: str, path: Path) -> str:
+    """The same model as an MLflow 3 LoggedModel of the run (the UI's Models tab,
+    ``mlflow.search_logged_models``, ``models:/<model id>``); returns its URI."""
+    from mlflow.entities import LoggedModelStatus
+
+    experiment_id = client.get_run(run_id).info.experiment_id
+    model = client.create_logged_model(experiment_id, name=MODEL_DIR, source_run_id=run_id,
+                                       tags={"orchard.workload": workload})
+    try:
+        client.log_model_artifacts(model.model_id, str(path))
+    except Exception:
+        client.finalize_logged_model(model.model_id, LoggedModelStatus.FAILED)
+        raise
+    client.finalize_logged_model(model.model_id, LoggedModelStatus.READY)
+    return f"models:/{model.model_id}"
 
 
 def save_pyfunc(path: Path, metadata: dict, loader_module: str, data_path: Path, input_example, output_example,

@@ -143,3 +143,23 @@ def test_register_best_puts_the_trials_model_in_the_registry_with_its_metric_and
     mlflow.set_tracking_uri(uri)
     model = mlflow.pyfunc.load_model(got)
     assert model.metadata.metadata["orchard_workload"] == "forest"
+
+
+@pytest.mark.slow
+def test_a_training_run_logs_an_mlflow_logged_model_too(cli_run, tmp_path):
+    """MLflow 3's LoggedModel (the UI's Models tab, search_logged_models, models:/<id>): the same
+    model as the run's model/ artifact, downloadable and owned by the workload."""
+    import mlflow
+
+    from orchard.models import resolve_model
+
+    run = cli_run("workload=singa", "singa.arch=local")
+    assert run.exit_code == 0, run.console[-2000:]
+    exps = [e.experiment_id for e in run.client.search_experiments()]
+    mine = [m for m in mlflow.MlflowClient(run.uri).search_logged_models(exps)
+            if m.source_run_id == run.run_id]
+    assert len(mine) == 1 and str(mine[0].status).endswith("READY"), mine
+    uri = run.run.data.tags["orchard.logged_model"]
+    assert uri == f"models:/{mine[0].model_id}"
+    local, meta = resolve_model(uri, "singa", run.uri, tmp_path / "dl")
+    assert (local / "MLmodel").is_file() and meta["orchard_workload"] == "singa"
