@@ -182,10 +182,18 @@ def render_avatar_image(seed_seq, height: int, width: int):
     return render_spheres(centres, radii, labels, height, width, focal_length_px(width))
 
 
+def _in_storage(folder) -> bool:
+    """An ``orchard.storage.Storage`` folder rather than a local path (a ``Path`` has
+    ``write_bytes`` too, so the type decides, not the method)."""
+    import os
+
+    return not isinstance(folder, (str, os.PathLike))
+
+
 def _render_chunk(out_dir: str, indices: list[int], seed: int, split: int,
                   height: int, width: int, palette: np.ndarray) -> int:
     from .depth_png import write_pair  # worker side import keeps cv2 out of the driver path
-    if hasattr(out_dir, "write_bytes"):  # an orchard.storage.Storage: render here, publish there
+    if _in_storage(out_dir):  # an orchard.storage.Storage: render here, publish there
         import tempfile
 
         with tempfile.TemporaryDirectory(prefix="orchard-render-") as tmp:
@@ -210,7 +218,7 @@ def render_dataset(out_dir: Path, count: int, seed: int, split: int, height: int
     """
     import ray
 
-    remote = hasattr(out_dir, "write_bytes")  # a folder in the run storage (s3://...): stems are URIs
+    remote = _in_storage(out_dir)  # a folder in the run storage (s3://...): stems are URIs
     if not remote:
         out_dir.mkdir(parents=True, exist_ok=True)
     render = ray.remote(num_cpus=1)(_render_chunk)
