@@ -37,6 +37,35 @@ def exit_code(exc: BaseException) -> int:
     return exc.exit_code if isinstance(exc, Interrupted) else 128 + signal.SIGINT
 
 
+# A handler's exception raised while the main thread runs a weakref callback or ``__del__``
+# (the garbage collector runs them at any bytecode; sqlalchemy's registries do) is printed as
+# "Exception ignored in ..." and dropped: the Ctrl-C would be lost and the run go on.  Python
+# hands such exceptions to ``sys.unraisablehook``; orchard's delivers the signal again, so it is
+# raised once more where it can propagate.
+def _unraisable(unraisable) -> None:
+    import os
+
+    if isinstance(unraisable.exc_value, Interrupted):
+        # from another thread, a moment later: raised here, it would be dropped again
+        timer = threading.Timer(0.05, os.kill, (os.getpid(), unraisable.exc_value.signum))
+        timer.daemon = True
+        timer.start()
+        return
+    _previous_unraisable(unraisable)
+
+
+def _install_unraisable_hook() -> None:
+    global _previous_unraisable
+    import sys
+
+    if sys.unraisablehook is not _unraisable:
+        _previous_unraisable = sys.unraisablehook
+        sys.unraisablehook = _unraisable
+
+
+_previous_unraisable = None
+
+
 def _in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
@@ -87,6 +116,7 @@ def raising():
     """SIGINT and SIGTERM raise ``Interrupted`` in the main thread."""
     global _forwarded_term
     _forwarded_term = False
+    _install_unraisable_hook()
     return _handling(_on_signal)
 
 

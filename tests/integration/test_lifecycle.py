@@ -94,8 +94,8 @@ def common(tmp_path: Path, uri: str) -> list[str]:
 # --------------------------------------------------------------------------- Ctrl-C and SIGTERM
 @pytest.mark.parametrize("args, sig, needle", [
     # mid-epoch of a Ray Train run (the progress line is drawn from the workers' step reports)
-    (["workload=flower", "strategy=ring", "flower.epochs=50"], signal.SIGINT, "epoch"),
-    (["workload=flower", "strategy=ps", "flower.epochs=50"], signal.SIGTERM, "epoch"),
+    (["workload=flower", "strategy=ring", "flower.epochs=50"], signal.SIGINT, "epoch 1/"),
+    (["workload=flower", "strategy=ps", "flower.epochs=50"], signal.SIGTERM, "epoch 1/"),
     # video: mid-training of a stream, inside its Ray Data + Train pipeline
     (["workload=video", "video.epochs=30"], signal.SIGINT, "epoch 1"),
     # forest: mid-round of Ray tasks and histogram actors

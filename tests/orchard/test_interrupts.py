@@ -60,3 +60,33 @@ def test_sigterm_while_ray_defers_sigint_during_a_task_submission_is_still_sigte
 
 def test_a_plain_keyboard_interrupt_counts_as_ctrl_c():
     assert interrupts.exit_code(KeyboardInterrupt()) == 130
+
+
+def test_a_signal_that_lands_in_a_garbage_collector_callback_is_not_lost():
+    """Raised inside a weakref callback (as sqlalchemy's are, run by the collector at any
+    bytecode), the Interrupted would be dropped as "Exception ignored"; it is delivered again."""
+    import os
+    import signal
+    import time
+    import weakref
+
+    from orchard import interrupts
+
+    class Thing:
+        pass
+
+    def callback(ref):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.01)  # the handler runs here, inside the callback
+
+    with interrupts.raising():
+        try:
+            thing = Thing()
+            ref = weakref.ref(thing, callback)  # noqa: F841
+            del thing
+            deadline = time.time() + 5
+            while time.time() < deadline:
+                time.sleep(0.01)
+            raise AssertionError("the SIGTERM was lost")
+        except KeyboardInterrupt as exc:
+            assert interrupts.exit_code(exc) == 143
