@@ -144,10 +144,10 @@ CASES = {
 }
 
 
-# CI runs flower-ps (Ray Train workers and parameter servers on both nodes, tiles from the bucket)
-# and forest (tasks and actors); the other two take 4 minutes each on 2 cores and run with
+# CI runs flower-ps (Ray Train workers and parameter servers on both nodes, tiles and checkpoints
+# in the bucket); the other three take 4 minutes each on 2 cores and run with
 # ORCHARD_ALL_CLUSTER_CASES=1 (docs/cluster.md).
-IN_CI = ("flower-ps", "forest")
+IN_CI = ("flower-ps",)
 
 
 @pytest.mark.parametrize("case", [c if c in IN_CI or os.environ.get("ORCHARD_ALL_CLUSTER_CASES") else
