@@ -127,7 +127,7 @@ def test_register_best_puts_the_trials_model_in_the_registry_with_its_metric_and
     from orchard.models import register_best
 
     uri = f"sqlite:///{tmp_path}/m.db"
-    client = MlflowClient(uri)
+    client = MlflowClient(uri, registry_uri=uri)  # not a registry another test set globally
     exp = client.create_experiment("sweep", artifact_location=(tmp_path / "art").as_uri())
     trial, parent = client.create_run(exp), client.create_run(exp)
     client.log_artifacts(trial.info.run_id, str(_forest_model(tmp_path)), "model")
