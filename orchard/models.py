@@ -86,7 +86,9 @@ def _logged_model(client, run_id: str, workload: str, path: Path) -> str:
     from mlflow.entities import LoggedModelStatus
 
     experiment_id = client.get_run(run_id).info.experiment_id
-    model = client.create_logged_model(experiment_id, name=MODEL_DIR, source_run_id=run_id,
+    # not named like the run's model/ folder: MLflow 3.17 then lists that folder through the
+    # LoggedModel, with the *global* tracking URI, and a client on another store fails
+    model = client.create_logged_model(experiment_id, name=f"orchard-{workload}", source_run_id=run_id,
                                        tags={"orchard.workload": workload})
     try:
         client.log_model_artifacts(model.model_id, str(path))

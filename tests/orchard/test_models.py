@@ -161,5 +161,7 @@ def test_a_training_run_logs_an_mlflow_logged_model_too(cli_run, tmp_path):
     assert len(mine) == 1 and str(mine[0].status).endswith("READY"), mine
     uri = run.run.data.tags["orchard.logged_model"]
     assert uri == f"models:/{mine[0].model_id}"
+    # the run's model/ folder still lists through a client on this store (not the global one)
+    assert any(a.path.endswith("MLmodel") for a in run.client.list_artifacts(run.run_id, "model"))
     local, meta = resolve_model(uri, "singa", run.uri, tmp_path / "dl")
     assert (local / "MLmodel").is_file() and meta["orchard_workload"] == "singa"
