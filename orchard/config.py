@@ -33,6 +33,12 @@ def group_options(group: str) -> list[str]:
     return sorted(found)
 
 
+def searchpath_override() -> list[str]:
+    """Hydra's search path for registered workloads' and ``--config-dir`` folders (or nothing)."""
+    extra = registry.extra_config_dirs()
+    return ["hydra.searchpath=[" + ",".join(f"file://{d}" for d in extra) + "]"] if extra else []
+
+
 def compose(overrides: Iterable[str] = (), return_hydra: bool = False) -> dict:
     """Compose ``conf/config.yaml`` with command-line style overrides into a plain dict.
 
@@ -50,10 +56,7 @@ def compose(overrides: Iterable[str] = (), return_hydra: bool = False) -> dict:
     from omegaconf import OmegaConf, open_dict
     from omegaconf.errors import OmegaConfBaseException
 
-    overrides = list(overrides)
-    extra = registry.extra_config_dirs()
-    if extra:
-        overrides.append("hydra.searchpath=[" + ",".join(f"file://{d}" for d in extra) + "]")
+    overrides = [*overrides, *searchpath_override()]
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
@@ -92,14 +95,10 @@ def hydra_node(overrides: Iterable[str]) -> dict:
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
-    overrides = list(overrides)
-    extra = registry.extra_config_dirs()
-    if extra:
-        overrides.append("hydra.searchpath=[" + ",".join(f"file://{d}" for d in extra) + "]")
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-            cfg = hydra_compose("config", overrides=overrides, return_hydra_config=True)
+            cfg = hydra_compose("config", overrides=[*overrides, *searchpath_override()], return_hydra_config=True)
             return OmegaConf.to_container(cfg.hydra, resolve=False)
     finally:
         GlobalHydra.instance().clear()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 
 from orchard import config as config_lib
-from orchard import interrupts, lifecycle, registry
+from orchard import interrupts, lifecycle
 from orchard.console import say
 from orchard.errors import ConfigError
 
@@ -48,9 +48,7 @@ def run_multirun(overrides: list[str]) -> int:
         if outcome.exit_code > 128:
             stopped.append(outcome.exit_code)
 
-    extra = registry.extra_config_dirs()
-    if extra:
-        overrides = [*overrides, "hydra.searchpath=[" + ",".join(f"file://{d}" for d in extra) + "]"]
+    overrides = [*overrides, *config_lib.searchpath_override()]
     sys.argv = [sys.argv[0], "--multirun", *overrides, "hydra.job.chdir=false"]
     try:
         with interrupts.raising():
