@@ -233,6 +233,8 @@ def run_one(cfg: dict, module, parent_run_id: str | None = None, on_metrics=None
             from orchard.runs import Heartbeat
 
             heartbeat = Heartbeat(tracked.client(), tracked.run_id)
+            if not quiet:  # where to watch it while it runs (a team's server, or the local store)
+                say(f"orchard: MLflow run {tracked.run_id} at {_tracking_address(tracked.tracking_uri)}")
     run_id = tracked.run_id if tracked else None
     status, error, metrics, exit_code = "FINISHED", None, {}, 0
     run_dir = (Path(cfg["_run_dir"]) if cfg.get("_run_dir") and parent_run_id is None  # not a sweep trial's
@@ -419,6 +421,14 @@ def _figure_names(tracked) -> list[str]:
     except Exception:  # an artifact store that cannot list: the UI still shows them
         return []
     return sorted(Path(a.path).stem for a in found if a.path.endswith(".png"))
+
+
+def _tracking_address(uri: str) -> str:
+    """The tracking store as a user opens it: a server's URL as it is, a local store with the UI
+    command that serves it."""
+    from orchard import tracking
+
+    return uri if uri.startswith(("http://", "https://")) else f"{uri} (view: {tracking.ui_command(uri)})"
 
 
 def _uri_arg(cfg: dict) -> str:

@@ -273,6 +273,8 @@ def test_a_run_against_a_real_mlflow_server_records_metrics_and_artifacts(mlflow
     (run,) = runs(mlflow_server)
     assert run.info.status == "FINISHED"
     assert run.data.metrics["test/accuracy"] > 0.5
+    # the team's server is named at start, where the run can be watched while it trains
+    assert f"orchard: MLflow run {run.info.run_id} at {mlflow_server}" in done.stdout, done.stdout[-2000:]
     names = [a.path for a in MlflowClient(mlflow_server).list_artifacts(run.info.run_id)]
     assert "config.yaml" in names
 
