@@ -22,8 +22,15 @@ def validate(cfg: dict) -> None:
     from orchard.errors import ConfigError
     from workloads.singa.apps.dataset import DATASETS
     from workloads.singa.partition import SCHEMES
-    from workloads.singa.settings import (APPS, arch_names, check_net, load_net, net_key, resolve_arch,
-                                          resolve_training)
+    from workloads.singa.settings import (
+        APPS,
+        arch_names,
+        check_net,
+        load_net,
+        net_key,
+        resolve_arch,
+        resolve_training,
+    )
     from workloads.singa.updaters import UPDATERS
 
     s = cfg["singa"]
@@ -108,6 +115,22 @@ def _reject_ignored_keys(cfg: dict, arch: dict) -> None:
     if strategy.get("backend", "auto") not in ("auto", "gloo"):
         raise ConfigError("strategy.backend", f"auto or gloo for workload=singa (groups all-reduce CPU tensors), "
                           f"got {strategy['backend']!r}")
+    if int(strategy.get("max_failures", 0) or 0) != 0:
+        # A group's actor holds its data shard, updater state and push count; its peers wait on
+        # its pushes (sync servers, the gloo ring), so a restart would need all of them rewound.
+        raise ConfigError("strategy.max_failures", "0 for workload=singa (a worker group that dies ends the run; "
+                          "`python -m orchard resume <run id>` goes on from its last checkpointed epoch), "
+                          f"got {strategy['max_failures']}")
+    fixed = (s.get("fixed_groups") or {}).get(name)
+    if fixed is not None and int(strategy.get("num_workers", fixed)) != int(fixed):
+        raise ConfigError("strategy.num_workers", f"{fixed} for singa.arch={name} (it has {fixed} worker group; "
+                          f"more: singa.arch=sync_ps, async_ps, replicated or allreduce), got {strategy['num_workers']}")
+    if serverless and int(strategy.get("num_servers", 1) or 1) != 1:
+        raise ConfigError("strategy.num_servers", f"1 for singa.arch={name} (it has no servers), "
+                          f"got {strategy['num_servers']}")
+    if serverless and float(strategy.get("cpus_per_server", 0) or 0) > 0:
+        raise ConfigError("strategy.cpus_per_server", f"0 for singa.arch={name} (it has no servers), "
+                          f"got {strategy['cpus_per_server']}")
     if strategy.get("mode") == "async" and arch.get("mode") != "async":
         raise ConfigError("strategy.mode", f"async asks for Downpour (singa.arch=async_ps); singa.arch={name} is "
                           "synchronous")
@@ -154,12 +177,9 @@ def resources(cfg: dict):
 
 def resume(cfg: dict, previous_run_dir: str) -> None:
     """``python -m orchard resume <run id>``: go on from that run's last checkpointed epoch."""
-    from pathlib import Path
-
     from orchard.errors import ConfigError
-    from workloads.singa.train import CHECKPOINT_NAME
-
     from orchard.storage import Storage
+    from workloads.singa.train import CHECKPOINT_NAME
 
     # the run storage (orchard/storage.py), so the driver's run folder may be gone
     if not Storage.for_run(cfg, previous_run_dir).exists(CHECKPOINT_NAME):

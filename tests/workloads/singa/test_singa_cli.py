@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-import workloads.singa as singa
 from orchard.config import validate
 from orchard.errors import ConfigError
+from workloads import singa
 
 
 @pytest.mark.parametrize("strategy,arch", [("ps", "sync_ps"), ("ring", "allreduce")])
@@ -71,12 +71,46 @@ def test_async_ps_servers_run_adagrad_like_downpour(compose):
     (["singa.arch=allreduce", "singa.cluster.servers_per_group=2"], "singa.cluster.servers_per_group"),
     (["singa.arch=local", "singa.cluster.server_updater={name:adagrad}"], "singa.cluster.server_updater"),
     (["singa.cluster.workers_per_group=2"], "singa.partition"),
+    # a dead group ends the run (resume goes on): restarts are refused, not ignored
+    (["strategy.max_failures=2"], "strategy.max_failures"),
+    (["strategy=ring", "strategy.max_failures=-1"], "strategy.max_failures"),
+    # local has one group: strategy.num_workers would be ignored
+    (["singa.arch=local", "strategy.num_workers=2"], "strategy.num_workers"),
+    # the serverless archs have no servers to separate, count or give CPUs
+    (["singa.arch=local", "singa.cluster.separate_servers=false"], "singa.cluster.separate_servers"),
+    (["strategy=ring", "singa.cluster.separate_servers=false"], "singa.cluster.separate_servers"),
+    (["singa.arch=allreduce", "strategy.num_servers=2"], "strategy.num_servers"),
+    (["singa.arch=local", "strategy.cpus_per_server=1"], "strategy.cpus_per_server"),
 ])
 def test_bad_config_names_the_key(compose, overrides, key):
     cfg = compose("workload=singa", *overrides)
     with pytest.raises(ConfigError) as err:
         validate(cfg, singa)
     assert err.value.key == key
+
+
+def test_defaults_of_the_strategy_keys_singa_reads_are_valid_for_every_arch(compose):
+    """strategy.num_workers follows the arch (local: 1 group) and max_failures is 0, so a plain
+    ``singa.arch=<name>`` passes the checks above that refuse ignored values."""
+    for arch in ("local", "sync_ps", "async_ps", "replicated", "allreduce"):
+        cfg = compose("workload=singa", f"singa.arch={arch}")
+        validate(cfg, singa)
+        assert cfg["strategy"]["num_workers"] == (1 if arch == "local" else 2)
+        assert cfg["strategy"]["max_failures"] == 0
+
+
+def test_separate_servers_decides_whether_the_servers_hold_cpus(compose, ray_session):
+    from workloads.singa.settings import resolve_arch
+
+    held = {}
+    for separate in ("true", "false"):
+        cfg = compose("workload=singa", "strategy.cpus_per_server=1", "strategy.num_servers=2",
+                      f"singa.cluster.separate_servers={separate}")
+        validate(cfg, singa)
+        held[separate] = (resolve_arch(cfg)["cpus_per_server"], singa.resources(cfg).in_trial)
+    # separate: 2 server actors of 1 CPU each in the run's reservation; shared: they hold none
+    assert held["true"] == (1.0, ({"CPU": 1.0}, {"CPU": 1.0}))
+    assert held["false"] == (0.0, ())
 
 
 @pytest.mark.slow
