@@ -6,7 +6,13 @@ its hidden layers learned.
   and the architecture (``singa.arch``): runs of one app under different archs compare side by
   side in MLflow and in ``notebooks/singa_architectures.ipynb``;
 - ``tsne_<layer>.png``: 2-d t-SNE of a hidden layer's features on test images, one colour per
-  class (Appendix A, Fig. 7/8/15).
+  class (Appendix A, Fig. 7/8/15);
+- ``architectures.png`` (with ``tables/architectures.json``): this run beside the latest
+  finished run of every other architecture (``singa.arch`` and its ``singa.cluster`` overrides)
+  of the same net, data and size in the same MLflow experiment: time to the target accuracy and
+  bytes moved per step (Fig. 12-14 in miniature).  Run the archs one after another and the last
+  run's figure compares them all; ``python -m workloads.singa.figures <tracking uri> <png>``
+  draws the same from a store (docs/singa.md).
 """
 from __future__ import annotations
 
@@ -71,3 +77,132 @@ def tsne_figure(features: np.ndarray, labels: np.ndarray, title: str, seed: int 
     ax.set_yticks([])
     fig.tight_layout()
     return fig
+
+
+# What makes two runs comparable, and what tells their architectures apart (MLflow params).
+_SAME = ("workload.name", "singa.app", "singa.net", "singa.resolved_data", "smoke", "seed")
+_COMPARED = ("time/to_target_s", "comm/bytes_per_step", "test/accuracy", "test/target_accuracy",
+             "throughput/images_per_s", "time/train_s")
+
+
+def arch_label(params: dict) -> str:
+    """``async_ps sample_ratio=0.5``: the arch a run asked for and its ``singa.cluster`` overrides."""
+    extra = [f"{k.split('.')[-1]}={v}" for k, v in sorted(params.items())
+             if k.startswith("singa.cluster.") and v not in ("None", "null", None)]
+    return " ".join([str(params.get("singa.arch"))] + extra)
+
+
+def architecture_rows(client, experiment_id: str, like: dict, current: dict | None = None) -> list[dict]:
+    """One row per architecture label: the newest FINISHED run whose params match ``like`` on
+    ``_SAME`` (``current``, this run's own ``{"label", "run_id", metrics...}``, replaces its label's
+    row).  Each row: label, run_id and the ``_COMPARED`` metrics it has."""
+    rows: dict[str, dict] = {}
+    for run in client.search_runs([experiment_id], "attributes.status = 'FINISHED'",
+                                  order_by=["attributes.start_time DESC"], max_results=500):
+        params = run.data.params
+        if any(params.get(k) != like.get(k) for k in _SAME):
+            continue
+        label = arch_label(params)
+        if label not in rows:
+            rows[label] = {"label": label, "run_id": run.info.run_id,
+                           **{k: v for k, v in run.data.metrics.items() if k in _COMPARED}}
+    if current is not None:
+        rows[current["label"]] = current
+    order = ("local", "sync_ps", "async_ps", "replicated", "allreduce")
+    return sorted(rows.values(), key=lambda r: (next((i for i, a in enumerate(order) if r["label"].startswith(a)),
+                                                     len(order)), r["label"]))
+
+
+def architectures_figure(rows: list[dict], title: str):
+    """Left: time to the target accuracy (s of training; 'not reached' where it was not);
+    right: bytes all groups moved per step (MB), one bar per architecture."""
+    plt = pyplot()
+    labels = [r["label"].replace(" ", "\n", 1) for r in rows]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    ax = axes[0]
+    times = [r.get("time/to_target_s") for r in rows]
+    bars = ax.bar(labels, [t or 0.0 for t in times], color="tab:blue")
+    for bar, t, r in zip(bars, times, rows):
+        acc = r.get("test/accuracy")
+        note = f"{t:.1f} s" if t is not None else "not reached"
+        ax.annotate(f"{note}\nacc {acc:.3f}" if acc is not None else note, (bar.get_x() + bar.get_width() / 2,
+                    bar.get_height()), ha="center", va="bottom", fontsize=7)
+    target = next((r["test/target_accuracy"] for r in rows if r.get("test/target_accuracy") is not None), None)
+    ax.set_ylabel("training time to target (s)" + (f", target {target:g}" if target is not None else ""))
+    ax = axes[1]
+    mb = [r.get("comm/bytes_per_step", 0.0) / 1e6 for r in rows]
+    bars = ax.bar(labels, mb, color="tab:orange")
+    for bar, v in zip(bars, mb):
+        ax.annotate(f"{v:.2f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
+                    fontsize=7)
+    ax.set_ylabel("MB moved per step (all groups)")
+    for ax in axes:
+        ax.tick_params(axis="x", labelsize=7)
+        ax.grid(axis="y", alpha=0.3)
+        ax.margins(y=0.2)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def log_architecture_comparison(ctx, cfg: dict, final: dict) -> None:
+    """``figures/architectures.png`` and ``tables/architectures.json``: this run (its ``final``
+    metrics, not yet in the store) beside the other architectures' latest runs (see the module
+    doc).  Nothing when the run is not tracked."""
+    if not ctx.run_id or not ctx.tracking_uri:
+        return
+    from mlflow.tracking import MlflowClient
+
+    ctx.flush()
+    client = MlflowClient(ctx.tracking_uri)
+    run = client.get_run(ctx.run_id)
+    current = {"label": arch_label(run.data.params), "run_id": ctx.run_id,
+               **{k: v for k, v in final.items() if k in _COMPARED}}
+    rows = architecture_rows(client, run.info.experiment_id, run.data.params, current)
+    ctx.log_dict({"rows": rows}, "tables/architectures.json")
+    plt = pyplot()
+    fig = architectures_figure(rows, _title(run.data.params))
+    ctx.log_figure(fig, "figures/architectures.png")
+    plt.close(fig)
+
+
+def _title(params: dict) -> str:
+    net = params.get("singa.net") if params.get("singa.net") not in (None, "None") else params.get("singa.app")
+    return f"singa {net} on {params.get('singa.resolved_data')}: architectures compared (latest run of each)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m workloads.singa.figures <tracking uri> <out.png> [experiment, default singa]``: the
+    architectures figure of the newest singa run in the store (what docs/singa.md shows)."""
+    import sys
+
+    from mlflow.tracking import MlflowClient
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) not in (2, 3):
+        print("usage: python -m workloads.singa.figures <tracking uri> <out.png> [experiment name]", file=sys.stderr)
+        return 2
+    client = MlflowClient(args[0])
+    name = args[2] if len(args) == 3 else "singa"  # tracking.experiment's default: the workload's name
+    experiment = client.get_experiment_by_name(name)
+    if experiment is None:
+        print(f"no experiment {name!r} in {args[0]}", file=sys.stderr)
+        return 2
+    newest = client.search_runs([experiment.experiment_id], "params.`workload.name` = 'singa' and "
+                                "attributes.status = 'FINISHED'", order_by=["attributes.start_time DESC"], max_results=1)
+    if not newest:
+        print(f"no finished singa run in {args[0]}", file=sys.stderr)
+        return 2
+    rows = architecture_rows(client, experiment.experiment_id, newest[0].data.params)
+    fig = architectures_figure(rows, _title(newest[0].data.params))
+    fig.savefig(args[1], dpi=110)
+    for r in rows:
+        t = r.get("time/to_target_s")
+        print(f"| {r['label']} | {r.get('test/accuracy', float('nan')):.3f} | "
+              f"{'not reached' if t is None else f'{t:.1f} s'} | {r.get('comm/bytes_per_step', 0) / 1e6:.2f} | "
+              f"{r.get('throughput/images_per_s', float('nan')):,.0f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

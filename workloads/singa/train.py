@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import json
 import math
-import os
 import time
 from pathlib import Path
 
@@ -15,9 +14,14 @@ import ray
 import torch
 import yaml
 
-from workloads.singa.figures import log_learning_curves
+from workloads.singa.figures import log_architecture_comparison, log_learning_curves
 from workloads.singa.layers.base import import_layer_modules
-from workloads.singa.settings import group_spec, load_net, resolve_arch, resolve_training
+from workloads.singa.settings import (
+    group_spec,
+    load_net,
+    resolve_arch,
+    resolve_training,
+)
 
 
 def run_app(cfg: dict, ctx) -> dict[str, float]:
@@ -73,6 +77,7 @@ def run_app(cfg: dict, ctx) -> dict[str, float]:
     if s.get("tsne") and app.get("tsne_layers"):
         final.update(tsne_figures(spec, out["params"], app["tsne_layers"], int(s["tsne_samples"]), ctx))
     log_learning_curves(ctx, s.get("net") or s["app"], s["arch"], train.get("target_accuracy"))
+    log_architecture_comparison(ctx, cfg, final)
     return final
 
 
@@ -89,7 +94,7 @@ class Checkpointer:
         self.storage, self.every = storage, max(1, every)
         self.stage, self.base = 0, None
 
-    def for_stage(self, stage: int, base: dict | None) -> "Checkpointer":
+    def for_stage(self, stage: int, base: dict | None) -> Checkpointer:
         self.stage, self.base = stage, base
         return self
 
@@ -185,7 +190,10 @@ def fit(spec: dict, arch: dict, cfg: dict, ctx, epochs: int, target: float | Non
         params = machine.params()
     finally:
         machine.shutdown()
-    final = {**last_eval, "throughput/images_per_s": (done - first) * images_per_step / max(train_s, 1e-9),
+    # the partition of the data this stage saw, as numbers beside its accuracy (the param
+    # singa.data_partition says the same in words)
+    final = {**last_eval, "data/train_samples": float(sum(part["train_per_group"])), "data/test_samples": float(part["test"]),
+             "throughput/images_per_s": (done - first) * images_per_step / max(train_s, 1e-9),
              "time/train_s": train_s, "comm/bytes_per_step": stats["comm_bytes_per_step"],
              "comm/bridge_bytes_per_step": stats["bridge_bytes_per_step"],
              "comm/group_param_bytes_per_step": stats["group_param_bytes_per_step"], "comm/wait_s": stats["comm_s"]}
