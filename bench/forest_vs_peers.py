@@ -1,30 +1,35 @@
 """orchard's forest vs LightGBM, XGBoost and scikit-learn forests on the same pixels and candidates.
 
-    python bench/forest_vs_peers.py                      # both shapes (today's bench size, paper-like)
-    python bench/forest_vs_peers.py --shape today        # 63,580 pixels x 3 trees x 100 offsets
-    python bench/forest_vs_peers.py --shape paper        # 500,000 pixels x 2,000 offsets: needs ~12 GB RAM
-    python bench/forest_vs_peers.py --shape today forest.max_depth=12   # hydra overrides follow
+    python -m bench forest           # the 'today' shape: ~8 min on 2 idle cores (3 repeats)
+    python -m bench forest_paper     # 500,000 pixels x 2,000 offsets: needs ~12 GB RAM, ~1 h
 
-Every system learns from the same sampled training pixels and the same candidate offsets:
-orchard's tree t searches tree t's pool of `n_offsets` offset pairs (x `n_thresholds`
-thresholds) at every node, computing eq. 1 on the fly; the peers cannot, so they get the
-precomputed (pixels x all trees' offsets) response matrix, built in their own process and
-timed beside their training, and pick `max_features` = `n_offsets` candidates per node
-(orchard's candidates per node) from it:
-  LightGBM       one multiclass model, boosting_type="rf", feature_fraction_bynode
-  XGBoost        XGBRFClassifier (num_parallel_tree, colsample_bynode), if installed
-  scikit-learn   ExtraTreesClassifier and RandomForestClassifier, max_features=n_offsets
-Same tree count and depth, bagging of ~image_fraction x pixel_fraction of the pixels, balanced
-classes, all CPUs of the machine for each. Each system runs in a fresh process whose peak
-memory (RSS of the process and its children, sampled at 20 Hz: Ray's workers included for
-orchard) is reported. Accuracy: all body pixels of the held-out scenes.
-Take the figures on an IDLE machine: the load average is printed beside every row.
-Figures go to docs/benchmarks/forest.md.
+What is compared: the time to train a random forest of body-part classifiers on depth pixels,
+and the accuracy on every body pixel of held-out scenes (pixel accuracy, mean per-class accuracy).
+Why it is fair:
+- the same data: every system learns from the same sampled training pixels (rendered once by the
+  workload's own renderer, PNG writer and loader) and the same candidate depth-comparison offsets.
+  orchard computes eq. 1 on the fly for tree t's pool of `n_offsets` offsets; the peers cannot, so
+  they get the (pixels x all trees' offsets) response matrix, built in their own process and timed
+  as part of their work (peer time = matrix + training; both are in the row's quality).
+- the same model size: tree count, depth, bagging of image_fraction x pixel_fraction of the
+  pixels, balanced classes.
+- the same threads: each system in a fresh process with all CPUs of the machine (orchard: one Ray
+  worker per CPU; peers: n_jobs = CPUs); systems alternate within each repeat.
+- each peer configured as its own docs recommend for a random forest:
+    LightGBM        ONE multiclass model with boosting_type="rf" (bagging_fraction < 1 with
+                    bagging_freq=1, feature_fraction_bynode = orchard's candidates per node), not
+                    one forest per class;
+    XGBoost         XGBRFClassifier (num_parallel_tree, subsample and colsample_bynode < 1,
+                    tree_method="hist"), if installed (`pip install -e ".[bench]"`);
+    scikit-learn    ExtraTreesClassifier and RandomForestClassifier with max_features="sqrt",
+                    their documented default for classification (so they look at fewer candidates
+                    per node than orchard: sqrt(columns) against n_offsets; accuracy shows the cost).
+- orchard's numba kernels are compiled and its Ray workers started by an untimed one-tree warm-up;
+  the peers' libraries are imported before their timer starts.
+Full mode also times orchard with 1 worker against 2 (the 1 -> 2 worker speed-up).
 """
 from __future__ import annotations
 
-import argparse
-import json
 import multiprocessing as mp
 import os
 import sys
@@ -100,7 +105,7 @@ def stacked_examples(blocks, all_body_pixels: bool):
         img, ys, xs = (a.astype(np.int32) for a in np.nonzero((labels < 31) & (depths > 0)))
         return depths, img, ys, xs, labels[img, ys, xs]
     base = np.cumsum([0] + [len(b["depths"]) for b in blocks])[:-1]
-    cat = lambda k: np.concatenate([b[k] for b in blocks])  # noqa: E731
+    cat = lambda k: np.concatenate([b[k] for b in blocks])  
     img = np.concatenate([b["ex_img"] + o for b, o in zip(blocks, base)]).astype(np.int32)
     return depths, img, cat("ex_y"), cat("ex_x"), cat("ex_cls")
 
@@ -129,7 +134,7 @@ def peak_rss_sampler(stop: threading.Event, out: list) -> None:
     out.append(peak)
 
 
-def run_orchard(cfg, data_dir: Path, profile: bool) -> dict:
+def run_orchard(cfg, data_dir: Path, profile: bool, workers: int | None = None) -> dict:
     import ray
 
     from workloads.forest.inference import pack_forest, predict_pixels
@@ -138,10 +143,10 @@ def run_orchard(cfg, data_dir: Path, profile: bool) -> dict:
 
     f, seed, cpus = cfg["forest"], cfg["seed"], os.cpu_count()
     train_blocks, test_blocks = load_blocks(data_dir / "train.npz"), load_blocks(data_dir / "test.npz")
-    ray.init(num_cpus=cpus, include_dashboard=False, logging_level="ERROR")
+    ray.init(address="local", num_cpus=cpus, include_dashboard=False, logging_level="ERROR")
     refs = [ray.put(b) for b in train_blocks]
     del train_blocks
-    strategy = {"num_workers": cpus, "cpus_per_worker": 1, "max_failures": 3}
+    strategy = {"num_workers": workers or cpus, "cpus_per_worker": 1, "max_failures": 3}
 
     def fit(fc):
         rounds = []
@@ -173,10 +178,11 @@ def run_orchard(cfg, data_dir: Path, profile: bool) -> dict:
 
 
 def peer_model(name: str, f: dict, n_columns: int, seed: int, cpus: int):
-    """The peer, configured like orchard: T trees, depth, n_offsets candidates per node."""
+    """The peer with orchard's trees, depth, bagging and class balance; LightGBM and XGBoost search
+    orchard's n_offsets candidates per node, scikit-learn its documented default sqrt(columns)."""
     per_node = f["n_offsets"]
     bag = f["image_fraction"] * f["pixel_fraction"]
-    common_leaf = dict(min_samples_split=f["min_examples"], min_samples_leaf=f["min_child_examples"])
+    common_leaf = {"min_samples_split": f["min_examples"], "min_samples_leaf": f["min_child_examples"]}
     if name == "LightGBM rf":
         from lightgbm import LGBMClassifier
         return LGBMClassifier(boosting_type="rf", objective="multiclass", n_estimators=f["num_trees"],
@@ -192,11 +198,11 @@ def peer_model(name: str, f: dict, n_columns: int, seed: int, cpus: int):
                                tree_method="hist", n_jobs=cpus, random_state=seed)
     if name == "sklearn ExtraTrees":
         from sklearn.ensemble import ExtraTreesClassifier
-        return ExtraTreesClassifier(n_estimators=f["num_trees"], max_depth=f["max_depth"], max_features=per_node,
+        return ExtraTreesClassifier(n_estimators=f["num_trees"], max_depth=f["max_depth"], max_features="sqrt",
                                     bootstrap=True, max_samples=bag, class_weight="balanced", n_jobs=cpus,
                                     random_state=seed, **common_leaf)
     from sklearn.ensemble import RandomForestClassifier
-    return RandomForestClassifier(n_estimators=f["num_trees"], max_depth=f["max_depth"], max_features=per_node,
+    return RandomForestClassifier(n_estimators=f["num_trees"], max_depth=f["max_depth"], max_features="sqrt",
                                   max_samples=bag, class_weight="balanced", n_jobs=cpus, random_state=seed,
                                   **common_leaf)
 
@@ -209,6 +215,7 @@ def run_peer(name: str, cfg, data_dir: Path) -> dict:
     offsets = np.concatenate([tree_pool(seed, t, f)[0] for t in range(f["num_trees"])])
     bg = np.float32(f["background_mm"])
     tr = stacked_examples(load_blocks(data_dir / "train.npz"), all_body_pixels=False)
+    feature_matrix(tr[0], tr[1][:8], tr[2][:8], tr[3][:8], offsets, bg)  # numba compile/cache load: untimed
     start = time.perf_counter()
     x_train = feature_matrix(tr[0], tr[1], tr[2], tr[3], offsets, bg)
     matrix_s = time.perf_counter() - start
@@ -234,7 +241,10 @@ def _child(name, cfg, data_dir, profile, queue):
     sampler = threading.Thread(target=peak_rss_sampler, args=(stop, peak), daemon=True)
     sampler.start()
     try:
-        out = run_orchard(cfg, data_dir, profile) if name == "orchard" else run_peer(name, cfg, data_dir)
+        if name.startswith("orchard"):  # "orchard@1": one worker, for the 1 -> 2 worker speed-up
+            out = run_orchard(cfg, data_dir, profile, int(name.split("@")[1]) if "@" in name else None)
+        else:
+            out = run_peer(name, cfg, data_dir)
     except ImportError as exc:
         out = {"error": f"not installed ({exc.name})"}
     except Exception as exc:  # noqa: BLE001 - a peer that fails is a row, not the end of the bench
@@ -244,7 +254,7 @@ def _child(name, cfg, data_dir, profile, queue):
     queue.put({**out, "peak_bytes": peak[0] if peak else 0})
 
 
-def measure(name: str, cfg, data_dir: Path, profile: bool = False) -> dict:
+def measure_one(name: str, cfg, data_dir: Path, profile: bool = False) -> dict:
     """Run one system in a fresh process; its result with the load average around it."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
@@ -256,92 +266,88 @@ def measure(name: str, cfg, data_dir: Path, profile: bool = False) -> dict:
     return {**out, "load": (load_before, os.getloadavg()[0])}
 
 
-# ---------------------------------------------------------------------------- the table
-SYSTEMS = ("orchard", "LightGBM rf", "XGBoost rf", "sklearn ExtraTrees", "sklearn RF")
+# ---------------------------------------------------------------------------- the rows
+PEERS = ("LightGBM rf", "XGBoost rf", "sklearn ExtraTrees", "sklearn RF")
+PACKAGE = {"LightGBM rf": "lightgbm", "XGBoost rf": "xgboost", "sklearn ExtraTrees": "sklearn", "sklearn RF": "sklearn"}
+SMOKE = ["forest.train_images=4", "forest.test_images=2", "forest.image_height=120", "forest.image_width=160",
+         "forest.images_per_block=2", "forest.examples_per_image=300", "forest.num_trees=1", "forest.max_depth=4",
+         "forest.n_offsets=16", "forest.n_thresholds=8", "forest.preprocess.compose_prob=0.0",
+         "forest.partitions_by_depth=[]"]
+SIZES = {"full": {"shape": "today", "overrides": SHAPES["today"], "scaling": True},
+         "paper": {"shape": "paper", "overrides": SHAPES["paper"], "scaling": False},
+         "smoke": {"shape": "smoke", "overrides": SMOKE, "scaling": False}}
+ESTIMATE = "today shape ~8 min on 2 idle cores (3 repeats); paper shape ~1 h and ~12 GB RAM"
 
 
-def bench_shape(shape: str, overrides: list[str], profile: bool, systems=SYSTEMS) -> list[tuple[str, dict]]:
+def prepare(overrides: list[str]) -> tuple[dict, Path, str]:
+    """The composed config, a folder with the train/test blocks, and a line describing them."""
     from orchard.config import compose
 
-    cfg = compose(["workload=forest", *SHAPES[shape], *overrides])
+    cfg = compose(["workload=forest", *overrides])
     f = cfg["forest"]
-    data_dir = Path(tempfile.mkdtemp(prefix=f"forest_bench_{shape}_"))
+    data_dir = Path(tempfile.mkdtemp(prefix="forest_bench_"))
     train_blocks, test_blocks = corpus(cfg, data_dir)
     save_blocks(data_dir / "train.npz", train_blocks)
     save_blocks(data_dir / "test.npz", test_blocks)
     pixels = sum(len(b["ex_img"]) for b in train_blocks)
     test_pixels = int(sum(((b["labels"] < 31) & (b["depths"] > 0)).sum() for b in test_blocks))
-    del train_blocks, test_blocks
-    print(f"\n== shape '{shape}': {pixels:,} training pixels ({f['train_images']} scenes), {test_pixels:,} test "
-          f"pixels; {f['num_trees']} trees x {f['n_offsets']} offsets x {f['n_thresholds']} thresholds per node, "
-          f"depth {f['max_depth']}; peers' matrix {pixels:,} x {f['num_trees'] * f['n_offsets']} float32 = "
-          f"{pixels * f['num_trees'] * f['n_offsets'] * 4 / 2**30:.2f} GiB; {os.cpu_count()} CPUs", flush=True)
+    shape = (f"{pixels:,} training pixels ({f['train_images']} scenes), {test_pixels:,} test pixels; "
+             f"{f['num_trees']} trees x {f['n_offsets']} offsets x {f['n_thresholds']} thresholds, depth "
+             f"{f['max_depth']}; peers' matrix {pixels * f['num_trees'] * f['n_offsets'] * 4 / 2**30:.2f} GiB")
+    return cfg, data_dir, shape
+
+
+def measure(size: dict, repeats: int) -> list[dict]:
+    import shutil
+
+    from bench.rows import installed, missing, row
+
+    cfg, data_dir, shape = prepare(size["overrides"])
+    cpus = os.cpu_count()
+    systems = ["orchard", *[p for p in PEERS if installed(PACKAGE[p])]]
+    if size["scaling"]:
+        systems.append("orchard@1")
+    runs = {name: [] for name in systems}
+    try:
+        for _ in range(repeats):
+            for name in systems:  # alternate: a change of load hits every system alike
+                runs[name].append(measure_one(name, cfg, data_dir))
+                print(f"  forest: {name}: {runs[name][-1]}", flush=True)
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
+    failed = {n: r[-1]["error"] for n, r in runs.items() if "error" in r[-1]}
+    if "orchard" in failed:
+        raise RuntimeError(f"orchard failed: {failed['orchard']}")
+    o = runs["orchard"]
+
+    def acc(r):
+        return {"pixel acc": r["acc"][0], "class acc": r["acc"][1], "peak GiB": r["peak_bytes"] / 2**30}
+
     rows = []
-    for name in systems:
-        result = measure(name, cfg, data_dir, profile)
-        rows.append((name, result))
-        print(f"   {name}: {json.dumps({k: v for k, v in result.items() if k != 'profile'}, default=float)}", flush=True)
-    print_table(shape, rows)
-    orchard = dict(rows)["orchard"]
-    if profile and "profile" in orchard:
-        print_profile(orchard["profile"])
-    return rows
-
-
-def print_table(shape: str, rows) -> None:
-    results = dict(rows)
-    lgbm = results.get("LightGBM rf", {})
-    print(f"\n{'system':<20}{'train s':>9}{'matrix s':>10}{'total s':>9}{'peak GiB':>10}{'pixel acc':>11}"
-          f"{'class acc':>11}{'total vs LightGBM':>19}{'load before/after':>19}")
-    for name, r in rows:
-        if "error" in r:
-            print(f"{name:<20}  {r['error']}")
+    for peer in PEERS:
+        name = f"{size['shape']}: orchard vs {peer}"
+        if peer not in runs:
+            rows.append(missing(name, peer, PACKAGE[peer]))
             continue
-        total = r["train_s"] + r["matrix_s"]
-        vs = f"{total / (lgbm['train_s'] + lgbm['matrix_s']):.2f}x" if "train_s" in lgbm else "-"
-        print(f"{name:<20}{r['train_s']:>9.1f}{r['matrix_s']:>10.1f}{total:>9.1f}{r['peak_bytes'] / 2**30:>10.2f}"
-              f"{r['acc'][0]:>11.3f}{r['acc'][1]:>11.3f}{vs:>19}{r['load'][0]:>10.1f}/{r['load'][1]:.1f}")
-    o = results.get("orchard", {})
-    if "train_s" in o and "train_s" in lgbm:
-        if shape == "today":
-            ok = o["train_s"] <= 1.5 * lgbm["train_s"] and o["acc"][1] >= lgbm["acc"][1]
-            print(f"target (today): orchard train <= 1.5x LightGBM train ({o['train_s'] / lgbm['train_s']:.2f}x) "
-                  f"at no lower mean class accuracy ({o['acc'][1]:.3f} vs {lgbm['acc'][1]:.3f}): "
-                  f"{'MET' if ok else 'not met'}")
-        else:
-            ok = (o["train_s"] < lgbm["train_s"] + lgbm["matrix_s"]
-                  and o["peak_bytes"] < lgbm["peak_bytes"] / 4)
-            print(f"target (paper): orchard faster than LightGBM + matrix ({o['train_s']:.1f} vs "
-                  f"{lgbm['train_s'] + lgbm['matrix_s']:.1f} s) with < 1/4 of its peak memory "
-                  f"({o['peak_bytes'] / 2**30:.2f} vs {lgbm['peak_bytes'] / 2**30:.2f} GiB): {'MET' if ok else 'not met'}")
-    print("(valid only if the load average stayed near 0: figures from a loaded machine are not results)")
-
-
-def print_profile(rounds: list[dict]) -> None:
-    """Where orchard's time goes, summed over trees per depth."""
-    print(f"\n{'depth':>5}{'frontier':>9}{'batches':>8}{'phase1':>8}{'phase2':>8}{'phase3':>8}{'phase4':>8}"
-          f"{'total':>8}{'par.':>6}{'shuffle MB':>11}")
-    for depth in sorted({r["depth"] for r in rounds}):
-        rs = [r for r in rounds if r["depth"] == depth]
-        s = lambda k: sum(r[k] for r in rs)  # noqa: E731
-        print(f"{depth:>5}{s('frontier'):>9}{s('batches'):>8}{s('phase1_s'):>8.2f}{s('phase2_s'):>8.2f}"
-              f"{s('phase3_s'):>8.2f}{s('phase4_s'):>8.2f}{s('total_s'):>8.2f}"
-              f"{np.mean([r['parallelism'] for r in rs]):>6.2f}{s('shuffle_bytes') / 1e6:>11.2f}")
-    tot = {k: sum(r[k] for r in rounds) for k in ("phase1_s", "phase2_s", "phase3_s", "phase4_s", "total_s")}
-    print("share of round time: " + ", ".join(f"{k[:-2]} {v / tot['total_s']:.0%}" for k, v in tot.items()
-                                              if k != "total_s"))
-
-
-def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", choices=["today", "paper", "both"], default="both")
-    parser.add_argument("--profile", action="store_true", help="print orchard's time per phase and depth")
-    parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated subset of {SYSTEMS}")
-    args, overrides = parser.parse_known_args(argv)
-    print(f"load average at start: {os.getloadavg()} ({os.cpu_count()} CPUs)")
-    for shape in (["today", "paper"] if args.shape == "both" else [args.shape]):
-        bench_shape(shape, overrides, args.profile, [s.strip() for s in args.systems.split(",")])
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
+        p = runs[peer]
+        if peer in failed:
+            rows.append(row(name, "s", [], [], orchard_label="orchard", peer_label=peer, higher_is_better=False,
+                            status=f"failed: {failed[peer]}"))
+            continue
+        target = None
+        if peer == "LightGBM rf" and size["shape"] == "today":
+            target = {"text": "within 1.5x of LightGBM at no lower class accuracy", "min_ratio": 1 / 1.5,
+                      "quality_ok": o[-1]["acc"][1] >= p[-1]["acc"][1]}
+        rows.append(row(name, "s", [r["train_s"] for r in o], [r["train_s"] + r["matrix_s"] for r in p],
+                        orchard_label=f"orchard, {cpus} workers", peer_label=f"{peer} (matrix + train)",
+                        higher_is_better=False, target=target,
+                        quality={"orchard": acc(o[-1]),
+                                 "peer": {**acc(p[-1]), "matrix s": p[-1]["matrix_s"], "train s": p[-1]["train_s"]}},
+                        note=shape if peer == PEERS[0] else ""))
+    if "orchard@1" in runs:
+        one = runs["orchard@1"]
+        rows.append(row(f"{size['shape']}: orchard {cpus} workers vs 1 (speed-up)", "s",
+                        [r["train_s"] for r in o], [r["train_s"] for r in one], higher_is_better=False,
+                        orchard_label=f"orchard, {cpus} workers", peer_label="orchard, 1 worker",
+                        quality={"orchard": acc(o[-1]), "peer": acc(one[-1])}))
+    return rows

@@ -1,12 +1,18 @@
 """orchard's own overhead, side by side with wiring Ray + MLflow by hand.
 
-1. Seconds from the command to the workload's first step:
-   `python -m orchard workload=bench_first_step` vs a plain script that calls ray.init(),
-   mlflow.start_run() and then takes its first step.
-2. Per-step cost of the metrics API: ``ctx.log_metrics`` (one fire-and-forget message to the
-   run's sink actor) vs ``mlflow.log_metrics`` straight into the same kind of sqlite store.
+    python -m bench overhead            # ~2 minutes on 2 idle cores (3 repeats)
 
-    python bench/orchard_overhead.py            # ~1 minute on 2 cores
+1. Seconds from the command to the workload's first step: `python -m orchard
+   workload=bench_first_step` (Hydra composition, validation, embedded Ray, an MLflow run with the
+   resolved config, the metrics sink and sampler actors) vs a plain script that calls ray.init(),
+   mlflow.start_run() and takes its first step. Fair: both are fresh Python processes on the same
+   machine, both start a local Ray with 2 CPUs and open a run in a sqlite store of their own; the
+   two alternate within each repeat after one warm-up of each (OS file cache, store creation).
+   Quality: both steps' metric read back from each store.
+2. Per-call cost of the metrics API: ``ctx.log_metrics`` (one fire-and-forget message to the run's
+   sink actor, which batches writes) vs ``mlflow.log_metrics`` straight into a sqlite store, the
+   way a hand-wired script logs. Quality: the values found in each store afterwards, out of those
+   logged (the sink is flushed first), so a cheaper call that drops metrics shows.
 """
 from __future__ import annotations
 
@@ -38,16 +44,16 @@ workload:
 
 ORCHARD_CMD = """
 import sys
-sys.path.insert(0, {repo!r}); sys.path.insert(0, {bench!r})
+sys.path.insert(0, {repo!r})
 from orchard import register_workload
-register_workload("bench_first_step", "orchard_overhead", {conf!r})
+register_workload("bench_first_step", "bench.orchard_overhead", {conf!r})
 from orchard.cli import main
 main()
 """
 
 PLAIN_CMD = """
 import os, time, ray, mlflow
-ray.init(num_cpus=2, include_dashboard=False)
+ray.init(address="local", num_cpus=2, include_dashboard=False)
 mlflow.set_tracking_uri({uri!r})
 mlflow.set_experiment("plain")
 with mlflow.start_run():
@@ -62,15 +68,21 @@ def time_to_first_step(code: str, args: list[str], tmp: Path) -> float:
     marker.unlink(missing_ok=True)
     env = {**os.environ, "FIRST_STEP_FILE": str(marker)}
     t0 = time.time()
-    subprocess.run([sys.executable, "-c", code, *args], cwd=tmp, env=env, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    done = subprocess.run([sys.executable, "-c", code, *args], cwd=tmp, env=env, check=False,
+                          capture_output=True, text=True)
+    if done.returncode != 0 or not marker.exists():
+        lines = [ln for ln in (done.stdout + done.stderr).splitlines() if ln.strip()]
+        raise RuntimeError(f"{'orchard' if args else 'plain script'} exited {done.returncode}: "
+                           f"{lines[-1] if lines else ''}")
     return float(marker.read_text()) - t0
 
 
-def per_step_overhead(tmp: Path, n: int = 2000) -> tuple[float, float]:
+def per_step_overhead(tmp: Path, n: int) -> dict:
+    """Microseconds per call and metric values found afterwards, orchard's sink vs plain MLflow."""
     import mlflow
     import ray
 
+    from orchard import cluster
     from orchard.context import RunContext
     from orchard.metrics_sink import MetricsSink
     from orchard.tracking import ensure_experiment
@@ -79,7 +91,8 @@ def per_step_overhead(tmp: Path, n: int = 2000) -> tuple[float, float]:
     client = mlflow.tracking.MlflowClient(uri)
     exp = ensure_experiment(client, "steps", None)
     run_id = client.create_run(exp).info.run_id
-    ray.init(num_cpus=2, include_dashboard=False)
+    cluster.prepare_local_env()
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR")
     sink = MetricsSink.remote(uri, run_id, 1.0)
     ctx = RunContext(sink, run_id, str(tmp), "bench", "tasks")
     ctx.flush()
@@ -89,36 +102,63 @@ def per_step_overhead(tmp: Path, n: int = 2000) -> tuple[float, float]:
     orchard_us = (time.perf_counter() - t0) / n * 1e6
     ctx.flush()
     ray.shutdown()
+    orchard_found = len(client.get_metric_history(run_id, "train/loss"))
     mlflow.set_tracking_uri(uri)
     mlflow.set_experiment("plain-steps")
-    m = n // 10  # direct sqlite writes are slow; fewer calls give the same per-call figure
-    with mlflow.start_run():
+    m = max(n // 10, 10)  # direct sqlite writes are slow; fewer calls give the same per-call figure
+    with mlflow.start_run() as plain:
         t0 = time.perf_counter()
         for i in range(m):
             mlflow.log_metrics({"train/loss": 1.0 / (i + 1), "throughput/samples_per_s": 100.0}, step=i)
         mlflow_us = (time.perf_counter() - t0) / m * 1e6
-    return orchard_us, mlflow_us
+    plain_found = len(client.get_metric_history(plain.info.run_id, "train/loss"))
+    return {"orchard_us": orchard_us, "mlflow_us": mlflow_us, "orchard_found": f"{orchard_found}/{n}",
+            "mlflow_found": f"{plain_found}/{m}"}
 
 
-def main() -> None:
+def metric_found(uri: str) -> str:
+    """'k/k': runs in the store whose first-step metric is there, out of all runs."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    return f"{sum('train/loss' in r.data.metrics for r in runs)}/{len(runs)}"
+
+
+SIZES = {"full": {"warmup": True, "calls": 2000}, "smoke": {"warmup": False, "calls": 50}}
+ESTIMATE = "~2 min on 2 idle cores"
+
+
+def measure(size: dict, repeats: int) -> list[dict]:
+    from bench.rows import row
+
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
         conf = tmp / "conf"
         (conf / "workload").mkdir(parents=True)
         (conf / "workload" / "bench_first_step.yaml").write_text(WORKLOAD_YAML)
-        orchard_code = ORCHARD_CMD.format(repo=str(REPO), bench=str(REPO / "bench"), conf=str(conf))
-        args = ["workload=bench_first_step", "cluster.num_cpus=2", f"tracking.uri=sqlite:///{tmp}/orchard.db"]
-        plain_code = PLAIN_CMD.format(uri=f"sqlite:///{tmp}/plain.db")
-        # warm the OS file cache and MLflow's schema creation once for both
-        time_to_first_step(plain_code, [], tmp)
-        orchard_s = [time_to_first_step(orchard_code, args, tmp) for _ in range(3)]
-        plain_s = [time_to_first_step(plain_code, [], tmp) for _ in range(3)]
-        o, p = sorted(orchard_s)[1], sorted(plain_s)[1]
-        print(f"time to first step (median of 3): orchard {o:.2f} s, plain ray.init+mlflow {p:.2f} s, ratio {o / p:.2f}x")
-        orchard_us, mlflow_us = per_step_overhead(tmp)
-        print(f"metrics API per call (2 metrics): orchard ctx.log_metrics {orchard_us:.0f} us, "
-              f"mlflow.log_metrics to sqlite {mlflow_us:.0f} us, ratio {orchard_us / mlflow_us:.3f}x")
-
-
-if __name__ == "__main__":
-    main()
+        orchard_code = ORCHARD_CMD.format(repo=str(REPO), conf=str(conf))
+        orchard_uri, plain_uri = f"sqlite:///{tmp}/orchard.db", f"sqlite:///{tmp}/plain.db"
+        args = ["workload=bench_first_step", "cluster.num_cpus=2", f"tracking.uri={orchard_uri}"]
+        plain_code = PLAIN_CMD.format(uri=plain_uri)
+        if size["warmup"]:  # the OS file cache and each store's schema, once for both
+            time_to_first_step(plain_code, [], tmp)
+            time_to_first_step(orchard_code, args, tmp)
+        orchard_s, plain_s = [], []
+        for _ in range(repeats):  # alternate, so a change of load hits both
+            orchard_s.append(time_to_first_step(orchard_code, args, tmp))
+            plain_s.append(time_to_first_step(plain_code, [], tmp))
+        first = row("time from command to first step", "s", orchard_s, plain_s, higher_is_better=False,
+                    orchard_label="python -m orchard", peer_label="ray.init + mlflow.start_run by hand",
+                    quality={"orchard": {"first-step metric in store": metric_found(orchard_uri)},
+                             "peer": {"first-step metric in store": metric_found(plain_uri)}})
+        calls = []
+        for i in range(repeats):
+            (tmp / f"r{i}").mkdir()
+            calls.append(per_step_overhead(tmp / f"r{i}", size["calls"]))
+        api = row("metrics API, one call with 2 metrics", "us", [c["orchard_us"] for c in calls],
+                  [c["mlflow_us"] for c in calls], higher_is_better=False,
+                  orchard_label="ctx.log_metrics (to the sink actor)", peer_label="mlflow.log_metrics to sqlite",
+                  quality={"orchard": {"values in store": calls[-1]["orchard_found"]},
+                           "peer": {"values in store": calls[-1]["mlflow_found"]}})
+    return [first, api]

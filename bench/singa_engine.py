@@ -1,22 +1,26 @@
 """SINGA layer engine vs torch, and the training architectures side by side.
 
-    .venv/bin/python bench/singa_engine.py --epochs 20     # ~3 min on the 2-core box (lightly loaded)
-    .venv/bin/python bench/singa_engine.py --quick         # ~1 min: fewer epochs and archs
+    python -m bench singa          # ~12 min on 2 idle cores (3 repeats)
 
 [1] The mlp app's net (64-500-400-300-200-100-10 tanh) trained by the SINGA layer engine
-    (explicit gradients) and the same MLP as a torch nn.Sequential trained with autograd:
-    same data (scikit-learn digits), batch, SGD settings and torch threads; images/s and the ratio
-    (target: engine >= 0.9x torch).
-[2] The architectures (local, sync_ps, async_ps, async_ps with 50% parameter sampling, replicated,
-    allreduce) training the mlp app on local Ray: images/s, time to 97% test accuracy, final
-    accuracy, communication bytes per step (the paper's Fig. 12-14 in miniature).
-[3] Bytes crossing bridge layers per step for data / model / hybrid partitioning of the cnn app
-    over a group of 2 (Fig. 13's trade-off as traffic): counted in one process and actually sent
-    between the group's two node actors, with the time per BP step both ways.
+    (explicit gradients) and the same MLP as a torch nn.Sequential trained with autograd. Fair:
+    the same data (scikit-learn digits), the same batches in the same order, the same SGD (lr,
+    momentum, weight decay), 1 torch thread each, epochs alternating engine/torch so a change of
+    load hits both; torch is used the way its docs train a module (autograd + optim.SGD). The
+    value per repeat is the median over epochs. Quality: test accuracy after the same steps.
+    Target: engine >= 0.9x torch.
+[2] The architectures (sync_ps, async_ps, async_ps with 50% parameter sampling, replicated,
+    allreduce, with 2 worker groups as conf/singa/arch/*.yaml define them) training the mlp app on
+    local Ray against `local` (1 group) on the same data, epochs and batch per group: the ratio is
+    the 1 -> 2 group speed-up in images/s (Fig. 12 in miniature; ideal 2.0x, on a 2-core machine
+    the groups share the cores with the servers). Quality: test accuracy, time to 97%, bytes per step.
+[3] The cnn app over a worker group of 2 (batch 100) partitioned by data, model or hybrid: ms per
+    BP step with the two halves as Ray actors against the same partitioned net in one process,
+    and the bridge bytes really sent between the actors against the bytes counted in one process
+    (they must be equal: output equality of the partitioning).
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -26,10 +30,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from workloads.singa.apps import load_dataset  # noqa: E402
-from workloads.singa.net import NeuralNet  # noqa: E402
-from workloads.singa.settings import load_app  # noqa: E402
-from workloads.singa.updaters import Updater  # noqa: E402
+from workloads.singa.apps import load_dataset
+from workloads.singa.net import NeuralNet
+from workloads.singa.settings import load_app
+from workloads.singa.updaters import Updater
 
 
 def torch_mlp(app: dict) -> torch.nn.Sequential:
@@ -108,11 +112,12 @@ def preset(name: str) -> dict:
     return {**yaml.safe_load((singa_conf_dir() / "arch" / f"{arch}.yaml").read_text()), **overrides}
 
 
-def architectures(epochs: int, names: list[str], target: float = 0.97) -> list[dict]:
+def architectures(epochs: int, names: list[str], target: float = 0.97) -> dict[str, dict]:
+    """Per architecture: images/s, time to `target` test accuracy, final accuracy, bytes per step."""
     from workloads.singa.architectures import Architecture
 
     app = load_app("mlp")
-    rows = []
+    rows = {}
     for name in names:
         arch = preset(name)
         spec = {"layers": app["layers"], "algorithm": "bp", "data": "digits", "data_dir": None, "seed": 0,
@@ -120,9 +125,9 @@ def architectures(epochs: int, names: list[str], target: float = 0.97) -> list[d
                 "augment": app["train"]["augment"], "shuffle": True, "group_size": 1, "partition": "none",
                 "threads": 1}
         machine = Architecture(arch, spec, cpus_per_group=2.0 / arch["worker_groups"] - 0.01)
-        train_s, reached, reached_epoch, best, acc = 0.0, None, None, 0.0, 0.0
+        train_s, reached, acc = 0.0, None, 0.0
         try:
-            for epoch in range(1, epochs + 1):
+            for _ in range(epochs):
                 t0 = time.perf_counter()
                 done = 0
                 while done < machine.steps_per_epoch:
@@ -131,19 +136,14 @@ def architectures(epochs: int, names: list[str], target: float = 0.97) -> list[d
                     done += n
                 train_s += time.perf_counter() - t0
                 acc = machine.evaluate()["loss/accuracy"]
-                best = max(best, acc)
                 if reached is None and acc >= target:
-                    reached, reached_epoch = train_s, epoch
+                    reached = train_s
             stats = machine.stats()
         finally:
             machine.shutdown()
         images = stats["steps"] * spec["batch_size"] * arch["worker_groups"]
-        rows.append({"arch": name, "images_per_s": images / train_s, "time_to_target_s": reached,
-                     "test_accuracy": acc, "comm_bytes_per_step": stats["comm_bytes_per_step"]})
-        when = f"{reached:.1f} s (epoch {reached_epoch})" if reached else "not reached"
-        print(f"  {name:20s} {rows[-1]['images_per_s']:9.0f} img/s  to {target:.0%}: {when:>18}  "
-              f"acc {acc:.4f} (best {best:.4f})  "
-              f"{stats['comm_bytes_per_step'] / 1e6:7.2f} MB/step", flush=True)
+        rows[name] = {"images_per_s": images / train_s, "time_to_target_s": reached, "test_accuracy": acc,
+                      "comm_mb_per_step": stats["comm_bytes_per_step"] / 1e6}
     return rows
 
 
@@ -185,35 +185,61 @@ def partition_traffic(steps: int = 5) -> dict:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="3 engine epochs, 12 arch epochs, 3 archs")
-    ap.add_argument("--epochs", type=int, default=None, help="epochs per architecture (default 30)")
-    args = ap.parse_args()
-    print("[1] layer engine vs torch nn.Sequential + autograd (mlp app, digits, batch 64, 1 thread)")
-    r = engine_vs_torch(3 if args.quick else 8, 64)
-    print(f"  engine {r['engine_images_per_s']:9.0f} img/s   torch {r['torch_images_per_s']:9.0f} img/s   "
-          f"ratio engine/torch = {r['ratio']:.2f}x   (test acc after the same steps: engine "
-          f"{r['engine_test_accuracy']:.4f}, torch {r['torch_test_accuracy']:.4f})", flush=True)
-    epochs = args.epochs or (12 if args.quick else 30)
-    names = ["local", "sync_ps", "allreduce"] if args.quick else list(ARCHS)
-    print(f"[2] architectures, mlp app, {epochs} epochs, 2 worker groups (local: 1), Ray on 2 CPUs")
+SIZES = {"full": {"engine_epochs": 8, "arch_epochs": 20, "archs": list(ARCHS), "partition_steps": 5},
+         "smoke": {"engine_epochs": 1, "arch_epochs": 1, "archs": ["local", "allreduce"], "partition_steps": 1}}
+ESTIMATE = "~12 min on 2 idle cores (3 repeats)"
+
+
+def measure(size: dict, repeats: int) -> list[dict]:
     import ray
 
+    from bench.rows import row
     from orchard import cluster
 
+    engine, arch_runs, parts = [], [], []
     cluster.prepare_local_env()  # Ray workers import workloads/ from this checkout
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
-    architectures(epochs, names)
-    print("[3] cnn app over a worker group of 2 (batch 100): bridge bytes per BP step counted in one process "
-          "and sent between the 2 node actors; ms per step")
-    for scheme, row in partition_traffic().items():
-        print(f"  {scheme:7s} counted {row['bridge_bytes_per_step'] / 1e6:6.2f} MB/step  sent by actors "
-              f"{row['sent_bytes_per_step'] / 1e6:6.2f} MB/step   one process {row['one_process_ms']:6.1f} ms  "
-              f"node actors {row['actors_ms']:6.1f} ms   "
-              f"plan {row['plan'] if scheme == 'hybrid' else '(all ' + scheme + ')'}", flush=True)
-    ray.shutdown()
+    for _ in range(repeats):
+        engine.append(engine_vs_torch(size["engine_epochs"], 64))
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR")
+        try:
+            arch_runs.append(architectures(size["arch_epochs"], size["archs"]))
+            parts.append(partition_traffic(size["partition_steps"]))
+            print(f"  singa: repeat {len(parts)} of {repeats} done", flush=True)
+        finally:
+            ray.shutdown()
+    last = engine[-1]
+    ratios = [e["ratio"] for e in engine]
+    rows = [row("mlp on digits, engine vs torch autograd (1 thread)", "images/s",
+                [e["engine_images_per_s"] for e in engine], [e["torch_images_per_s"] for e in engine],
+                orchard_label="SINGA layer engine", peer_label="torch nn.Sequential + autograd",
+                higher_is_better=True,
+                quality={"orchard": {"test acc": last["engine_test_accuracy"]},
+                         "peer": {"test acc": last["torch_test_accuracy"]}},
+                target={"text": "engine >= 0.9x torch", "min_ratio": 0.9},
+                note=f"median of per-epoch engine/torch ratios per repeat: {', '.join(f'{r:.2f}' for r in ratios)}")]
+    local = [a["local"]["images_per_s"] for a in arch_runs] if "local" in size["archs"] else None
 
+    def arch_quality(name):
+        a = arch_runs[-1][name]
+        reached = a["time_to_target_s"]
+        return {"test acc": a["test_accuracy"], "to 97%": f"{reached:.1f} s" if reached else "not reached",
+                "MB/step": a["comm_mb_per_step"]}
 
-if __name__ == "__main__":
-    main()
+    for name in size["archs"]:
+        if name == "local":
+            continue
+        rows.append(row(f"mlp, {name}, 2 groups vs 1 (speed-up)", "images/s",
+                        [a[name]["images_per_s"] for a in arch_runs], local, higher_is_better=True,
+                        orchard_label=f"{name}, 2 groups", peer_label="local, 1 group (same code)",
+                        quality={"orchard": arch_quality(name),
+                                 "peer": arch_quality("local") if local else {}}))
+    for scheme in parts[-1]:
+        p = parts[-1][scheme]
+        rows.append(row(f"cnn, group of 2, {scheme} partitioning: ms per BP step", "ms",
+                        [r[scheme]["actors_ms"] for r in parts], [r[scheme]["one_process_ms"] for r in parts],
+                        higher_is_better=False, orchard_label="2 node actors", peer_label="same net in one process",
+                        quality={"orchard": {"MB sent/step": p["sent_bytes_per_step"] / 1e6},
+                                 "peer": {"MB counted/step": p["bridge_bytes_per_step"] / 1e6}},
+                        target={"text": "bytes sent = bytes counted",
+                                "met": abs(p["sent_bytes_per_step"] - p["bridge_bytes_per_step"]) < 1}))
+    return rows

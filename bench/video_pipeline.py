@@ -1,41 +1,35 @@
-"""workload=video pipeline benchmark: orchard's decode+extract stages against plain loops on the
-same clips and the same number of threads, plus decord and torchcodec where they are installed.
+"""workload=video pipeline benchmark: orchard's decode and feature stages against plain loops on
+the same clips and the same number of cores, plus decord and torchcodec where they are installed.
 
-    .venv/bin/python bench/video_pipeline.py [--videos 24] [--clips 96] [--size 112] [--cores 2] [--repeats 3]
+    python -m bench video            # ~6 min on 2 idle cores (3 repeats)
 
-One run, one set of H.264 clips and segments (``--count`` frames each at an exact offset), every
-peer measured ``--repeats`` times in turn; frames/s and clips/s are printed as min / median / max:
-
-- ``orchard decode``: the Ray Data decode stage, ``--cores`` actors of 1 FFmpeg thread each
-  (steady state: timed from the first batch, actor start-up excluded; Ray gets ``--cores`` CPUs);
-- ``PyAV loop, N procs x 1 thread``: the simplest correct loop (seek to the keyframe before the
-  offset, decode forward, match by pts) in ``--cores`` processes, each 1 FFmpeg thread;
-- ``PyAV loop, 1 proc x N threads``: the same loop in one process with FFmpeg's own frame and
-  slice threading on (``thread_type=AUTO``, ``--cores`` threads);
-- ``decord`` (``VideoReader(num_threads=--cores).get_batch``) and ``torchcodec``
-  (``VideoDecoder(seek_mode="exact", num_ffmpeg_threads=--cores).get_frames_at``), if importable;
-- ``+ flow``: orchard's decode + rgb + DIS-flow stages, against the N-process PyAV loop running
-  the same extractors;
-- the storage-vs-compute trade: orchard's decode + rgb + flow with ``video.cache=disk``, a cold
-  pass then a warm pass over the same segments, with the MiB the cache holds next to the MiB of
-  the videos.
-
-    .venv/bin/python bench/video_pipeline.py --memory [--store-mb 100] [--times 5]
-
-instead streams decoded clips (decode + framediff, 128x128) totalling --times x the object
-store of a Ray started with --store-mb MiB of object store, to a consumer slower than
-decoding, and prints the pipeline's peak object-store use, spilled bytes and the driver's
-RSS growth (bounded memory).
-
-The machine's load average is printed beside the figures: figures taken under load are
-"loaded", not a measure of the code. Timings are never asserted in tests.
+What is compared: frames/s of decoding `clips` segments of `count` frames at exact offsets
+(seek to the keyframe before, decode forward, match frames by pts) from synthetic H.264 videos.
+Why it is fair:
+- the same work: every peer decodes the same segments of the same files to the same RGB frames;
+  quality is output equality, a checksum of every decoded pixel of each side (equal checksums:
+  the same frames came out);
+- the same cores, measured, never multiplied: orchard's Ray Data decode stage runs N actors x 1
+  FFmpeg thread on a Ray of N CPUs (steady state: timed from the first batch, so actor start-up is
+  left out, as the peers' process pool is started before timing); the plain PyAV loop runs
+  - in N processes x 1 FFmpeg thread (a ProcessPoolExecutor, the loop split across them), and
+  - in 1 process with FFmpeg's own threading as PyAV documents it (`stream.thread_type = "AUTO"`,
+    `codec_context.thread_count = N`): frame and slice threads inside the decoder;
+  decord (`VideoReader(num_threads=N).get_batch`) and torchcodec (`VideoDecoder(seek_mode="exact",
+  num_ffmpeg_threads=N).get_frames_at`) with N threads, as their docs use them, when importable;
+- `+ rgb + flow`: orchard's decode + rgb + DIS-flow stages against the N-process PyAV loop running
+  the same extractors (the project's own extractor code) on the same clips;
+- the disk cache: the same decode + rgb + flow pass cold, then warm, over the same segments, with
+  the MiB the cache holds beside the MiB of video (the notes' storage-vs-compute trade);
+- the peers alternate within each repeat, so a change of load hits all of them.
+Full mode also streams decoded clips totalling 4x a 100 MiB object store through decode +
+framediff to a consumer slower than decoding and reports the pipeline's peak object-store use and
+spilled bytes (bounded memory; orchard only).
 """
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import os
-import statistics
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -78,73 +72,79 @@ def _plain_decode(path: str, pts, offset: int, count: int, size: int, threads: i
     return np.stack(out)
 
 
-def _plain_chunk(jobs, size: int, threads: int, features: list, stack: int) -> int:
+def _plain_chunk(jobs, size: int, threads: int, features: list, stack: int) -> tuple[int, int]:
     from workloads.video.extractors import build_extractor
 
     extractors = [build_extractor(f, stack=stack, method="dis_medium") for f in features]
-    frames = 0
+    frames = checksum = 0
     for path, pts, offset, count in jobs:
         clip = _plain_decode(path, pts, offset, count, size, threads)
         for ext in extractors:
             ext(clip)
         frames += len(clip)
-    return frames
+        checksum += int(clip.sum(dtype="int64"))
+    return frames, checksum
 
 
-def plain_procs(pool, jobs, size, cores, features=(), stack=10) -> float:
-    """Seconds for the plain loop over ``jobs`` in ``cores`` processes, 1 FFmpeg thread each."""
+def plain_procs(pool, jobs, size, cores, features=(), stack=10) -> tuple[float, int]:
+    """(seconds, checksum) of the plain loop over ``jobs`` in ``cores`` processes, 1 FFmpeg thread each."""
     chunks = [jobs[i::cores] for i in range(cores)]
     t0 = time.perf_counter()
-    list(pool.map(_plain_chunk, chunks, [size] * cores, [1] * cores, [list(features)] * cores, [stack] * cores))
-    return time.perf_counter() - t0
+    out = list(pool.map(_plain_chunk, chunks, [size] * cores, [1] * cores, [list(features)] * cores,
+                        [stack] * cores))
+    return time.perf_counter() - t0, sum(c for _, c in out)
 
 
-def plain_threads(jobs, size, cores) -> float:
+def plain_threads(jobs, size, cores) -> tuple[float, int]:
     t0 = time.perf_counter()
-    _plain_chunk(jobs, size, cores, [], 10)
-    return time.perf_counter() - t0
+    _, checksum = _plain_chunk(jobs, size, cores, [], 10)
+    return time.perf_counter() - t0, checksum
 
 
-def decord_run(jobs, size, cores) -> float:
+def decord_run(jobs, size, cores) -> tuple[float, int]:
     import decord
 
-    t0 = time.perf_counter()
+    t0, checksum = time.perf_counter(), 0
     for path, _, offset, count in jobs:
         vr = decord.VideoReader(path, ctx=decord.cpu(0), width=size, height=size, num_threads=cores)
-        vr.get_batch(list(range(offset, offset + count))).asnumpy()
-    return time.perf_counter() - t0
+        checksum += int(vr.get_batch(list(range(offset, offset + count))).asnumpy().sum(dtype="int64"))
+    return time.perf_counter() - t0, checksum
 
 
-def torchcodec_run(jobs, size, cores) -> float:
+def torchcodec_run(jobs, size, cores) -> tuple[float, int]:
+    import torch
     from torchcodec.decoders import VideoDecoder
 
-    t0 = time.perf_counter()
+    t0, checksum = time.perf_counter(), 0
     for path, _, offset, count in jobs:
         dec = VideoDecoder(path, seek_mode="exact", num_ffmpeg_threads=cores)
-        dec.get_frames_at(list(range(offset, offset + count)))
-    return time.perf_counter() - t0
+        frames = dec.get_frames_at(list(range(offset, offset + count))).data  # (N, C, H, W) uint8
+        checksum += int(frames.sum(dtype=torch.int64))
+    return time.perf_counter() - t0, checksum
 
 
-def orchard_run(segments, index, vcfg, features, cache=None) -> float:
-    """Steady-state seconds per clip x clips of the Ray Data pipeline (first batch excluded)."""
+def orchard_run(segments, index, vcfg, features, cache=None) -> tuple[float, int]:
+    """(steady-state seconds per clip x clips, checksum of the first feature) of the Ray Data
+    pipeline (first batch excluded from the time, included in the checksum)."""
     from workloads.video.pipeline import build_dataset, consume
 
     ds = build_dataset(segments, features, index.paths, index.lengths, vcfg, None, cache,
                        pts=index.pts, digests=index.digests)
     columns = features or ["frames"]
-    start, t0, n = time.perf_counter(), None, 0
+    start, t0, n, checksum = time.perf_counter(), None, 0, 0
     for batch, _ in consume(ds, 16, columns):
+        checksum += int(batch[columns[0]].sum(dtype="int64"))
         if t0 is None:
             t0 = time.perf_counter()
             continue
         n += len(batch[columns[0]])
     if n == 0:   # a single batch: no steady state to time, so the whole execution counts
-        return time.perf_counter() - start
-    return (time.perf_counter() - t0) * len(segments) / n   # every clip at the steady-state rate
+        return time.perf_counter() - start, checksum
+    return (time.perf_counter() - t0) * len(segments) / n, checksum   # every clip at the steady-state rate
 
 
-def memory_run(args) -> None:
-    """Stream --times x the object store through decode + framediff; print memory figures."""
+def memory_run(cores: int, store_mb: float, times: float) -> dict:
+    """Stream `times` x the object store through decode + framediff; the memory figures."""
     import psutil
     import ray
 
@@ -158,12 +158,12 @@ def memory_run(args) -> None:
         root = generate_dataset(f"{tmp}/videos", 4, 2, size=32, num_frames=24)
         index = scan(str(root), val_fraction=0.0)
         clip_bytes = 5 * 128 * 128 * 3
-        n = int(args.times * args.store_mb * 2**20 / clip_bytes)
+        n = int(times * store_mb * 2**20 / clip_bytes)
         segments = sample_segments(index.labels, index.lengths, list(range(len(index.paths))), n, 5, 0, 0)
-        vcfg = dict(size=128, stack=4, short_rule="loop", decoder="pyav", extractor_options={},
-                    pipeline_batch=16, decode_concurrency=1, decode_cpus=0.5, extract_concurrency=1,
-                    extract_cpus=0.5)
-        ray.init(num_cpus=args.cores, object_store_memory=int(args.store_mb * 2**20),
+        vcfg = {"size": 128, "stack": 4, "short_rule": "loop", "decoder": "pyav", "extractor_options": {},
+                "pipeline_batch": 16, "decode_concurrency": 1, "decode_cpus": 0.5, "extract_concurrency": 1,
+                "extract_cpus": 0.5}
+        ray.init(address="local", num_cpus=cores, object_store_memory=int(store_mb * 2**20),
                  include_dashboard=False, logging_level="ERROR")
         ray.data.DataContext.get_current().enable_progress_bars = False
         try:
@@ -179,117 +179,116 @@ def memory_run(args) -> None:
             m = operator_metrics(ray.get(master.operator_summaries.remote()))
         finally:
             ray.shutdown()
-    print(f"Ray object store {args.store_mb} MiB, {n} clips of 5x128x128x3, {args.cores} cores")
-    rows = [("decoded frames streamed (MiB)", decoded),
-            ("streamed / object store", decoded / args.store_mb),
-            ("Ray Data budget (MiB)", m.get("pipeline/store_limit_mb", float("nan"))),
-            ("pipeline peak object-store use (MiB)", m["pipeline/store_mb_peak"]),
-            ("spilled (MiB)", m["pipeline/decode_spilled_mb"] + m["pipeline/framediff_spilled_mb"]),
-            ("decode backpressure (s)", m["pipeline/decode_backpressure_s"]),
-            ("driver RSS growth while streaming (MiB)", (rss_peak - rss0) / 2**20)]
-    for name, value in rows:
-        print(f"{name:<44}{value:>12.1f}")
+    return {"streamed_mb": decoded, "store_mb": store_mb, "peak_store_mb": m["pipeline/store_mb_peak"],
+            "spilled_mb": m["pipeline/decode_spilled_mb"] + m["pipeline/framediff_spilled_mb"],
+            "driver_rss_growth_mb": (rss_peak - rss0) / 2**20}
 
 
-
-def stats(seconds: list[float], clips: int, count: int) -> str:
-    fps = sorted(clips * count / s for s in seconds)
-    cps = sorted(clips / s for s in seconds)
-    return (f"{fps[0]:>7.0f} {statistics.median(fps):>7.0f} {fps[-1]:>7.0f}   "
-            f"{cps[0]:>6.1f} {statistics.median(cps):>6.1f} {cps[-1]:>6.1f}")
+SIZES = {"full": {"videos": 24, "frames": 64, "clips": 96, "count": 11, "size": 112, "memory": True},
+         "smoke": {"videos": 4, "frames": 24, "clips": 8, "count": 5, "size": 32, "memory": False}}
+ESTIMATE = "~6 min on 2 idle cores (3 repeats)"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--videos", type=int, default=24, help="synthetic videos (4 classes)")
-    ap.add_argument("--frames", type=int, default=64, help="frames per video")
-    ap.add_argument("--clips", type=int, default=96, help="segments per measurement")
-    ap.add_argument("--count", type=int, default=11, help="frames per segment (L + 1 for L = 10)")
-    ap.add_argument("--size", type=int, default=112, help="frame size (pixels, square)")
-    ap.add_argument("--cores", type=int, default=2, help="processes / actors / FFmpeg threads per peer")
-    ap.add_argument("--repeats", type=int, default=3, help="measurements per peer (min/median/max)")
-    ap.add_argument("--memory", action="store_true", help="the bounded-memory run instead")
-    ap.add_argument("--store-mb", type=float, default=100, help="--memory: Ray's object store (MiB)")
-    ap.add_argument("--times", type=float, default=5, help="--memory: stream this many object stores")
-    args = ap.parse_args()
-    if args.memory:
-        memory_run(args)
-        return
+def measure(size: dict, repeats: int) -> list[dict]:
     import ray
 
+    from bench.rows import missing, row
+    from orchard import cluster
     from workloads.video.cache import make_cache
     from workloads.video.dataset import scan
     from workloads.video.master import sample_segments
     from workloads.video.synthetic_videos import generate_dataset
 
-    print(f"load average before: {loadavg()}")
+    cores = os.cpu_count() or 1
+    clips, count, px = size["clips"], size["count"], size["size"]
+    frames = clips * count
     with tempfile.TemporaryDirectory() as tmp:
-        root = generate_dataset(f"{tmp}/videos", 4, args.videos // 4, size=args.size, num_frames=args.frames)
+        root = generate_dataset(f"{tmp}/videos", 4, size["videos"] // 4, size=px, num_frames=size["frames"])
         index = scan(str(root), val_fraction=0.0)
-        segments = sample_segments(index.labels, index.lengths, list(range(len(index.paths))), args.clips,
-                                   args.count, seed=0, epoch=0)
+        segments = sample_segments(index.labels, index.lengths, list(range(len(index.paths))), clips, count,
+                                   seed=0, epoch=0)
         jobs = [(index.paths[s["video"]], index.pts[s["video"]], s["offset"], s["count"]) for s in segments]
-        vcfg = dict(size=args.size, stack=args.count - 1, short_rule="loop", decoder="pyav",
-                    extractor_options={"flow": {"method": "dis_medium", "bound": 20}}, pipeline_batch=8,
-                    decode_concurrency=args.cores, decode_cpus=1.0, extract_concurrency=args.cores,
-                    extract_cpus=0.5)
-        print(f"{len(index.paths)} H.264 videos {args.size}x{args.size} (GOP 16), {args.clips} segments x "
-              f"{args.count} frames, {args.cores} cores, {args.repeats} repeats")
-        peers = {f"PyAV loop, {args.cores} procs x 1 thread": [],
-                 f"PyAV loop, 1 proc x {args.cores} threads": [],
-                 f"orchard decode, {args.cores} actors x 1 thread": []}
-        optional = {"decord": decord_run, "torchcodec": torchcodec_run}
-        for name in optional:
-            if importlib.util.find_spec(name) is not None:
-                peers[f"{name}, {args.cores} threads"] = []
-        peers |= {f"PyAV loop + rgb + flow, {args.cores} procs": [], "orchard decode + rgb + flow": []}
+        vcfg = {"size": px, "stack": count - 1, "short_rule": "loop", "decoder": "pyav",
+                "extractor_options": {"flow": {"method": "dis_medium", "bound": 20}}, "pipeline_batch": 8,
+                "decode_concurrency": cores, "decode_cpus": 1.0, "extract_concurrency": cores, "extract_cpus": 0.5}
+        optional = {name: fn for name, fn in (("decord", decord_run), ("torchcodec", torchcodec_run))
+                    if importlib.util.find_spec(name) is not None}
+        peers = {"orchard": lambda: orchard_run(segments, index, vcfg, []),
+                 "procs": lambda: plain_procs(pool, jobs, px, cores),
+                 "threads": lambda: plain_threads(jobs, px, cores),
+                 **{name: (lambda fn=fn: fn(jobs, px, cores)) for name, fn in optional.items()},
+                 "orchard+flow": lambda: orchard_run(segments, index, vcfg, ["rgb", "flow"]),
+                 "procs+flow": lambda: plain_procs(pool, jobs, px, cores, ["rgb", "flow"], count - 1)}
+        got = {name: [] for name in peers}
         failed = {}
-        ray.init(num_cpus=args.cores, include_dashboard=False, logging_level="ERROR")
+        cluster.prepare_local_env()  # Ray workers import workloads/ from this checkout
+        ray.init(address="local", num_cpus=cores, include_dashboard=False, logging_level="ERROR")
         ray.data.DataContext.get_current().enable_progress_bars = False
         try:
-            with ProcessPoolExecutor(args.cores) as pool:
-                list(pool.map(_plain_chunk, [jobs[:1]] * args.cores, [args.size] * args.cores, [1] * args.cores,
-                              [[]] * args.cores, [10] * args.cores))        # start the processes
-                for _ in range(args.repeats):
-                    for name, times in peers.items():
+            with ProcessPoolExecutor(cores) as pool:
+                list(pool.map(_plain_chunk, [jobs[:1]] * cores, [px] * cores, [1] * cores,
+                              [[]] * cores, [10] * cores))  # start the processes, import av and cv2: untimed
+                for _ in range(repeats):
+                    for name, fn in peers.items():
                         try:
-                            if name.startswith("PyAV loop +"):
-                                times.append(plain_procs(pool, jobs, args.size, args.cores, ["rgb", "flow"],
-                                                         args.count - 1))
-                            elif name.startswith("PyAV loop") and "procs" in name:
-                                times.append(plain_procs(pool, jobs, args.size, args.cores))
-                            elif name.startswith("PyAV loop"):
-                                times.append(plain_threads(jobs, args.size, args.cores))
-                            elif name == "orchard decode + rgb + flow":
-                                times.append(orchard_run(segments, index, vcfg, ["rgb", "flow"]))
-                            elif name.startswith("orchard"):
-                                times.append(orchard_run(segments, index, vcfg, []))
-                            else:
-                                times.append(optional[name.split(",")[0]](jobs, args.size, args.cores))
-                        except Exception as exc:   # a peer that installs but cannot run here
+                            got[name].append(fn())
+                            print(f"  video: {name}: {got[name][-1][0]:.2f} s", flush=True)
+                        except Exception as exc:  # noqa: BLE001 - a peer that installs but cannot run here
                             failed[name] = f"{type(exc).__name__}: {str(exc)[:80]}"
-            # [storage vs compute] the disk cache, cold then warm, over the same segments
-            cache = make_cache("disk", f"{tmp}/cache", max_mb=4096)
-            cold = orchard_run(segments, index, vcfg, ["rgb", "flow"], cache)
-            warm = orchard_run(segments, index, vcfg, ["rgb", "flow"], cache)
-            cached_mb = cache.total_bytes() / 2**20
+            cache_runs = []
+            for _ in range(repeats):  # the storage-vs-compute trade: a fresh disk cache, cold then warm
+                cache = make_cache("disk", f"{tmp}/cache{len(cache_runs)}", max_mb=4096)
+                cold = orchard_run(segments, index, vcfg, ["rgb", "flow"], cache)
+                warm = orchard_run(segments, index, vcfg, ["rgb", "flow"], cache)
+                cache_runs.append((cold, warm, cache.total_bytes() / 2**20))
         finally:
             ray.shutdown()
-    print(f"load average after: {loadavg()}")
-    print(f"{'peer':<44}{'frames/s min med max':>24}   {'clips/s min med max':>21}")
-    for name, times in peers.items():
+        video_mb = index.video_bytes / 2**20
+    if "orchard" in failed or "orchard+flow" in failed:
+        raise RuntimeError(f"orchard failed: {failed}")
+
+    def fps(name):
+        return [frames / t for t, _ in got[name]]
+
+    def same(name, base):
+        return {"checksum": "equal to orchard's" if got[name][-1][1] == got[base][-1][1] else
+                f"DIFFERS ({got[name][-1][1]} vs {got[base][-1][1]})"}
+
+    def decode_row(name, label, note=""):
+        title = f"decode {clips} clips x {count} frames at {px}x{px}: orchard vs {label}"
         if name in failed:
-            print(f"{name:<44}  failed: {failed[name]}")
-        elif times:
-            print(f"{name:<44}{stats(times, args.clips, args.count)}")
-    for name in optional:
-        if importlib.util.find_spec(name) is None:
-            print(f"{name + ':':<44}  not installed")
-    video_mb = index.video_bytes / 2**20
-    print(f"disk cache, decode + rgb + flow: cold {args.clips / cold:.1f} clips/s, warm {args.clips / warm:.1f} "
-          f"clips/s ({cold / warm:.1f}x); cache holds {cached_mb:.1f} MiB for {args.clips} segments of "
-          f"{video_mb:.1f} MiB of video ({cached_mb / max(video_mb, 1e-9):.1f}x)")
+            return row(title, "frames/s", [], [], orchard_label="orchard", peer_label=label,
+                       higher_is_better=True, status=f"failed: {failed[name]}")
+        return row(title, "frames/s", fps("orchard"), fps(name), higher_is_better=True,
+                   orchard_label=f"Ray Data decode stage, {cores} actors x 1 thread", peer_label=label,
+                   quality={"orchard": {"frames": frames}, "peer": same(name, "orchard")}, note=note)
 
-
-if __name__ == "__main__":
-    main()
+    rows = [decode_row("procs", f"PyAV loop, {cores} processes x 1 thread"),
+            decode_row("threads", f"PyAV loop, 1 process x {cores} FFmpeg threads (thread_type AUTO)")]
+    for name in ("decord", "torchcodec"):
+        label = f"{name}, {cores} threads"
+        rows.append(decode_row(name, label) if name in optional else
+                    missing(f"decode: orchard vs {label}", label, name, "frames/s"))
+    title = f"decode + rgb + DIS flow, {clips} clips: orchard vs PyAV loop with the same extractors"
+    if "procs+flow" in failed:
+        rows.append(row(title, "frames/s", [], [], orchard_label="orchard", peer_label="PyAV loop",
+                        higher_is_better=True, status=f"failed: {failed['procs+flow']}"))
+    else:
+        rows.append(row(title, "frames/s", fps("orchard+flow"), fps("procs+flow"), higher_is_better=True,
+                        orchard_label="decode + rgb + flow stages", peer_label=f"PyAV loop + extractors, {cores} processes",
+                        quality={"orchard": {"rgb checksum": got["orchard+flow"][-1][1]},
+                                 "peer": {"decoded checksum": got["procs+flow"][-1][1]}}))
+    rows.append(row("disk cache: decode + rgb + flow, warm vs cold", "frames/s", [frames / w for _, w, _ in cache_runs],
+                    [frames / c for c, _, _ in cache_runs], higher_is_better=True,
+                    orchard_label="warm cache", peer_label="cold cache (decode and extract, then write)",
+                    quality={"orchard": {"cache MiB": cache_runs[-1][2]}, "peer": {"video MiB": video_mb}}))
+    if size["memory"]:
+        m = memory_run(cores, 100, 4)
+        rows.append(row("clip stream of 4x a 100 MiB object store: peak object-store MiB", "MiB",
+                        [m["peak_store_mb"]], None, orchard_label="decode + framediff pipeline", peer_label=None,
+                        higher_is_better=False,
+                        quality={"orchard": {"streamed MiB": m["streamed_mb"], "spilled MiB": m["spilled_mb"],
+                                             "driver RSS growth MiB": m["driver_rss_growth_mb"]}},
+                        target={"text": "bounded: peak < store, nothing spilled",
+                                "met": m["peak_store_mb"] < m["store_mb"] and m["spilled_mb"] == 0}))
+    return rows

@@ -1,0 +1,24 @@
+"""Side-by-side benchmarks: orchard and its peers on the same work, one JSON result per bench.
+
+    python -m bench                      # every bench, 3 repeats, into docs/benchmarks/results/
+    python -m bench forest video --repeats 5
+    python -m bench --smoke --out /tmp/b # tiny sizes, one repeat, never into docs/
+    python -m bench --render             # docs/benchmarks.md from the results files
+
+Each bench module has SIZES ("full", "smoke", ...), ESTIMATE (how long full mode takes on an
+idle 2-core machine) and measure(size, repeats) -> rows (bench/rows.py); its docstring says what
+is compared and why the comparison is fair.
+"""
+
+# name -> (module, size used in full mode); smoke mode always uses the module's "smoke" size
+BENCHES = {
+    "overhead": ("bench.orchard_overhead", "full"),
+    "singa": ("bench.singa_engine", "full"),
+    "forest": ("bench.forest_vs_peers", "full"),
+    "video": ("bench.video_pipeline", "full"),
+    "flower": ("bench.flower_strategies", "full"),
+}
+# benches that need more than the development machine: run by name only
+EXTRA_BENCHES = {
+    "forest_paper": ("bench.forest_vs_peers", "paper"),  # 500k pixels x 2,000 offsets: ~12 GB RAM
+}

@@ -1,0 +1,72 @@
+"""python -m bench [names...] [--repeats N] [--smoke] [--out DIR] [--render] [--doc PATH]"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from bench import BENCHES, EXTRA_BENCHES
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m bench", description="orchard vs its peers, side by side.")
+    ap.add_argument("names", nargs="*", help=f"benches to run: {', '.join([*BENCHES, *EXTRA_BENCHES])} "
+                                             "(default: all but the extra ones; none with only --render)")
+    ap.add_argument("--repeats", type=int, default=None, help="repeats per bench (full: 3, at least 3; smoke: 1)")
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes, one repeat: checks the benches run, measures nothing")
+    ap.add_argument("--out", default=None, help="results folder (full: docs/benchmarks/results; smoke: a temp folder)")
+    ap.add_argument("--render", action="store_true", help="write the Markdown tables from the results folder")
+    ap.add_argument("--doc", default=None, help="Markdown to write (full: docs/benchmarks.md; smoke: <out>/benchmarks.md)")
+    ap.add_argument("--settle", type=float, default=None,
+                    help="seconds to wait at most for the load to drop before each bench (full: 120, smoke: 0)")
+    return ap.parse_args(argv)
+
+
+def fail(message: str) -> None:
+    print(f"bench: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse(argv)
+    from bench.runner import RESULTS, run_bench
+
+    known = {**BENCHES, **EXTRA_BENCHES}
+    for name in args.names:
+        if name not in known:
+            fail(f"names: unknown bench '{name}'; allowed: {', '.join(known)}")
+    repeats = args.repeats if args.repeats is not None else (1 if args.smoke else 3)
+    if not args.smoke and repeats < 3:
+        fail(f"--repeats: {repeats} is too few for a result; allowed: 3 or more (or --smoke)")
+    if repeats < 1:
+        fail("--repeats: allowed: 1 or more")
+    out = Path(args.out) if args.out else (Path(tempfile.gettempdir()) / "orchard-bench-smoke" if args.smoke else RESULTS)
+    if args.smoke and out.resolve() == RESULTS.resolve():
+        fail(f"--out: smoke results never go to {RESULTS}; allowed: any other folder")
+    names = args.names or ([] if args.render and not args.smoke else list(BENCHES))
+    command = " ".join(["python -m bench", *argv])
+    settle_s = args.settle if args.settle is not None else (0.0 if args.smoke else 120.0)
+    failed = []
+    for name in names:
+        print(f"bench: {name} ({'smoke' if args.smoke else f'{repeats} repeats'}), load {os.getloadavg()[0]:.2f}",
+              flush=True)
+        result = run_bench(name, args.smoke, repeats, out, command, settle_s)
+        state = f"failed: {result['error']}" if result["error"] else f"{len(result['rows'])} rows"
+        print(f"bench: {name} done in {result['wall_s']:.0f} s, {state}; "
+              f"{'LOADED' if result['load']['loaded'] else 'not loaded'} -> {out / (name + '.json')}", flush=True)
+        if result["error"]:
+            failed.append(name)
+    if args.render:
+        from bench.render import render
+
+        doc = Path(args.doc) if args.doc else (out / "benchmarks.md" if args.smoke else Path(__file__).parents[1] / "docs" / "benchmarks.md")
+        render(out, doc)
+        print(f"bench: wrote {doc}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""What a result was measured on, and how busy the machine was meanwhile.
+
+`describe()` names the machine (CPU model, cores, memory, GPU and driver, torch/CUDA) and the
+package versions; `LoadSampler` records the load average before, during and after a bench, and
+the CPU that processes *outside* the bench's own process tree used meanwhile. The second figure
+is what "loaded" is decided on: a bench that keeps both cores of a 2-core machine busy drives the
+load average to ~2 by itself, so the load average alone would call every honest run loaded.
+"""
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+import platform
+import shutil
+import subprocess
+import threading
+import time
+
+import psutil
+
+# the peers and the stack under orchard whose versions change the figures
+PACKAGES = ("ray", "torch", "numpy", "numba", "mlflow", "hydra-core", "pyarrow", "av", "opencv-python-headless",
+            "scikit-learn", "lightgbm", "xgboost", "decord", "torchcodec", "psutil")
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def gpus() -> list[dict]:
+    """One entry per GPU that `nvidia-smi` lists (none without the tool)."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                              "--format=csv,noheader"], check=False, capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    rows = [[c.strip() for c in line.split(",")] for line in out.splitlines() if line.strip()]
+    return [{"name": r[0], "driver": r[1], "memory": r[2]} for r in rows if len(r) == 3]
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for pkg in PACKAGES:
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out
+
+
+def describe() -> dict:
+    """The machine and software a result belongs to."""
+    import torch
+
+    from orchard.tracking import git_commit
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+                           check=False, capture_output=True, text=True).stdout.strip() != ""
+    return {"cpu_model": cpu_model(), "cores": os.cpu_count(),
+            "memory_gib": round(psutil.virtual_memory().total / 2**30, 1), "platform": platform.platform(),
+            "gpus": gpus(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "versions": versions(), "git_commit": git_commit(), "git_dirty": dirty}
+
+
+def loadavg() -> float:
+    """The 1-minute load average."""
+    return os.getloadavg()[0]
+
+
+def _busy_seconds() -> float:
+    """CPU seconds the whole machine spent busy since boot (every core, every process)."""
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
+
+
+def _tree_seconds(root: psutil.Process) -> float:
+    """CPU seconds of `root` and its live descendants, reaped children included (their time
+    moves into the parent's children_* fields when they are waited for, so the sum is continuous)."""
+    total = 0.0
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+        except psutil.Error:
+            pass
+    return total
+
+
+class LoadSampler:
+    """Samples the load average and other processes' CPU every `interval_s` from a thread.
+
+    `foreign` cores = (machine busy CPU - this process tree's CPU) / wall time, per window of
+    `window_s`: what other users took while the bench ran.
+    """
+
+    def __init__(self, interval_s: float = 2.0, window_s: float = 30.0):
+        self.interval_s, self.window_s = interval_s, window_s
+        self.me = psutil.Process()
+        self.loads: list[float] = []
+        self.windows: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self.before = self.after = None
+
+    def idle_cores(self, seconds: float = 3.0) -> float:
+        """Cores the machine kept busy over `seconds` before the bench started (nothing of ours runs)."""
+        b0, t0 = _busy_seconds(), time.monotonic()
+        time.sleep(seconds)
+        return max(0.0, (_busy_seconds() - b0) / (time.monotonic() - t0))
+
+    def start(self) -> None:
+        self.before = {"load1": loadavg(), "busy_cores": self.idle_cores()}
+        self._started = time.time()
+        self._thread.start()
+
+    def _loop(self) -> None:
+        w_busy, w_own, w_t = _busy_seconds(), _tree_seconds(self.me), time.monotonic()
+        while not self._stop.wait(self.interval_s):
+            self.loads.append(loadavg())
+            now = time.monotonic()
+            if now - w_t >= self.window_s:
+                busy, own = _busy_seconds(), _tree_seconds(self.me)
+                self.windows.append(self._foreign(busy - w_busy, own - w_own, now - w_t))
+                w_busy, w_own, w_t = busy, own, now
+        now = time.monotonic()
+        if now - w_t > 2 * self.interval_s or not self.windows:  # the last partial window
+            busy, own = _busy_seconds(), _tree_seconds(self.me)
+            self.windows.append(self._foreign(busy - w_busy, own - w_own, max(now - w_t, 1e-9)))
+
+    @staticmethod
+    def _foreign(busy_s: float, own_s: float, wall_s: float) -> float:
+        """Cores used by others: the machine's busy time less ours. A process of ours that dies
+        unreaped takes its past CPU out of our sum (a negative delta): never count that as theirs."""
+        cores = os.cpu_count() or 1
+        return min(float(cores), max(0.0, (busy_s - max(0.0, own_s)) / wall_s))
+
+    def stop(self) -> dict:
+        self._stop.set()
+        self._thread.join()
+        self.after = {"load1": loadavg()}
+        return self.summary()
+
+    def summary(self) -> dict:
+        cores = os.cpu_count() or 1
+        during = self.loads or [self.before["load1"]]
+        foreign_max = max(self.windows) if self.windows else 0.0
+        # Loaded: the machine was busy before we started, or other processes took more than half
+        # the cores over any window while we ran. Our own load never counts against us.
+        loaded = self.before["load1"] > cores / 2 or self.before["busy_cores"] > cores / 2 or foreign_max > cores / 2
+        return {"before": self.before, "during": {"load1_max": max(during), "load1_mean": sum(during) / len(during),
+                                                  "load1_samples": during[:: max(1, len(during) // 60)]},
+                "after": self.after, "foreign_cores_max": foreign_max,
+                "foreign_cores_windows": self.windows, "window_s": self.window_s,
+                "wall_s": time.time() - self._started, "threshold": cores / 2, "loaded": loaded}

@@ -1,0 +1,62 @@
+"""One row of a results file: orchard and its peer on the same work, with their quality.
+
+A bench returns `row(...)` dicts holding the per-repeat values; `summarize` adds median, min
+and max and the ratio. `ratio` is always orchard's speed as a multiple of the peer's (above 1:
+orchard is faster), whatever the unit, so a reader never has to know which way a unit points.
+"""
+from __future__ import annotations
+
+import importlib.util
+import statistics
+
+
+def row(name: str, unit: str, orchard: list[float], peer: list[float] | None, *, orchard_label: str,
+        peer_label: str | None, higher_is_better: bool, quality: dict | None = None,
+        target: dict | None = None, status: str = "ok", note: str = "") -> dict:
+    """A measured row: `orchard`/`peer` hold one value per repeat in `unit`.
+
+    quality: {"orchard": {...}, "peer": {...}} accuracy or output equality of each side.
+    target: {"text": "...", "min_ratio": float, "quality_ok": bool (optional)}, or
+            {"text": "...", "met": bool} for an orchard-only bound.
+    """
+    return {"name": name, "unit": unit, "higher_is_better": higher_is_better, "status": status,
+            "orchard": {"label": orchard_label, "values": [float(v) for v in orchard]},
+            "peer": None if peer_label is None else {"label": peer_label, "values": [float(v) for v in peer or []]},
+            "quality": quality or {}, "target": target, "note": note}
+
+
+def missing(name: str, peer_label: str, package: str, unit: str = "s") -> dict:
+    """The row of a peer whose package is not installed."""
+    return row(name, unit, [], [], orchard_label="orchard", peer_label=peer_label, higher_is_better=False,
+               status=f"not installed ({package})")
+
+
+def installed(package: str) -> bool:
+    return importlib.util.find_spec(package) is not None
+
+
+def stats(values: list[float]) -> dict:
+    if not values:
+        return {"median": None, "min": None, "max": None, "values": []}
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "values": values}
+
+
+def summarize(r: dict) -> dict:
+    """The row with median/min/max of each side, the ratio and whether its target is met."""
+    out = dict(r)
+    out["orchard"] = {**r["orchard"], **stats(r["orchard"]["values"])}
+    if r["peer"] is not None:
+        out["peer"] = {**r["peer"], **stats(r["peer"]["values"])}
+    o, p = out["orchard"]["median"], (out["peer"] or {}).get("median")
+    ratio = None
+    if o and p:
+        ratio = o / p if r["higher_is_better"] else p / o
+    out["ratio"] = ratio
+    t = r.get("target")
+    out["target_met"] = None
+    if t and r["status"] == "ok":
+        if "met" in t:  # an orchard-only target (a bound, a rate), decided by the bench
+            out["target_met"] = bool(t["met"])
+        elif ratio is not None:
+            out["target_met"] = ratio >= t["min_ratio"] and t.get("quality_ok", True)
+    return out

@@ -1,0 +1,109 @@
+"""The benchmark runner: smoke mode runs every bench into a results folder, and the Markdown is
+generated from results files alone, with loaded runs never saying "met". Timings are never asserted."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import BENCHES
+from bench.render import render
+from bench.rows import row, summarize
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def bench_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bench", *args], check=False, cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def result(name: str, loaded: bool, rows: list[dict], smoke: bool = False) -> dict:
+    """A results file as the runner writes it, with a chosen load."""
+    load = {"before": {"load1": 7.5 if loaded else 0.1, "busy_cores": 0.1}, "after": {"load1": 1.2},
+            "during": {"load1_max": 9.0 if loaded else 1.9, "load1_mean": 1.5, "load1_samples": [1.5]},
+            "foreign_cores_max": 0.05, "foreign_cores_windows": [0.05], "window_s": 30.0, "wall_s": 60.0,
+            "threshold": 1.0, "loaded": loaded}
+    machine = {"cpu_model": "Test CPU", "cores": 2, "memory_gib": 24.0, "platform": "Linux", "gpus": [],
+               "torch": "2.13.0+cpu", "cuda": None, "versions": {"python": "3.11.7", "ray": "2.60.0"},
+               "git_commit": "0123456789abcdef", "git_dirty": False}
+    return {"schema": 1, "bench": name, "smoke": smoke, "repeats": 3, "command": f"python -m bench {name}",
+            "rerun": f"python -m bench {name}", "started_utc": "2026-11-23T17:00:00+00:00", "wall_s": 60.0,
+            "machine": machine, "load": load, "error": None, "estimate": "~1 min", "doc": "what and why",
+            "rows": [summarize(r) for r in rows]}
+
+
+def met_row() -> dict:
+    return row("ring vs plain DDP, per step", "images/s", [120.0, 121.0, 119.0], [100.0, 101.0, 99.0],
+               orchard_label="orchard ring", peer_label="plain DDP", higher_is_better=True,
+               quality={"orchard": {"test MAE": 0.5}, "peer": {"test MAE": 0.52}},
+               target={"text": "ring >= 0.95x plain DDP", "min_ratio": 0.95})
+
+
+def test_render_marks_a_loaded_run_and_never_says_met(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "flower.json").write_text(json.dumps(result("flower", loaded=True, rows=[met_row()])))
+    (results / "singa.json").write_text(json.dumps(result("singa", loaded=False, rows=[met_row()])))
+    text = render(results, tmp_path / "benchmarks.md")
+    assert text.startswith("# Benchmarks") and "Generated** by `python -m bench --render`" in text
+    flower = text.split("## flower")[1].split("\n## ")[0]
+    singa = text.split("## singa")[1].split("\n## ")[0]
+    assert "**loaded**" in flower and "| loaded |" in flower and ": met" not in flower
+    # the same figures from an idle machine do meet the target; ratio is orchard's speed / the peer's
+    assert "ring >= 0.95x plain DDP: met" in singa and "1.20x" in singa
+    assert "120 images/s (119-121, n=3), orchard ring" in singa and "test MAE 0.52" in singa
+    for name in set(BENCHES) - {"flower", "singa"}:
+        assert f"Not measured yet (run: `python -m bench {name}`)" in text
+
+
+def test_render_smoke_and_missing_peer_rows(tmp_path):
+    from bench.rows import missing
+
+    (tmp_path / "forest.json").write_text(json.dumps(
+        result("forest", loaded=False, smoke=True, rows=[met_row(), missing("orchard vs XGBoost rf", "XGBoost rf", "xgboost")])))
+    text = render(tmp_path, tmp_path / "benchmarks.md")
+    assert "smoke size: not a result" in text and "not installed (xgboost)" in text
+    assert ": met" not in text
+
+
+def test_bad_arguments_are_one_line_and_exit_2(tmp_path):
+    bad = bench_cli("nosuchbench", "--out", str(tmp_path))
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        f"bench: names: unknown bench 'nosuchbench'; allowed: {', '.join(BENCHES)}, forest_paper"]
+    few = bench_cli("forest", "--repeats", "1", "--out", str(tmp_path))
+    assert few.returncode == 2 and "--repeats" in few.stderr
+    into_docs = bench_cli("forest", "--smoke", "--out", str(ROOT / "docs" / "benchmarks" / "results"))
+    assert into_docs.returncode == 2 and "smoke results never go to" in into_docs.stderr
+
+
+@pytest.mark.slow
+def test_smoke_mode_runs_every_bench_into_a_results_file(tmp_path):
+    done = bench_cli("--smoke", "--out", str(tmp_path), "--render", timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    for name in BENCHES:
+        res = json.loads((tmp_path / f"{name}.json").read_text())
+        assert res["smoke"] is True and res["repeats"] == 1 and res["error"] is None
+        assert res["command"] == f"python -m bench --smoke --out {tmp_path} --render"
+        m = res["machine"]
+        assert m["cores"] >= 1 and m["cpu_model"] and m["memory_gib"] > 0 and len(m["git_commit"]) == 40
+        assert m["versions"]["ray"] == "2.60.0" and m["torch"].startswith("2.")
+        assert {"before", "during", "after", "loaded", "foreign_cores_max"} <= set(res["load"])
+        assert res["rows"], name
+        for r in res["rows"]:
+            if r["status"].startswith("not installed"):
+                continue
+            assert r["status"] == "ok", (name, r["name"], r["status"])
+            assert len(r["orchard"]["values"]) == 1 and r["orchard"]["median"] > 0, (name, r["name"])
+            if r["peer"] is not None:
+                assert r["peer"]["median"] > 0 and r["ratio"] > 0, (name, r["name"])
+                assert r["quality"]["orchard"] and r["quality"]["peer"], (name, r["name"])
+    # output equality where the bench can check it: the decoders gave the same frames
+    video = json.loads((tmp_path / "video.json").read_text())
+    decode = [r for r in video["rows"] if r["name"].startswith("decode ") and r["status"] == "ok"]
+    assert decode and all(r["quality"]["peer"]["checksum"] == "equal to orchard's" for r in decode)
+    text = (tmp_path / "benchmarks.md").read_text()
+    assert "smoke size: not a result" in text and ": met" not in text
