@@ -91,6 +91,13 @@ def launch(train_loop: Callable[[dict], None], loop_config: dict, cfg: dict, ctx
     if use_gpu:
         resources["GPU"] = strategy["gpus_per_worker"]
     backend = strategy.get("backend", "auto")
+    if backend == "auto" and 0 < float(strategy.get("gpus_per_worker", 0) or 0) < 1:
+        # workers sharing a GPU: NCCL refuses two ranks on one device ("Duplicate GPU detected")
+        import warnings
+
+        warnings.warn(f"strategy.gpus_per_worker={strategy['gpus_per_worker']}: workers share GPUs, so the "
+                      "process group uses gloo (NCCL needs one GPU per worker)", stacklevel=2)
+        backend = "gloo"
     torch_config = TorchConfig(backend=None if backend == "auto" else backend)
     trainer = TorchTrainer(
         _wrap(train_loop),

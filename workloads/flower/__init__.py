@@ -5,9 +5,9 @@ Light on purpose: heavy imports happen inside `run`.
 """
 from __future__ import annotations
 
-from orchard import ConfigError
 from pathlib import Path
 
+from orchard import ConfigError
 from orchard.config import require, require_choice, require_positive
 
 STRATEGIES = ("ring", "ps")
@@ -47,11 +47,23 @@ def validate(cfg: dict) -> None:
     require(cfg, "flower.roi", lambda v: v is None or (isinstance(v, list) and len(v) == 4 and v[2] > 0 and v[3] > 0),
             "null or [x, y, width, height]")
     require_choice(cfg, "flower.synthetic.annotation", ("csv", "red_cross"))
+    require_choice(cfg, "flower.precision", ("fp32", "bf16", "fp16"))
+    for key in ("channels_last", "compile"):
+        require(cfg, f"flower.{key}", lambda v: isinstance(v, bool), "true or false")
+    for key in ("log_every", "eval_batch_size"):
+        require_positive(cfg, f"flower.{key}", integer=True)
+    require(cfg, "flower.loader_threads", lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v > 0),
+            "null (the worker's CPUs decide) or a positive integer")
+    require(cfg, "flower.eval_device", lambda v: v in ("auto", "cpu") or str(v).startswith("cuda"),
+            "auto, cpu or cuda[:index]")
     if cfg["mode"] == "train":
         require(cfg, "flower.resume", lambda v: v is None or train_storage(cfg, v).exists("flower"),
                 "null or the folder of a train run that checkpointed (holding train/flower/)")
         require(cfg, "flower.data_dir", lambda v: v is None or (Path(v) / "images").is_dir(),
                 "null (synthetic field) or a folder holding images/ (and points.csv or annotated/)")
+        from workloads.flower import preflight
+
+        preflight.check(cfg)  # tile vs field, tiles per worker, precision and GPU settings
 
 
 TRAIN_STORAGE_NOTE = "train_storage.txt"  # in a run folder: where its Ray Train run keeps checkpoints
@@ -77,8 +89,9 @@ def resume(cfg: dict, previous_run_dir: str) -> None:
 
 def resources(cfg: dict):
     """What a run holds in Ray (orchard/placement.py).  Training: the Ray Train workers, in a
-    placement group of their own; inside the run's own reservation, the tiling step's 1-CPU tasks
-    (data.prepare_tiles, one at a time there) and, for strategy=ps, servers that hold CPUs."""
+    placement group of their own; inside the run's own reservation, the 1-CPU tasks of the
+    tiling step and of the blob counter's calibration (data.prepare_tiles, baseline_counter; one
+    at a time there) and, for strategy=ps, servers that hold CPUs."""
     from orchard.placement import Resources, bundles
 
     s = cfg["strategy"]

@@ -15,8 +15,15 @@ from pathlib import Path
 import numpy as np
 
 from orchard.storage import Storage
-from workloads.flower import TRAIN_STORAGE_NOTE, baseline_counter, evaluate, figures, train_storage
+from workloads.flower import (
+    TRAIN_STORAGE_NOTE,
+    baseline_counter,
+    evaluate,
+    figures,
+    train_storage,
+)
 from workloads.flower.data import TileSet, bin_label, bin_sample, prepare_tiles
+from workloads.flower.loader import ensure_density_targets
 from workloads.flower.synthetic_field import generate_field
 
 
@@ -94,10 +101,32 @@ def throughput_stats(worker_files: list, warmup_steps: int) -> dict[str, float]:
     return out
 
 
+def time_split(summaries: list[dict], train_started: float) -> dict[str, float]:
+    """Where the training wall time went: until the first step of any worker (Ray Train's start,
+    worker start-up, the shard load), and the slowest worker's time in its step loops."""
+    firsts = [s["first_step_at"] for s in summaries if s.get("first_step_at")]
+    out = {"time/steps_s": max((float(s.get("steps_s", 0.0)) for s in summaries), default=0.0)}
+    if firsts:
+        out["time/train_start_s"] = min(firsts) - train_started
+    return out
+
+
+def enough_tiles_per_worker(cfg: dict, train_tiles: int) -> None:
+    """Refuse (ConfigError: the run FAILED, one line, exit 2) before Ray Train starts when the
+    bin-sampled training tiles give a worker less than one batch."""
+    from orchard import ConfigError
+
+    f, workers = cfg["flower"], int(cfg["strategy"]["num_workers"])
+    per_worker = train_tiles // workers
+    if per_worker < f["batch_size"]:
+        raise ConfigError("flower.batch_size", f"at most {per_worker} here: bin sampling left {train_tiles} training "
+                          f"tiles for {workers} workers (or: more flower.synthetic.num_images, a smaller "
+                          f"flower.tile_size, fewer strategy.num_workers)")
+
+
 def run_train(cfg: dict, ctx) -> dict[str, float]:
     """The whole train run on the driver; returns the final metrics."""
     from orchard.strategies import launch
-
     from workloads.flower.model import FlowerCounterCNN, count_parameters
     from workloads.flower.train import MODEL_FILE, load_model, train_loop
 
@@ -125,8 +154,6 @@ def run_train(cfg: dict, ctx) -> dict[str, float]:
                 prepare_tiles(data, tmp, f["tile_size"], f["roi"])
                 tile_store.upload(Path(tmp) / "tiles", "tiles")
     tiles = TileSet(tile_store.child("tiles").localize())
-    ctx.log_metrics({"cache/data_hits": float(data_hit), "cache/data_misses": float(not data_hit),
-                     "cache/tiles_hits": float(tiles_hit), "cache/tiles_misses": float(not tiles_hit)})
     print(f"flower: tiles {'read from' if tiles_hit else 'made and kept in'} {tile_store.child('tiles')}", flush=True)
     # [3] bin sampling (4.1.1): equal tiles per count bin, seeded 70/30 split
     train_idx, test_idx, bin_sizes = bin_sample(tiles.counts, f["bins"], f["train_fraction"], cfg["seed"])
@@ -136,30 +163,47 @@ def run_train(cfg: dict, ctx) -> dict[str, float]:
                     "flower.effective_batch": f["batch_size"] * cfg["strategy"]["num_workers"]})
     ctx.log_dict({"bins": [bin_label(b) for b in f["bins"]], "tiles_per_bin": bin_sizes,
                   "sampled_per_bin": min(s for s in bin_sizes if s > 0)}, "tables/bins.json")
-    prepared_s = time.time() - started
+    n_val = int(round(float(f.get("val_fraction", 0.0)) * len(train_idx)))
+    val_idx = train_idx[np.random.default_rng((cfg["seed"], 1)).permutation(len(train_idx))[:n_val]]
+    fit_idx = np.setdiff1d(train_idx, val_idx)
+    enough_tiles_per_worker(cfg, len(fit_idx))  # before Train starts: one line, exit 2
+    # the training targets, made once per tile cache and sigma and kept beside it (loader.py)
+    density, density_hit = ensure_density_targets(tile_store, tiles, f["sigma"])
 
-    # [4] the older counter, tuned on training tiles before the CNN trains (3.3.3)
+    # [4] the older counter, tuned on training tiles (3.3.3) and run on the test tiles, as Ray
+    #     tasks; kept beside the tiles under their content, so the next run on them reads it back
     b = f["baseline"]
     calib = train_idx[np.random.default_rng(cfg["seed"]).permutation(len(train_idx))[:b["calibration_tiles"]]]
-    params, calib_mae = baseline_counter.calibrate(np.asarray(tiles.images[calib]), tiles.counts[calib],
-                                                   b["cutoffs"], b["thresholds"], b["gain"], b["min_sigma"], b["max_sigma"])
+    grid = {k: b[k] for k in ("cutoffs", "thresholds", "gain", "min_sigma", "max_sigma")}
+    test_images = np.asarray(tiles.images[test_idx])
+    import ray
+
+    baseline, baseline_hit = baseline_counter.cached_calibration(
+        tile_store.child("baseline"), np.asarray(tiles.images[calib]), tiles.counts[calib], test_images, grid,
+        cpus=max(1, int(ray.available_resources().get("CPU", 1))))
+    params = baseline["params"]
     ctx.log_params({f"flower.baseline.fitted_{k}": v for k, v in params.items()})
+    hits = {"data": data_hit, "tiles": tiles_hit, "density": density_hit, "baseline": baseline_hit}
+    ctx.log_metrics({f"cache/{k}_{kind}": float(v == (kind == "hits")) for k, v in hits.items()
+                     for kind in ("hits", "misses")})
+    ctx.set_tags({"flower.preparation": "reused" if all(hits.values()) else "made",
+                  "flower.baseline": "reused" if baseline_hit else "calibrated"})
 
     # [5] train on the workers; the strategy (ring | ps sync | ps async) is the launcher's business.
     #     With val_fraction > 0 some training tiles are held back and scored after every
     #     val_every epochs by rank 0 (val/mae): the per-epoch metric a sweep's ASHA cuts on.
     run_storage.delete("workers")
-    n_val = int(round(float(f.get("val_fraction", 0.0)) * len(train_idx)))
-    val_idx = train_idx[np.random.default_rng((cfg["seed"], 1)).permutation(len(train_idx))[:n_val]]
-    train_idx = np.setdiff1d(train_idx, val_idx)
     loop_config = {
-        "cache": tile_store.child("tiles"), "train_idx": train_idx.tolist(), "run_storage": run_storage,
-        "val_idx": val_idx.tolist(), "val_every": int(f.get("val_every", 1)),
+        "cache": tile_store.child("tiles"), "density": density, "train_idx": fit_idx.tolist(),
+        "run_storage": run_storage, "val_idx": val_idx.tolist(), "val_every": int(f.get("val_every", 1)),
         "seed": cfg["seed"], "batch_size": f["batch_size"], "prefetch": f["prefetch"], "epochs": f["epochs"],
-        "sigma": f["sigma"], "density_scale": f["density_scale"], "optimizer": dict(f["optimizer"]),
+        "density_scale": f["density_scale"], "optimizer": dict(f["optimizer"]),
         "profile_every": f["profile_every"], "checkpoint_every": cfg["strategy"].get("checkpoint_every", 1),
-        "fail_at_epoch": f.get("fail_at_epoch"),
+        "fail_at_epoch": f.get("fail_at_epoch"), "log_every": f["log_every"], "warmup_steps": f["warmup_steps"],
+        "precision": f["precision"], "channels_last": f["channels_last"], "compile": f["compile"],
+        "loader_threads": f["loader_threads"], "eval_batch_size": f["eval_batch_size"],
     }
+    prepared_s = time.time() - started
     train_started = time.time()
     # A resumed run continues the previous run's Train run (same storage path and name): Ray
     # Train restores its latest checkpoint, and new checkpoints join it there.
@@ -171,17 +215,19 @@ def run_train(cfg: dict, ctx) -> dict[str, float]:
     summaries = [run_storage.read_json(f"workers/{name}") for name in run_storage.list("workers")
                  if name.startswith("rank") and name.endswith(".json")]
     metrics.update(throughput_stats(summaries, f["warmup_steps"]))
+    metrics.update(time_split(summaries, train_started))
+    evaluate_started = time.time()
     if not run_storage.is_local or run_storage.local_path != run_dir.resolve():
         (run_dir / MODEL_FILE).write_bytes(run_storage.read_bytes(MODEL_FILE))
 
     # [6] accuracy on the held-out tiles: CNN from the saved model vs the older counter (Table 5.1)
-    model, scale = load_model(run_dir / MODEL_FILE)
-    test_images = np.asarray(tiles.images[test_idx])
+    #     the CNN on the run's device in batches; the blob counts came with the calibration ([4])
+    model, scale = load_model(run_dir / MODEL_FILE, evaluate.eval_device(cfg))
     truth = tiles.counts[test_idx].astype(float)
     kinds = [tiles.kinds[i] for i in test_idx]
-    maps, cnn_s = evaluate.predict_density(model, test_images, scale)
+    maps, cnn_s = evaluate.predict_density(model, test_images, scale, f["eval_batch_size"])
     cnn_counts = maps.sum(axis=(1, 2))
-    blob_counts, blob_s = baseline_counter.predict_counts(test_images, params)
+    blob_counts, blob_s = np.asarray(baseline["test_counts"], float), float(baseline["test_s"])
     cnn_table = evaluate.error_table(cnn_counts, truth, f["bins"], kinds)
     blob_table = evaluate.error_table(blob_counts, truth, f["bins"], kinds)
     metrics.update(evaluate.flatten_table(cnn_table, "test", f["bins"]))
@@ -189,9 +235,10 @@ def run_train(cfg: dict, ctx) -> dict[str, float]:
     metrics.update({"test/inference_s": cnn_s, "baseline/inference_s": blob_s,
                     "test/images_per_s": len(test_images) / max(cnn_s, 1e-9),
                     "baseline/images_per_s": len(test_images) / max(blob_s, 1e-9),
-                    "baseline/calibration_mae": calib_mae})
+                    "baseline/calibration_mae": baseline["calibration_mae"]})
     ctx.log_dict({"cnn": cnn_table, "baseline": blob_table}, "tables/per_bin.json")
     ctx.set_tags({"flower.beats_baseline": str(metrics["test/mae"] < metrics["baseline/mae"])})
+    metrics["time/evaluate_s"] = time.time() - evaluate_started
 
     # [7] figures (figures.py): density maps over the tiles, per-bin MAE and counts of both counters
     figures.log_figures(ctx, picks=evaluate.pick_examples(truth, kinds, f["num_figures"], cfg["seed"]),

@@ -54,18 +54,40 @@ def flatten_table(table: dict[str, dict], prefix: str, bins) -> dict[str, float]
     return out
 
 
+def eval_device(cfg: dict) -> str:
+    """flower.eval_device: ``auto`` is the GPU when the run trains on GPUs and this process sees
+    one, else the CPU; or a torch device string (``cpu``, ``cuda``, ``cuda:1``)."""
+    chosen = cfg["flower"].get("eval_device", "auto")
+    if chosen != "auto":
+        return chosen
+    wants_gpu = float(cfg["strategy"].get("gpus_per_worker", 0) or 0) > 0
+    return "cuda" if wants_gpu and torch.cuda.is_available() else "cpu"
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """Where the model's weights are (the CPU for a model without any)."""
+    return next(model.parameters(), torch.empty(0)).device
+
+
 @torch.no_grad()
-def predict_density(model: torch.nn.Module, images: np.ndarray, scale: float, batch_size: int = 32,
-                    device: str = "cpu") -> tuple[np.ndarray, float]:
-    """Density maps (N, H, W) in flowers per pixel for uint8 images (N, H, W, 3), and seconds."""
+def predict_density(model: torch.nn.Module, images: np.ndarray, scale: float, batch_size: int = 64,
+                    device=None) -> tuple[np.ndarray, float]:
+    """Density maps (N, H, W) in flowers per pixel for uint8 images (N, H, W, 3), and seconds.
+
+    Runs in batches of ``batch_size`` tiles on ``device`` (default: the model's own device);
+    tiles travel as uint8 and become float there. The model is moved to ``device`` if needed.
+    """
     start = time.perf_counter()
+    device = torch.device(device) if device is not None else model_device(model)
+    model = model.to(device)
     maps = []
     for i in range(0, len(images), batch_size):
-        x = torch.from_numpy(np.asarray(images[i:i + batch_size])).permute(0, 3, 1, 2).float().div_(255.0)
+        x = torch.from_numpy(np.ascontiguousarray(images[i:i + batch_size])).to(device, non_blocking=True)
+        x = x.permute(0, 3, 1, 2).float().div_(255.0)
         # The final 1x1 conv is linear, so an undertrained model can predict negative density;
         # no flower has negative mass, so counts clamp it at zero.
-        maps.append(np.maximum(model(x.to(device)).squeeze(1).cpu().numpy(), 0.0) / scale)
-    out = np.concatenate(maps) if maps else np.zeros((0,) + images.shape[1:3], np.float32)
+        maps.append(model(x).squeeze(1).clamp_(min=0.0).div_(scale))
+    out = torch.cat(maps).cpu().numpy() if maps else np.zeros((0,) + images.shape[1:3], np.float32)
     return out, time.perf_counter() - start
 
 

@@ -23,8 +23,10 @@ from workloads.flower.data import IMAGE_SUFFIXES, read_rgb
 STATE_FILE = "model.pt"
 
 
-def count_image(model, rgb: np.ndarray, tile_size: int, scale: float, batch_size: int = 16) -> np.ndarray:
-    """Density map (H, W) in flowers per pixel for an RGB uint8 image (H, W, 3) of any size."""
+def count_image(model, rgb: np.ndarray, tile_size: int, scale: float, batch_size: int = 64,
+                device=None) -> np.ndarray:
+    """Density map (H, W) in flowers per pixel for an RGB uint8 image (H, W, 3) of any size;
+    its tiles are counted in batches of ``batch_size`` on ``device`` (default: the model's)."""
     import torch
 
     from workloads.flower.evaluate import predict_density
@@ -38,7 +40,7 @@ def count_image(model, rgb: np.ndarray, tile_size: int, scale: float, batch_size
     rows, cols = padded.shape[0] // tile_size, padded.shape[1] // tile_size
     tiles = padded.reshape(rows, tile_size, cols, tile_size, 3).swapaxes(1, 2).reshape(-1, tile_size, tile_size, 3)
     with torch.inference_mode():
-        maps, _ = predict_density(model, tiles, scale, batch_size)
+        maps, _ = predict_density(model, tiles, scale, batch_size, device)
     stitched = maps.reshape(rows, cols, tile_size, tile_size).swapaxes(1, 2).reshape(rows * tile_size, cols * tile_size)
     return stitched[:height, :width]
 
@@ -102,14 +104,16 @@ def state_file(model_dir: Path) -> Path:
 class Predictor:
     """Ray Data actor: holds the model, counts a batch of image paths, writes density PNGs."""
 
-    def __init__(self, model_dir: str, out_dir: str, tile_size: int):
+    def __init__(self, model_dir: str, out_dir: str, tile_size: int, batch_size: int = 64, device: str = "auto"):
         import torch
 
         from workloads.flower.train import load_model
 
         torch.set_num_threads(1)
-        self.model, self.scale = load_model(state_file(Path(model_dir)))
-        self.tile, self.out = int(tile_size), Path(out_dir)
+        # auto: a GPU if this actor was given one (Ray hides the GPUs from actors that hold none)
+        device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+        self.model, self.scale = load_model(state_file(Path(model_dir)), device)
+        self.tile, self.out, self.batch = int(tile_size), Path(out_dir), int(batch_size)
 
     def __call__(self, batch: dict) -> dict:
         cols = {"path": [], "error": [], "width": [], "height": [], "count": []}
@@ -117,7 +121,7 @@ class Predictor:
             path = Path(str(path))
             try:
                 rgb = read_image(path)
-                density = count_image(self.model, rgb, self.tile, self.scale)
+                density = count_image(self.model, rgb, self.tile, self.scale, self.batch)
                 cv2.imwrite(str(self.out / "density" / f"{path.stem}.png"), density_png(density))
                 values = ("", rgb.shape[1], rgb.shape[0], round(float(density.sum()), 3))
             except Exception as exc:  # one bad file never stops the run: skipped and counted
@@ -142,7 +146,9 @@ def run_predict(cfg: dict, ctx) -> dict[str, float]:
     (out / "density").mkdir(exist_ok=True)
     started = time.perf_counter()
     rows = models.predict_files(files, Predictor, {"model_dir": str(model_dir), "out_dir": str(out),
-                                                   "tile_size": int(meta.get("tile_size", 64))},
+                                                   "tile_size": int(meta.get("tile_size", 64)),
+                                                   "batch_size": int(cfg["flower"]["eval_batch_size"]),
+                                                   "device": cfg["flower"]["eval_device"]},
                                 ctx, desc="counting")
     elapsed = time.perf_counter() - started
     metrics = models.report(rows, ["path", "width", "height", "count"], ctx, out, "images", elapsed)

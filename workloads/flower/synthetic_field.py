@@ -108,7 +108,8 @@ def render_field(rng: np.random.Generator, height: int, width: int, roi: tuple[i
 
     # A dusty roadside along one edge of the frame, reaching into the field window (Fig. 5.4 b).
     if rng.uniform() < distractor_rate:
-        depth = int(rng.uniform(0.5, 1.6) * tile_size)
+        # at most the frame above the window's bottom: a short frame cannot hold a deeper road
+        depth = min(int(rng.uniform(0.5, 1.6) * tile_size), y0 + h)
         road = (x0, y0 + h - depth, w, depth + (height - y0 - h))
         rx, ry, rw, rh = road
         dust = DUST_RGB * (1 + 0.12 * _smooth_noise(rng, rh, rw, 4)[..., None])
@@ -170,6 +171,16 @@ def draw_red_crosses(rgb: np.ndarray, points: np.ndarray) -> np.ndarray:
     return out
 
 
+def field_window(height: int, width: int, tile_size: int) -> tuple[int, int, int, int]:
+    """The synthetic field's region of interest (x, y, width, height): whole tiles, centred,
+    leaving about half a tile of margin; ValueError when the frame cannot hold one tile."""
+    if height < tile_size or width < tile_size:
+        raise ValueError(f"a {width}x{height} field cannot hold one {tile_size}-pixel tile")
+    roi_w = max(tile_size, (width - tile_size // 2) // tile_size * tile_size)
+    roi_h = max(tile_size, (height - tile_size // 2) // tile_size * tile_size)
+    return (width - roi_w) // 2, (height - roi_h) // 2, roi_w, roi_h
+
+
 def generate_field(out_dir: str | Path, num_images: int, height: int, width: int, tile_size: int,
                    seed: int, mean_flowers_per_tile: float = 2.5,
                    flower_radius: tuple[float, float] = (2.5, 5.0), occlusion: float = 0.25,
@@ -185,9 +196,7 @@ def generate_field(out_dir: str | Path, num_images: int, height: int, width: int
         (out / "annotated").mkdir(exist_ok=True)
     elif annotation != "csv":
         raise ValueError(f"annotation must be csv or red_cross, got {annotation!r}")
-    roi_w = max(tile_size, (width - tile_size // 2) // tile_size * tile_size)
-    roi_h = max(tile_size, (height - tile_size // 2) // tile_size * tile_size)
-    roi = ((width - roi_w) // 2, (height - roi_h) // 2, roi_w, roi_h)
+    roi = field_window(height, width, tile_size)
     rng = np.random.default_rng(seed)
     point_rows, roi_rows, distractor_rows = [], [], []
     for i in range(num_images):

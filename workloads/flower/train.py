@@ -1,8 +1,10 @@
 """The per-worker training loop: the same code for ring, ps-sync and ps-async.
 
 It only uses `orchard.strategies.worker` (env, replica, checkpoints), so the model never knows
-how it is distributed. Per step it records what the thesis measured (4.2): loss, MAE of the
-batch's counts, and throughput = images of the step / duration of the step; every
+how it is distributed. It records what the thesis measured (4.2) per logged window of
+`log_every` steps (1: every step; the first `warmup_steps` steps are windows of their own):
+loss and count MAE (added up on the device, read once per window, so the step never waits for
+a GPU) and throughput = images of the window / its duration; every
 `profile_every` steps one step runs under the torch profiler and its Chrome trace is kept
 (the thesis's TF Timeline every 500 steps, 5.2.3). At the end each worker writes its own
 completion time and throughput series to workers/rank<r>.json in the run storage for the driver
@@ -12,8 +14,8 @@ from __future__ import annotations
 
 import io
 import os
-import tempfile
 import queue
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -29,7 +31,9 @@ MODEL_FILE = "model.pt"
 
 
 def make_batch(tiles: TileSet, indices: np.ndarray, sigma: float, scale: float):
-    """Images (B, 3, T, T) float in [0, 1] and target density maps (B, 1, T, T) x scale."""
+    """Images (B, 3, T, T) float in [0, 1] and target density maps (B, 1, T, T) x scale, drawn
+    per batch. Training uses ``loader.TileLoader`` (targets made once); this per-step loader
+    stays for the plain-DDP side of bench/flower_strategies.py."""
     images = np.asarray(tiles.images[indices])  # fancy indexing copies out of the memory map
     size = images.shape[1]
     x = torch.from_numpy(images).permute(0, 3, 1, 2).float().div_(255.0)
@@ -102,7 +106,7 @@ def _maybe_inject_fault(config: dict, env, run_storage, epoch: int, ctx) -> None
 
 
 @torch.no_grad()
-def validation_mae(model, tiles: TileSet, val_idx: list[int], scale: float, device) -> float:
+def validation_mae(model, tiles: TileSet, val_idx: list[int], scale: float, device, batch_size: int = 32) -> float:
     """Count MAE on the held-back tiles, on rank 0 alone: through the plain module, so DDP's
     forward (which syncs buffers with the other ranks) is not entered by one rank only."""
     from workloads.flower.evaluate import predict_density
@@ -111,15 +115,71 @@ def validation_mae(model, tiles: TileSet, val_idx: list[int], scale: float, devi
     was_training = plain.training
     plain.eval()
     try:
-        maps, _ = predict_density(plain, np.asarray(tiles.images[np.asarray(val_idx)]), scale, device=str(device))
+        maps, _ = predict_density(plain, np.asarray(tiles.images[np.asarray(val_idx)]), scale, batch_size, device)
     finally:
         plain.train(was_training)
     return float(np.abs(maps.sum(axis=(1, 2)) - tiles.counts[np.asarray(val_idx)]).mean())
 
 
+class GpuSampler:
+    """This worker's GPU utilization, read by a background thread once a second while the loop
+    trains (NVML via torch): the training window of its own GPU, with no call inside the step."""
+
+    def __init__(self, device: torch.device, every_s: float = 1.0):
+        self.device, self.every_s = device, every_s
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = None
+        if _gpu_util(device) is not None:
+            self._thread = threading.Thread(target=self._run, name="flower-gpu-sampler", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            util = _gpu_util(self.device)
+            if util is not None:
+                self.samples.append(util)
+
+    def since(self, start: int) -> list[float]:
+        return self.samples[start:]
+
+    def stop(self) -> list[float]:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        return list(self.samples)
+
+
+def train_step(forward, replica, precision, x: torch.Tensor, target: torch.Tensor, sums: torch.Tensor) -> None:
+    """One step: forward under ``precision``'s autocast, the Euclidean loss in float32,
+    backward, the replica's update; adds (loss, batch count MAE x scale) into ``sums`` on the
+    device, so nothing here waits for a GPU."""
+    with precision.autocast():
+        predicted = forward(x)
+    predicted = predicted.float()
+    loss = euclidean_loss(predicted, target)
+    replica.zero_grad()
+    precision.backward(loss)
+    precision.step(replica)
+    count_error = (predicted.detach().sum(dim=(1, 2, 3)) - target.sum(dim=(1, 2, 3))).abs().mean()
+    sums.add_(torch.stack([loss.detach(), count_error]))
+
+
+def loader_threads(config: dict, device: torch.device) -> int:
+    """flower.loader_threads, or (null) the worker's CPUs but one on a GPU (the step needs the
+    CPU only to launch kernels), and one on a CPU (torch's own threads do the step there)."""
+    threads = config.get("loader_threads")
+    if threads:
+        return int(threads)
+    cpus = max(1, int(config["strategy"].get("cpus_per_worker", 1)))
+    return max(1, cpus - 1) if device.type == "cuda" else 1
+
+
 def train_loop(config: dict) -> None:
     """Ray Train worker entry point; config = the loop config of `driver.run_train` + ctx, strategy (+ ps_group)."""
     from orchard.strategies import worker
+    from workloads.flower.loader import TileLoader, load_density_targets
+    from workloads.flower.precision import Precision, compiled, prepare_model
 
     started = time.time()
     ctx = config["ctx"]
@@ -128,53 +188,62 @@ def train_loop(config: dict) -> None:
     torch.set_num_threads(max(1, int(config["strategy"].get("cpus_per_worker", 1))))
     run_storage = config["run_storage"]  # orchard.storage.Storage: this run's folder in storage
 
-    # [2] this worker's shard of the training tiles (4.4.5: N shards for N workers)
+    # [2] this worker's shard of the training tiles (4.4.5: N shards for N workers), held in RAM
+    #     with its density targets (made once, beside the tile cache in storage: loader.py)
     cache = config["cache"]  # the tile cache in storage, copied once to this node (a local root: in place)
     tiles = TileSet(cache.localize() if hasattr(cache, "localize") else cache)
     order = np.random.default_rng(config["seed"]).permutation(np.asarray(config["train_idx"]))
     shard = np.asarray(env.shard(order))
     batch = int(config["batch_size"])
     steps_per_epoch = len(shard) // batch
-    if steps_per_epoch == 0:
+    if steps_per_epoch == 0:  # the driver refuses this before Train starts; a guard for other callers
         raise ValueError(f"worker {env.rank}: {len(shard)} training tiles, fewer than one batch of {batch}")
+    scale = float(config["density_scale"])
+    channels_last = bool(config.get("channels_last", False))
+    loader = TileLoader(tiles.images, load_density_targets(config["density"]), shard, batch, scale, env.device,
+                        depth=int(config["prefetch"]), threads=loader_threads(config, env.device),
+                        channels_last=channels_last)
 
     # [3] the model, the same for every strategy; the replica hides how it is synchronised
     torch.manual_seed(config["seed"])
-    model = FlowerCounterCNN().to(env.device)
+    model = prepare_model(FlowerCounterCNN().to(env.device), channels_last)
     replica = worker.replica(model, config["optimizer"], config)
+    precision = Precision(config.get("precision", "fp32"), env.device)
+    forward = compiled(replica.model, bool(config.get("compile", False)))
     first_epoch = 0
     restored = worker.load_checkpoint()
     if restored is not None:
         state, epoch = restored
         replica.load_state_dict(state)
+        precision.load_state_dict(state.get("precision", {}))
         first_epoch = epoch + 1
 
-    scale, sigma = float(config["density_scale"]), float(config["sigma"])
     profile_every = int(config["profile_every"])
-    series: list[float] = []
-    losses: list[float] = []
-    gpu_util: list[float] = []
+    log_every = max(1, int(config.get("log_every", 1)))
+    warmup = int(config.get("warmup_steps", 0))
+    series: list[float] = []      # images/s of each logged window (Table 5.2's per-step series)
+    window_steps: list[int] = []  # steps in each window
+    sampler = GpuSampler(env.device)
     global_step = first_epoch * steps_per_epoch
+    steps_run, steps_s, first_step_at = 0, 0.0, None
     epochs = int(config["epochs"])
     for epoch in range(first_epoch, epochs):
-        # [4] a new shuffle of this worker's shard every epoch, prefetched `prefetch` batches ahead
-        shuffled = np.random.default_rng((config["seed"], epoch, env.rank)).permutation(shard)
+        # [4] a new shuffle of this worker's shard every epoch, `prefetch` batches made ahead
+        shuffled = np.random.default_rng((config["seed"], epoch, env.rank)).permutation(len(shard))
         _maybe_inject_fault(config, env, run_storage, epoch, ctx)
-        batches = prefetched_batches(tiles, shuffled, batch, int(config["prefetch"]), sigma, scale)
+        # loss and MAE add up on the device; the host reads them once per logged window, so the
+        # step never waits for the GPU (a read is a sync)
+        sums = torch.zeros(2, device=env.device)
+        in_window, epoch_loss, epoch_steps = 0, 0.0, 0
+        util_from = len(sampler.samples)
         tick = time.perf_counter()
-        for x, target in batches:
-            x, target = x.to(env.device, non_blocking=True), target.to(env.device, non_blocking=True)
-            out = {}
+        for i, (x, target) in enumerate(loader.epoch(shuffled)):
+            if first_step_at is None:
+                first_step_at = time.time()
 
-            def run_step():
-                # [5] forward, pixel-wise Euclidean loss, backward, synchronise + update
-                predicted = replica.model(x)
-                loss = euclidean_loss(predicted, target)
-                replica.zero_grad()
-                loss.backward()
-                replica.step()
-                out["loss"] = float(loss.detach())
-                out["mae"] = float((predicted.detach().sum(dim=(1, 2, 3)) - target.sum(dim=(1, 2, 3))).abs().mean()) / scale
+            def run_step(x=x, target=target, sums=sums):
+                # [5] forward (autocast), pixel-wise Euclidean loss, backward, synchronise + update
+                train_step(forward, replica, precision, x, target, sums)
 
             if profile_every > 0 and global_step % profile_every == 0 and global_step > 0:
                 trace = Path(tempfile.gettempdir()) / f"orchard-traces-{os.getpid()}" / f"rank{env.rank}_step{global_step}.json"
@@ -182,52 +251,65 @@ def train_loop(config: dict) -> None:
                 ctx.log_artifact(trace, "traces")
             else:
                 run_step()
-            # [6] per-step metrics: throughput counts the wait for the batch too, like a TF step
+            global_step += 1
+            steps_run += 1
+            in_window += 1
+            if not (global_step % log_every == 0 or i == steps_per_epoch - 1 or steps_run <= warmup):
+                continue
+            # [6] the logged window: one read of the device sums; throughput = the window's images
+            #     over its time, which counts the waits for batches too, like a TF step (exact:
+            #     the read waits for the window's last step)
+            loss_sum, mae_sum = sums.tolist()
+            sums.zero_()
             now = time.perf_counter()
-            images_per_s = len(x) / max(now - tick, 1e-9)
+            images_per_s = in_window * len(x) / max(now - tick, 1e-9)
+            steps_s += now - tick
             tick = now
             series.append(images_per_s)
-            losses.append(out["loss"])
+            window_steps.append(in_window)
+            epoch_loss, epoch_steps = epoch_loss + loss_sum, epoch_steps + in_window
             metrics = {f"throughput/w{env.rank}_images_per_s": images_per_s}
             if env.rank == 0:
-                metrics.update({"train/loss": out["loss"], "train/mae": out["mae"],
+                metrics.update({"train/loss": loss_sum / in_window, "train/mae": mae_sum / in_window / scale,
                                 "throughput/images_per_s": images_per_s * env.world_size})
-            util = _gpu_util(env.device)
-            if util is not None:
-                gpu_util.append(util)
-                metrics[f"system/w{env.rank}_gpu_util_pct"] = util  # MLflow system metric, per worker
+            util = sampler.since(util_from)
+            if util:
+                util_from += len(util)
+                metrics[f"system/w{env.rank}_gpu_util_pct"] = float(np.mean(util))  # this worker's GPU
             if env.rank == 0:
-                ctx.progress(global_step + 1, epochs * steps_per_epoch, desc=f"epoch {epoch + 1}/{epochs}",
+                ctx.progress(global_step, epochs * steps_per_epoch, desc=f"epoch {epoch + 1}/{epochs}",
                              **{"img/s": images_per_s * env.world_size})
-            ctx.log_metrics(metrics, step=global_step)
-            global_step += 1
+            ctx.log_metrics(metrics, step=global_step - 1)
+            in_window = 0
 
         # [7] checkpoint every `checkpoint_every` epochs and after the last one (every rank reports)
         last = epoch == epochs - 1
         if last or (epoch + 1) % int(config["checkpoint_every"]) == 0:
-            recent = losses[-steps_per_epoch:] or [float("nan")]
-            worker.save_checkpoint(replica.state_dict(), {"train/epoch_loss": float(np.mean(recent))}, epoch)
+            state = {**replica.state_dict(), "precision": precision.state_dict()}
+            worker.save_checkpoint(state, {"train/epoch_loss": epoch_loss / max(epoch_steps, 1)}, epoch)
         if env.rank == 0:
             epoch_metrics = {"train/epoch": epoch + 1}
             if config.get("val_idx") and (epoch + 1) % int(config.get("val_every", 1)) == 0:
-                epoch_metrics["val/mae"] = validation_mae(replica.model, tiles, config["val_idx"], scale, env.device)
+                epoch_metrics["val/mae"] = validation_mae(replica.model, tiles, config["val_idx"], scale, env.device,
+                                                          int(config.get("eval_batch_size", 32)))
             ctx.log_metrics(epoch_metrics, step=global_step)
 
     # [8] hand the driver this worker's completion time and throughput; rank 0 keeps the model
     summary = {"rank": env.rank, "completion_s": time.time() - started, "throughput": series,
-               "first_epoch": first_epoch, "gpu_util": gpu_util}
+               "window_steps": window_steps, "first_epoch": first_epoch, "gpu_util": sampler.stop(),
+               "first_step_at": first_step_at, "steps_s": steps_s}
     run_storage.write_json(f"workers/rank{env.rank}.json", summary)
     if env.rank == 0:
         module = getattr(replica, "module", model)
+        state = {k: v.contiguous() for k, v in module.state_dict().items()}  # channels_last or not: one file format
         buffer = io.BytesIO()
-        torch.save({"model": module.state_dict(), "density_scale": scale, "tile_size": int(tiles.images.shape[1])},
-                   buffer)
+        torch.save({"model": state, "density_scale": scale, "tile_size": int(tiles.images.shape[1])}, buffer)
         run_storage.write_bytes(MODEL_FILE, buffer.getvalue())
 
 
 def load_model(path: str | Path, device: str = "cpu") -> tuple[FlowerCounterCNN, float]:
-    """The trained model saved by `train_loop` (weights only) and its density scale."""
-    data = torch.load(Path(path), map_location=device, weights_only=True)
+    """The trained model saved by `train_loop` (weights only) on ``device``, and its density scale."""
+    data = torch.load(Path(path), map_location="cpu", weights_only=True)
     model = FlowerCounterCNN()
     model.load_state_dict(data["model"])
-    return model.eval(), float(data["density_scale"])
+    return model.to(device).eval(), float(data["density_scale"])

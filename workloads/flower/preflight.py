@@ -1,0 +1,100 @@
+"""Settings that would only fail late (inside a Ray task or a Train worker), refused before Ray
+starts with one line naming the keys to change (``orchard.ConfigError``, exit 2).
+
+- the tile must fit the field: the synthetic frame, ``flower.roi``, or every image's region of
+  interest in ``flower.data_dir`` (read from the image headers);
+- the tiles there must give every worker at least one batch (an upper bound here, before any
+  tile exists; the driver checks the bin-sampled count again before Train starts);
+- precision and GPU settings that NCCL or the parameter servers cannot run.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from orchard import ConfigError
+
+
+def check(cfg: dict) -> None:
+    """Every check of this module, for a train run's resolved config."""
+    check_precision(cfg)
+    check_gpus(cfg)
+    if cfg["flower"]["data_dir"] is None:
+        total = synthetic_tiles(cfg)
+        where = "the synthetic field (flower.synthetic.num_images x its tiles)"
+    else:
+        total = data_dir_tiles(cfg)
+        where = f"{cfg['flower']['data_dir']}"
+    if total is not None:
+        check_tiles_per_worker(cfg, total, where)
+
+
+def check_precision(cfg: dict) -> None:
+    if cfg["flower"]["precision"] == "fp16" and cfg["strategy"]["name"] == "ps":
+        raise ConfigError("flower.precision", "fp32 or bf16 with strategy=ps (fp16 needs a loss scaler on a torch "
+                          "optimizer, and the servers apply the raw gradients); or strategy=ring, got 'fp16'")
+
+
+def check_gpus(cfg: dict) -> None:
+    """NCCL needs a whole GPU per rank ("Duplicate GPU detected"); ``backend=auto`` falls back
+    to gloo by itself (orchard/strategies/launch.py), an explicit ``nccl`` is refused."""
+    s = cfg["strategy"]
+    gpus = float(s.get("gpus_per_worker", 0) or 0)
+    if 0 < gpus < 1 and s.get("backend") == "nccl":
+        raise ConfigError("strategy.backend", f"gloo when strategy.gpus_per_worker={gpus:g} (workers sharing a GPU: "
+                          "NCCL needs one GPU per worker), or strategy.gpus_per_worker=1, got 'nccl'")
+
+
+def synthetic_tiles(cfg: dict) -> int:
+    """Tiles the synthetic field will make; refuses a tile larger than its frame."""
+    from workloads.flower.synthetic_field import field_window
+
+    f, s = cfg["flower"], cfg["flower"]["synthetic"]
+    tile = f["tile_size"]
+    if min(s["height"], s["width"]) < tile:
+        raise ConfigError("flower.tile_size", f"at most {min(s['height'], s['width'])}: one tile must fit the "
+                          f"{s['width']}x{s['height']} synthetic field (or larger flower.synthetic.width/height), "
+                          f"got {tile}")
+    _, _, width, height = field_window(s["height"], s["width"], tile)
+    return s["num_images"] * (width // tile) * (height // tile)
+
+
+def data_dir_tiles(cfg: dict) -> int | None:
+    """Tiles the user's images will make (their headers only); refuses an image whose region of
+    interest is smaller than a tile. None for a folder in remote storage (not read here)."""
+    from orchard.storage import is_uri
+
+    f = cfg["flower"]
+    if is_uri(f["data_dir"]):
+        return None
+    from PIL import Image
+
+    from workloads.flower.data import list_images, read_table, region_of_interest
+
+    root, tile = Path(f["data_dir"]), f["tile_size"]
+    rois = read_table(root / "roi.csv")
+    total = 0
+    for name in list_images(root):
+        with Image.open(root / "images" / name) as image:
+            width, height = image.size
+        window = f["roi"]
+        key = "flower.roi" if window is not None else "flower.tile_size"
+        if window is None and name in rois:
+            r = rois[name][0]
+            window = [int(r["x"]), int(r["y"]), int(r["width"]), int(r["height"])]
+        try:
+            _, _, w, h = region_of_interest((height, width), tile, window)
+        except ValueError as exc:
+            fix = "a window of whole tiles inside every image" if key == "flower.roi" else "a smaller tile"
+            raise ConfigError(key, f"{fix}: {name}: {exc}") from None
+        total += (w // tile) * (h // tile)
+    return total
+
+
+def check_tiles_per_worker(cfg: dict, total: int, where: str) -> None:
+    """At least one batch per worker from the most the split can leave for training."""
+    f, workers = cfg["flower"], int(cfg["strategy"]["num_workers"])
+    most = int(total * f["train_fraction"] * (1 - f["val_fraction"]))
+    if most // workers < f["batch_size"]:
+        raise ConfigError("flower.batch_size", f"at most {most // workers}: {total} tiles from {where} leave at most "
+                          f"{most} training tiles for {workers} workers (or more images, a smaller "
+                          f"flower.tile_size, fewer strategy.num_workers), got {f['batch_size']}")
