@@ -82,6 +82,30 @@ def validate(cfg: dict) -> None:
         require(cfg, "video.synthetic.appearance_cue", lambda p: 0 <= p <= 1, "a probability in [0, 1]")
         for key in ("noise", "shake"):
             require(cfg, f"video.synthetic.{key}", lambda x: x >= 0, "a standard deviation >= 0")
+    if cfg["mode"] == "train" and v.get("resume") is not None:
+        require(cfg, "video.resume", _has_checkpoint(cfg),
+                "null or the folder of a video run that checkpointed an epoch (video_checkpoint.pt in its storage)")
+
+
+def _has_checkpoint(cfg: dict):
+    """``previous run folder -> bool``: its storage part holds a video checkpoint (the driver's
+    folder itself may be gone: orchard/storage.py)."""
+    from orchard.storage import Storage
+
+    from .checkpoint import CHECKPOINT_NAME
+
+    return lambda run_dir: Storage.for_run(cfg, run_dir).exists(CHECKPOINT_NAME)
+
+
+def resume(cfg: dict, previous_run_dir: str) -> None:
+    """``python -m orchard resume <run id>``: train the epochs after that run's last checkpointed one
+    (none left: go on from its states to aggregation and inference)."""
+    from orchard import ConfigError
+
+    if cfg["mode"] != "train":
+        raise ConfigError("mode", "train: only a training run has checkpoints to resume from")
+    cfg["video"]["resume"] = str(previous_run_dir)
+    validate(cfg)
 
 
 def _registered_extractors(modules) -> list[str]:

@@ -10,11 +10,15 @@ hits, an edited one misses, and two runs over the same data share entries.
 - ``none``: every epoch decodes and extracts again;
 - ``memory``: one Ray actor holds the arrays, LRU-evicted at ``cache_max_mb``; gone with the run;
 - ``disk``: one ``.npz`` per entry under ``video.cache_dir`` (default
-  ``<output_dir>/video/cache/features``): persistent across runs, bounded at
+  ``<storage root>/video/cache/features``, the storage root being ``storage.uri`` or else
+  ``output_dir``): persistent across runs, bounded at
   ``cache_max_mb`` with LRU eviction (a hit refreshes the entry's mtime, eviction removes
   the oldest mtimes first), safe for concurrent runs (entries are written to a temporary
   file and renamed; eviction holds an exclusive ``flock``; a reader that loses an entry to
-  eviction counts a miss and recomputes).
+  eviction counts a miss and recomputes). On remote storage (``s3://...``) the entries are
+  objects every node reads and writes (orchard/storage.py), shared by the runs and nodes on
+  that storage; there is no mtime to refresh nor lock to hold, so orchard does not evict
+  there: bound the prefix with the store's own expiry rule (an S3 lifecycle rule).
 
 Each entry keeps the seconds it took to compute, so a hit knows the time it saved.
 """
@@ -134,6 +138,13 @@ class FeatureCache:
     def _file(self, key: str) -> Path:
         return Path(self.directory) / key[:2] / f"{key}.npz"
 
+    @property
+    def _remote(self):
+        """The disk cache's ``Storage`` when it lives in remote storage (``s3://...``), else None."""
+        from orchard.storage import Storage, is_uri
+
+        return Storage(self.directory) if self.kind == "disk" and is_uri(self.directory) else None
+
     def get(self, key: str) -> np.ndarray | None:
         """The cached array or None; counts a hit (and the time it saved) or a miss."""
         if not self.enabled:
@@ -143,6 +154,11 @@ class FeatureCache:
         if self.kind == "memory":
             import ray
             found = ray.get(self.store.get.remote(key))
+        elif self._remote is not None:
+            try:
+                found = _from_bytes(self._remote.read_bytes(f"{key[:2]}/{key}.npz"))
+            except (OSError, ValueError):  # absent (pyarrow raises FileNotFoundError): compute it
+                found = None
         else:
             f = self._file(key)
             try:
@@ -164,6 +180,10 @@ class FeatureCache:
             return
         if self.kind == "memory":
             self.store.put.remote(key, array, compute_s)
+        elif self._remote is not None:
+            data = _to_bytes(array, compute_s)
+            if len(data) <= self.max_bytes:
+                self._remote.write_bytes(f"{key[:2]}/{key}.npz", data)   # one object, published whole
         else:
             data = _to_bytes(array, compute_s)
             if len(data) > self.max_bytes:
@@ -185,6 +205,12 @@ class FeatureCache:
         if self.kind == "memory":
             import ray
             return int(ray.get(self.store.size_bytes.remote()))
+        if self._remote is not None:
+            import pyarrow.fs as pafs
+
+            fs, root = pafs.FileSystem.from_uri(self.directory)
+            infos = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
+            return sum(i.size for i in infos if i.type == pafs.FileType.File and i.path.endswith(".npz"))
         if self.kind == "disk" and self.directory and Path(self.directory).exists():
             return sum(f.stat().st_size for f in Path(self.directory).glob("*/*.npz"))
         return 0
@@ -193,7 +219,8 @@ class FeatureCache:
 def make_cache(kind: str, directory: str | os.PathLike, max_mb: float) -> FeatureCache:
     """Build the run's cache (starts the memory store actor when ``kind == "memory"``).
 
-    ``directory`` is the disk cache's folder (``video.cache_dir``/features), unused otherwise.
+    ``directory`` is the disk cache's folder (``video.cache_dir``/features), a local path or a
+    storage URI (``s3://...``), unused otherwise.
     """
     max_bytes = int(max_mb * 2**20)
     if kind == "memory":

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .decoder import BadVideo, build_decoder, looks_like_video
+from .decoder import BadVideo, build_decoder, file_stat, local_video, looks_like_video
 
 
 @dataclass
@@ -194,61 +194,64 @@ def classes_problem(classes: list[str], usable, root: str) -> str:
 def file_digest(path: str, chunk: int = 1 << 20) -> str:
     """sha256 of the file's bytes: the content address of its cache entries."""
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with open(local_video(path), "rb") as fh:
         while block := fh.read(chunk):
             h.update(block)
     return h.hexdigest()
 
 
 class IndexStore:
-    """Per-file probe results on disk (``{kind, reason, digest, pts}``), keyed by path, size, mtime.
+    """Per-file probe results (``{kind, reason, digest, pts, size}``), keyed by path, size, mtime,
+    in storage (orchard/storage.py: a folder, or a bucket shared by the nodes and runs).
 
-    One small JSON per file, written atomically: concurrent runs may both write one, never
-    half of one. An edited file (new size or mtime) misses and is probed again.
+    One small JSON per file, written whole: concurrent runs may both write one, never half of
+    one. An edited file (new size or mtime) misses and is probed again. Paths are local paths or
+    storage URIs (``s3://...``); the store itself is a local folder or a URI.
     """
 
     def __init__(self, directory: str | os.PathLike | None):
-        self.directory = Path(directory) if directory else None
+        from orchard.storage import Storage
 
-    def _file(self, path: str) -> Path | None:
-        if self.directory is None:
+        self.storage = Storage(directory) if directory else None
+
+    def _name(self, path: str) -> str | None:
+        from orchard.storage import is_uri
+
+        stat = file_stat(path) if self.storage is not None else None
+        if stat is None:
             return None
-        try:
-            st = os.stat(path)
-        except OSError:
-            return None
-        key = hashlib.sha1(f"{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()
-        return self.directory / key[:2] / f"{key}.json"
+        where = path if is_uri(path) else os.path.abspath(path)
+        key = hashlib.sha1(f"{where}|{stat[0]}|{stat[1]}".encode()).hexdigest()
+        return f"{key[:2]}/{key}.json"
 
     def get(self, path: str) -> dict | None:
-        f = self._file(path)
-        if f is None or not f.is_file():
+        name = self._name(path)
+        if name is None:
             return None
         try:
-            return json.loads(f.read_text())
-        except (OSError, ValueError):
+            return json.loads(self.storage.read_bytes(name))
+        except (OSError, ValueError):   # absent (pyarrow: FileNotFoundError), or unreadable: probe again
             return None
 
     def put(self, path: str, record: dict) -> None:
-        f = self._file(path)
-        if f is None:
-            return
-        f.parent.mkdir(parents=True, exist_ok=True)
-        tmp = f.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(record))
-        tmp.replace(f)
+        name = self._name(path)
+        if name is not None:
+            self.storage.write_text(name, json.dumps(record))
 
 
 def probe_file(path: str, decoder, store: IndexStore) -> tuple[dict, bool]:
-    """``({kind, reason, digest, pts}, reused)`` for one file; kind ``""`` = a usable video."""
+    """``({kind, reason, digest, pts, size}, reused)`` for one file (a local path or a storage
+    URI, copied to this node to decode it); kind ``""`` = a usable video."""
     cached = store.get(path)
     if cached is not None:
         return cached, True
-    record = {"kind": "", "reason": "", "digest": "", "pts": []}
+    record = {"kind": "", "reason": "", "digest": "", "pts": [], "size": 0}
     try:
-        if not os.path.isfile(path):
+        stat = file_stat(path)
+        if stat is None:
             raise BadVideo("missing file", "missing")
-        if os.path.getsize(path) == 0:
+        record["size"] = stat[0]
+        if stat[0] == 0:
             raise BadVideo("zero-byte file", "empty")
         record["pts"] = decoder.index(path).tolist()
         record["digest"] = file_digest(path)
@@ -283,14 +286,20 @@ def probe_all(paths: list[str], decoder: str = "pyav", store_dir: str | None = N
 
 def scan(root: str, val_fraction: float = 0.25, seed: int = 0, min_frames: int = 2,
          decoder: str = "pyav", index_dir: str | None = None, split_files: str | None = None,
-         split: int = 1) -> VideoIndex:
+         split: int = 1, storage_uri: str | None = None) -> VideoIndex:
     """Index a dataset (any layout above); split per class, seeded, where the layout gives no split.
 
     Videos with fewer than ``min_frames`` frames are skipped (a single frame has no
     motion); videos shorter than a segment are usable (the short-video rule covers them).
+    ``storage_uri``: the storage folder (``s3://...``) of which ``root`` is this node's copy;
+    the index then names every video by its URI, which the probe tasks and decode stages read
+    on whatever node they run (``decoder.local_video``).
     """
     layout = read_layout(root, split_files, split)
     rows = layout.rows
+    if storage_uri:
+        base = Path(os.path.expanduser(str(root)))
+        rows = [(f"{storage_uri.rstrip('/')}/{Path(p).relative_to(base).as_posix()}", c, s) for p, c, s in rows]
     probes = probe_all([r[0] for r in rows], decoder, index_dir)
     classes = list(layout.classes)
     index = VideoIndex(classes=classes, paths=[], labels=[], lengths=[], splits=[], layout=layout.kind)
@@ -307,7 +316,7 @@ def scan(root: str, val_fraction: float = 0.25, seed: int = 0, min_frames: int =
         index.lengths.append(frames)
         index.pts.append(np.asarray(record["pts"], np.int64))
         index.digests.append(record["digest"])
-        index.video_bytes += os.path.getsize(path)
+        index.video_bytes += record.get("size") or file_stat(path)[0]
         split_given.append(split_name)
     # Seeded per-class split so every class is in both sets (at least one val
     # video where a class has two or more).

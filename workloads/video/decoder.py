@@ -31,6 +31,39 @@ _IMAGE_FORMATS = ("image2", "jpeg_pipe", "png_pipe", "bmp_pipe", "webp_pipe", "t
 _IMAGE_CODECS = ("mjpeg", "png", "bmp", "webp", "tiff", "jpeg2000", "pgm", "ppm", "qoi")
 
 
+def local_video(path: str) -> str:
+    """A video as a file on *this* node: a local path as it is; a storage URI (``s3://...``, the
+    run's ``storage.uri``) copied once into the node cache (``Storage.local_copy``), since FFmpeg
+    opens files. Decode stages on any node read videos this way, never by a driver's path."""
+    from orchard.storage import Storage, is_uri
+
+    if not is_uri(path):
+        return str(path)
+    folder, _, name = str(path).rpartition("/")
+    return str(Storage(folder).local_copy(name))
+
+
+def file_stat(path: str) -> tuple[int, int] | None:
+    """``(size in bytes, mtime in ns)`` of a local path or a storage URI; None when it is absent."""
+    from orchard.storage import is_uri
+
+    if not is_uri(path):
+        import os
+
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return (st.st_size, st.st_mtime_ns) if os.path.isfile(path) else None
+    import pyarrow.fs as pafs
+
+    fs, inner = pafs.FileSystem.from_uri(str(path))
+    info = fs.get_file_info(inner)
+    if info.type != pafs.FileType.File:
+        return None
+    return int(info.size), int(info.mtime_ns or 0)
+
+
 class BadVideo(Exception):
     """A file that is not a decodable video; ``kind`` is one of ``SKIP_KINDS``."""
 
@@ -130,7 +163,7 @@ class PyAVDecoder:
         import av
 
         try:
-            container = av.open(str(path), mode="r")
+            container = av.open(local_video(path), mode="r")
         except Exception as exc:  # av raises many InvalidDataError subclasses
             raise BadVideo(f"cannot open: {type(exc).__name__}: {exc}", "unreadable") from exc
         kind = _container_kind(container)

@@ -48,10 +48,12 @@ class Feeder:
 
     ``streams``: stream -> feature column; ``queues``: stream -> one queue per worker;
     ``batch_size``: a stream's global batch (split over its workers); ``epochs``: how many
-    end-of-epoch marks to send (every epoch gets one, even one whose segments all failed).
+    end-of-epoch marks to send (every epoch gets one, even one whose segments all failed);
+    ``first_epoch``: the first epoch the pipeline carries (a resumed run deals only the rest).
     """
 
-    def __init__(self, streams: dict[str, str], queues: dict[str, list], batch_size: int, epochs: int):
+    def __init__(self, streams: dict[str, str], queues: dict[str, list], batch_size: int, epochs: int,
+                 first_epoch: int = 0):
         self.streams, self.queues, self.batch_size, self.epochs = streams, queues, batch_size, epochs
         self.stop = threading.Event()      # the run is failing: drop everything
         self.finish = threading.Event()    # the run met its target: tell the trainers to stop
@@ -59,7 +61,7 @@ class Feeder:
         self.wait_pipeline_s = 0.0    # blocked on the pipeline: the trainers may starve
         self.wait_trainers_s = 0.0    # blocked on a full queue: the pipeline is ahead
         self.batches = 0
-        self._epoch = 0
+        self._epoch = first_epoch
 
     # -- dealing ------------------------------------------------------------------------
     def _put(self, q, item) -> None:

@@ -17,26 +17,46 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 
-def _prepare_data(cfg: dict, ctx) -> tuple[str, dict]:
-    """The dataset root: ``video.root`` or synthetic videos generated under the output folder."""
-    from .synthetic_videos import generate_dataset, write_bad_files
+def _prepare_data(cfg: dict, ctx) -> tuple[str, str | None]:
+    """The dataset: ``video.root``, or synthetic videos kept in storage; returns (a folder on this
+    machine to read the layout from, the storage URI the videos are read from on every node, or
+    None when that folder is the one they are read from).
+
+    The synthetic videos live in ``<storage root>/video/data/<settings>`` (``storage.uri``, or
+    ``output_dir`` by default: orchard/storage.py), keyed by the generator's settings, so later
+    runs and other nodes reuse them."""
+    from orchard.storage import Storage
 
     vcfg = cfg["video"]
     if vcfg.get("root"):
-        return vcfg["root"], {}
+        return vcfg["root"], None
     syn = vcfg["synthetic"]
-    # Keyed by the generator's settings so later runs reuse the files.
     difficulty = _difficulty(syn)
     name = f"synthetic_c{syn['num_classes']}_v{syn['videos_per_class']}_s{syn['size']}_f{syn['num_frames']}_seed{cfg['seed']}"
     name += "".join(f"_{k}{v:g}" for k, v in difficulty.items() if v)
-    root = Path(cfg["output_dir"]) / "video" / "data" / name
+    store = Storage.root(cfg).child("video", "data", name)
+    if store.is_local:
+        _generate(cfg, store.local_path)   # idempotent: files already there are kept
+        return str(store.local_path), None
+    if not store.complete():   # generate here, then publish the folder (marked complete last)
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="orchard-video-") as tmp:
+            _generate(cfg, Path(tmp))
+            store.upload(tmp)
+    return str(store.localize()), store.uri
+
+
+def _generate(cfg: dict, root: Path) -> None:
+    """The synthetic training videos (and, with ``bad_files``, the four bad files) under ``root``."""
+    from .synthetic_videos import generate_dataset, write_bad_files
+
+    syn = cfg["video"]["synthetic"]
     generate_dataset(root, syn["num_classes"], syn["videos_per_class"], size=syn["size"],
-                     num_frames=syn["num_frames"], seed=int(cfg["seed"]), **difficulty)
-    bad = {}
+                     num_frames=syn["num_frames"], seed=int(cfg["seed"]), **_difficulty(syn))
     if syn.get("bad_files"):
         first_class = sorted(p for p in root.iterdir() if p.is_dir())[0]
-        bad = write_bad_files(first_class, next(first_class.glob("*.mp4")))
-    return str(root), bad
+        write_bad_files(first_class, next(first_class.glob("*.mp4")))
 
 
 def _difficulty(syn: dict) -> dict[str, float]:
@@ -66,6 +86,20 @@ def _dataset(segments, features, index, vcfg, master, cache):
                          pts=index.pts, digests=index.digests)
 
 
+def _score_states(states: dict[str, bytes], streams: dict, val: dict, num_classes: int, vcfg: dict):
+    """Each stream's eval model from its state bytes, scored on the validation features:
+    ``(models, scores, labels, losses, val metrics)`` (see ``_val_scores``)."""
+    from .aggregation import topk_accuracy
+    from .train import load_model
+
+    models = {s: load_model(states[s], spec["in_channels"], num_classes, vcfg["widths"], vcfg["dropout"])
+              for s, spec in streams.items()}
+    scores, labels, losses = _val_scores(models, streams, val, num_classes, int(vcfg["val_segments"]))
+    metrics = {f"val/{s}_loss": losses[s] for s in streams}
+    metrics |= {f"val/{s}_top1": topk_accuracy(scores[s].mean(1), labels, 1) for s in streams}
+    return models, scores, labels, losses, metrics
+
+
 def _val_scores(models: dict, streams: dict, val: dict, num_classes: int, per_video: int):
     """Validation probabilities per stream (V, K, C), labels (V,), mean loss per stream.
 
@@ -93,9 +127,13 @@ def run(cfg: dict, ctx) -> dict[str, float]:
         return _run(cfg, ctx)
 
 
-def cache_dir(cfg: dict) -> Path:
-    """``video.cache_dir``, or ``<output_dir>/video/cache``: shared by every run with that output folder."""
-    return Path(cfg["video"].get("cache_dir") or Path(cfg["output_dir"]) / "video" / "cache").expanduser()
+def cache_dir(cfg: dict):
+    """The frame-index store and disk cache (an ``orchard.storage.Storage``): ``video.cache_dir``,
+    or ``<storage root>/video/cache`` (``storage.uri``, else ``output_dir``): shared by every run
+    on that storage, and by every node."""
+    from orchard.storage import Storage
+
+    return Storage(cfg["video"].get("cache_dir") or Storage.root(cfg).child("video", "cache"))
 
 
 def _run(cfg: dict, ctx) -> dict[str, float]:
@@ -104,9 +142,11 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
     import ray
 
     from orchard.errors import ConfigError
+    from orchard.storage import Storage
 
     from . import aggregation, figures
     from .cache import make_cache
+    from .checkpoint import load_checkpoint, save_checkpoint
     from .dataset import classes_problem, scan
     from .extractors import load_modules
     from .feeder import Feeder, make_queues, shutdown_queues
@@ -114,7 +154,7 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
     from .master import evenly_spaced_segments, start_master
     from .operator_metrics import operator_metrics
     from .pipeline import frame_count, stage_metrics
-    from .train import launch_streams, load_model, shift_workers, stream_channels
+    from .train import launch_streams, shift_workers, stream_channels
 
     ray.data.DataContext.get_current().enable_progress_bars = False
     vcfg, t_start = cfg["video"], time.perf_counter()
@@ -124,9 +164,9 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
     store = cache_dir(cfg)
 
     # [1] data: index the videos (frame pts, read once and kept), set non-videos aside (counted by kind)
-    root, _ = _prepare_data(cfg, ctx)
-    index = scan(root, float(vcfg["val_fraction"]), seed, decoder=vcfg["decoder"], index_dir=str(store / "index"),
-                 split_files=vcfg.get("split_files"), split=int(vcfg.get("split") or 1))
+    root, storage_uri = _prepare_data(cfg, ctx)
+    index = scan(root, float(vcfg["val_fraction"]), seed, decoder=vcfg["decoder"], index_dir=store.child("index").uri,
+                 split_files=vcfg.get("split_files"), split=int(vcfg.get("split") or 1), storage_uri=storage_uri)
     problem = classes_problem(index.classes, lambda c: index.classes.index(c) in index.labels, root)
     if problem:
         raise ConfigError("video.root", problem)
@@ -135,7 +175,7 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
         raise ConfigError("video.root", f"training and validation videos; found {len(train_ids)} and "
                           f"{len(val_ids)} in {root}")
     classes, num_classes = index.classes, len(index.classes)
-    ctx.log_params({"video.root_used": root, "video.classes": ",".join(classes), "video.layout": index.layout})
+    ctx.log_params({"video.root_used": storage_uri or root, "video.classes": ",".join(classes), "video.layout": index.layout})
     ctx.log_dict({"files": index.skipped, "kinds": index.skipped_kinds}, "tables/skipped_files.json")
     skipped_by_kind = {f"data/skipped_files/{k}": float(n) for k, n in index.skipped_counts().items()}
     ctx.log_metrics({"data/videos": len(index.paths), "data/train_videos": len(train_ids),
@@ -149,16 +189,21 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
 
     # [2] the master (sampler, control, monitor) and the cache layer
     master = start_master(index.labels, index.lengths, seed)
-    cache = make_cache(vcfg["cache"], store / "features", float(vcfg["cache_max_mb"]))
+    cache = make_cache(vcfg["cache"], store.child("features").uri, float(vcfg["cache_max_mb"]))
     streams = {s: {"feature": f, "num_classes": num_classes,
                    "in_channels": stream_channels(f, int(vcfg["stack"]), vcfg["extractor_options"], int(vcfg["size"]))}
                for s, f in vcfg["streams"].items()}
     features = sorted({spec["feature"] for spec in streams.values()})
     count = frame_count(features, int(vcfg["stack"]), modules)
     val_segments = evenly_spaced_segments(index.labels, index.lengths, val_ids, int(vcfg["val_segments"]), count)
-    alloc = {s: int(n) for s, n in vcfg["workers"].items()}
     epochs = int(vcfg["epochs"])
-    history, op_summaries = [], []
+    # a resumed run (python -m orchard resume) goes on from the previous run's video checkpoint,
+    # read from storage alone (the driver's folder may be gone): its states, allocation, history
+    run_storage = Storage.for_run(cfg, ctx.run_dir)
+    resumed = load_checkpoint(Storage.for_run(cfg, vcfg["resume"])) if vcfg.get("resume") else None
+    first_epoch = 0 if resumed is None else epochs if resumed["training_done"] else int(resumed["epoch"]) + 1
+    alloc = dict(resumed["alloc"]) if resumed else {s: int(n) for s, n in vcfg["workers"].items()}
+    history, op_summaries = list(resumed["history"]) if resumed else [], []
     cache_totals = {"hits": 0, "misses": 0, "saved_s": 0.0}
 
     # [3] the validation segments' features, once: every epoch scores the streams on the same arrays
@@ -168,88 +213,99 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
     op_summaries += ray.get(master.operator_summaries.remote(True))
     phase_s["val"] += time.perf_counter() - t_phase
 
-    # [4] the master draws each epoch's class-balanced segment seeds; one pipeline carries them all
-    segments = []
-    for epoch in range(epochs):
-        drawn = ray.get(master.epoch_segments.remote(train_ids, int(vcfg["clips_per_epoch"]), count, epoch,
-                                                     int(vcfg["offset_stride"])))
-        segments += [{**seg, "epoch": epoch} for seg in drawn]
-    train_ds = _dataset(segments, features, index, vcfg, master, cache).select_columns([*features, "label", "epoch"])
-    queues = make_queues(alloc, int(vcfg["queue_depth"]))
-    results = make_queues({"results": 1}, 0)["results"][0]
-    feeder = Feeder({s: spec["feature"] for s, spec in streams.items()}, queues, int(vcfg["batch_size"]), epochs)
-
-    # [5] one Ray Train run per stream for the whole training, the feeder dealing them the pipeline
-    t_train = t_window = time.perf_counter()
-    feed_thread = feeder.start(train_ds.iter_batches(batch_size=int(vcfg["pipeline_batch"]), batch_format="numpy"))
-    runs = launch_streams(streams, alloc, queues, results, cfg, ctx)
-    states: dict[str, bytes] = {}
-    done: dict[int, dict] = {}
-    target = vcfg.get("target_top1")
+    # [4] the master draws each epoch's class-balanced segment seeds (a pure function of the seed
+    #     and the epoch); one pipeline carries them all. A resumed run draws only the epochs after
+    #     its checkpoint's: no epoch is trained twice
+    states: dict[str, bytes] = dict(resumed["states"]) if resumed else {}
+    steps: dict[str, int] = dict(resumed["steps"]) if resumed else {}
+    history_waits = {s: list(w) for s, w in resumed["waits"].items()} if resumed else {}
     train_stats: dict[str, dict] = {}   # every stage's counters over the whole training
-    history_waits: dict[str, list[float]] = {}
-    epochs_run, time_to_target = 0, None
-    try:
-        for epoch in range(epochs):
-            while len(done.get(epoch, {})) < len(streams):
-                item = _next_result(results, runs, feeder)
-                done.setdefault(item["epoch"], {})[item["stream"]] = item
-            for s, item in done[epoch].items():
-                states[s] = item["state"]
-                history_waits.setdefault(s, []).append(item["metrics"][f"pipeline/{s}_trainer_wait_fraction"])
-            window = time.perf_counter() - t_window
-            t_window = time.perf_counter()
-            stats = ray.get(master.stage_stats.remote(True))
-            _accumulate(cache_totals, stats)
-            _merge_stats(train_stats, stats)
-            pipe = stage_metrics(stats, window)
-            # [6] validation per stream (the trainers go on with the next epoch meanwhile)
-            t_val = time.perf_counter()
-            models = {s: load_model(states[s], spec["in_channels"], num_classes, vcfg["widths"], vcfg["dropout"])
-                      for s, spec in streams.items()}
-            scores, labels, losses = _val_scores(models, streams, val_data, num_classes, int(vcfg["val_segments"]))
-            phase_s["val"] += time.perf_counter() - t_val
-            val = {f"val/{s}_loss": losses[s] for s in streams}
-            val |= {f"val/{s}_top1": aggregation.topk_accuracy(scores[s].mean(1), labels, 1) for s in streams}
-            clips = len(streams) * int(vcfg["clips_per_epoch"])
-            ctx.log_metrics({**pipe, **val, **{f"alloc/{s}_workers": n for s, n in alloc.items()},
-                             "pipeline/feeder_wait_pipeline_s": feeder.wait_pipeline_s,
-                             "pipeline/feeder_wait_trainers_s": feeder.wait_trainers_s,
-                             "throughput/pipeline_clips_per_s": clips / max(window, 1e-9),
-                             "time/epoch_s": window}, step=epoch)
-            # the notes' rule, evaluated every epoch; a run keeps its worker counts (docs/video.md)
-            _, reason = shift_workers(alloc, losses, float(vcfg["shift_ratio"]), int(vcfg["min_workers"]))
-            history.append({"epoch": epoch, "workers": dict(alloc), "val_loss": losses, "shift_rule": reason})
-            ctx.progress(epoch + 1, epochs, desc=f"epoch {epoch + 1}",
-                         **{f"{s} val top1": val[f"val/{s}_top1"] for s in streams})
-            epochs_run = epoch + 1
-            fused = aggregation.topk_accuracy(np.mean([scores[s].mean(1) for s in streams], axis=0), labels, 1)
-            if target is not None and fused >= target and epoch + 1 < epochs:
-                # [6b] target met: the master stops decoding (the stages drop what is left) and
-                #      the trainers stop at their next batch; the last validated states are kept
-                time_to_target = time.perf_counter() - t_train
-                ray.get(master.stop.remote())
-                feeder.finish.set()
-                break
-            if target is not None and fused >= target and time_to_target is None:
-                time_to_target = time.perf_counter() - t_train
-        for s, fut in runs.items():
-            fut.result()
-    finally:
-        feeder.stop.set()
-        if any(not f.done() for f in runs.values()) or feeder.error:
-            try:   # unblock trainers of a failed or interrupted run; never mask why it stopped
-                shutdown_queues({**queues, "results": [results]})
-            except Exception as exc:
-                log.warning("video: queues not shut down cleanly: %s", exc)
-        feed_thread.join(timeout=30)
+    epochs_run, time_to_target = first_epoch, None
+    target = vcfg.get("target_top1")
+    t_train = time.perf_counter()
+    if first_epoch < epochs:
+        segments = []
+        for epoch in range(first_epoch, epochs):
+            drawn = ray.get(master.epoch_segments.remote(train_ids, int(vcfg["clips_per_epoch"]), count, epoch,
+                                                         int(vcfg["offset_stride"])))
+            segments += [{**seg, "epoch": epoch} for seg in drawn]
+        train_ds = _dataset(segments, features, index, vcfg, master, cache).select_columns([*features, "label", "epoch"])
+        queues = make_queues(alloc, int(vcfg["queue_depth"]))
+        results = make_queues({"results": 1}, 0)["results"][0]
+        feeder = Feeder({s: spec["feature"] for s, spec in streams.items()}, queues, int(vcfg["batch_size"]), epochs,
+                        first_epoch=first_epoch)
+
+        # [5] one Ray Train run per stream for the whole training, the feeder dealing them the pipeline
+        t_window = time.perf_counter()
+        feed_thread = feeder.start(train_ds.iter_batches(batch_size=int(vcfg["pipeline_batch"]), batch_format="numpy"))
+        runs = launch_streams(streams, alloc, queues, results, cfg, ctx, resumed)
+        done: dict[int, dict] = {}
+        try:
+            for epoch in range(first_epoch, epochs):
+                while len(done.get(epoch, {})) < len(streams):
+                    item = _next_result(results, runs, feeder)
+                    done.setdefault(item["epoch"], {})[item["stream"]] = item
+                for s, item in done[epoch].items():
+                    states[s], steps[s] = item["state"], int(item["steps"])
+                    history_waits.setdefault(s, []).append(item["metrics"][f"pipeline/{s}_trainer_wait_fraction"])
+                window = time.perf_counter() - t_window
+                t_window = time.perf_counter()
+                stats = ray.get(master.stage_stats.remote(True))
+                _accumulate(cache_totals, stats)
+                _merge_stats(train_stats, stats)
+                pipe = stage_metrics(stats, window)
+                # [6] validation per stream (the trainers go on with the next epoch meanwhile)
+                t_val = time.perf_counter()
+                models, scores, labels, losses, val = _score_states(states, streams, val_data, num_classes, vcfg)
+                phase_s["val"] += time.perf_counter() - t_val
+                # the notes' rule, evaluated every epoch; a run keeps its worker counts (docs/video.md)
+                _, reason = shift_workers(alloc, losses, float(vcfg["shift_ratio"]), int(vcfg["min_workers"]))
+                history.append({"epoch": epoch, "workers": dict(alloc), "val_loss": losses, "shift_rule": reason})
+                epochs_run = epoch + 1
+                fused = aggregation.topk_accuracy(np.mean([scores[s].mean(1) for s in streams], axis=0), labels, 1)
+                met = target is not None and fused >= target
+                # [6a] the epoch's checkpoint in the run storage, before its metrics: an epoch whose
+                #      figures are logged is one a resume will not train again (checkpoint.py)
+                save_checkpoint(run_storage, epoch, states, steps, alloc, history, history_waits,
+                                training_done=met or epoch + 1 == epochs)
+                clips = len(streams) * int(vcfg["clips_per_epoch"])
+                ctx.log_metrics({**pipe, **val, **{f"alloc/{s}_workers": n for s, n in alloc.items()},
+                                 "pipeline/feeder_wait_pipeline_s": feeder.wait_pipeline_s,
+                                 "pipeline/feeder_wait_trainers_s": feeder.wait_trainers_s,
+                                 "throughput/pipeline_clips_per_s": clips / max(window, 1e-9),
+                                 "time/epoch_s": window}, step=epoch)
+                ctx.progress(epoch + 1, epochs, desc=f"epoch {epoch + 1}",
+                             **{f"{s} val top1": val[f"val/{s}_top1"] for s in streams})
+                if met and epoch + 1 < epochs:
+                    # [6b] target met: the master stops decoding (the stages drop what is left) and
+                    #      the trainers stop at their next batch; the last validated states are kept
+                    time_to_target = time.perf_counter() - t_train
+                    ray.get(master.stop.remote())
+                    feeder.finish.set()
+                    break
+                if met and time_to_target is None:
+                    time_to_target = time.perf_counter() - t_train
+            for s, fut in runs.items():
+                fut.result()
+        finally:
+            feeder.stop.set()
+            if any(not f.done() for f in runs.values()) or feeder.error:
+                try:   # unblock trainers of a failed or interrupted run; never mask why it stopped
+                    shutdown_queues({**queues, "results": [results]})
+                except Exception as exc:
+                    log.warning("video: queues not shut down cleanly: %s", exc)
+            feed_thread.join(timeout=30)
+        shutdown_queues({**queues, "results": [results]})
+    else:
+        # [5'] resumed after its last epoch (stopped in aggregation or inference): nothing to train,
+        #      the checkpointed states go on to aggregation and inference
+        models, scores, labels, losses, val = _score_states(states, streams, val_data, num_classes, vcfg)
     phase_s["train"] = time.perf_counter() - t_train
     # the pipeline runs ahead of the epochs (bounded by the queues): its busy fractions over the
     # whole training say more than per-epoch windows in which it may have had nothing left to do
     whole_training = {k.replace("pipeline/", "pipeline/train_", 1): v
                       for k, v in stage_metrics(train_stats, phase_s["train"]).items()
                       if k.endswith(("_busy_fraction", "_items_per_s", "frames_per_s"))}
-    shutdown_queues({**queues, "results": [results]})
     # Ray Data's own per-operator figures of the training pipeline (one execution for all epochs)
     op_summaries += _operator_summaries(master)
     ctx.log_metrics(operator_metrics(op_summaries), step=max(epochs_run - 1, 0))
@@ -272,7 +328,7 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
     t_phase = time.perf_counter()
 
     # [8] inference on untrimmed videos: sliding windows, highlights, the winning fusion
-    videos = _untrimmed_videos(cfg, classes, Path(ctx.run_dir) / "untrimmed")
+    videos = _untrimmed_videos(cfg, classes, run_storage.child("untrimmed"))
     if videos:
         method = agg["winner"] if vcfg["inference"]["method"] == "winner" else vcfg["inference"]["method"]
         metrics, records = run_inference(videos, classes, models, streams, vcfg, method, agg["fitted"], master, cache)
@@ -306,6 +362,7 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
               "memory/spilled_mb": sum(v for k, v in whole_run.items() if k.endswith("_spilled_mb")),
               **whole_training, **_wait_fractions(history_waits),
               "time/total_s": time.perf_counter() - t_start, "train/epochs_run": float(epochs_run),
+              "train/resumed_from_epoch": float(first_epoch),
               **({"time/to_target_s": time_to_target} if time_to_target is not None else {}),
               **{f"time/{phase}_s": sec for phase, sec in phase_s.items()}, "val/chance_top1": 1.0 / num_classes,
               **{f"val/{s}_top1": val[f"val/{s}_top1"] for s in streams}}
@@ -371,8 +428,12 @@ def _accumulate(totals: dict, stats: dict) -> None:
             totals[k] += s.get(k, 0)
 
 
-def _untrimmed_videos(cfg: dict, classes: list[str], folder: Path) -> list[dict]:
-    """Untrimmed videos to classify: ``video.inference.root`` (class folders) or synthetic ones."""
+def _untrimmed_videos(cfg: dict, classes: list[str], storage) -> list[dict]:
+    """Untrimmed videos to classify: ``video.inference.root`` (class folders) or synthetic ones,
+    written to the run's storage (``storage``: its ``untrimmed`` folder) and named there, so the
+    decode stages read them on any node."""
+    import tempfile
+
     from .dataset import scan
     from .synthetic_videos import MOTION_CLASSES, generate_untrimmed
 
@@ -383,13 +444,21 @@ def _untrimmed_videos(cfg: dict, classes: list[str], folder: Path) -> list[dict]
                 for p, lab, n, pts in zip(found.paths, found.labels, found.lengths, found.pts)]
     if int(icfg["videos"]) <= 0 or not set(classes) <= set(MOTION_CLASSES):
         return []  # real training data with no untrimmed videos given: nothing to classify
-    folder.mkdir(parents=True, exist_ok=True)
     seed = int(cfg["seed"])
-    return [generate_untrimmed(folder / f"untrimmed_{i}.mp4", classes[i % len(classes)],
-                               seed=10_000 + seed * 97 + i, size=int(vcfg["synthetic"]["size"]),
-                               background_frames=int(icfg["background_frames"]),
-                               action_frames=int(icfg["action_frames"]), **_difficulty(vcfg["synthetic"]))
-            for i in range(int(icfg["videos"]))]
+    with tempfile.TemporaryDirectory(prefix="orchard-untrimmed-") as tmp:
+        folder = storage.local_path if storage.is_local else Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        videos = [generate_untrimmed(folder / f"untrimmed_{i}.mp4", classes[i % len(classes)],
+                                     seed=10_000 + seed * 97 + i, size=int(vcfg["synthetic"]["size"]),
+                                     background_frames=int(icfg["background_frames"]),
+                                     action_frames=int(icfg["action_frames"]), **_difficulty(vcfg["synthetic"]))
+                  for i in range(int(icfg["videos"]))]
+        if not storage.is_local:
+            for video in videos:
+                name = Path(video["path"]).name
+                storage.write_bytes(name, Path(video["path"]).read_bytes())
+                video["path"] = f"{storage.uri}/{name}"
+    return videos
 
 
 def _markdown_table(table: list[dict], winner: str) -> str:

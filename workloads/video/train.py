@@ -34,17 +34,21 @@ def train_loop(config: dict) -> None:
     from .feeder import END, STOP
     from .model import build_stream_model
 
-    # [1] build the model; a restarted group resumes after its last checkpointed epoch
+    # [1] build the model; a group Ray Train restarted resumes after its own last checkpointed
+    #     epoch; else a resumed run (python -m orchard resume) starts from the driver's video
+    #     checkpoint (checkpoint.py), handed over in the loop config: no file to open here
     env = worker.env(config)
     torch.manual_seed(config["seed"] + env.rank)
     model = build_stream_model(config["in_channels"], config["num_classes"], config["widths"],
                                config["dropout"])
     replica = worker.replica(model, config["optimizer"], config)
-    first_epoch, step = 0, 0
+    first_epoch, step = int(config.get("first_epoch", 0)), int(config.get("first_step", 0))
     restored = worker.load_checkpoint()
     if restored is not None:
         replica.load_state_dict(restored[0])
         first_epoch = restored[1] + 1
+    elif config.get("state") is not None:
+        replica.load_state_dict(torch.load(io.BytesIO(config["state"]), weights_only=True))
     stream, ctx = config["stream"], config["ctx"]
     queue, results = config["queues"][env.rank], config["results"]
     loss_fn = nn.CrossEntropyLoss()
@@ -145,10 +149,12 @@ def shift_workers(alloc: dict[str, int], val_loss: dict[str, float], ratio: floa
 
 
 def launch_streams(streams: dict[str, dict], alloc: dict[str, int], queues: dict[str, list], results,
-                   cfg: dict, ctx) -> dict:
+                   cfg: dict, ctx, resumed: dict | None = None) -> dict:
     """Start one Ray Train run per stream (threads on the driver); returns ``stream -> Future``.
 
     Each run lasts the whole training; ``alloc[stream]`` workers read ``queues[stream]``.
+    ``resumed`` (checkpoint.load_checkpoint): every stream starts from its state there, at the
+    epoch after the checkpoint's.
     """
     from orchard.strategies import launch
 
@@ -163,6 +169,9 @@ def launch_streams(streams: dict[str, dict], alloc: dict[str, int], queues: dict
             "optimizer": dict(vcfg["optimizer"]), "seed": int(cfg["seed"]), "epochs": int(vcfg["epochs"]),
             "queues": queues[stream], "results": results,
         }
+        if resumed is not None:
+            loop_config |= {"state": resumed["states"][stream], "first_epoch": int(resumed["epoch"]) + 1,
+                            "first_step": int(resumed["steps"].get(stream, 0))}
         return launch(train_loop, loop_config, stream_cfg, ctx, name=stream)
 
     return {s: _in_daemon_thread(one, s, name=f"video-train-{s}") for s in streams}

@@ -105,11 +105,13 @@ def test_real_clips_and_a_user_extractor_train_twice_to_the_same_metrics_the_sec
         run_orchard, real_folder, tmp_path):
     """Written H.264 clips (one VFR per class) beside a JPEG, a text .mp4, an audio-only and a
     one-frame file; the temporal stream trains on an extractor from outside workloads/;
-    the same seed twice gives the same metrics, and the second run reads the first's cache."""
+    the same seed twice gives the same metrics, and the second run reads the first's frame
+    index and decoded frames from the storage (``storage.uri``, not the output folder)."""
+    storage = tmp_path / "storage"
     overrides = ("workload=video", "debug=smoke", f"video.root={real_folder}", "seed=7",
                  "video.streams.temporal=motion_mask",
                  "video.extractor_modules=[tests.fixtures.user_extractors.motion_mask]",
-                 "video.cache=disk", f"video.cache_dir={tmp_path}/cache")
+                 "video.cache=disk", f"storage.uri={storage}")
     first, second = run_orchard(*overrides), run_orchard(*overrides)
     assert first.exit_code == 0, first.outcome.error
     assert second.exit_code == 0, second.outcome.error
@@ -128,6 +130,11 @@ def test_real_clips_and_a_user_extractor_train_twice_to_the_same_metrics_the_sec
     assert m1["data/index_reused"] == 0 and m2["data/index_reused"] == 16
     assert m1["cache/hit_rate"] < m2["cache/hit_rate"] and m2["cache/hit_rate"] > 0.9
     assert m2["cache/time_saved_s"] > 0
+    # both live in the storage, where every node and run finds them; the run's checkpoint too
+    assert list((storage / "video" / "cache" / "index").glob("*/*.json"))
+    assert list((storage / "video" / "cache" / "features").glob("*/*.npz"))
+    run_folder = Path(second.run.data.tags["orchard.run_dir"]).name
+    assert (storage / "video" / run_folder / "video_checkpoint.pt").is_file()
     # trainers and stages report how much of their time they waited or worked
     assert 0 <= m1["pipeline/temporal_trainer_wait_fraction"] <= 1
     assert 0 <= m1["pipeline/spatial_trainer_wait_fraction_mean"] <= 1
