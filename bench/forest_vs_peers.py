@@ -137,13 +137,14 @@ def peak_rss_sampler(stop: threading.Event, out: list) -> None:
 def run_orchard(cfg, data_dir: Path, profile: bool, workers: int | None = None) -> dict:
     import ray
 
+    from bench.machine import start_ray
     from workloads.forest.inference import pack_forest, predict_pixels
     from workloads.forest.rounds import RoundRunner
     from workloads.forest.train import initial_state, tree_pool
 
     f, seed, cpus = cfg["forest"], cfg["seed"], os.cpu_count()
     train_blocks, test_blocks = load_blocks(data_dir / "train.npz"), load_blocks(data_dir / "test.npz")
-    ray.init(address="local", num_cpus=cpus, include_dashboard=False, logging_level="ERROR")
+    start_ray(num_cpus=cpus)
     refs = [ray.put(b) for b in train_blocks]
     del train_blocks
     strategy = {"num_workers": workers or cpus, "cpus_per_worker": 1, "max_failures": 3}

@@ -162,3 +162,19 @@ class LoadSampler:
                 "after": self.after, "foreign_cores_max": foreign_max,
                 "foreign_cores_windows": self.windows, "window_s": self.window_s,
                 "wall_s": time.time() - self._started, "threshold": cores / 2, "loaded": loaded}
+
+
+def start_ray(**kwargs) -> None:
+    """A fresh local Ray for a bench (never another user's cluster), tried 3 times: on an
+    overloaded machine the raylet can miss Ray's fixed 30 s start-up wait (such a run is
+    marked loaded anyway, but it should still produce its rows)."""
+    import ray
+
+    for attempt in range(3):
+        try:
+            ray.init(address="local", include_dashboard=False, logging_level="ERROR", **kwargs)
+            return
+        except Exception as exc:  # Ray raises a bare Exception for this
+            if "timed out during startup" not in str(exc) or attempt == 2:
+                raise
+            ray.shutdown()

@@ -82,6 +82,7 @@ def per_step_overhead(tmp: Path, n: int) -> dict:
     import mlflow
     import ray
 
+    from bench.machine import start_ray
     from orchard import cluster
     from orchard.context import RunContext
     from orchard.metrics_sink import MetricsSink
@@ -92,7 +93,7 @@ def per_step_overhead(tmp: Path, n: int) -> dict:
     exp = ensure_experiment(client, "steps", None)
     run_id = client.create_run(exp).info.run_id
     cluster.prepare_local_env()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR")
+    start_ray(num_cpus=2)
     sink = MetricsSink.remote(uri, run_id, 1.0)
     ctx = RunContext(sink, run_id, str(tmp), "bench", "tasks")
     ctx.flush()

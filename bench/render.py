@@ -128,9 +128,10 @@ the load before, during and after, and every repeat's figures). Nothing here is 
 How to read a row: the figures are the median over the repeats, with (min-max, n = repeats). **ratio** is
 orchard's speed as a multiple of the peer's, whatever the unit: above 1.00x orchard is faster. Each side's
 accuracy or output equality stands beside its time, so a faster-but-wrong row is visible. A run is
-**loaded** when the 1-minute load average was above half the cores before it started, or when processes
-outside the bench's own process tree used more than half the cores over any 30 s window while it ran (the
-bench's own work raises the load average by itself, so that alone cannot tell). A loaded run's rows never
+**loaded** when, before it started (the runner first waits up to 2 min for the load to settle), the
+1-minute load average was above half the cores or more than half the cores were busy over 3 s, or when
+processes outside the bench's own process tree used more than half the cores over any 30 s window while it
+ran (the bench's own work raises the load average by itself, so the load average during a run cannot tell). A loaded run's rows never
 say "met"; neither do smoke runs. Re-measure on an idle machine: `python -m bench` (all benches) or
 `python -m bench <name>`; then `python -m bench --render`. Scaling beyond these machines: [scaling](scaling.md).
 """

@@ -193,6 +193,7 @@ ESTIMATE = "~12 min on 2 idle cores (3 repeats)"
 def measure(size: dict, repeats: int) -> list[dict]:
     import ray
 
+    from bench.machine import start_ray
     from bench.rows import row
     from orchard import cluster
 
@@ -200,7 +201,7 @@ def measure(size: dict, repeats: int) -> list[dict]:
     cluster.prepare_local_env()  # Ray workers import workloads/ from this checkout
     for _ in range(repeats):
         engine.append(engine_vs_torch(size["engine_epochs"], 64))
-        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR")
+        start_ray(num_cpus=2)
         try:
             arch_runs.append(architectures(size["arch_epochs"], size["archs"]))
             parts.append(partition_traffic(size["partition_steps"]))

@@ -148,6 +148,7 @@ def memory_run(cores: int, store_mb: float, times: float) -> dict:
     import psutil
     import ray
 
+    from bench.machine import start_ray
     from workloads.video.dataset import scan
     from workloads.video.master import sample_segments, start_master
     from workloads.video.operator_metrics import operator_metrics
@@ -163,8 +164,7 @@ def memory_run(cores: int, store_mb: float, times: float) -> dict:
         vcfg = {"size": 128, "stack": 4, "short_rule": "loop", "decoder": "pyav", "extractor_options": {},
                 "pipeline_batch": 16, "decode_concurrency": 1, "decode_cpus": 0.5, "extract_concurrency": 1,
                 "extract_cpus": 0.5}
-        ray.init(address="local", num_cpus=cores, object_store_memory=int(store_mb * 2**20),
-                 include_dashboard=False, logging_level="ERROR")
+        start_ray(num_cpus=cores, object_store_memory=int(store_mb * 2**20))
         ray.data.DataContext.get_current().enable_progress_bars = False
         try:
             master = start_master(index.labels, index.lengths, 0)
@@ -192,6 +192,7 @@ ESTIMATE = "~6 min on 2 idle cores (3 repeats)"
 def measure(size: dict, repeats: int) -> list[dict]:
     import ray
 
+    from bench.machine import start_ray
     from bench.rows import missing, row
     from orchard import cluster
     from workloads.video.cache import make_cache
@@ -222,7 +223,7 @@ def measure(size: dict, repeats: int) -> list[dict]:
         got = {name: [] for name in peers}
         failed = {}
         cluster.prepare_local_env()  # Ray workers import workloads/ from this checkout
-        ray.init(address="local", num_cpus=cores, include_dashboard=False, logging_level="ERROR")
+        start_ray(num_cpus=cores)
         ray.data.DataContext.get_current().enable_progress_bars = False
         try:
             with ProcessPoolExecutor(cores) as pool:
