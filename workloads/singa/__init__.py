@@ -193,7 +193,9 @@ def headline(cfg: dict, metrics: dict) -> list[str]:
     s = cfg["singa"]
     net = f"{s.get('net') or s['app']} on {s['arch']}"
     if "data/train_samples" in metrics:  # the partition of the data the accuracy was measured on
-        net += (f", {s.get('data') or 'the app data'}: {metrics['data/train_samples']:,.0f} train / "
+        from workloads.singa.settings import load_net
+
+        net += (f", {s.get('data') or load_net(cfg).get('data')}: {metrics['data/train_samples']:,.0f} train / "
                 f"{metrics['data/test_samples']:,.0f} test")
     acc = metrics["test/accuracy"]
     target = metrics.get("test/target_accuracy")
