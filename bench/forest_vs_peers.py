@@ -221,16 +221,17 @@ def run_peer(name: str, cfg, data_dir: Path) -> dict:
     x_train = feature_matrix(tr[0], tr[1], tr[2], tr[3], offsets, bg)
     matrix_s = time.perf_counter() - start
     model = peer_model(name, f, len(offsets), seed, os.cpu_count())
+    from sklearn.utils.class_weight import compute_sample_weight
+
+    classes = np.unique(tr[4])
     start = time.perf_counter()
-    if name == "XGBoost rf":  # XGBoost takes no class_weight: balanced sample weights instead
-        from sklearn.utils.class_weight import compute_sample_weight
-        model.fit(x_train, tr[4], sample_weight=compute_sample_weight("balanced", tr[4]))
+    if name == "XGBoost rf":  # XGBoost wants labels 0..K-1 and takes balanced sample weights, not class_weight
+        model.fit(x_train, np.searchsorted(classes, tr[4]), sample_weight=compute_sample_weight("balanced", tr[4]))
     else:
         model.fit(x_train, tr[4])
     train_s = time.perf_counter() - start
     del x_train
     te = stacked_examples(load_blocks(data_dir / "test.npz"), all_body_pixels=True)
-    classes = np.unique(tr[4])
     predicted = model.predict(feature_matrix(te[0], te[1], te[2], te[3], offsets, bg))
     if name == "XGBoost rf":
         predicted = classes[predicted]

@@ -105,7 +105,7 @@ def bench_section(name: str, result: dict | None) -> list[str]:
                   "| --- | --- | --- | ---: | --- | --- | --- |"]
         for r in result["rows"]:
             q = r.get("quality") or {}
-            ratio = f"{r['ratio']:.2f}x" if r.get("ratio") is not None else "-"
+            ratio = f"{fmt(r['ratio'])}x" if r.get("ratio") is not None else "-"
             lines.append(f"| {md(r['name'])} | {md(side(r['orchard'], r['unit']))} | {md(side(r['peer'], r['unit']))} | {ratio} "
                          f"| {quality(q.get('orchard'))} | {quality(q.get('peer'))} | {md(verdict(r, result))} |")
         notes = [f"- {r['name']}: {r['note']}" for r in result["rows"] if r.get("note")]

@@ -7,6 +7,7 @@ orchard is faster), whatever the unit, so a reader never has to know which way a
 from __future__ import annotations
 
 import importlib.util
+import math
 import statistics
 
 
@@ -19,10 +20,20 @@ def row(name: str, unit: str, orchard: list[float], peer: list[float] | None, *,
     target: {"text": "...", "min_ratio": float, "quality_ok": bool (optional)}, or
             {"text": "...", "met": bool} for an orchard-only bound.
     """
-    return {"name": name, "unit": unit, "higher_is_better": higher_is_better, "status": status,
-            "orchard": {"label": orchard_label, "values": [float(v) for v in orchard]},
-            "peer": None if peer_label is None else {"label": peer_label, "values": [float(v) for v in peer or []]},
-            "quality": quality or {}, "target": target, "note": note}
+    def finite(values):
+        kept = [float(v) for v in values or [] if v is not None and math.isfinite(float(v))]
+        if len(kept) < len(values or []):  # say so rather than let NaN reach the table or the JSON
+            dropped.append(len(values) - len(kept))
+        return kept
+
+    dropped: list[int] = []
+    out = {"name": name, "unit": unit, "higher_is_better": higher_is_better, "status": status,
+           "orchard": {"label": orchard_label, "values": finite(orchard)},
+           "peer": None if peer_label is None else {"label": peer_label, "values": finite(peer)},
+           "quality": quality or {}, "target": target, "note": note}
+    if dropped:
+        out["note"] = (note + "; " if note else "") + f"{sum(dropped)} non-finite value(s) left out"
+    return out
 
 
 def missing(name: str, peer_label: str, package: str, unit: str = "s") -> dict:
