@@ -82,10 +82,14 @@ def _check_output_dir(output_dir: str) -> None:
 def _check_cluster_address(address: str, timeout_s: float = 5.0) -> None:
     """A Ray cluster must answer at ``address`` (host:port, ray://host:port) or be found (auto)."""
     if address in (None, "auto"):
-        if os.environ.get("RAY_ADDRESS") or Path("/tmp/ray/ray_current_cluster").exists():
-            return
-        raise ConfigError("cluster.address", "auto needs a Ray cluster on this machine (ray start --head) "
-                          "or RAY_ADDRESS; none found. Give host:6379 or ray://host:10001")
+        # Ray's own lookup order: RAY_ADDRESS, then the cluster `ray start` last left on this
+        # machine; that file outlives its cluster, so the address it names is checked below.
+        latest = Path("/tmp/ray/ray_current_cluster")
+        found = os.environ.get("RAY_ADDRESS") or (latest.read_text().strip() if latest.exists() else "")
+        if not found or found == "auto":
+            raise ConfigError("cluster.address", "auto needs a Ray cluster on this machine (ray start --head) "
+                              "or RAY_ADDRESS; none found. Give host:6379 or ray://host:10001")
+        address = found
     hostport = str(address).split("://", 1)[-1].rstrip("/")
     host, _, port = hostport.rpartition(":")
     try:

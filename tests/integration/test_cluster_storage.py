@@ -148,6 +148,7 @@ CASES = {
 # in the bucket); the other three take 4 minutes each on 2 cores and run with
 # ORCHARD_ALL_CLUSTER_CASES=1 (docs/cluster.md).
 IN_CI = ("flower-ps",)
+ATTACH_BY_AUTO = ("flower-ps",)  # the others give the cluster's address
 
 
 @pytest.mark.parametrize("case", [c if c in IN_CI or os.environ.get("ORCHARD_ALL_CLUSTER_CASES") else
@@ -160,6 +161,8 @@ def test_run_on_two_nodes_with_s3_storage_resumes_from_the_bucket_alone(case, s3
     storage = f"s3://orchard/{case}"
     env = {**os.environ, **s3, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1",
            "ORCHARD_NODE_CACHE": str(tmp_path / "out" / "driver-cache")}
+    if case in ATTACH_BY_AUTO:  # `cluster.address=auto` finds the cluster as Ray does: RAY_ADDRESS
+        env["RAY_ADDRESS"], address = address, "auto"
     common = [f"tracking.uri={uri}", f"output_dir={tmp_path}/out", "debug=smoke", "progress=never",
               "cluster=remote", f"cluster.address={address}", f"storage.uri={storage}"]
     fs = _bucket(s3)
