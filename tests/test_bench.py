@@ -70,6 +70,19 @@ def test_render_smoke_and_missing_peer_rows(tmp_path):
     assert ": met" not in text
 
 
+def test_only_other_processes_cpu_makes_a_run_loaded():
+    import os
+
+    from bench.machine import LoadSampler
+
+    cores = os.cpu_count()
+    # the bench itself keeping every core busy is not load; the same busy time from others is
+    assert LoadSampler._foreign(busy_s=cores * 10.0, own_s=cores * 10.0, wall_s=10.0) == 0.0
+    assert LoadSampler._foreign(busy_s=cores * 10.0, own_s=0.0, wall_s=10.0) == cores
+    # a process of ours that exited unreaped (its CPU leaves our sum) is not counted as theirs
+    assert LoadSampler._foreign(busy_s=5.0, own_s=-30.0, wall_s=10.0) == 0.5
+
+
 def test_bad_arguments_are_one_line_and_exit_2(tmp_path):
     bad = bench_cli("nosuchbench", "--out", str(tmp_path))
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
