@@ -204,6 +204,8 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
     first_epoch = 0 if resumed is None else epochs if resumed["training_done"] else int(resumed["epoch"]) + 1
     alloc = dict(resumed["alloc"]) if resumed else {s: int(n) for s, n in vcfg["workers"].items()}
     history, op_summaries = list(resumed["history"]) if resumed else [], []
+    if resumed:  # at once: it says what this run is while it trains (and again with the final metrics)
+        ctx.log_metrics({"train/resumed_from_epoch": float(first_epoch)})
     cache_totals = {"hits": 0, "misses": 0, "saved_s": 0.0}
 
     # [3] the validation segments' features, once: every epoch scores the streams on the same arrays
