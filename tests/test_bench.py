@@ -3,6 +3,8 @@ generated from results files alone, with loaded runs never saying "met". Timings
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,8 +19,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def bench_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "bench", *args], check=False, cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+    """`python -m bench ...` in its own process group, all of which is killed if it overruns
+    (the runner's child and the Ray it started would otherwise outlive the test)."""
+    proc = subprocess.Popen([sys.executable, "-m", "bench", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def result(name: str, loaded: bool, rows: list[dict], smoke: bool = False) -> dict:
@@ -71,8 +82,6 @@ def test_render_smoke_and_missing_peer_rows(tmp_path):
 
 
 def test_only_other_processes_cpu_makes_a_run_loaded():
-    import os
-
     from bench.machine import LoadSampler
 
     cores = os.cpu_count()
