@@ -195,8 +195,7 @@ def test_the_blob_counter_is_calibrated_once_per_content_in_ray_tasks(ray_sessio
 ])
 def test_settings_that_would_fail_late_are_refused_before_ray_starts(compose, overrides, key):
     from orchard import ConfigError
-
-    import workloads.flower as flower
+    from workloads import flower
 
     with pytest.raises(ConfigError) as err:
         flower.validate(compose("workload=flower", *overrides))
@@ -207,8 +206,7 @@ def test_a_roi_smaller_than_a_tile_in_the_users_data_is_refused(compose, tmp_pat
     import cv2
 
     from orchard import ConfigError
-
-    import workloads.flower as flower
+    from workloads import flower
 
     (tmp_path / "images").mkdir()
     cv2.imwrite(str(tmp_path / "images" / "a.png"), np.zeros((300, 400, 3), np.uint8))
@@ -224,7 +222,7 @@ def test_a_roi_smaller_than_a_tile_in_the_users_data_is_refused(compose, tmp_pat
 
 
 def test_the_gpu_preset_composes_with_the_thesis_tile_bf16_and_a_gpu_per_worker(compose):
-    import workloads.flower as flower
+    from workloads import flower
 
     cfg = compose("workload=flower", "experiment=flower_gpu")
     flower.validate(cfg)
