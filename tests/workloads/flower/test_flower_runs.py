@@ -10,11 +10,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 STRATEGIES = {
-    # ring also loses its last worker when epoch 1 starts: the group restarts from the epoch-0 checkpoint
-    "ring": ["strategy=ring", "flower.epochs=3", "flower.fail_at_epoch=1"],
-    "ps-sync": ["strategy=ps", "strategy.mode=sync"],
+    # ring also loses its last worker when epoch 1 starts: the group restarts from the epoch-0
+    # checkpoint (with fp16's GradScaler state); the runs cover the precision options between them
+    "ring": ["strategy=ring", "flower.epochs=3", "flower.fail_at_epoch=1", "flower.precision=fp16",
+             "flower.channels_last=true"],
+    "ps-sync": ["strategy=ps", "strategy.mode=sync", "flower.precision=bf16", "flower.log_every=2"],
     "ps-async": ["strategy=ps", "strategy.mode=async", "strategy.num_servers=2"],
 }
+AGAIN = "ps-sync-again"  # ps-sync once more, same config: its preparation must be read back, not redone
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +30,7 @@ def smoke_runs(ray_session, tracking_uri, tracking_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("flower_runs")
     client = MlflowClient(tracking_uri)
     runs = {}
-    for label, overrides in STRATEGIES.items():
+    for label, overrides in [*STRATEGIES.items(), (AGAIN, STRATEGIES["ps-sync"])]:
         cfg, module = prepare(["workload=flower", "debug=smoke", *overrides, f"tracking.uri={tracking_uri}",
                                f"tracking.artifact_location={tracking_dir}/artifacts", f"output_dir={out}"])
         outcome = execute(cfg, module)
@@ -58,6 +61,43 @@ def test_smoke_run_records_the_thesis_metrics(smoke_runs, label):
     traces = [a.path for a in client.list_artifacts(run.info.run_id, "traces")]
     assert traces and all(t.endswith(".json") for t in traces)
     assert client.list_artifacts(run.info.run_id, "model")
+
+
+@pytest.mark.slow
+def test_a_second_identical_run_reads_its_preparation_back(smoke_runs):
+    runs, _ = smoke_runs
+    first, again = runs["ring"][1], runs[AGAIN][1]
+    assert runs[AGAIN][0].exit_code == 0
+    # the module's first run made everything: field, tiles, density targets, the blob counter
+    assert first.data.tags["flower.preparation"] == "made" and first.data.tags["flower.baseline"] == "calibrated"
+    assert first.data.metrics["cache/baseline_misses"] == 1.0
+    assert again.data.tags["flower.preparation"] == "reused" and again.data.tags["flower.baseline"] == "reused"
+    for kind in ("data", "tiles", "density", "baseline"):
+        assert again.data.metrics[f"cache/{kind}_hits"] == 1.0, kind
+    # what it read back is what was fitted: the same counter, the same counts on the same test tiles
+    fitted = {k: v for k, v in first.data.params.items() if k.startswith("flower.baseline.fitted_")}
+    assert fitted and all(again.data.params[k] == v for k, v in fitted.items())
+    assert again.data.metrics["baseline/mae"] == first.data.metrics["baseline/mae"]
+    for key in ("time/prepare_s", "time/train_start_s", "time/steps_s", "time/evaluate_s", "time/train_wall_s"):
+        assert again.data.metrics[key] >= 0, key
+    assert again.data.metrics["time/steps_s"] <= again.data.metrics["time/train_wall_s"]
+
+
+@pytest.mark.slow
+def test_the_loss_is_read_once_per_logged_window(smoke_runs):
+    runs, client = smoke_runs
+    run = runs["ps-sync"][1]  # flower.log_every=2, 2 epochs
+    assert run.data.params["flower.precision"] == "bf16"
+    steps = client.get_metric_history(run.info.run_id, "throughput/w0_images_per_s")
+    losses = client.get_metric_history(run.info.run_id, "train/loss")
+    assert len(losses) == len(steps) >= 2 and all(np.isfinite(h.value) for h in losses)
+    per_epoch = int(run.data.params["flower.train_tiles"]) // 2 // 4  # 2 workers, batch 4 (smoke)
+    windows, step = 0, 0  # a window ends every 2nd step, at an epoch's end, and after the warmup step
+    for _ in range(2):
+        for i in range(per_epoch):
+            step += 1
+            windows += step % 2 == 0 or i == per_epoch - 1 or step <= 1
+    assert len(losses) == windows
 
 
 @pytest.mark.slow
