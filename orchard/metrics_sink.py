@@ -37,6 +37,7 @@ class MetricsSink:
 
             self._client = MlflowClient(tracking_uri)
         self._lock = threading.Lock()
+        self._flushing = threading.Lock()
         self._pending: list = []
         self._last: dict[str, float] = {}
         self._series: dict[str, list[float]] = {}
@@ -177,25 +178,41 @@ class MetricsSink:
     # ------------------------------------------------------------------ flushing
     @ray.method(concurrency_group="write")
     def flush(self) -> int:
-        """Write everything buffered; returns the number of metrics written."""
-        with self._lock:
-            batch, self._pending = self._pending, []
-        if self._client is None:
-            return 0
-        for i in range(0, len(batch), MAX_BATCH):
-            self._client.log_batch(self._run_id, metrics=batch[i:i + MAX_BATCH])
-        return len(batch)
+        """Write everything buffered; returns the number of metrics written.  What the store
+        refused (sqlite busy with another run's writes, a tracking server restarting) goes
+        back to the front of the buffer for the next flush: a failed write loses nothing."""
+        with self._flushing:  # the timer thread and close() write in turn, in order
+            with self._lock:
+                batch, self._pending = self._pending, []
+            if self._client is None:
+                return 0
+            sent = 0
+            try:
+                for i in range(0, len(batch), MAX_BATCH):
+                    self._client.log_batch(self._run_id, metrics=batch[i:i + MAX_BATCH])
+                    sent = min(i + MAX_BATCH, len(batch))
+            except Exception:
+                with self._lock:
+                    self._pending = batch[sent:] + self._pending
+                raise
+            return len(batch)
 
     def _flush_loop(self) -> None:
         while not self._stop.wait(self._interval):
             try:
                 self.flush()
-            except Exception as exc:  # keep sampling; the final flush raises if the store is gone
+            except Exception as exc:  # kept for the next flush; close() reports if the store stays away
                 print(f"orchard: metrics flush failed, will retry: {exc}")
 
     @ray.method(concurrency_group="write")
-    def close(self) -> int:
+    def close(self, attempts: int = 6) -> int:
+        """The last flush, retried with backoff (1, 2, 4, ... s) before the caller hears of it."""
         self._stop.set()
+        for attempt in range(attempts - 1):
+            try:
+                return self.flush()
+            except Exception:
+                time.sleep(2 ** attempt)
         return self.flush()
 
     @ray.method(concurrency_group="read")

@@ -53,3 +53,34 @@ def test_sampler_actor_logs_gpu_series_into_the_run(ray_session):
     series = ray.get(sink.series.remote("system/"))
     assert set(series["system/node0/gpu1/util_pct"]) == {90.0}
     assert summarize(series)["system/gpu_util_pct_mean"] == pytest.approx(50.0)
+
+
+def test_metrics_the_store_refused_are_written_by_a_later_flush(ray_session, tmp_path):
+    """A store busy with another writer (sqlite locked by a concurrent run) refuses a flush:
+    those metrics stay buffered and reach the run once the store answers again."""
+    import sqlite3
+    import time
+
+    import ray
+    from mlflow.tracking import MlflowClient
+
+    from orchard.metrics_sink import MetricsSink
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("sink")).info.run_id
+    sink = MetricsSink.remote(uri, run_id, 0.2)
+    ray.get(sink.ping.remote())
+    blocker = sqlite3.connect(tmp_path / "mlflow.db", timeout=60)
+    blocker.execute("BEGIN EXCLUSIVE")  # what a concurrent run's long write looks like to this one
+    try:
+        ray.get([sink.log_metrics.remote({"loss": float(step)}, step, 1000 + step) for step in range(5)])
+        with pytest.raises(Exception):  # noqa: B017 - whatever the store's driver raises while locked
+            ray.get(sink.flush.remote(), timeout=120)
+    finally:
+        blocker.rollback()
+        blocker.close()
+    assert ray.get(sink.close.remote(), timeout=120) >= 0
+    history = client.get_metric_history(run_id, "loss")
+    assert sorted(m.step for m in history) == [0, 1, 2, 3, 4]
+    ray.kill(sink)
