@@ -141,19 +141,19 @@ CASES = {
     "singa-sync_ps": (["workload=singa", "singa.arch=sync_ps", "singa.epochs=10"], "singa_checkpoint.npz"),
     # forest (issue 20, item 4): avatars rendered into the bucket by tasks, read by data-unit tasks
     "forest": (["workload=forest", "forest.num_trees=4"], "forest_checkpoint.npz"),
+    # video: synthetic and untrimmed videos, frame index and decoded frames (video.cache=disk) in the
+    # bucket, read by Ray Data decode stages on both nodes; the driver's checkpoint of every stream.
+    # Half a CPU per Train worker: two streams' workers and the decode/feature pools on two 1-CPU nodes
+    "video": (["workload=video", "video.epochs=6", "video.cache=disk", "strategy.cpus_per_worker=0.5"],
+              "video_checkpoint.pt"),
 }
 
 
-# CI runs flower-ps (Ray Train workers and parameter servers on both nodes, tiles and checkpoints
-# in the bucket); the other three take 4 minutes each on 2 cores and run with
-# ORCHARD_ALL_CLUSTER_CASES=1 (docs/cluster.md).
-IN_CI = ("flower-ps",)
 ATTACH_BY_AUTO = ("flower-ps",)  # the others give the cluster's address
 
 
-@pytest.mark.parametrize("case", [c if c in IN_CI or os.environ.get("ORCHARD_ALL_CLUSTER_CASES") else
-                                  pytest.param(c, marks=pytest.mark.skip(reason="ORCHARD_ALL_CLUSTER_CASES=1 runs it"))
-                                  for c in CASES])
+# every case runs in CI (issue 17 item 2, issue 20 item 4): about 3-4 minutes each on 2 idle cores
+@pytest.mark.parametrize("case", list(CASES))
 def test_run_on_two_nodes_with_s3_storage_resumes_from_the_bucket_alone(case, s3, cluster, tmp_path):
     args, checkpoint_file = CASES[case]
     address = cluster[0]
@@ -196,6 +196,10 @@ def test_run_on_two_nodes_with_s3_storage_resumes_from_the_bucket_alone(case, s3
         assert _find(fs, f"orchard/{case}/forest", "_depth.png")
         return
     assert new.data.metrics["train/resumed_from_epoch"] >= 1
+    if case == "video":  # the first run's videos, frame index and decoded frames, read from the bucket
+        assert _find(fs, f"orchard/{case}/video/data", ".mp4") and _find(fs, f"orchard/{case}/video/cache", ".npz")
+        assert new.data.metrics["data/index_reused"] > 0 and new.data.metrics["cache/hits"] > 0
+        return
     if flower:
         assert new.data.metrics["cache/tiles_hits"] == 1  # the first run's tiles, read from the bucket
         assert new.data.metrics["train/workers"] == 2

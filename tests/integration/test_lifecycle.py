@@ -39,6 +39,16 @@ def runs(uri: str) -> list:
     return client.search_runs(exps, order_by=["attributes.start_time DESC"]) if exps else []
 
 
+def resume_to_finished(previous, uri: str, cwd: Path):
+    """``python -m orchard resume <id>``: exit 0, and the newest run FINISHED, tagged with ``previous``."""
+    done = subprocess.run(orchard("resume", previous.info.run_id, f"tracking.uri={uri}"), cwd=cwd, env=env(),
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    new = runs(uri)[0]
+    assert new.info.status == "FINISHED" and new.data.tags["orchard.resumes"] == previous.info.run_id
+    return new
+
+
 class Orchard:
     """A ``python -m orchard`` process whose output is read line by line as it comes."""
 
@@ -144,11 +154,7 @@ def test_sigkilled_driver_is_closed_by_runs_reap_and_then_resumed(tmp_path):
     assert closed.info.status == "FAILED" and "driver lost" in closed.data.tags["orchard.error"]
 
     # resume: a new run, tagged with the one it continues, picks up at the checkpoint
-    resumed = subprocess.run(orchard("resume", lost.info.run_id, f"tracking.uri={uri}"), cwd=tmp_path, env=env(),
-                             capture_output=True, text=True, timeout=900)
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    new = runs(uri)[0]
-    assert new.info.status == "FINISHED" and new.data.tags["orchard.resumes"] == lost.info.run_id
+    new = resume_to_finished(lost, uri, tmp_path)
     assert new.data.metrics["train/resumed_from_epoch"] >= 1
     # the resumed run continued the first run's checkpoints, and says so for a resume of its own
     storage = (Path(new.data.tags["orchard.run_dir"]) / "train_storage.txt").read_text()
@@ -163,11 +169,7 @@ def test_singa_ctrl_c_mid_training_then_resume_goes_on_from_the_checkpoint(tmp_p
     assert run.stop(signal.SIGINT) == 130, run.output()[-3000:]
     (killed,) = runs(uri)
     assert killed.info.status == "KILLED"
-    resumed = subprocess.run(orchard("resume", killed.info.run_id, f"tracking.uri={uri}"), cwd=tmp_path, env=env(),
-                             capture_output=True, text=True, timeout=900)
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    new = runs(uri)[0]
-    assert new.info.status == "FINISHED" and new.data.tags["orchard.resumes"] == killed.info.run_id
+    new = resume_to_finished(killed, uri, tmp_path)
     assert new.data.metrics["train/resumed_from_epoch"] >= 2
     assert new.data.metrics["test/accuracy"] > 0.5
     steps = [m.step for m in MlflowClient(uri).get_metric_history(new.info.run_id, "test/accuracy")]
@@ -190,11 +192,7 @@ def test_video_ctrl_c_after_a_checkpointed_epoch_then_resume_trains_only_the_res
     assert run.stop(signal.SIGINT) == 130, run.output()[-3000:]
     (killed,) = runs(uri)
     assert killed.info.status == "KILLED"
-    resumed = subprocess.run(orchard("resume", killed.info.run_id, f"tracking.uri={uri}"), cwd=tmp_path, env=env(),
-                             capture_output=True, text=True, timeout=900)
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    new = runs(uri)[0]
-    assert new.info.status == "FINISHED" and new.data.tags["orchard.resumes"] == killed.info.run_id
+    new = resume_to_finished(killed, uri, tmp_path)
     start = int(new.data.metrics["train/resumed_from_epoch"])
     assert start >= 1
     client = MlflowClient(uri)
@@ -218,11 +216,7 @@ def test_forest_resume_after_a_crash_continues_from_the_last_round(tmp_path):
     (failed,) = runs(uri)
     assert failed.info.status == "FAILED"
     assert f"resume {failed.info.run_id}" in crashed.stdout  # the summary says how to go on
-    resumed = subprocess.run(orchard("resume", failed.info.run_id, f"tracking.uri={uri}"), cwd=tmp_path, env=env(),
-                             capture_output=True, text=True, timeout=600)
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    new = runs(uri)[0]
-    assert new.info.status == "FINISHED" and new.data.tags["orchard.resumes"] == failed.info.run_id
+    new = resume_to_finished(failed, uri, tmp_path)
     assert new.data.params["forest.resume"] != "None"
     again = subprocess.run(orchard("resume", new.info.run_id, f"tracking.uri={uri}"), cwd=tmp_path, env=env(),
                            capture_output=True, text=True, timeout=120)

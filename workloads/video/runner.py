@@ -231,7 +231,10 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
             drawn = ray.get(master.epoch_segments.remote(train_ids, int(vcfg["clips_per_epoch"]), count, epoch,
                                                          int(vcfg["offset_stride"])))
             segments += [{**seg, "epoch": epoch} for seg in drawn]
-        train_ds = _dataset(segments, features, index, vcfg, master, cache).select_columns([*features, "label", "epoch"])
+        # no select_columns: its projection is a 1-CPU Ray Data task of its own, which a cluster
+        # whose CPUs the streams and pools hold never schedules (the run stalls); the feeder
+        # takes only the columns it deals
+        train_ds = _dataset(segments, features, index, vcfg, master, cache)
         queues = make_queues(alloc, int(vcfg["queue_depth"]))
         results = make_queues({"results": 1}, 0)["results"][0]
         feeder = Feeder({s: spec["feature"] for s, spec in streams.items()}, queues, int(vcfg["batch_size"]), epochs,
