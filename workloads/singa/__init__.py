@@ -125,6 +125,12 @@ def _reject_ignored_keys(cfg: dict, arch: dict) -> None:
     if fixed is not None and int(strategy.get("num_workers", fixed)) != int(fixed):
         raise ConfigError("strategy.num_workers", f"{fixed} for singa.arch={name} (it has {fixed} worker group; "
                           f"more: singa.arch=sync_ps, async_ps, replicated or allreduce), got {strategy['num_workers']}")
+    # singa.cluster.worker_groups (SINGA's own key, or a preset's) wins over strategy.num_workers;
+    # a num_workers the user typed that it would overrule is refused, not dropped
+    typed = [o.split("=", 1)[1] for o in cfg.get("_overrides", []) if o.lstrip("+~").startswith("strategy.num_workers=")]
+    if typed and fixed is None and int(arch["worker_groups"]) != int(strategy.get("num_workers", 0)):
+        raise ConfigError("strategy.num_workers", f"the worker groups, which singa.cluster.worker_groups="
+                          f"{arch['worker_groups']} already sets for this run; give one of them, got {typed[-1]}")
     if serverless and int(strategy.get("num_servers", 1) or 1) != 1:
         raise ConfigError("strategy.num_servers", f"1 for singa.arch={name} (it has no servers), "
                           f"got {strategy['num_servers']}")

@@ -89,6 +89,21 @@ def test_bad_config_names_the_key(compose, overrides, key):
     assert err.value.key == key
 
 
+def test_a_typed_num_workers_that_worker_groups_would_overrule_is_refused(compose):
+    """singa.cluster.worker_groups wins over strategy.num_workers: both typed and different is an
+    error naming num_workers; worker_groups alone, or both equal, is fine."""
+    both = ["workload=singa", "singa.arch=sync_ps", "singa.cluster.worker_groups=4", "strategy.num_workers=3"]
+    for overrides, refused in ((both, True), (both[:3], False), ([*both[:3], "strategy.num_workers=4"], False)):
+        cfg = compose(*overrides)
+        cfg["_overrides"] = overrides  # what orchard.lifecycle.prepare keeps of the command line
+        if refused:
+            with pytest.raises(ConfigError) as err:
+                validate(cfg, singa)
+            assert err.value.key == "strategy.num_workers"
+        else:
+            validate(cfg, singa)
+
+
 def test_defaults_of_the_strategy_keys_singa_reads_are_valid_for_every_arch(compose):
     """strategy.num_workers follows the arch (local: 1 group) and max_failures is 0, so a plain
     ``singa.arch=<name>`` passes the checks above that refuse ignored values."""
