@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import io
 import os
-import queue
 import tempfile
 import threading
 import time
@@ -24,44 +23,9 @@ import numpy as np
 import torch
 
 from workloads.flower.data import TileSet
-from workloads.flower.density_map import density_map
 from workloads.flower.model import FlowerCounterCNN, euclidean_loss
 
 MODEL_FILE = "model.pt"
-
-
-def make_batch(tiles: TileSet, indices: np.ndarray, sigma: float, scale: float):
-    """Images (B, 3, T, T) float in [0, 1] and target density maps (B, 1, T, T) x scale, drawn
-    per batch. Training uses ``loader.TileLoader`` (targets made once); this per-step loader
-    stays for the plain-DDP side of bench/flower_strategies.py."""
-    images = np.asarray(tiles.images[indices])  # fancy indexing copies out of the memory map
-    size = images.shape[1]
-    x = torch.from_numpy(images).permute(0, 3, 1, 2).float().div_(255.0)
-    maps = np.stack([density_map(tiles.points[i], size, size, sigma) for i in indices])
-    return x, torch.from_numpy(maps).unsqueeze(1).mul_(scale)
-
-
-def prefetched_batches(tiles: TileSet, order: np.ndarray, batch_size: int, depth: int,
-                       sigma: float, scale: float):
-    """Yield batches of `order` built by a background thread `depth` batches ahead (4.4.5)."""
-    slots: queue.Queue = queue.Queue(maxsize=max(1, depth))
-    done = object()
-    stop = threading.Event()
-
-    def produce():
-        for start in range(0, len(order) - batch_size + 1, batch_size):  # drop the remainder
-            if stop.is_set():
-                return
-            slots.put(make_batch(tiles, order[start:start + batch_size], sigma, scale))
-        slots.put(done)
-
-    thread = threading.Thread(target=produce, daemon=True)
-    thread.start()
-    try:
-        while (item := slots.get()) is not done:
-            yield item
-    finally:
-        stop.set()
 
 
 def _profile_step(run_step, trace_path: Path) -> None:
