@@ -118,8 +118,8 @@ class Feeder:
                 held -= take
             buffer = {c: [v] if len(v) else [] for c, v in joined.items()}
 
+        it = iter(batches)
         try:
-            it = iter(batches)
             while not self.finish.is_set():
                 t0 = time.perf_counter()
                 batch = next(it, None)
@@ -147,6 +147,12 @@ class Feeder:
             pass
         except BaseException as exc:  # noqa: BLE001 - reported to the driver, which fails the run
             self.error = exc
+        finally:
+            # a pipeline left mid-way (stopped, failed, target met) is closed here: its Ray Data
+            # threads would otherwise go on calling Ray after the run has stopped it
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
 
     def start(self, batches) -> threading.Thread:
         thread = threading.Thread(target=self.run, args=(batches,), name="video-feeder", daemon=True)

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import wait as wait_futures
 from pathlib import Path
 
 import numpy as np
 
 log = logging.getLogger(__name__)
+STREAMS_STOP_TIMEOUT_S = 60  # an interrupted run waits this long at most for its Train runs to end
 
 
 def _prepare_data(cfg: dict, ctx) -> tuple[str, str | None]:
@@ -299,6 +301,11 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
                     shutdown_queues({**queues, "results": [results]})
                 except Exception as exc:
                     log.warning("video: queues not shut down cleanly: %s", exc)
+                # the streams' Train runs end once their queues are gone (train.py's workers
+                # return): let them, bounded, before Ray stops. A Train run still waiting on Ray
+                # in a driver thread when Ray shuts down makes Ray end the process with status 1,
+                # and a Ctrl-C would exit 1 instead of 130
+                wait_futures(list(runs.values()), timeout=STREAMS_STOP_TIMEOUT_S)
             feed_thread.join(timeout=30)
         shutdown_queues({**queues, "results": [results]})
     else:

@@ -27,6 +27,7 @@ def stream_channels(feature: str, stack: int, options: dict, size: int) -> int:
 def train_loop(config: dict) -> None:
     """Every epoch of one stream on one Ray Train worker (the model never sees the strategy)."""
     import torch
+    from ray.exceptions import RayActorError
     from torch import nn
 
     from orchard.strategies import worker
@@ -62,7 +63,12 @@ def train_loop(config: dict) -> None:
             # [2] this worker's part of the next global batch, from the feeder's queue;
             #     the time spent waiting for it is the trainer's view of starvation
             t_wait = time.perf_counter()
-            item = queue.get(block=True)
+            try:
+                item = queue.get(block=True)
+            except RayActorError:
+                # the driver shut the queues down: the run was interrupted or failed there. Ending
+                # here (not raising) spares Train its retries, so the driver's Ctrl-C ends at once
+                return
             wait_s += time.perf_counter() - t_wait
             if isinstance(item, tuple) and item[0] == STOP:
                 return   # the run met its target: the driver already has the state it validated
@@ -100,8 +106,11 @@ def train_loop(config: dict) -> None:
             ctx.log_metrics(metrics, step=epoch)
             buf = io.BytesIO()
             torch.save(state, buf)
-            results.put({"stream": stream, "epoch": epoch, "state": buf.getvalue(), "metrics": metrics,
-                         "steps": step})
+            try:
+                results.put({"stream": stream, "epoch": epoch, "state": buf.getvalue(), "metrics": metrics,
+                             "steps": step})
+            except RayActorError:
+                return   # as above: the driver stopped the run and shut its queues down
         worker.save_checkpoint(state, {**metrics, "steps": step}, epoch)
 
 
