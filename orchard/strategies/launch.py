@@ -8,7 +8,6 @@ so they outlive a worker-group restart.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Callable
 
 

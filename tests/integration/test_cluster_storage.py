@@ -193,7 +193,9 @@ def test_run_on_two_nodes_with_s3_storage_resumes_from_the_bucket_alone(case, s3
     assert new.info.status == "FINISHED" and new.data.tags["orchard.resumes"] == killed.info.run_id
     if case == "forest":  # went on from the checkpoint in the bucket, the data read from there too
         assert new.data.params["forest.resume"].startswith(f"{storage}/forest/")
-        assert _find(fs, f"orchard/{case}/forest", "_depth.png")
+        depths = _find(fs, f"orchard/{case}/forest", "_depth.png")
+        assert depths
+        _predict_on_two_nodes(fs, depths[:3], new.info.run_id, uri, common, env, tmp_path)
         return
     assert new.data.metrics["train/resumed_from_epoch"] >= 1
     if case == "video":  # the first run's videos, frame index and decoded frames, read from the bucket
@@ -205,6 +207,32 @@ def test_run_on_two_nodes_with_s3_storage_resumes_from_the_bucket_alone(case, s3
         assert new.data.metrics["train/workers"] == 2
     else:
         assert new.data.metrics["test/accuracy"] > 0.5
+
+
+def _predict_on_two_nodes(fs, depths: list[str], run_id: str, uri: str, common: list[str], env: dict,
+                          tmp_path: Path) -> None:
+    """``mode=predict`` on the cluster (issue 17): the model and the driver's input files reach the
+    predictor actors through the bucket (orchard.models.predict_files), ground truth beside them."""
+    import csv
+
+    folder = tmp_path / "to_label"   # on the driver only
+    folder.mkdir()
+    for depth in depths:
+        for path in (depth, depth[:-len("_depth.png")] + "_labels.png"):
+            with fs.open_input_stream(path) as src:
+                (folder / Path(path).name).write_bytes(src.read())
+    done = subprocess.run([sys.executable, "-m", "orchard", "workload=forest", "mode=predict",
+                           f"model=runs:/{run_id}/model", f"input={folder}", *common],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    run = _runs(uri)[0]
+    assert run.info.status == "FINISHED" and run.data.metrics["predict/scored_images"] == len(depths)
+    assert run.data.metrics["predict/pixel_accuracy"] > 0.2
+    out = tmp_path / "out" / "forest" / run.info.run_id / "predictions"
+    with open(out / "predictions.csv") as f:
+        assert len(list(csv.DictReader(f))) == len(depths)
+    assert len(list((out / "labels").glob("*_labels.png"))) == len(depths)
+    assert not [p for p in _find(fs, "orchard/forest", "") if "predict_staging" in p]  # staged copies removed
 
 
 def test_ray_client_address_attaches_and_prints_the_dashboard(s3, cluster, tmp_path):

@@ -90,6 +90,7 @@ def test_predict_files_runs_an_actor_pool_and_counts_bad_files(ray_session, tmp_
     import cv2
 
     from orchard import models
+    from orchard.storage import Storage
     from workloads.forest.predict import Predictor
 
     class Ctx:  # what predict_files and report use of a RunContext; tracking off
@@ -109,8 +110,11 @@ def test_predict_files_runs_an_actor_pool_and_counts_bad_files(ray_session, tmp_
     (out / "labels").mkdir()
     files = models.input_files(inputs, (".png",))
     ctx = Ctx()
-    rows = models.predict_files(files, Predictor, {"model_dir": str(path), "out_dir": str(out)}, ctx, batch_size=2)
+    store = Storage(tmp_path / "store")
+    rows = models.predict_files(files, Predictor, {}, ctx, store, path, out, batch_size=2)
     assert [Path(r["path"]).name for r in rows] == [f.name for f in files]
+    assert not store.exists(models.STAGING_DIR)  # the staged copies are gone; the inputs stay
+    assert len(list(inputs.iterdir())) == 6
     metrics = models.report(rows, ["path", "width", "height"], ctx, out, "images", 1.0)
     assert metrics["predict/images"] == 5 and metrics["predict/skipped"] == 1
     assert ctx.seen[-1][0] == 6 and ctx.seen[-1][1] == 6 and ctx.seen[-1][2]["items/s"] > 0
@@ -165,3 +169,55 @@ def test_a_training_run_logs_an_mlflow_logged_model_too(cli_run, tmp_path):
     assert any(a.path.endswith("MLmodel") for a in run.client.list_artifacts(run.run_id, "model"))
     local, meta = resolve_model(uri, "singa", run.uri, tmp_path / "dl")
     assert (local / "MLmodel").is_file() and meta["orchard_workload"] == "singa"
+
+
+
+def test_predict_files_actors_read_staged_copies_never_the_drivers_paths(ray_session, tmp_path):
+    """Workers on another node cannot open the driver's files: the model, every input and its
+    companions reach the actors through the storage location, and what they write comes back."""
+    from orchard import models
+    from orchard.storage import Storage
+
+    class Ctx:
+        run_dir, run_id, tracking_uri = tmp_path, None, None
+
+        def progress(self, *args, **kwargs):
+            pass
+
+    class SeenPaths:  # local: pickled by value into the actors
+        """A predictor that says which path it was given and writes one output file per input."""
+
+        def __init__(self, model_dir: str, out_dir: str, tag: str):
+            self.model_files = sorted(p.name for p in Path(model_dir).iterdir())
+            self.out, self.tag = Path(out_dir), tag
+
+        def __call__(self, batch: dict) -> dict:
+            seen = [str(p) for p in batch["path"]]
+            for p in seen:
+                companions = sorted(q.name for q in Path(p).parent.iterdir())
+                (self.out / "notes" / f"{Path(p).stem}.txt").write_text(f"{self.tag} {Path(p).read_text()} {companions}")
+            return {"path": np.asarray(seen), "error": np.asarray([""] * len(seen)), "seen": np.asarray(seen),
+                    "model_files": np.asarray([",".join(self.model_files)] * len(seen))}
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "MLmodel").write_text("x")
+    inputs = tmp_path / "in" / "7"   # a class folder: its name travels with the input
+    inputs.mkdir(parents=True)
+    for i in range(3):
+        (inputs / f"a{i}.txt").write_text(f"input{i}")
+        (inputs / f"a{i}.truth").write_text("t")
+    out = models.output_dir(Ctx())
+    (out / "notes").mkdir()
+    files = sorted(inputs.glob("*.txt"))
+    store = Storage(tmp_path / "store")
+    rows = models.predict_files(files, SeenPaths, {"tag": "ok"}, Ctx(), store, model, out,
+                                companions=lambda p: [p.with_suffix(".truth")], batch_size=2)
+    assert [r["path"] for r in rows] == [str(f) for f in files]    # reported by the user's names
+    for r, f in zip(rows, files):
+        seen = Path(r["seen"])
+        assert seen != f and seen.name == f.name and seen.parent.name == "7"
+        assert r["model_files"] == "MLmodel,_COMPLETE"
+    for i in range(3):   # written on the actor's node, sent back, written here
+        assert (out / "notes" / f"a{i}.txt").read_text() == f"ok input{i} ['a{i}.truth', 'a{i}.txt']"
+    assert not store.exists(models.STAGING_DIR)

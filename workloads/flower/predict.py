@@ -132,10 +132,25 @@ class Predictor:
         return {k: np.asarray(v) for k, v in cols.items()}
 
 
+def predict_gpus(device: str, cluster_gpus: float) -> float:
+    """GPUs per prediction actor: one where ``flower.eval_device`` asks for CUDA or is ``auto``
+    on a cluster with GPUs (Ray shows an actor only the GPUs it asked for), else none."""
+    if str(device).startswith("cuda"):
+        if cluster_gpus <= 0:
+            from orchard import ConfigError
+
+            raise ConfigError("flower.eval_device", f"auto or cpu on a cluster without GPUs; {device!r} asks for one")
+        return 1.0
+    return 1.0 if device == "auto" and cluster_gpus > 0 else 0.0
+
+
 def run_predict(cfg: dict, ctx) -> dict[str, float]:
     """Count every image of ``input`` (a file, a folder, or a folder holding images/) with
     ``model``; predictions.csv, density PNGs, skipped.csv; images/s."""
+    import ray
+
     from orchard import models
+    from orchard.storage import Storage
 
     model_dir, meta = models.resolve_model(cfg["model"], "flower", ctx.tracking_uri, Path(ctx.run_dir) / "model_in")
     source = Path(cfg["input"]).expanduser()
@@ -145,11 +160,11 @@ def run_predict(cfg: dict, ctx) -> dict[str, float]:
     out = models.output_dir(ctx)
     (out / "density").mkdir(exist_ok=True)
     started = time.perf_counter()
-    rows = models.predict_files(files, Predictor, {"model_dir": str(model_dir), "out_dir": str(out),
-                                                   "tile_size": int(meta.get("tile_size", 64)),
+    rows = models.predict_files(files, Predictor, {"tile_size": int(meta.get("tile_size", 64)),
                                                    "batch_size": int(cfg["flower"]["eval_batch_size"]),
                                                    "device": cfg["flower"]["eval_device"]},
-                                ctx, desc="counting")
+                                ctx, Storage.for_run(cfg, ctx.run_dir), model_dir, out, desc="counting",
+                                num_gpus=predict_gpus(cfg["flower"]["eval_device"], ray.cluster_resources().get("GPU", 0)))
     elapsed = time.perf_counter() - started
     metrics = models.report(rows, ["path", "width", "height", "count"], ctx, out, "images", elapsed)
     good = [r for r in rows if not r["error"]]

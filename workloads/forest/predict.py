@@ -164,6 +164,7 @@ def depth_files(folder) -> list[Path]:
 def run_predict(cfg: dict, ctx) -> dict[str, float]:
     """Label every depth PNG of ``input``; accuracy where ground-truth labels sit beside."""
     from orchard import models
+    from orchard.storage import Storage
 
     from .body_parts import NUM_PARTS, PART_NAMES
     from .inference import accuracy_metrics
@@ -173,8 +174,8 @@ def run_predict(cfg: dict, ctx) -> dict[str, float]:
     out = models.output_dir(ctx)
     (out / "labels").mkdir(exist_ok=True)
     started = time.perf_counter()
-    rows = models.predict_files(files, Predictor, {"model_dir": str(model_dir), "out_dir": str(out)}, ctx,
-                                desc="labelling")
+    rows = models.predict_files(files, Predictor, {}, ctx, Storage.for_run(cfg, ctx.run_dir), model_dir, out,
+                                companions=lambda p: [t for t in [truth_file(p)] if t is not None], desc="labelling")
     elapsed = time.perf_counter() - started
     metrics = models.report(rows, ["path", "width", "height", "labelled_pixels", "scored"], ctx, out, "images", elapsed)
     good = [r for r in rows if not r["error"]]

@@ -118,6 +118,17 @@ def to_samples(images: list[np.ndarray], config: dict) -> np.ndarray:
     return np.stack(out).astype(np.uint8)
 
 
+def idx_labels_path(path: Path) -> Path:
+    """The IDX label file that goes with an IDX image file (MNIST's naming)."""
+    return path.with_name(path.name.replace("images-idx3", "labels-idx1").replace("images.idx3", "labels.idx1"))
+
+
+def idx_labels(path: Path) -> list[Path]:
+    """The files read beside ``path``: its IDX label file, if there is one."""
+    labels = idx_labels_path(path)
+    return [labels] if "idx3" in path.name.lower() and labels != path and labels.is_file() else []
+
+
 def read_samples(path: Path, config: dict) -> tuple[np.ndarray, np.ndarray | None]:
     """A file -> (samples, labels or None); ValueError (the reason) for a file that is none of
     an IDX image file, a CIFAR-10 batch, an image."""
@@ -132,7 +143,7 @@ def read_samples(path: Path, config: dict) -> tuple[np.ndarray, np.ndarray | Non
             x = read_idx(path)
         except Exception as exc:  # truncated header (struct.error), wrong magic, short data
             raise ValueError(f"not an IDX image file: {str(exc).splitlines()[0][:120]}") from None
-        labels_path = path.with_name(path.name.replace("images-idx3", "labels-idx1").replace("images.idx3", "labels.idx1"))
+        labels_path = idx_labels_path(path)
         y = read_idx(labels_path).astype(np.int64) if labels_path.is_file() else None
         samples = to_samples(list(x), config) if x.shape[1:] != shape and x.reshape(len(x), -1).shape[1:] != shape \
             else x.reshape(len(x), *shape)
@@ -209,14 +220,15 @@ def sample_files(source) -> list[Path]:
 def run_predict(cfg: dict, ctx) -> dict[str, float]:
     """Classify every sample of ``input``; accuracy over the samples with known labels."""
     from orchard import models
+    from orchard.storage import Storage
 
     model_dir, _ = models.resolve_model(cfg["model"], "singa", ctx.tracking_uri, Path(ctx.run_dir) / "model_in")
     files = sample_files(cfg["input"])
     out = models.output_dir(ctx)
     (out / "labels").mkdir(exist_ok=True)
     started = time.perf_counter()
-    rows = models.predict_files(files, Predictor, {"model_dir": str(model_dir), "out_dir": str(out)}, ctx,
-                                desc="classifying", batch_size=16)
+    rows = models.predict_files(files, Predictor, {}, ctx, Storage.for_run(cfg, ctx.run_dir), model_dir, out,
+                                companions=idx_labels, desc="classifying", batch_size=16)
     elapsed = time.perf_counter() - started
     metrics = models.report(rows, ["path", "samples", "label", "confidence", "labelled", "correct"], ctx, out,
                             "files", elapsed)

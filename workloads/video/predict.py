@@ -321,13 +321,14 @@ def run_predict(cfg: dict, ctx) -> dict[str, float]:
     """Classify every video of ``input``; highlight segments; tIoU and mAP@0.5 against
     ``segments.csv`` when the input folder has one."""
     from orchard import models
+    from orchard.storage import Storage
 
     model_dir, _ = models.resolve_model(cfg["model"], "video", ctx.tracking_uri, Path(ctx.run_dir) / "model_in")
     source = Path(cfg["input"]).expanduser()
     files = [p for p in models.input_files(source, ()) if p.name != TRUTH_FILE]
     out = models.output_dir(ctx)
     started = time.perf_counter()
-    rows = models.predict_files(files, Predictor, {"model_dir": str(model_dir), "out_dir": str(out)}, ctx,
+    rows = models.predict_files(files, Predictor, {}, ctx, Storage.for_run(cfg, ctx.run_dir), model_dir, out,
                                 desc="classifying", batch_size=2)
     elapsed = time.perf_counter() - started
     metrics = models.report(rows, ["path", "label", "confidence", "frames", "kept", "segments"], ctx, out, "videos", elapsed)

@@ -99,3 +99,13 @@ def test_predict_takes_a_registered_model_and_refuses_nothing_readable(trained, 
     bad = predict_cli(trained, "flower", version, empty, tmp_path / "again")
     assert bad.exit_code == 2 and "Traceback" not in bad.console
     assert "orchard: bad config: input: readable images" in bad.console
+
+
+def test_prediction_actors_ask_for_a_gpu_only_where_one_is_wanted_and_there():
+    from orchard import ConfigError
+    from workloads.flower.predict import predict_gpus
+
+    assert predict_gpus("auto", 0) == 0.0 and predict_gpus("cpu", 4) == 0.0
+    assert predict_gpus("auto", 1) == 1.0 and predict_gpus("cuda:0", 2) == 1.0
+    with pytest.raises(ConfigError, match="flower.eval_device"):
+        predict_gpus("cuda", 0)
