@@ -192,8 +192,9 @@ def predict_files(files: list[Path], predictor: type, args: dict, ctx, storage, 
                   batch_size: int = 4, num_cpus: float = 1.0, num_gpus: float = 0.0) -> list[dict]:
     """Run ``predictor(model_dir=..., out_dir=..., **args)`` over ``files`` as a Ray Data
     ``map_batches`` with an actor pool holding the model (one actor per free CPU at most, or per
-    ``num_gpus`` of the free GPUs when it asks for GPUs; streamed, so memory stays bounded), and return one row per file: ``{"path", "error", ...}``
-    with ``error == ""`` where it worked.  Drives the progress line with items/s.
+    ``num_gpus`` of the free GPUs when it asks for GPUs; streamed, so memory stays bounded), and
+    return one row per file: ``{"path", "error", ...}`` with ``error == ""`` where it worked.
+    Drives the progress line with items/s.
 
     The actors may run on any node, so nothing they open is a driver path: the model folder and
     the inputs (each with its ``companions``, e.g. the ground-truth file beside it) go through
@@ -253,7 +254,7 @@ def _input_rel(i: int, path: Path) -> str:
 
 def _stage(staging, model_dir: Path, files: list[Path], companions, ctx) -> None:
     """The model folder and every input (with its companions) into ``staging``."""
-    _put_folder(staging, "model", Path(model_dir))
+    staging.upload(model_dir, "model")   # small; inputs may be many and large: linked below
     for i, path in enumerate(files):
         rel = _input_rel(i, path)
         _put_file(staging, rel, path)
@@ -273,12 +274,6 @@ def _put_file(storage, rel: str, path: Path) -> None:
             shutil.copyfile(path, target)
     else:
         storage.write_bytes(rel, Path(path).read_bytes())
-
-
-def _put_folder(storage, rel: str, folder: Path) -> None:
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        _put_file(storage, f"{rel}/{path.relative_to(folder).as_posix()}", path)
-    storage.write_bytes(f"{rel}/_COMPLETE", b"complete\n")
 
 
 def _pack_outputs(folder: Path) -> bytes:

@@ -160,11 +160,12 @@ def run_predict(cfg: dict, ctx) -> dict[str, float]:
     out = models.output_dir(ctx)
     (out / "density").mkdir(exist_ok=True)
     started = time.perf_counter()
+    device = cfg["flower"]["eval_device"]
     rows = models.predict_files(files, Predictor, {"tile_size": int(meta.get("tile_size", 64)),
                                                    "batch_size": int(cfg["flower"]["eval_batch_size"]),
-                                                   "device": cfg["flower"]["eval_device"]},
+                                                   "device": device},
                                 ctx, Storage.for_run(cfg, ctx.run_dir), model_dir, out, desc="counting",
-                                num_gpus=predict_gpus(cfg["flower"]["eval_device"], ray.cluster_resources().get("GPU", 0)))
+                                num_gpus=predict_gpus(device, ray.cluster_resources().get("GPU", 0)))
     elapsed = time.perf_counter() - started
     metrics = models.report(rows, ["path", "width", "height", "count"], ctx, out, "images", elapsed)
     good = [r for r in rows if not r["error"]]
