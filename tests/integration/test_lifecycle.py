@@ -8,6 +8,7 @@ user's machine; the store is read back with MlflowClient.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -63,11 +64,17 @@ class Orchard:
         for line in self.proc.stdout:
             self.lines.append(line)
 
-    def wait_for(self, needle: str, timeout_s: float = 600) -> None:
-        """Block until a line containing ``needle`` was printed (progress=always prints every update)."""
+    def wait_for(self, needle: str, timeout_s: float = 600, at_least: int | None = None) -> None:
+        """Block until a line containing ``needle`` was printed; with ``at_least``, ``needle`` is a
+        regular expression whose first group is a number that must reach it.  The progress line is
+        redrawn from the latest report every 0.5 s, so a fast epoch can be skipped: never wait for
+        one exact epoch."""
         deadline = time.time() + timeout_s
         while time.time() < deadline:
-            if any(needle in line for line in self.lines):
+            if at_least is None and any(needle in line for line in self.lines):
+                return
+            if at_least is not None and any(int(m.group(1)) >= at_least for line in self.lines
+                                            for m in re.finditer(needle, line)):
                 return
             if self.proc.poll() is not None:
                 time.sleep(0.5)
@@ -104,17 +111,17 @@ def common(tmp_path: Path, uri: str) -> list[str]:
 # --------------------------------------------------------------------------- Ctrl-C and SIGTERM
 @pytest.mark.parametrize("args, sig, needle", [
     # mid-epoch of a Ray Train run (the progress line is drawn from the workers' step reports)
-    (["workload=flower", "strategy=ring", "flower.epochs=50"], signal.SIGINT, "epoch 1/"),
-    (["workload=flower", "strategy=ps", "flower.epochs=50"], signal.SIGTERM, "epoch 1/"),
+    (["workload=flower", "strategy=ring", "flower.epochs=50"], signal.SIGINT, r"epoch (\d+)/"),
+    (["workload=flower", "strategy=ps", "flower.epochs=50"], signal.SIGTERM, r"epoch (\d+)/"),
     # video: mid-training of a stream, inside its Ray Data + Train pipeline
-    (["workload=video", "video.epochs=30"], signal.SIGINT, "epoch 1"),
+    (["workload=video", "video.epochs=30"], signal.SIGINT, r"epoch (\d+)"),
     # forest: mid-round of Ray tasks and histogram actors
-    (["workload=forest", "forest.num_trees=6"], signal.SIGTERM, "depth"),
+    (["workload=forest", "forest.num_trees=6"], signal.SIGTERM, r"depth (\d+)"),
 ], ids=["flower-ring-SIGINT", "flower-ps-SIGTERM", "video-SIGINT", "forest-SIGTERM"])
 def test_interrupt_ends_the_run_killed_with_the_shell_exit_code(tmp_path, args, sig, needle):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     run = Orchard(*args, *common(tmp_path, uri), cwd=tmp_path)
-    run.wait_for(needle)
+    run.wait_for(needle, at_least=0)  # the first progress line of the work itself
     rc = run.stop(sig)
     assert rc == 128 + sig, run.output()[-3000:]
     (latest,) = runs(uri)
@@ -164,8 +171,9 @@ def test_sigkilled_driver_is_closed_by_runs_reap_and_then_resumed(tmp_path):
 def test_singa_ctrl_c_mid_training_then_resume_goes_on_from_the_checkpoint(tmp_path):
     """SIGINT into singa's worker-group actors and parameter servers, then resume."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    run = Orchard("workload=singa", "singa.arch=sync_ps", "singa.epochs=10", *common(tmp_path, uri), cwd=tmp_path)
-    run.wait_for("epoch 3/")
+    # 30 epochs of ~0.3 s: the SIGINT lands mid-training even on a fast machine
+    run = Orchard("workload=singa", "singa.arch=sync_ps", "singa.epochs=30", *common(tmp_path, uri), cwd=tmp_path)
+    run.wait_for(r"epoch (\d+)/", at_least=3)
     assert run.stop(signal.SIGINT) == 130, run.output()[-3000:]
     (killed,) = runs(uri)
     assert killed.info.status == "KILLED"
