@@ -83,17 +83,48 @@ def _busy_seconds() -> float:
     return sum(t) - t.idle - getattr(t, "iowait", 0.0)
 
 
-def _tree_seconds(root: psutil.Process) -> float:
-    """CPU seconds of `root` and its live descendants, reaped children included (their time
-    moves into the parent's children_* fields when they are waited for, so the sum is continuous)."""
-    total = 0.0
-    for p in [root, *root.children(recursive=True)]:
+class OwnCpu:
+    """CPU seconds a process tree used, counted process by process so that none leaves the sum.
+
+    Summing the live tree at two moments loses whatever left it in between: Ray's workers are
+    re-parented to init when the raylet that started them is stopped, and a process that exits
+    unwaited takes its whole CPU time out of the sum; a 2-core bench then looked "loaded" by its
+    own Ray workers. Here a process once seen in the tree stays ours until it exits, and only its
+    user + system time is counted (never children_*, which would count a reaped child twice).
+    What a process used between the last sample and its exit is missed: sample often.
+    """
+
+    def __init__(self, root: psutil.Process):
+        self.root = root
+        self.seen: dict[tuple[int, float], list] = {}  # (pid, create time) -> [process, CPU s counted]
+        self.total = 0.0
+
+    def sample(self) -> float:
+        """CPU seconds of the tree since this tracker was made (first samples count a process whole)."""
         try:
-            t = p.cpu_times()
-            total += t.user + t.system + t.children_user + t.children_system
+            tree = [self.root, *self.root.children(recursive=True)]
         except psutil.Error:
-            pass
-    return total
+            tree = []
+        for p in tree:
+            try:
+                self.seen.setdefault((p.pid, p.create_time()), [p, 0.0])
+            except psutil.Error:
+                pass
+        for key, entry in list(self.seen.items()):
+            try:
+                t = entry[0].cpu_times()
+            except psutil.Error:  # exited (and reaped): its last counted time stands
+                del self.seen[key]
+                continue
+            cpu = t.user + t.system
+            self.total += max(0.0, cpu - entry[1])
+            entry[1] = cpu
+            try:
+                if entry[0].status() == psutil.STATUS_ZOMBIE:  # exited; nobody may ever reap it
+                    del self.seen[key]
+            except psutil.Error:
+                del self.seen[key]
+        return self.total
 
 
 class LoadSampler:
@@ -106,6 +137,7 @@ class LoadSampler:
     def __init__(self, interval_s: float = 2.0, window_s: float = 30.0):
         self.interval_s, self.window_s = interval_s, window_s
         self.me = psutil.Process()
+        self.own = OwnCpu(self.me)
         self.loads: list[float] = []
         self.windows: list[float] = []
         self._stop = threading.Event()
@@ -124,23 +156,23 @@ class LoadSampler:
         self._thread.start()
 
     def _loop(self) -> None:
-        w_busy, w_own, w_t = _busy_seconds(), _tree_seconds(self.me), time.monotonic()
+        w_busy, w_own, w_t = _busy_seconds(), self.own.sample(), time.monotonic()
         while not self._stop.wait(self.interval_s):
             self.loads.append(loadavg())
+            own = self.own.sample()  # every interval: a process that exits loses at most one
             now = time.monotonic()
             if now - w_t >= self.window_s:
-                busy, own = _busy_seconds(), _tree_seconds(self.me)
+                busy = _busy_seconds()
                 self.windows.append(self._foreign(busy - w_busy, own - w_own, now - w_t))
                 w_busy, w_own, w_t = busy, own, now
         now = time.monotonic()
         if now - w_t > 2 * self.interval_s or not self.windows:  # the last partial window
-            busy, own = _busy_seconds(), _tree_seconds(self.me)
+            busy, own = _busy_seconds(), self.own.sample()
             self.windows.append(self._foreign(busy - w_busy, own - w_own, max(now - w_t, 1e-9)))
 
     @staticmethod
     def _foreign(busy_s: float, own_s: float, wall_s: float) -> float:
-        """Cores used by others: the machine's busy time less ours. A process of ours that dies
-        unreaped takes its past CPU out of our sum (a negative delta): never count that as theirs."""
+        """Cores used by others: the machine's busy time less ours (never below zero)."""
         cores = os.cpu_count() or 1
         return min(float(cores), max(0.0, (busy_s - max(0.0, own_s)) / wall_s))
 

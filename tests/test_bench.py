@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -88,8 +89,36 @@ def test_only_other_processes_cpu_makes_a_run_loaded():
     # the bench itself keeping every core busy is not load; the same busy time from others is
     assert LoadSampler._foreign(busy_s=cores * 10.0, own_s=cores * 10.0, wall_s=10.0) == 0.0
     assert LoadSampler._foreign(busy_s=cores * 10.0, own_s=0.0, wall_s=10.0) == cores
-    # a process of ours that exited unreaped (its CPU leaves our sum) is not counted as theirs
-    assert LoadSampler._foreign(busy_s=5.0, own_s=-30.0, wall_s=10.0) == 0.5
+    assert LoadSampler._foreign(busy_s=5.0, own_s=-30.0, wall_s=10.0) == 0.5  # never below zero
+
+
+# a child that starts a CPU-bound grandchild and exits: the grandchild is re-parented to init,
+# as Ray's workers are when the raylet stops, and its CPU must still count as the tree's
+ORPHAN = """
+import os, time
+if os.fork() == 0:
+    t = time.process_time()
+    while time.process_time() - t < 1.0:
+        pass
+    os._exit(0)
+time.sleep(0.5)
+"""
+
+
+def test_cpu_of_a_process_that_left_the_tree_stays_ours():
+    import psutil
+
+    from bench.machine import OwnCpu
+
+    child = subprocess.Popen([sys.executable, "-c", ORPHAN])
+    own = OwnCpu(psutil.Process(child.pid))  # the child's tree: the test's own CPU is not in it
+    tracked, deadline = 0, time.time() + 120
+    while (child.poll() is None or len(own.seen) > 0) and time.time() < deadline:  # until the orphan exited
+        own.sample()  # sampled often, as the sampler does: only the last moment may be missed
+        tracked = max(tracked, len(own.seen))
+        time.sleep(0.05)
+    assert tracked == 2  # child and grandchild were both seen
+    assert own.total >= 0.8, own.total
 
 
 def test_bad_arguments_are_one_line_and_exit_2(tmp_path):
