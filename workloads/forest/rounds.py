@@ -330,29 +330,80 @@ class RoundRunner:
                 self._revive(k)
         raise RuntimeError(f"histogram actor {k} failed {self.max_failures + 2} times")
 
-    def _phases_2_3(self, traversal_ref, batch, node_bounds, counts_of, pool, degrees, data_parts,
-                    selection, weights, depth, batch_index):
-        """Histograms and best splits of one node batch; returns (results per actor, stats)."""
+    def _batch(self, traversal_ref, batch, node_bounds, counts_of, pool, degrees, data_parts, selection,
+               weights, depth, batch_index) -> dict:
+        """Everything phases 2 and 3 of one node batch need: its compact columns (one per node
+        and class present there, node by node), jobs, and each actor's share."""
         offsets, thresholds = pool
         n_actors = len(node_bounds) - 1
-        self._ensure_actors(n_actors)
-        # compact columns: one per (node, class present at that node), node by node
         present = np.stack([counts_of[n] for n in batch]) > 0
         col_start = np.concatenate([[0], np.cumsum(present.sum(axis=1))]).astype(np.int32)
         column_of = np.where(present, np.cumsum(present, axis=1) - 1 + col_start[:-1, None], -1).astype(np.int32)
         col_class = np.nonzero(present)[1].astype(np.int32)
         column_bounds = [int(col_start[i]) for i in node_bounds]
         n_bins = thresholds.shape[1] + 1
-        b = {"depth": depth, "index": batch_index, "pool": pool, "selection": selection,
-             "data_parts": data_parts, "traversal": traversal_ref,
-             "nodes": ray.put(np.asarray(batch, np.int64)), "column_of": ray.put(column_of),
-             "jobs": [(d, p) for p in range(degrees["features"]) for d in range(len(data_parts))],
-             "feature_bounds": [f * len(offsets) // degrees["features"] for f in range(degrees["features"] + 1)],
-             "column_bounds": column_bounds,
-             "shapes": [(column_bounds[k + 1] - column_bounds[k], len(offsets), n_bins) for k in range(n_actors)],
-             "best_args": [(col_start[node_bounds[k]:node_bounds[k + 1] + 1] - col_start[node_bounds[k]],
-                            col_class[column_bounds[k]:column_bounds[k + 1]], weights,
-                            self.cfg["min_child_examples"]) for k in range(n_actors)]}
+        return {"depth": depth, "index": batch_index, "pool": pool, "selection": selection,
+                "data_parts": data_parts, "traversal": traversal_ref,
+                "nodes": ray.put(np.asarray(batch, np.int64)), "column_of": ray.put(column_of),
+                "jobs": [(d, p) for p in range(degrees["features"]) for d in range(len(data_parts))],
+                "feature_bounds": [f * len(offsets) // degrees["features"] for f in range(degrees["features"] + 1)],
+                "column_bounds": column_bounds,
+                "shapes": [(column_bounds[k + 1] - column_bounds[k], len(offsets), n_bins) for k in range(n_actors)],
+                "best_args": [(col_start[node_bounds[k]:node_bounds[k + 1] + 1] - col_start[node_bounds[k]],
+                               col_class[column_bounds[k]:column_bounds[k + 1]], weights,
+                               self.cfg["min_child_examples"]) for k in range(n_actors)]}
+
+    def _phases_2_3_on_driver(self, b: dict) -> tuple[list, dict]:
+        """Phases 2 and 3 of a small round's batch: one phase-2 task per data partition over
+        every column, and the driver, not actors, sums their partials and picks the splits.
+
+        Below `forest.small_round_example_features` a round is a fraction of a second of
+        kernel, and the actors' hop (reset, one add per task, acknowledgements, one phase-3
+        call each) costs more than the work. The batch is planned for one reducer, so the
+        driver's histogram keeps to the memory budget. Integer counts: the same tree as the
+        actors give. A task that dies is re-run by Ray; nothing lives in an actor to lose."""
+        from .histogram_kernels import best_splits
+        from .shuffle import add_partial
+
+        offsets, thresholds = b["pool"]
+        total = b["column_bounds"][-1]
+        fault = self.hooks.get("task_fault")
+        start = time.perf_counter()
+        refs = []
+        for d, _ in b["jobs"]:  # one feature partition: a job per data partition
+            if self.stopping.is_set():
+                raise TrainingInterrupted("stopped: the run was interrupted")
+            refs.append(self._phase2_task.options(num_returns=2, num_cpus=self._task_cpus(),
+                                                  max_retries=self.max_failures).remote(
+                b["traversal"], b["nodes"], b["column_of"], 0, total, offsets, thresholds, [0, total],
+                b["selection"], self.background, self.threads, fault, *b["data_parts"][d]))
+        hist = np.zeros(b["shapes"][0], np.int32)
+        stats, pending = [], {stat: part for part, stat in refs}
+        while pending:  # sum each partial as it arrives; its object is freed right after
+            (stat_ref,), _ = ray.wait(list(pending), num_returns=1)
+            add_partial(hist, 0, ray.get(pending.pop(stat_ref)))
+            stats.append(ray.get(stat_ref))
+        phase2_s = time.perf_counter() - start
+        start = time.perf_counter()
+        col_start, col_class, weights, min_child = b["best_args"][0]
+        feature, threshold, gain, left, right = best_splits(hist, col_start, col_class,
+                                                            np.asarray(weights, np.float64), int(min_child),
+                                                            len(weights))
+        phase3_s = time.perf_counter() - start
+        result = {"feature": feature, "threshold": threshold, "gain": gain, "left": left, "right": right}
+        return [result], {"phase2_s": phase2_s, "phase3_s": phase3_s,
+                          "task_busy_s": sum(s["busy_s"] for s in stats), "actor_busy_s": phase3_s,
+                          "example_features": sum(s["example_features"] for s in stats),
+                          "shuffle_bytes": sum(s["shuffle_bytes"] for s in stats),
+                          "dense_bytes": sum(s["dense_bytes"] for s in stats),
+                          "hist_peak_bytes": max([s["hist_bytes"] for s in stats] + [hist.nbytes])}
+
+    def _phases_2_3(self, b: dict) -> tuple[list, dict]:
+        """Histograms in tasks, sums and best splits in the histogram actors, for batch `b`;
+        returns (results per actor, stats)."""
+        n_actors = len(b["shapes"])
+        self._ensure_actors(n_actors)
+        depth, batch_index, column_bounds = b["depth"], b["index"], b["column_bounds"]
         self._reset_all(b["shapes"])
         start = time.perf_counter()
         stats, acks = self._phase2(b, list(range(n_actors)), 0, column_bounds[-1], column_bounds,
@@ -440,8 +491,9 @@ class RoundRunner:
             # a small round is dominated by Ray's per-task cost: one task per worker, one
             # feature partition (the tree does not depend on partitioning)
             work = sum(int(counts_of[n].sum()) for n in active) * len(offsets)
-            if work < cfg.get("small_round_example_features", 0):
-                degrees = dict(degrees, data_units=min(int(degrees["data_units"]), self.workers), features=1)
+            small = work < cfg.get("small_round_example_features", 0)
+            if small:  # one task per worker over all features; the driver is the one reducer
+                degrees = dict(degrees, data_units=min(int(degrees["data_units"]), self.workers), features=1, nodes=1)
                 data_parts = self._data_partitions(int(degrees["data_units"]))
             # [2]+[3] per node batch: histograms in tasks, sums and best splits in actors
             columns = [int((counts_of[n] > 0).sum()) for n in active]
@@ -453,8 +505,9 @@ class RoundRunner:
             # [4] phase 4 (interleaved per batch): split nodes, grow the next frontier
             next_frontier, phase4_s = [], 0.0
             for b, (batch, node_bounds) in enumerate(batches):
-                results, stats = self._phases_2_3(traversal_ref, batch, node_bounds, counts_of, pool,
-                                                  degrees, data_parts, selection, weights, depth, b)
+                plan = self._batch(traversal_ref, batch, node_bounds, counts_of, pool, degrees, data_parts,
+                                   selection, weights, depth, b)
+                results, stats = self._phases_2_3_on_driver(plan) if small else self._phases_2_3(plan)
                 for key in totals:
                     totals[key] = max(totals[key], stats[key]) if key == "hist_peak_bytes" \
                         else totals[key] + stats[key]
