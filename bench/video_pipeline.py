@@ -21,6 +21,7 @@ Why it is fair:
   the same extractors (the project's own extractor code) on the same clips;
 - the disk cache: the same decode + rgb + flow pass cold, then warm, over the same segments, with
   the MiB the cache holds beside the MiB of video (the notes' storage-vs-compute trade);
+- the 1 -> N actor speed-up: the same decode stage with 1 actor against N, same clips and output;
 - the peers alternate within each repeat, so a change of load hits all of them.
 Full mode also streams decoded clips totalling 4x a 100 MiB object store through decode +
 framediff to a consumer slower than decoding and reports the pipeline's peak object-store use and
@@ -217,6 +218,8 @@ def measure(size: dict, repeats: int) -> list[dict]:
         optional = {name: fn for name, fn in (("decord", decord_run), ("torchcodec", torchcodec_run))
                     if importlib.util.find_spec(name) is not None}
         peers = {"orchard": lambda: orchard_run(segments, index, vcfg, []),
+                 # the same stage with one decode actor: the 1 -> N actor speed-up (docs/scaling.md)
+                 "orchard@1": lambda: orchard_run(segments, index, dict(vcfg, decode_concurrency=1), []),
                  "procs": lambda: plain_procs(pool, jobs, px, cores),
                  "threads": lambda: plain_threads(jobs, px, cores),
                  **{name: (lambda fn=fn: fn(jobs, px, cores)) for name, fn in optional.items()},
@@ -247,7 +250,7 @@ def measure(size: dict, repeats: int) -> list[dict]:
         finally:
             ray.shutdown()
         video_mb = index.video_bytes / 2**20
-    if "orchard" in failed or "orchard+flow" in failed:
+    if "orchard" in failed or "orchard@1" in failed or "orchard+flow" in failed:
         raise RuntimeError(f"orchard failed: {failed}")
 
     def fps(name):
@@ -268,6 +271,10 @@ def measure(size: dict, repeats: int) -> list[dict]:
 
     rows = [decode_row("procs", f"PyAV loop, {cores} processes x 1 thread"),
             decode_row("threads", f"PyAV loop, 1 process x {cores} FFmpeg threads (thread_type AUTO)")]
+    rows.append(row(f"decode {clips} clips: orchard {cores} actors vs 1 (speed-up)", "frames/s", fps("orchard"),
+                    fps("orchard@1"), higher_is_better=True, orchard_label=f"{cores} decode actors x 1 thread",
+                    peer_label="1 decode actor x 1 thread",
+                    quality={"orchard": {"frames": frames}, "peer": same("orchard@1", "orchard")}))
     for name in ("decord", "torchcodec"):
         label = f"{name}, {cores} threads"
         rows.append(decode_row(name, label) if name in optional else

@@ -8,9 +8,14 @@ followed by an end-of-epoch mark after each epoch. Each stream's Ray Train run r
 own queues for all epochs (train.py): one run per stream, no relaunch per epoch.
 
 Backpressure: a full queue blocks the feeder, which stops pulling from the pipeline,
-which Ray Data then holds back within its object-store budget. Determinism: rows arrive in
-order and are dealt by position, so every worker of every stream sees the same batches
-run after run, whatever the timing.
+which Ray Data then holds back within its object-store budget. That budget can hold many
+batches, and until it fills the decoders go on taking cores the trainers need; so when a
+queue stays full for a second the feeder also **pauses decoding** at the master (the notes'
+"pause/resume Decoding": the decode actors wait at the master's gate) and resumes it as soon
+as the trainers take a batch again (`pipeline/decode_pauses`, `pipeline/decode_paused_s`;
+`video.pause_decode=false` leaves it to Ray Data alone). Determinism: rows arrive in order
+and are dealt by position, so every worker of every stream sees the same batches run after
+run, whatever the timing (a pause changes when a batch is decoded, never which).
 """
 from __future__ import annotations
 
@@ -53,15 +58,34 @@ class Feeder:
     """
 
     def __init__(self, streams: dict[str, str], queues: dict[str, list], batch_size: int, epochs: int,
-                 first_epoch: int = 0):
+                 first_epoch: int = 0, master=None):
         self.streams, self.queues, self.batch_size, self.epochs = streams, queues, batch_size, epochs
+        self.master = master              # the decode control (master.py); None: never pause
         self.stop = threading.Event()      # the run is failing: drop everything
         self.finish = threading.Event()    # the run met its target: tell the trainers to stop
         self.error: BaseException | None = None
         self.wait_pipeline_s = 0.0    # blocked on the pipeline: the trainers may starve
         self.wait_trainers_s = 0.0    # blocked on a full queue: the pipeline is ahead
         self.batches = 0
+        self.pauses = 0               # times decoding was paused because the trainers were behind
+        self.paused_s = 0.0           # and for how long in all
+        self._paused_at: float | None = None
         self._epoch = first_epoch
+
+    # -- decode control -------------------------------------------------------------------
+    def _pause_decoding(self) -> None:
+        """The trainers are a full queue behind: hold the decoders at the master's gate."""
+        if self.master is not None and self._paused_at is None:
+            self.master.pause.remote()
+            self._paused_at = time.perf_counter()
+            self.pauses += 1
+
+    def _resume_decoding(self) -> None:
+        """The trainers took a batch again (or feeding ends): let the decoders go on."""
+        if self._paused_at is not None:
+            self.paused_s += time.perf_counter() - self._paused_at
+            self._paused_at = None
+            self.master.resume.remote()
 
     # -- dealing ------------------------------------------------------------------------
     def _put(self, q, item) -> None:
@@ -75,7 +99,9 @@ class Feeder:
                 q.put(item, block=True, timeout=1.0)
                 break
             except Full:
+                self._pause_decoding()
                 continue
+        self._resume_decoding()
         self.wait_trainers_s += time.perf_counter() - t0
 
     def _emit(self, rows: dict[str, np.ndarray]) -> None:
@@ -148,6 +174,10 @@ class Feeder:
         except BaseException as exc:  # noqa: BLE001 - reported to the driver, which fails the run
             self.error = exc
         finally:
+            try:  # never leave the decoders paused: validation and inference decode through the same gate
+                self._resume_decoding()
+            except Exception:  # noqa: BLE001 - Ray is going down with an interrupted run
+                pass
             # a pipeline left mid-way (stopped, failed, target met) is closed here: its Ray Data
             # threads would otherwise go on calling Ray after the run has stopped it
             close = getattr(it, "close", None)

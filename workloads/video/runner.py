@@ -240,7 +240,7 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
         queues = make_queues(alloc, int(vcfg["queue_depth"]))
         results = make_queues({"results": 1}, 0)["results"][0]
         feeder = Feeder({s: spec["feature"] for s, spec in streams.items()}, queues, int(vcfg["batch_size"]), epochs,
-                        first_epoch=first_epoch)
+                        first_epoch=first_epoch, master=master if vcfg.get("pause_decode", True) else None)
 
         # [5] one Ray Train run per stream for the whole training, the feeder dealing them the pipeline
         t_window = time.perf_counter()
@@ -279,6 +279,8 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
                 ctx.log_metrics({**pipe, **val, **{f"alloc/{s}_workers": n for s, n in alloc.items()},
                                  "pipeline/feeder_wait_pipeline_s": feeder.wait_pipeline_s,
                                  "pipeline/feeder_wait_trainers_s": feeder.wait_trainers_s,
+                                 "pipeline/decode_pauses": float(feeder.pauses),
+                                 "pipeline/decode_paused_s": feeder.paused_s,
                                  "throughput/pipeline_clips_per_s": clips / max(window, 1e-9),
                                  "time/epoch_s": window}, step=epoch)
                 ctx.progress(epoch + 1, epochs, desc=f"epoch {epoch + 1}",

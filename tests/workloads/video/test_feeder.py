@@ -69,3 +69,38 @@ def test_finish_sends_every_worker_a_stop_mark_and_stops_pulling(ray_session):
     shutdown_queues(queues)
     assert feeder.error is None and len(pulled) == 2                  # nothing pulled after finish
     assert all(m[-1] == (STOP, 0) for m in marks)
+
+
+def test_a_full_queue_pauses_decoding_at_the_master_until_the_trainers_take_again(ray_session):
+    import threading
+    import time
+
+    import ray
+
+    from workloads.video.feeder import Feeder, make_queues, shutdown_queues
+    from workloads.video.master import start_master
+
+    master = start_master([0, 1], [10, 10], 0)
+    queues = make_queues({"spatial": 1, "temporal": 1}, depth=1)
+    feeder = Feeder({"spatial": "f1", "temporal": "f2"}, queues, batch_size=4, epochs=2, master=master)
+    feeding = threading.Thread(target=feeder.run, args=(_batches(epochs=2, rows=10, size=3),))
+    feeding.start()
+    # nobody reads yet: the queues fill, and after a second of a full queue decoding is paused
+    deadline = time.time() + 60
+    while ray.get(master.state.remote()) != "paused" and time.time() < deadline:
+        time.sleep(0.1)
+    assert ray.get(master.state.remote()) == "paused" and feeder.pauses >= 1
+    got = {}
+    readers = [threading.Thread(target=lambda k=k, q=q: got.__setitem__(k, _drain(q)))
+               for k, q in (("s0", queues["spatial"][0]), ("t0", queues["temporal"][0]))]
+    for r in readers:      # the trainers take again: decoding resumes
+        r.start()
+    for r in readers:
+        r.join(60)
+    feeding.join(60)
+    shutdown_queues(queues)
+    assert feeder.error is None and ray.get(master.state.remote()) == "running"
+    assert feeder.paused_s > 0
+    # a pause changes when a batch is decoded, never which
+    assert [x for x, _ in got["s0"][:3]] == [[0, 10, 20, 30], [40, 50, 60, 70], [80, 90]]
+    ray.kill(master)

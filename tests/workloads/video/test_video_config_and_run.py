@@ -83,6 +83,8 @@ def test_smoke_run_end_to_end_records_streams_fusion_skips_and_stages(run_orchar
     for stage in ("decode", "rgb", "flow"):
         assert f"pipeline/{stage}_items_per_s" in m
     assert m["pipeline/decode_frames_per_s"] > 0
+    # the run drives pause/resume of decoding (feeder.py): counted every epoch
+    assert m["pipeline/decode_pauses"] >= 0 and m["pipeline/decode_paused_s"] >= 0
     # Ray Data's own per-operator figures (operator probe), per stage, in the epoch's metrics
     for stage in ("decode", "flow"):
         for fig in ("inqueue_blocks_mean", "inqueue_blocks_peak", "outqueue_blocks_peak", "queue_mb_peak",
