@@ -220,6 +220,19 @@ class RoundRunner:
         share = self.actor_cpus * len(self.actors) / max(self.workers, 1)
         return max(0.05, round(self.cpus - share, 4))
 
+    def _wait_one(self, refs: list):
+        """The first of `refs` to finish. Every second it looks whether the run was interrupted;
+        then the tasks are cancelled and the rounds stop: a thread left waiting inside Ray when
+        the run stops Ray makes Ray end the process with status 1 (not 130/143)."""
+        while True:
+            ready, _ = ray.wait(refs, num_returns=1, timeout=1.0)
+            if ready:
+                return ready[0]
+            if self.stopping.is_set():
+                for ref in refs:
+                    ray.cancel(ref, force=True)
+                raise TrainingInterrupted("stopped: the run was interrupted")
+
     # ---- actors -------------------------------------------------------------------
     def _new_actor(self):
         options = dict(num_cpus=self.actor_cpus, max_restarts=self.max_failures, max_task_retries=0)
@@ -292,7 +305,7 @@ class RoundRunner:
             if self.stopping.is_set():
                 raise TrainingInterrupted("stopped: the run was interrupted")
             while len(in_flight) >= self.workers:  # at most num_workers tasks at a time
-                forward(ray.wait(list(in_flight), num_returns=1)[0][0])
+                forward(self._wait_one(list(in_flight)))
             f0, f1 = b["feature_bounds"][p], b["feature_bounds"][p + 1]
             refs = self._phase2_task.options(num_returns=len(targets) + 1, num_cpus=self._task_cpus(),
                                              max_retries=self.max_failures).remote(
@@ -301,7 +314,7 @@ class RoundRunner:
                 *b["data_parts"][d])
             in_flight[refs[-1]] = (part_id, f0, refs[:-1])
         while in_flight:
-            forward(ray.wait(list(in_flight), num_returns=1)[0][0])
+            forward(self._wait_one(list(in_flight)))
         return stats, acks
 
     def _collect(self, k: int, b: dict, ok: bool) -> tuple[dict, list]:
@@ -380,7 +393,7 @@ class RoundRunner:
         hist = np.zeros(b["shapes"][0], np.int32)
         stats, pending = [], {stat: part for part, stat in refs}
         while pending:  # sum each partial as it arrives; its object is freed right after
-            (stat_ref,), _ = ray.wait(list(pending), num_returns=1)
+            stat_ref = self._wait_one(list(pending))
             add_partial(hist, 0, ray.get(pending.pop(stat_ref)))
             stats.append(ray.get(stat_ref))
         phase2_s = time.perf_counter() - start
@@ -442,6 +455,9 @@ class RoundRunner:
                 traversal_ref, frontier_ref, selection, self.background, self.threads, *p) for p in data_parts]
         if "phase1" in self.hooks:
             self.hooks["phase1"](self, depth, 0)
+        pending = list(refs)
+        while pending:
+            pending.remove(self._wait_one(pending))
         outs = ray.get(refs)
         return sum(o[0] for o in outs), sum(o[1] for o in outs), sum(o[0].nbytes for o in outs)
 

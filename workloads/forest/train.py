@@ -71,6 +71,9 @@ def checked_blocks(refs: list, report_refs: list, ctx, split: str) -> tuple[list
                   for k in ("skipped", "images", "examples")}
 
 
+STOP_TIMEOUT_S = 60.0  # at most this long for the rounds to stop after an interrupt
+
+
 def in_worker_thread(fn, stopping) -> None:
     """Run fn() in a worker thread while the main thread waits, interruptibly.
 
@@ -95,6 +98,9 @@ def in_worker_thread(fn, stopping) -> None:
             thread.join(0.2)
     except BaseException:
         stopping.set()
+        # the rounds cancel their tasks and return within a second or so (rounds._wait_one); wait
+        # for that before the run stops Ray, or Ray ends the process with status 1 (not 130/143)
+        thread.join(STOP_TIMEOUT_S)
         raise
     if failure:
         raise failure[0]
