@@ -290,7 +290,6 @@ class RoundRunner:
         slice: it lives in the object store only until its actor has summed it.
         Returns (task stats, {actor: [add acknowledgements]})."""
         stats, acks, in_flight = [], {k: [] for k in targets}, {}
-        fault = self.hooks.get("task_fault")
 
         def forward(stat_ref):
             part_id, f0, refs = in_flight.pop(stat_ref)
@@ -300,22 +299,44 @@ class RoundRunner:
             if hook and len(stats) == 1:
                 hook(self, b["depth"], b["index"])
 
-        offsets, thresholds = b["pool"]
         for part_id, (d, p) in enumerate(b["jobs"]):
             if self.stopping.is_set():
                 raise TrainingInterrupted("stopped: the run was interrupted")
             while len(in_flight) >= self.workers:  # at most num_workers tasks at a time
                 forward(self._wait_one(list(in_flight)))
             f0, f1 = b["feature_bounds"][p], b["feature_bounds"][p + 1]
-            refs = self._phase2_task.options(num_returns=len(targets) + 1, num_cpus=self._task_cpus(),
-                                             max_retries=self.max_failures).remote(
-                b["traversal"], b["nodes"], b["column_of"], col_lo, col_hi, offsets[f0:f1],
-                thresholds[f0:f1], bounds, b["selection"], self.background, self.threads, fault,
-                *b["data_parts"][d])
+            refs = self._submit_phase2(b, d, f0, f1, col_lo, col_hi, bounds)
             in_flight[refs[-1]] = (part_id, f0, refs[:-1])
         while in_flight:
             forward(self._wait_one(list(in_flight)))
         return stats, acks
+
+    def _submit_phase2(self, b: dict, d: int, f0: int, f1: int, col_lo: int, col_hi: int, bounds: list) -> list:
+        """One phase-2 task of batch `b`: data partition `d`, features [f0, f1), columns
+        [col_lo, col_hi) split at `bounds`; its refs, one slice per receiver, then the stats."""
+        offsets, thresholds = b["pool"]
+        return self._phase2_task.options(num_returns=len(bounds), num_cpus=self._task_cpus(),
+                                         max_retries=self.max_failures).remote(
+            b["traversal"], b["nodes"], b["column_of"], col_lo, col_hi, offsets[f0:f1], thresholds[f0:f1],
+            bounds, b["selection"], self.background, self.threads, self.hooks.get("task_fault"),
+            *b["data_parts"][d])
+
+    def _wait_all(self, refs: list) -> list:
+        """ray.get(refs), interruptible as `_wait_one` is."""
+        pending = list(refs)
+        while pending:
+            pending.remove(self._wait_one(pending))
+        return ray.get(refs)
+
+    @staticmethod
+    def _batch_stats(stats: list, phase2_s: float, phase3_s: float, actor_busy_s: float, reducer_bytes: list) -> dict:
+        """A batch's figures from its tasks' stats; `reducer_bytes`: the histograms summed into."""
+        return {"phase2_s": phase2_s, "phase3_s": phase3_s,
+                "task_busy_s": sum(s["busy_s"] for s in stats), "actor_busy_s": actor_busy_s,
+                "example_features": sum(s["example_features"] for s in stats),
+                "shuffle_bytes": sum(s["shuffle_bytes"] for s in stats),
+                "dense_bytes": sum(s["dense_bytes"] for s in stats),
+                "hist_peak_bytes": max([s["hist_bytes"] for s in stats] + reducer_bytes)}
 
     def _collect(self, k: int, b: dict, ok: bool) -> tuple[dict, list]:
         """Phase 3 result of actor k. If it lost partials (it died or was restarted in phase
@@ -378,18 +399,13 @@ class RoundRunner:
         from .histogram_kernels import best_splits
         from .shuffle import add_partial
 
-        offsets, thresholds = b["pool"]
-        total = b["column_bounds"][-1]
-        fault = self.hooks.get("task_fault")
+        n_features, total = len(b["pool"][0]), b["column_bounds"][-1]
         start = time.perf_counter()
         refs = []
         for d, _ in b["jobs"]:  # one feature partition: a job per data partition
             if self.stopping.is_set():
                 raise TrainingInterrupted("stopped: the run was interrupted")
-            refs.append(self._phase2_task.options(num_returns=2, num_cpus=self._task_cpus(),
-                                                  max_retries=self.max_failures).remote(
-                b["traversal"], b["nodes"], b["column_of"], 0, total, offsets, thresholds, [0, total],
-                b["selection"], self.background, self.threads, fault, *b["data_parts"][d]))
+            refs.append(self._submit_phase2(b, d, 0, n_features, 0, total, [0, total]))
         hist = np.zeros(b["shapes"][0], np.int32)
         stats, pending = [], {stat: part for part, stat in refs}
         while pending:  # sum each partial as it arrives; its object is freed right after
@@ -404,12 +420,7 @@ class RoundRunner:
                                                             len(weights))
         phase3_s = time.perf_counter() - start
         result = {"feature": feature, "threshold": threshold, "gain": gain, "left": left, "right": right}
-        return [result], {"phase2_s": phase2_s, "phase3_s": phase3_s,
-                          "task_busy_s": sum(s["busy_s"] for s in stats), "actor_busy_s": phase3_s,
-                          "example_features": sum(s["example_features"] for s in stats),
-                          "shuffle_bytes": sum(s["shuffle_bytes"] for s in stats),
-                          "dense_bytes": sum(s["dense_bytes"] for s in stats),
-                          "hist_peak_bytes": max([s["hist_bytes"] for s in stats] + [hist.nbytes])}
+        return [result], self._batch_stats(stats, phase2_s, phase3_s, phase3_s, [hist.nbytes])
 
     def _phases_2_3(self, b: dict) -> tuple[list, dict]:
         """Histograms in tasks, sums and best splits in the histogram actors, for batch `b`;
@@ -434,14 +445,8 @@ class RoundRunner:
             if k == 0 and n_actors > 1 and "phase3" in self.hooks:
                 self.hooks["phase3"](self, depth, batch_index)
         phase3_s = time.perf_counter() - start
-        return results, {"phase2_s": phase2_s, "phase3_s": phase3_s,
-                         "task_busy_s": sum(s["busy_s"] for s in stats),
-                         "actor_busy_s": sum(r["busy_s"] for r in results),
-                         "example_features": sum(s["example_features"] for s in stats),
-                         "shuffle_bytes": sum(s["shuffle_bytes"] for s in stats),
-                         "dense_bytes": sum(s["dense_bytes"] for s in stats),
-                         "hist_peak_bytes": max([s["hist_bytes"] for s in stats]
-                                                + [r["peak_bytes"] for r in results])}
+        return results, self._batch_stats(stats, phase2_s, phase3_s, sum(r["busy_s"] for r in results),
+                                          [r["peak_bytes"] for r in results])
 
     # ---- one tree -----------------------------------------------------------------
     def _data_partitions(self, degree: int) -> list[list]:
@@ -455,10 +460,7 @@ class RoundRunner:
                 traversal_ref, frontier_ref, selection, self.background, self.threads, *p) for p in data_parts]
         if "phase1" in self.hooks:
             self.hooks["phase1"](self, depth, 0)
-        pending = list(refs)
-        while pending:
-            pending.remove(self._wait_one(pending))
-        outs = ray.get(refs)
+        outs = self._wait_all(refs)
         return sum(o[0] for o in outs), sum(o[1] for o in outs), sum(o[0].nbytes for o in outs)
 
     def train_tree(self, tree_index: int, pool, state: dict) -> None:
