@@ -64,17 +64,13 @@ class Orchard:
         for line in self.proc.stdout:
             self.lines.append(line)
 
-    def wait_for(self, needle: str, timeout_s: float = 600, at_least: int | None = None) -> None:
-        """Block until a line containing ``needle`` was printed; with ``at_least``, ``needle`` is a
-        regular expression whose first group is a number that must reach it.  The progress line is
-        redrawn from the latest report every 0.5 s, so a fast epoch can be skipped: never wait for
-        one exact epoch."""
+    def wait_for(self, pattern: str, at_least: int, timeout_s: float = 600) -> None:
+        """Block until a printed line matches ``pattern`` with its first group, a number, at least
+        ``at_least``. The progress line is redrawn from the latest report every 0.5 s, so a fast
+        epoch can be skipped: never wait for one exact epoch."""
         deadline = time.time() + timeout_s
         while time.time() < deadline:
-            if at_least is None and any(needle in line for line in self.lines):
-                return
-            if at_least is not None and any(int(m.group(1)) >= at_least for line in self.lines
-                                            for m in re.finditer(needle, line)):
+            if any(int(m.group(1)) >= at_least for line in self.lines for m in re.finditer(pattern, line)):
                 return
             if self.proc.poll() is not None:
                 time.sleep(0.5)
@@ -82,7 +78,7 @@ class Orchard:
             time.sleep(0.2)
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
-        raise AssertionError(f"no line with {needle!r} within {timeout_s}s; output:\n{self.output()[-3000:]}")
+        raise AssertionError(f"no line matching {pattern!r} (at least {at_least}) within {timeout_s}s; output:\n{self.output()[-3000:]}")
 
     def stop(self, sig: int, timeout_s: float = 120) -> int:
         self.proc.send_signal(sig)  # to orchard only, as `kill` or a job scheduler would
@@ -121,7 +117,7 @@ def common(tmp_path: Path, uri: str) -> list[str]:
 def test_interrupt_ends_the_run_killed_with_the_shell_exit_code(tmp_path, args, sig, needle):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     run = Orchard(*args, *common(tmp_path, uri), cwd=tmp_path)
-    run.wait_for(needle, at_least=0)  # the first progress line of the work itself
+    run.wait_for(needle, 0)  # the first progress line of the work itself
     rc = run.stop(sig)
     assert rc == 128 + sig, run.output()[-3000:]
     (latest,) = runs(uri)
@@ -173,7 +169,7 @@ def test_singa_ctrl_c_mid_training_then_resume_goes_on_from_the_checkpoint(tmp_p
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     # 30 epochs of ~0.3 s: the SIGINT lands mid-training even on a fast machine
     run = Orchard("workload=singa", "singa.arch=sync_ps", "singa.epochs=30", *common(tmp_path, uri), cwd=tmp_path)
-    run.wait_for(r"epoch (\d+)/", at_least=3)
+    run.wait_for(r"epoch (\d+)/", 3)
     assert run.stop(signal.SIGINT) == 130, run.output()[-3000:]
     (killed,) = runs(uri)
     assert killed.info.status == "KILLED"
