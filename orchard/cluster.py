@@ -1,8 +1,10 @@
 """The Ray session: an embedded local Ray by default, or attach to an existing cluster."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import sys
 from pathlib import Path
 
 from orchard import ray_logging
@@ -41,19 +43,51 @@ def connect(cluster: dict) -> bool:
         return True
     prepare_local_env()
     runtime_env = ray_logging.quiet(level, runtime_env, "local")
-    ray.init(
-        # "local": always a new embedded Ray. Without it ray.init() attaches to whatever cluster
-        # /tmp/ray/ray_current_cluster names (another run's, a test's), and fails or shares it.
-        address="local",
-        num_cpus=cluster.get("num_cpus"),
-        num_gpus=cluster.get("num_gpus"),
-        object_store_memory=cluster.get("object_store_memory"),
-        include_dashboard=bool(cluster.get("include_dashboard", False)),
-        dashboard_host=cluster.get("dashboard_host", "127.0.0.1"),
-        runtime_env=runtime_env or None,
-        **common,
-    )
+    with _ray_in_own_process_group():
+        ray.init(
+            # "local": always a new embedded Ray. Without it ray.init() attaches to whatever cluster
+            # /tmp/ray/ray_current_cluster names (another run's, a test's), and fails or shares it.
+            address="local",
+            num_cpus=cluster.get("num_cpus"),
+            num_gpus=cluster.get("num_gpus"),
+            object_store_memory=cluster.get("object_store_memory"),
+            include_dashboard=bool(cluster.get("include_dashboard", False)),
+            dashboard_host=cluster.get("dashboard_host", "127.0.0.1"),
+            runtime_env=runtime_env or None,
+            **common,
+        )
     return True
+
+
+@contextlib.contextmanager
+def _ray_in_own_process_group():
+    """Start the embedded Ray's processes (GCS, raylet, and the workers the raylet forks) in
+    process groups of their own, not in orchard's.
+
+    ``timeout -s TERM``, ``kill -TERM -<pgid>`` and a shell's job control signal a whole process
+    group. Ray's processes block SIGINT but not SIGTERM, so one SIGTERM to orchard's group stopped
+    the raylet under the driver while orchard was closing the run: 20 s of Ray timeouts, and Ray's
+    core worker could end the process with status 1 instead of 143. Out of the group, only the
+    driver gets the signal; it closes the run and stops Ray itself. Nothing is left behind if the
+    driver dies: Ray starts them with the kernel's parent-death signal (``fate_share``), which is
+    also when Ray itself puts its children in a new group (on Windows, ``ConsolePopen``)."""
+    from ray._private import services, utils
+
+    if not sys.platform.startswith("linux") or not utils.detect_fate_sharing_support():
+        yield
+        return
+    popen = services.ConsolePopen
+
+    class OwnGroupPopen(popen):
+        def __init__(self, *args, **kwargs):
+            kwargs.setdefault("process_group", 0)
+            super().__init__(*args, **kwargs)
+
+    services.ConsolePopen = OwnGroupPopen
+    try:
+        yield
+    finally:
+        services.ConsolePopen = popen
 
 
 def _print_addresses(address: str, info) -> None:

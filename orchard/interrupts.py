@@ -32,9 +32,21 @@ class Interrupted(KeyboardInterrupt):
         return 128 + self.signum
 
 
-def exit_code(exc: BaseException) -> int:
-    """130 for a plain KeyboardInterrupt (Python's own Ctrl-C handler), else 128 + signal."""
-    return exc.exit_code if isinstance(exc, Interrupted) else 128 + signal.SIGINT
+def as_interrupted(exc: KeyboardInterrupt, since: int = 0) -> Interrupted:
+    """``exc`` as an ``Interrupted`` naming its true signal.
+
+    A plain KeyboardInterrupt was raised by a library, not by orchard's handler: Python's own
+    Ctrl-C handler, or Ray's deferral of SIGINT while it submits a task, which raises one when it
+    ends, also for the SIGTERM orchard handed it (``_on_signal``).  It stands for the first signal
+    this process received since ``since`` (an index into ``received``), SIGINT if none."""
+    if isinstance(exc, Interrupted):
+        return exc
+    return Interrupted(received[since] if len(received) > since else signal.SIGINT)
+
+
+def exit_code(exc: KeyboardInterrupt, since: int = 0) -> int:
+    """128 + the signal that stopped the run: 130 for Ctrl-C, 143 for SIGTERM."""
+    return as_interrupted(exc, since).exit_code
 
 
 # A handler's exception raised while the main thread runs a weakref callback or ``__del__``
@@ -82,7 +94,8 @@ def _on_signal(signum, frame) -> None:
     else:
         received.append(int(signum))
         current_sigint = signal.getsignal(signal.SIGINT)
-        if signum == signal.SIGTERM and callable(current_sigint) and current_sigint is not _on_signal:
+        if (signum == signal.SIGTERM and callable(current_sigint)
+                and current_sigint not in (_on_signal, signal.default_int_handler)):
             # A library's SIGINT handler is in place: Ray Tune's graceful stop during a sweep,
             # or Ray's deferral while it submits a task.  Let it do what it does on Ctrl-C.
             _forwarded_term = True

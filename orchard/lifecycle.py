@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchard import config as config_lib
-from orchard import console, interrupts, registry
+from orchard import background, console, interrupts, registry
 from orchard.console import say
 from orchard.errors import ConfigError
 from orchard.outcome import Outcome
@@ -117,6 +117,11 @@ def ray_session(cfg: dict):
     try:
         yield
     finally:
+        # a workload thread still inside Ray when Ray stops would end the process with status 1
+        still_running = background.join_all()
+        if still_running:
+            say(f"orchard: stopping Ray with threads still in it after {background.STOP_TIMEOUT_S:g} s: "
+                f"{', '.join(still_running)}", file=sys.stderr)
         if started:
             with interrupts.deferred():
                 cluster.shutdown()
@@ -208,8 +213,9 @@ def execute(cfg: dict, module=None) -> Outcome:
         say(f"orchard: {err}", file=sys.stderr)
         return Outcome(1, None, {}, str(err))
     except KeyboardInterrupt as exc:  # before the run opened, or while Ray stopped
-        say(f"orchard: {exc or 'interrupted'}", file=sys.stderr)
-        return Outcome(interrupts.exit_code(exc), None, {}, str(exc) or "interrupted")
+        stopped = interrupts.as_interrupted(exc)
+        say(f"orchard: {stopped}", file=sys.stderr)
+        return Outcome(stopped.exit_code, None, {}, str(stopped))
 
 
 # --------------------------------------------------------------------------- [4] run_one
@@ -253,13 +259,13 @@ def run_one(cfg: dict, module, parent_run_id: str | None = None, on_metrics=None
         write_hydra_folder(cfg, run_dir)
         metrics = _run_workload(cfg, module, live, quiet)
     except KeyboardInterrupt as exc:  # a plain one (a library re-raised it): Ctrl-C
-        error = exc if isinstance(exc, interrupts.Interrupted) else interrupts.Interrupted()
+        error = interrupts.as_interrupted(exc, since=signals_before)
         status, exit_code = "KILLED", error.exit_code
     except ConfigError as exc:  # found by the workload only once its data was read: still exit 2
         status, error, exit_code = "FAILED", exc, 2
     except Exception as exc:  # the run is marked FAILED with the reason; the CLI exits 1
         status, error, exit_code = "FAILED", exc, 1
-        stopped = _interrupt_behind(exc, interrupts.received[signals_before:])
+        stopped = _interrupt_behind(exc, since=signals_before)
         if stopped is not None:  # Ctrl-C first, then a library failed while it stopped: still KILLED
             status, error, exit_code = "KILLED", stopped, stopped.exit_code
     with interrupts.deferred():
@@ -287,16 +293,17 @@ def _one_line(error: BaseException) -> str:
     return f"{lines[0]} ... {lines[-1]}"
 
 
-def _interrupt_behind(exc: BaseException, signals: list[int]):
+def _interrupt_behind(exc: BaseException, since: int):
     """The ``Interrupted`` an exception is a consequence of, if any: one in its chain (a library
     caught Ctrl-C and raised its own error) or a signal that reached this process during the run
     (a queue or actor torn down by the interrupt failed first)."""
     seen, link = set(), exc
     while link is not None and id(link) not in seen:
         if isinstance(link, KeyboardInterrupt):
-            return link if isinstance(link, interrupts.Interrupted) else interrupts.Interrupted()
+            return interrupts.as_interrupted(link, since)
         seen.add(id(link))
         link = link.__cause__ or link.__context__
+    signals = interrupts.received[since:]
     return interrupts.Interrupted(signals[0]) if signals else None
 
 

@@ -25,31 +25,15 @@ def _wrap(train_loop: Callable[[dict], None]) -> Callable[[dict], None]:
 
 
 def fit_off_main_thread(trainer):
-    """``trainer.fit()`` from a helper thread while the main thread waits.
+    """``trainer.fit()`` from a helper thread while the main thread waits (orchard/background.py).
 
     Called from the main thread, Ray Train installs a SIGINT handler of its own that is never
     removed and answers Ctrl-C with ``SystemExit(0)``; from another thread it installs none
     (as inside Tune), so orchard's handler (``orchard/interrupts.py``) keeps the main thread:
     Ctrl-C or SIGTERM raise ``Interrupted`` here, and stopping Ray ends the Train run."""
-    import threading
+    from orchard import background
 
-    if threading.current_thread() is not threading.main_thread():
-        return trainer.fit()
-    box: dict = {}
-
-    def fit() -> None:
-        try:
-            box["result"] = trainer.fit()
-        except BaseException as exc:  # handed to the caller's thread below
-            box["error"] = exc
-
-    thread = threading.Thread(target=fit, name="orchard-train-fit", daemon=True)
-    thread.start()
-    while thread.is_alive():
-        thread.join(0.2)
-    if "error" in box:
-        raise box["error"]
-    return box["result"]
+    return background.call(trainer.fit, name="orchard-train-fit")
 
 
 def _storage_path(storage_path: str | None, cfg: dict, ctx) -> str:

@@ -59,7 +59,39 @@ def test_sigterm_while_ray_defers_sigint_during_a_task_submission_is_still_sigte
 
 
 def test_a_plain_keyboard_interrupt_counts_as_ctrl_c():
-    assert interrupts.exit_code(KeyboardInterrupt()) == 130
+    assert interrupts.exit_code(KeyboardInterrupt(), since=len(interrupts.received)) == 130
+
+
+def test_a_plain_keyboard_interrupt_raised_by_a_library_after_a_sigterm_is_the_sigterm():
+    """A library that catches the signal and raises a KeyboardInterrupt of its own (seen in CI:
+    a video run SIGTERMed as a process group ended 130, "interrupted by SIGINT") still ends 143."""
+    since = len(interrupts.received)
+    with pytest.raises(KeyboardInterrupt) as caught:
+        with interrupts.raising():
+            previous = signal.signal(signal.SIGINT, _raise_plain)
+            try:
+                _deliver(signal.SIGTERM)
+            finally:
+                signal.signal(signal.SIGINT, previous)
+    assert type(caught.value) is KeyboardInterrupt  # the library's own, not orchard's
+    assert interrupts.exit_code(caught.value, since) == 143
+    assert "SIGTERM" in str(interrupts.as_interrupted(caught.value, since))
+
+
+def _raise_plain(signum, frame):
+    raise KeyboardInterrupt
+
+
+def test_sigterm_under_pythons_own_sigint_handler_raises_sigterm():
+    """Some code put Python's default SIGINT handler back: a SIGTERM is not handed to it."""
+    with pytest.raises(interrupts.Interrupted) as caught:
+        with interrupts.raising():
+            previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+            try:
+                _deliver(signal.SIGTERM)
+            finally:
+                signal.signal(signal.SIGINT, previous)
+    assert caught.value.exit_code == 143
 
 
 def test_a_signal_that_lands_in_a_garbage_collector_callback_is_not_lost():

@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import ray
 
+from orchard import background
+
 from . import CHECKPOINT_NAME, resolve_checkpoint
 from .avatar import focal_length_px, render_dataset
 from .body_parts import BACKGROUND, PART_NAMES
@@ -69,41 +71,6 @@ def checked_blocks(refs: list, report_refs: list, ctx, split: str) -> tuple[list
     kept = [ref for ref, report in zip(refs, reports) if report["images"]]
     return kept, {k: sum(len(r[k]) if k == "skipped" else r[k] for r in reports)
                   for k in ("skipped", "images", "examples")}
-
-
-STOP_TIMEOUT_S = 60.0  # at most this long for the rounds to stop after an interrupt
-
-
-def in_worker_thread(fn, stopping) -> None:
-    """Run fn() in a worker thread while the main thread waits, interruptibly.
-
-    Ray defers SIGINT while the main thread submits a task (`.remote()`), and a SIGTERM that
-    lands in that window reaches orchard as a SIGINT (exit 130, not 143). The rounds submit
-    thousands of tasks, so they run off the main thread, as Ray Train's fit does in orchard;
-    on an interrupt the main thread sets `stopping` and the rounds stop at their next task."""
-    import threading
-
-    failure: list = []
-
-    def target():
-        try:
-            fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the main thread
-            failure.append(exc)
-
-    thread = threading.Thread(target=target, name="forest-rounds", daemon=True)
-    thread.start()
-    try:
-        while thread.is_alive():
-            thread.join(0.2)
-    except BaseException:
-        stopping.set()
-        # the rounds cancel their tasks and return within a second or so (rounds._wait_one); wait
-        # for that before the run stops Ray, or Ray ends the process with status 1 (not 130/143)
-        thread.join(STOP_TIMEOUT_S)
-        raise
-    if failure:
-        raise failure[0]
 
 
 def initial_state(forest_cfg: dict, seed: int) -> dict:
@@ -200,7 +167,10 @@ def train_and_evaluate(cfg: dict, ctx) -> dict[str, float]:
             runner.train_tree(tree_index, tree_pool(seed, tree_index, f), state)
 
     try:
-        in_worker_thread(grow_all, runner.stopping)
+        # off the main thread (orchard/background.py): the rounds submit thousands of tasks, and a
+        # SIGTERM landing while the main thread submits one reaches orchard as a SIGINT; on an
+        # interrupt `stopping` is set and the rounds cancel their tasks within a second or so
+        background.call(grow_all, name="forest-rounds", stopping=runner.stopping)
     finally:
         runner.shutdown()
     train_s = time.perf_counter() - train_start

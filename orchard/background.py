@@ -1,0 +1,82 @@
+"""Workload work on threads other than the main one, which the run lifecycle waits for before it
+stops Ray.
+
+Why off the main thread: the main thread keeps orchard's SIGINT/SIGTERM handler
+(orchard/interrupts.py). Ray defers SIGINT while the main thread submits a task, so a SIGTERM
+landing in that window reached orchard as a SIGINT; and Ray Train's ``fit()`` on the main thread
+installs a SIGINT handler of its own that answers Ctrl-C with ``SystemExit(0)``. Loops that submit
+many tasks, and Train runs, therefore run here while the main thread waits, interruptibly.
+
+Why the lifecycle waits for them: a thread still inside Ray when Ray shuts down makes Ray's core
+worker end the whole process with status 1, so an interrupted run would exit 1 instead of 130/143.
+``join_all`` (called by ``lifecycle.ray_session`` before it stops Ray) gives every thread started
+here ``STOP_TIMEOUT_S`` to return; a workload only has to make its threads notice the stop (an
+event, or queues shut down). Daemon threads, not a ThreadPoolExecutor: the interpreter joins those
+at exit, and one stuck in a stopped Ray would keep the process from ever exiting.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_futures
+
+STOP_TIMEOUT_S = 60.0  # at most this long, all threads together, before Ray is stopped anyway
+
+_threads: set[threading.Thread] = set()
+_lock = threading.Lock()
+
+
+def start(fn, *args, name: str) -> Future:
+    """``fn(*args)`` in a daemon thread the lifecycle waits for; its result or error as a Future."""
+    future: Future = Future()
+
+    def target() -> None:
+        try:
+            future.set_result(fn(*args))
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on the future
+            future.set_exception(exc)
+        finally:
+            with _lock:
+                _threads.discard(threading.current_thread())
+
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    with _lock:
+        _threads.add(thread)
+    thread.start()
+    return future
+
+
+def call(fn, *args, name: str, stopping: threading.Event | None = None):
+    """``fn(*args)`` off the main thread while the caller waits interruptibly; returns its result.
+
+    An interrupt (or any error) in the waiting thread sets ``stopping`` so that ``fn`` can wind
+    down, and is raised at once; ``join_all`` waits for ``fn`` to return before Ray stops.
+    From a thread other than the main one (Tune trials), ``fn`` simply runs there."""
+    if threading.current_thread() is not threading.main_thread():
+        return fn(*args)
+    future = start(fn, *args, name=name)
+    try:
+        while not future.done():
+            wait_futures([future], timeout=0.2)  # short slices: signals are handled between them
+    except BaseException:
+        if stopping is not None:
+            stopping.set()
+        raise
+    return future.result()
+
+
+def join_all(timeout: float = STOP_TIMEOUT_S) -> list[str]:
+    """Wait, at most ``timeout`` s in all, for the threads started here; the names of those still
+    running. A second Ctrl-C cuts the wait short (the first one already decided the outcome)."""
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            with _lock:
+                alive = [t for t in _threads if t.is_alive()]
+            if not alive or time.monotonic() >= deadline:
+                return [t.name for t in alive]
+            alive[0].join(min(0.2, max(0.0, deadline - time.monotonic())))
+    except KeyboardInterrupt:
+        with _lock:
+            return [t.name for t in _threads if t.is_alive()]

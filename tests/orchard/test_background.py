@@ -1,0 +1,59 @@
+"""orchard/background.py: workload threads that the run lifecycle waits for before Ray stops."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from orchard import background, interrupts
+
+
+def test_join_all_waits_for_a_thread_that_is_winding_down():
+    stopping = threading.Event()
+    done = []
+
+    def work():
+        stopping.wait(5)
+        time.sleep(0.3)  # cleaning up after the stop: Ray must not stop under it
+        done.append(True)
+
+    background.start(work, name="winding-down")
+    stopping.set()
+    assert background.join_all(timeout=5) == []
+    assert done == [True]
+
+
+def test_join_all_gives_up_after_its_timeout_and_names_the_thread():
+    release = threading.Event()
+    background.start(release.wait, 30, name="stuck-in-ray")
+    try:
+        assert background.join_all(timeout=0.3) == ["stuck-in-ray"]
+    finally:
+        release.set()
+    assert background.join_all(timeout=5) == []
+
+
+def test_call_returns_the_result_and_raises_the_error_of_fn():
+    assert background.call(lambda a, b: a + b, 2, 3, name="adder") == 5
+    with pytest.raises(ValueError, match="bad data"):
+        background.call(lambda: (_ for _ in ()).throw(ValueError("bad data")), name="failing")
+
+
+def test_an_interrupt_while_waiting_sets_stopping_and_the_thread_is_joined_later():
+    stopping = threading.Event()
+    seen = []
+
+    def rounds():
+        while not stopping.wait(0.05):
+            pass
+        seen.append("stopped")
+
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    with interrupts.raising(), pytest.raises(interrupts.Interrupted) as caught:
+        background.call(rounds, name="rounds", stopping=stopping)
+    assert caught.value.exit_code == 143
+    assert stopping.is_set()
+    assert background.join_all(timeout=5) == [] and seen == ["stopped"]
