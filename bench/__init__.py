@@ -21,4 +21,5 @@ BENCHES = {
 # benches that need more than the development machine: run by name only
 EXTRA_BENCHES = {
     "forest_paper": ("bench.forest_vs_peers", "paper"),  # 500k pixels x 2,000 offsets: ~12 GB RAM
+    "video_shift": ("bench.video_shift", "full"),          # worker shifting on vs off: ~14 min
 }

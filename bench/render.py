@@ -16,6 +16,7 @@ TITLES = {
     "singa": "singa: layer engine vs torch autograd; architectures",
     "forest": "forest vs LightGBM, XGBoost and scikit-learn",
     "forest_paper": "forest vs peers at the paper's shape (500k pixels x 2,000 offsets)",
+    "video_shift": "video: worker shifting applied vs logged only (time to a target top-1)",
     "video": "video: decode and feature stages vs plain PyAV loops",
     "flower": "flower: ring and parameter servers vs plain PyTorch DDP",
 }

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import BENCHES
+from bench import BENCHES, EXTRA_BENCHES
 from bench.render import render
 from bench.rows import row, summarize
 
@@ -124,11 +124,22 @@ def test_cpu_of_a_process_that_left_the_tree_stays_ours():
 def test_bad_arguments_are_one_line_and_exit_2(tmp_path):
     bad = bench_cli("nosuchbench", "--out", str(tmp_path))
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
-        f"bench: names: unknown bench 'nosuchbench'; allowed: {', '.join(BENCHES)}, forest_paper"]
+        f"bench: names: unknown bench 'nosuchbench'; allowed: {', '.join([*BENCHES, *EXTRA_BENCHES])}"]
     few = bench_cli("forest", "--repeats", "1", "--out", str(tmp_path))
     assert few.returncode == 2 and "--repeats" in few.stderr
     into_docs = bench_cli("forest", "--smoke", "--out", str(ROOT / "docs" / "benchmarks" / "results"))
     assert into_docs.returncode == 2 and "smoke results never go to" in into_docs.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_video_shift_bench_runs_both_sides_at_smoke_size(tmp_path):
+    # a bench run by name only (not in `python -m bench`): two smoke video runs, a shift in one
+    done = bench_cli("video_shift", "--smoke", "--out", str(tmp_path), timeout=800)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    (r,) = json.loads((tmp_path / "video_shift.json").read_text())["rows"]
+    assert r["status"] == "ok" and r["orchard"]["median"] > 0 and r["peer"]["median"] > 0
+    assert r["quality"]["orchard"]["shifts applied"] >= 1 and r["quality"]["peer"]["shifts applied"] == 0
 
 
 @pytest.mark.slow

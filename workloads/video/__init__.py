@@ -49,6 +49,7 @@ def validate(cfg: dict) -> None:
     require(cfg, "video.target_top1", lambda t: t is None or 0 <= t <= 1, "null or a top-1 accuracy in [0, 1]")
     require(cfg, "video.shift_ratio", lambda r: r >= 1, "a ratio >= 1")
     require(cfg, "video.pause_decode", lambda b: isinstance(b, bool), "true or false")
+    require(cfg, "video.shift_apply", lambda b: isinstance(b, bool), "true or false")
     require(cfg, "video.cache_max_mb", lambda m: m > 0, "a positive number of MiB")
     require(cfg, "video.object_store_mb", lambda m: m is None or m > 0, "null or a positive number of MiB")
     require(cfg, "video.streams", lambda s: isinstance(s, dict) and "spatial" in s and len(s) >= 2,

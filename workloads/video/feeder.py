@@ -16,6 +16,13 @@ as the trainers take a batch again (`pipeline/decode_pauses`, `pipeline/decode_p
 `video.pause_decode=false` leaves it to Ray Data alone). Determinism: rows arrive in order
 and are dealt by position, so every worker of every stream sees the same batches run after
 run, whatever the timing (a pause changes when a batch is decoded, never which).
+
+Worker shifting (``video.shift_apply``): the driver asks for new worker counts with
+``request_resize``; the feeder applies them at the start of the next epoch it has not begun to
+deal. There it sends the resized streams' workers a resize mark (their Train runs end after the
+epoch they finished), waits for the driver to relaunch those streams and ``hand_over`` their new
+queues, and deals on. Batches are cut per stream before the split over workers, so the batches a
+stream sees do not change with its worker count; only their split does.
 """
 from __future__ import annotations
 
@@ -26,10 +33,15 @@ import numpy as np
 
 END = "end_of_epoch"
 STOP = "stop_training"   # the run ended training early (video.target_top1 reached)
+RESIZE = "resize"        # this stream's run ends here; it is relaunched with another worker count
 
 
 class Stopped(RuntimeError):
     """The run is ending (a trainer failed or the run was interrupted): stop feeding."""
+
+
+class _Finished(Exception):
+    """The target was met while the feeder waited for relaunched streams."""
 
 
 def make_queues(alloc: dict[str, int], depth: int) -> dict[str, list]:
@@ -71,6 +83,12 @@ class Feeder:
         self.paused_s = 0.0           # and for how long in all
         self._paused_at: float | None = None
         self._epoch = first_epoch
+        # worker shifting: {"epoch", "alloc"} asked by the driver, the queues it hands over
+        self._lock = threading.Lock()
+        self._resize: dict | None = None
+        self._handed: dict[str, list] | None = None
+        self._handed_ready = threading.Event()
+        self.resize_wait_s = 0.0      # dealing held while resized streams were relaunched
 
     # -- decode control -------------------------------------------------------------------
     def _pause_decoding(self) -> None:
@@ -119,12 +137,52 @@ class Feeder:
         self.batches += 1
 
     def _end_epochs(self, until: int) -> None:
-        """End-of-epoch marks for every epoch before ``until``."""
+        """End-of-epoch marks for every epoch before ``until``; a resize asked for the next epoch
+        is applied right after its mark."""
         while self._epoch < until:
             for qs in self.queues.values():
                 for q in qs:
                     self._put(q, (END, self._epoch))
-            self._epoch += 1
+            with self._lock:
+                self._epoch += 1
+                resize = self._resize if self._resize and self._resize["epoch"] == self._epoch else None
+            if resize is not None and self._epoch < self.epochs:
+                self._apply_resize(resize["alloc"])
+
+    # -- worker shifting -----------------------------------------------------------------
+    def request_resize(self, alloc: dict[str, int]) -> int | None:
+        """New worker counts for some streams, from the next epoch the feeder has not begun to
+        deal; returns that epoch (the driver relaunches those streams once the one before it is
+        trained), or None when no epoch is left to deal."""
+        with self._lock:
+            if self._resize is not None:
+                return None                # one shift at a time: the driver asks again later
+            epoch = self._epoch + 1
+            if epoch >= self.epochs:
+                return None
+            self._resize = {"epoch": epoch, "alloc": dict(alloc)}
+            return epoch
+
+    def hand_over(self, queues: dict[str, list]) -> None:
+        """The relaunched streams' new queues (one per worker): dealing goes on."""
+        self._handed = queues
+        self._handed_ready.set()
+
+    def _apply_resize(self, alloc: dict[str, int]) -> None:
+        t0 = time.perf_counter()
+        for stream in alloc:
+            for q in self.queues[stream]:
+                self._put(q, (RESIZE, self._epoch))
+        while not self._handed_ready.wait(0.5):
+            if self.stop.is_set():
+                raise Stopped("feeder stopped while streams were relaunched")
+            if self.finish.is_set():
+                raise _Finished()         # target met meanwhile: the rest get their stop marks
+        self._handed_ready.clear()
+        self.queues = {**self.queues, **self._handed}
+        with self._lock:
+            self._resize, self._handed = None, None
+        self.resize_wait_s += time.perf_counter() - t0
 
     def run(self, batches) -> None:
         """Feed from an iterator of numpy batches with an ``epoch`` column (rows in epoch order)."""
@@ -162,17 +220,16 @@ class Feeder:
                         buffer[c].append(batch[c][rows])
                     held += int(rows.sum())
                     flush(self.batch_size)
-            if self.finish.is_set():
-                for qs in self.queues.values():
-                    for q in qs:
-                        self._put(q, (STOP, self._epoch))
-                return
-            flush(None)
-            self._end_epochs(self.epochs)
-        except Stopped:
+            if not self.finish.is_set():
+                flush(None)
+                self._end_epochs(self.epochs)
+        except _Finished:  # the target was met while relaunched streams were awaited
             pass
+        except Stopped:
+            return
         except BaseException as exc:  # noqa: BLE001 - reported to the driver, which fails the run
             self.error = exc
+            return
         finally:
             try:  # never leave the decoders paused: validation and inference decode through the same gate
                 self._resume_decoding()
@@ -183,6 +240,15 @@ class Feeder:
             close = getattr(it, "close", None)
             if close is not None:
                 close()
+        if self.finish.is_set():  # the target was met: every trainer stops at its next batch
+            try:
+                for qs in self.queues.values():
+                    for q in qs:
+                        self._put(q, (STOP, self._epoch))
+            except Stopped:
+                pass
+            except BaseException as exc:  # noqa: BLE001 - as above
+                self.error = exc
 
     def start(self, batches) -> threading.Thread:
         thread = threading.Thread(target=self.run, args=(batches,), name="video-feeder", daemon=True)

@@ -44,6 +44,21 @@ def _stage_names(ops, stages: list[str]) -> dict:
     return names
 
 
+def _pool_size(a: dict, actors: float) -> None:
+    """Track an actor pool's size: first, peak, the smallest after the peak (a scale-down), last.
+    No running actor is a pool not started yet or torn down at the end (the autoscaler's minimum
+    is at least 1): not a size."""
+    if actors <= 0:
+        return
+    if a["actors_first"] < 0:
+        a["actors_first"] = actors
+    if actors > a["actors_peak"]:
+        a["actors_peak"], a["actors_after_peak_min"] = actors, actors
+    elif actors < a["actors_after_peak_min"]:
+        a["actors_after_peak_min"] = actors
+    a["actors_last"] = actors
+
+
 class OperatorProbe(ExecutionCallback):
     """Samples operator queues during an execution; reports a summary to the master at its end."""
 
@@ -52,7 +67,9 @@ class OperatorProbe(ExecutionCallback):
         self._spec = spec
         self._names = _stage_names(list(executor._topology), spec["stages"]) if spec else {}
         self._acc = {name: {"samples": 0, "inqueue_blocks_sum": 0.0, "inqueue_blocks_peak": 0.0,
-                            "outqueue_blocks_peak": 0.0, "queue_bytes_peak": 0.0, "store_bytes_peak": 0.0}
+                            "outqueue_blocks_peak": 0.0, "queue_bytes_peak": 0.0, "store_bytes_peak": 0.0,
+                            "actors_first": -1.0, "actors_peak": 0.0, "actors_after_peak_min": -1.0,
+                            "actors_last": 0.0}
                      for name in self._names.values()}
         self._global_peak, self._last = 0.0, 0.0
 
@@ -77,6 +94,9 @@ class OperatorProbe(ExecutionCallback):
                                         + _num(m, "obj_store_mem_internal_outqueue"))
             with contextlib.suppress(Exception):
                 a["store_bytes_peak"] = max(a["store_bytes_peak"], rm.get_op_usage(op).object_store_memory)
+            pools = getattr(op, "get_autoscaling_actor_pools", lambda: [])()
+            if pools:  # the stage's actor pool as Ray Data's autoscaler sizes it (scale up and down)
+                _pool_size(a, float(sum(pool.num_running_actors() for pool in pools)))
 
     def after_execution_succeeds(self, executor) -> None:
         self._finish(executor)
@@ -122,7 +142,9 @@ def operator_metrics(summaries: list[dict], prefix: str = "pipeline") -> dict[st
     Per stage: ``inqueue_blocks_mean`` / ``_peak`` (blocks waiting in the operator's
     internal input queue: a stage that cannot keep up), ``outqueue_blocks_peak``,
     ``queue_mb_peak``, ``store_mb_peak`` (object store held by the operator),
-    ``backpressure_s`` (time Ray Data held the operator's tasks back), ``spilled_mb``.
+    ``backpressure_s`` (time Ray Data held the operator's tasks back), ``spilled_mb``;
+    for an actor-pool stage ``pool_actors_peak`` (the most actors Ray Data's autoscaler ran) and
+    ``pool_scale_downs`` (executions in which the pool shrank after its peak).
     Pipeline-wide: ``store_mb_peak`` and ``store_limit_mb`` (the budget it ran under).
     """
     out: dict[str, float] = {}
@@ -140,6 +162,10 @@ def operator_metrics(summaries: list[dict], prefix: str = "pipeline") -> dict[st
         out[f"{p}_store_mb_peak"] = max(o["store_bytes_peak"] for o in ops) / 2**20
         out[f"{p}_backpressure_s"] = sum(o["backpressure_s"] for o in ops)
         out[f"{p}_spilled_mb"] = sum(o["spilled_bytes"] for o in ops) / 2**20
+        pooled = [o for o in ops if o.get("actors_first", -1) >= 0]
+        if pooled:  # Ray Data's autoscaling of the stage's actor pool within its (min, max)
+            out[f"{p}_pool_actors_peak"] = max(o["actors_peak"] for o in pooled)
+            out[f"{p}_pool_scale_downs"] = float(sum(o["actors_after_peak_min"] < o["actors_peak"] for o in pooled))
     if summaries:
         out[f"{prefix}/store_mb_peak"] = max(s["store_bytes_peak"] for s in summaries) / 2**20
         limit = min(s["store_limit_bytes"] for s in summaries)

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import wait as wait_futures
 from pathlib import Path
 
 import numpy as np
 
 log = logging.getLogger(__name__)
-STREAMS_STOP_TIMEOUT_S = 60  # an interrupted run waits this long at most for its Train runs to end
 
 
 def _prepare_data(cfg: dict, ctx) -> tuple[str, str | None]:
@@ -225,6 +223,7 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
     history_waits = {s: list(w) for s, w in resumed["waits"].items()} if resumed else {}
     train_stats: dict[str, dict] = {}   # every stage's counters over the whole training
     epochs_run, time_to_target = first_epoch, None
+    shifts_applied, shift_wait_s = 0, 0.0   # worker shifts applied (video.shift_apply), and their cost
     target = vcfg.get("target_top1")
     t_train = time.perf_counter()
     if first_epoch < epochs:
@@ -247,6 +246,8 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
         feed_thread = feeder.start(train_ds.iter_batches(batch_size=int(vcfg["pipeline_batch"]), batch_format="numpy"))
         runs = launch_streams(streams, alloc, queues, results, cfg, ctx, resumed)
         done: dict[int, dict] = {}
+        shift: dict | None = None   # a worker shift the feeder applies from shift["epoch"] on
+        generation = 0              # relaunches so far: each relaunched Train run gets a new name
         try:
             for epoch in range(first_epoch, epochs):
                 while len(done.get(epoch, {})) < len(streams):
@@ -265,8 +266,15 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
                 t_val = time.perf_counter()
                 models, scores, labels, losses, val = _score_states(states, streams, val_data, num_classes, vcfg)
                 phase_s["val"] += time.perf_counter() - t_val
-                # the notes' rule, evaluated every epoch; a run keeps its worker counts (docs/video.md)
-                _, reason = shift_workers(alloc, losses, float(vcfg["shift_ratio"]), int(vcfg["min_workers"]))
+                # the notes' rule, evaluated every epoch; applied (video.shift_apply) from the next
+                # epoch the feeder has not begun to deal, else logged only (docs/video.md)
+                proposed, reason = shift_workers(alloc, losses, float(vcfg["shift_ratio"]), int(vcfg["min_workers"]))
+                if vcfg.get("shift_apply") and proposed != alloc and shift is None:
+                    changed = {s: n for s, n in proposed.items() if n != alloc[s]}
+                    at = feeder.request_resize(changed)
+                    if at is not None:
+                        shift = {"epoch": at, "alloc": changed}
+                        reason += f"; applied from epoch {at + 1}"
                 history.append({"epoch": epoch, "workers": dict(alloc), "val_loss": losses, "shift_rule": reason})
                 epochs_run = epoch + 1
                 fused = aggregation.topk_accuracy(np.mean([scores[s].mean(1) for s in streams], axis=0), labels, 1)
@@ -294,6 +302,15 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
                     break
                 if met and time_to_target is None:
                     time_to_target = time.perf_counter() - t_train
+                if shift is not None and shift["epoch"] == epoch + 1:
+                    # [6c] the shifted streams' runs end at the feeder's resize mark after this
+                    #      epoch; relaunch them with their new worker counts from its states
+                    generation += 1
+                    new_queues = _relaunch_shifted(shift["alloc"], streams, alloc, runs, queues, results,
+                                                   states, steps, epoch, int(vcfg["queue_depth"]), cfg, ctx,
+                                                   generation)
+                    feeder.hand_over(new_queues)
+                    shifts_applied, shift = shifts_applied + 1, None
             for s, fut in runs.items():
                 fut.result()
         finally:
@@ -304,11 +321,10 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
                 except Exception as exc:
                     log.warning("video: queues not shut down cleanly: %s", exc)
                 # the streams' Train runs end once their queues are gone (train.py's workers
-                # return): let them, bounded, before Ray stops. A Train run still waiting on Ray
-                # in a driver thread when Ray shuts down makes Ray end the process with status 1,
-                # and a Ctrl-C would exit 1 instead of 130
-                wait_futures(list(runs.values()), timeout=STREAMS_STOP_TIMEOUT_S)
+                # return); the run lifecycle waits for their threads before Ray stops
+                # (orchard/background.py)
             feed_thread.join(timeout=30)
+            shift_wait_s = feeder.resize_wait_s
         shutdown_queues({**queues, "results": [results]})
     else:
         # [5'] resumed after its last epoch (stopped in aggregation or inference): nothing to train,
@@ -378,6 +394,7 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
               "time/total_s": time.perf_counter() - t_start, "train/epochs_run": float(epochs_run),
               "train/resumed_from_epoch": float(first_epoch),
               **({"time/to_target_s": time_to_target} if time_to_target is not None else {}),
+              "alloc/shifts_applied": float(shifts_applied), "alloc/shift_wait_s": shift_wait_s,
               **{f"time/{phase}_s": sec for phase, sec in phase_s.items()}, "val/chance_top1": 1.0 / num_classes,
               **{f"val/{s}_top1": val[f"val/{s}_top1"] for s in streams}}
     # [10] figures (figures.py): confusion, per-stream curves, the pipeline's timeline, highlights
@@ -399,6 +416,31 @@ def _operator_summaries(master, wait_s: float = 5.0) -> list[dict]:
         if got or time.monotonic() > deadline:
             return got
         time.sleep(0.1)
+
+
+def _relaunch_shifted(changed: dict[str, int], streams: dict, alloc: dict, runs: dict, queues: dict, results,
+                      states: dict, steps: dict, epoch: int, depth: int, cfg: dict, ctx, generation: int) -> dict:
+    """Wait for the shifted streams' runs to end (at their resize mark), then start each again
+    with its new worker count from its state after ``epoch``; updates ``alloc``, ``runs`` and
+    ``queues`` in place and returns the new queues for the feeder."""
+    from concurrent.futures import wait as wait_futures
+
+    from .feeder import make_queues, shutdown_queues
+    from .train import launch_streams
+
+    old = [runs[s] for s in changed]
+    while wait_futures(old, timeout=0.5).not_done:  # short slices: Ctrl-C is handled between them
+        pass
+    for fut in old:
+        fut.result()  # a run that failed instead of ending at the mark fails the run here
+    shutdown_queues({s: queues[s] for s in changed})
+    alloc.update(changed)
+    new_queues = make_queues(changed, depth)
+    queues.update(new_queues)
+    resumed = {"states": states, "steps": steps, "epoch": epoch}
+    runs.update(launch_streams({s: streams[s] for s in changed}, alloc, new_queues, results, cfg, ctx, resumed,
+                               generation=generation))
+    return new_queues
 
 
 def _next_result(results, runs: dict, feeder) -> dict:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import io
 import time
-import threading
-from concurrent.futures import Future
 
 import numpy as np
+
+from orchard import background
 
 
 def stream_channels(feature: str, stack: int, options: dict, size: int) -> int:
@@ -32,7 +32,7 @@ def train_loop(config: dict) -> None:
 
     from orchard.strategies import worker
 
-    from .feeder import END, STOP
+    from .feeder import END, RESIZE, STOP
     from .model import build_stream_model
 
     # [1] build the model; a group Ray Train restarted resumes after its own last checkpointed
@@ -70,8 +70,11 @@ def train_loop(config: dict) -> None:
                 # here (not raising) spares Train its retries, so the driver's Ctrl-C ends at once
                 return
             wait_s += time.perf_counter() - t_wait
-            if isinstance(item, tuple) and item[0] == STOP:
-                return   # the run met its target: the driver already has the state it validated
+            if isinstance(item, tuple) and item[0] in (STOP, RESIZE):
+                # STOP: the run met its target, the driver already has the state it validated;
+                # RESIZE: the driver relaunches this stream with another worker count from the
+                # state of the epoch just finished (its checkpoint)
+                return
             if isinstance(item, tuple) and item[0] == END:
                 break
             x = torch.tensor(item["x"]).to(env.device)          # a copy: arrays from the queue are read-only
@@ -158,12 +161,14 @@ def shift_workers(alloc: dict[str, int], val_loss: dict[str, float], ratio: floa
 
 
 def launch_streams(streams: dict[str, dict], alloc: dict[str, int], queues: dict[str, list], results,
-                   cfg: dict, ctx, resumed: dict | None = None) -> dict:
+                   cfg: dict, ctx, resumed: dict | None = None, generation: int = 0) -> dict:
     """Start one Ray Train run per stream (threads on the driver); returns ``stream -> Future``.
 
-    Each run lasts the whole training; ``alloc[stream]`` workers read ``queues[stream]``.
-    ``resumed`` (checkpoint.load_checkpoint): every stream starts from its state there, at the
-    epoch after the checkpoint's.
+    Each run lasts the whole training (or until a worker shift relaunches it); ``alloc[stream]``
+    workers read ``queues[stream]``. ``resumed`` (checkpoint.load_checkpoint, or the driver's
+    latest states when a shift relaunches a stream): every stream starts from its state there,
+    at the epoch after that one. ``generation`` > 0 names a relaunched stream's Train run apart
+    from the run before it (a new run, not a restart of the old one).
     """
     from orchard.strategies import launch
 
@@ -181,22 +186,8 @@ def launch_streams(streams: dict[str, dict], alloc: dict[str, int], queues: dict
         if resumed is not None:
             loop_config |= {"state": resumed["states"][stream], "first_epoch": int(resumed["epoch"]) + 1,
                             "first_step": int(resumed["steps"].get(stream, 0))}
-        return launch(train_loop, loop_config, stream_cfg, ctx, name=stream)
+        return launch(train_loop, loop_config, stream_cfg, ctx, name=f"{stream}-{generation}" if generation else stream)
 
-    return {s: _in_daemon_thread(one, s, name=f"video-train-{s}") for s in streams}
+    return {s: background.start(one, s, name=f"video-train-{s}") for s in streams}
 
 
-def _in_daemon_thread(fn, *args, name: str) -> Future:
-    """``fn(*args)`` in a daemon thread, as a Future.  Not a ThreadPoolExecutor: the interpreter
-    joins its threads at exit, and a Train run cut off by Ctrl-C (Ray already stopped) would
-    then keep the process from ever exiting."""
-    future: Future = Future()
-
-    def target() -> None:
-        try:
-            future.set_result(fn(*args))
-        except BaseException as exc:  # handed to whoever waits on the future
-            future.set_exception(exc)
-
-    threading.Thread(target=target, name=name, daemon=True).start()
-    return future

@@ -104,3 +104,44 @@ def test_a_full_queue_pauses_decoding_at_the_master_until_the_trainers_take_agai
     # a pause changes when a batch is decoded, never which
     assert [x for x, _ in got["s0"][:3]] == [[0, 10, 20, 30], [40, 50, 60, 70], [80, 90]]
     ray.kill(master)
+
+
+def test_a_requested_resize_ends_the_streams_runs_after_an_epoch_and_deals_on_to_the_new_queues(ray_session):
+    """Worker shifting (video.shift_apply): the resized stream's old workers get a resize mark
+    right after the last epoch they train; once the driver hands over new queues (one per new
+    worker), the next epoch's same global batches are split over them; the other stream is untouched."""
+    import threading
+
+    from workloads.video.feeder import END, RESIZE, Feeder, make_queues, shutdown_queues
+
+    queues = make_queues({"spatial": 1, "temporal": 2}, depth=16)
+    feeder = Feeder({"spatial": "f1", "temporal": "f2"}, queues, batch_size=4, epochs=3)
+    assert feeder.request_resize({"temporal": 1}) == 1          # nothing dealt yet: from epoch 1 on
+    assert feeder.request_resize({"spatial": 2}) is None       # one shift at a time
+    new = make_queues({"temporal": 1}, depth=16)
+    old_marks = []
+
+    def driver():  # as the runner: the old run ends at its mark, then the relaunched one's queues
+        for q in queues["temporal"]:
+            while True:
+                item = q.get(timeout=60)
+                if isinstance(item, tuple) and item[0] == RESIZE:
+                    old_marks.append(item)
+                    break
+        feeder.hand_over(new)
+
+    relaunch = threading.Thread(target=driver)
+    relaunch.start()
+    feeder.run(_batches(epochs=3, rows=10, size=3))
+    relaunch.join(60)
+    spatial = [queues["spatial"][0].get(timeout=30) for _ in range(queues["spatial"][0].size())]
+    temporal = [new["temporal"][0].get(timeout=30) for _ in range(new["temporal"][0].size())]
+    shutdown_queues({**queues, **new})
+    assert feeder.error is None and feeder.resize_wait_s >= 0
+    assert old_marks == [(RESIZE, 1), (RESIZE, 1)]              # both old temporal workers, after epoch 0
+    # the relaunched single worker gets epochs 1 and 2 whole: the same global batches, unsplit
+    assert [x.tolist() for x in (t["x"] for t in temporal if not isinstance(t, tuple))][:3] == \
+        [[1000, 1100, 1200, 1300], [1400, 1500, 1600, 1700], [1800, 1900]]
+    assert [t for t in temporal if isinstance(t, tuple)] == [(END, 1), (END, 2)]
+    # spatial never noticed: three epochs, three end marks, no resize mark
+    assert [t for t in spatial if isinstance(t, tuple)] == [(END, 0), (END, 1), (END, 2)]
