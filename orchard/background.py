@@ -56,14 +56,20 @@ def call(fn, *args, name: str, stopping: threading.Event | None = None):
     if threading.current_thread() is not threading.main_thread():
         return fn(*args)
     future = start(fn, *args, name=name)
+    wait([future], stopping)
+    return future.result()
+
+
+def wait(futures, stopping: threading.Event | None = None) -> None:
+    """Wait for every one of ``futures``, interruptibly: in short slices, between which the main
+    thread's signal handlers run. An interrupt sets ``stopping`` (if given) and is raised."""
     try:
-        while not future.done():
-            wait_futures([future], timeout=0.2)  # short slices: signals are handled between them
+        while wait_futures(futures, timeout=0.2).not_done:
+            pass
     except BaseException:
         if stopping is not None:
             stopping.set()
         raise
-    return future.result()
 
 
 def join_all(timeout: float = STOP_TIMEOUT_S) -> list[str]:

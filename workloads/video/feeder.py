@@ -250,7 +250,8 @@ class Feeder:
             except BaseException as exc:  # noqa: BLE001 - as above
                 self.error = exc
 
-    def start(self, batches) -> threading.Thread:
-        thread = threading.Thread(target=self.run, args=(batches,), name="video-feeder", daemon=True)
-        thread.start()
-        return thread
+    def start(self, batches):
+        """Deal ``batches`` on a thread the run lifecycle waits for (orchard/background.py); a Future."""
+        from orchard import background
+
+        return background.start(self.run, batches, name="video-feeder")

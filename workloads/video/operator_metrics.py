@@ -119,7 +119,9 @@ class OperatorProbe(ExecutionCallback):
                          "bytes_out": _num(m, "bytes_outputs_taken")}
         limit = float("inf")
         with contextlib.suppress(Exception):
-            limit = executor._resource_manager.get_global_limits().object_store_memory
+            # 0 until the resource manager's first update: an execution over before it (a few
+            # cached segments) knows no limit, and must not read as a budget of 0 MiB
+            limit = executor._resource_manager.get_global_limits().object_store_memory or float("inf")
         summary = {"ops": ops, "store_bytes_peak": self._global_peak, "store_limit_bytes": limit}
         with contextlib.suppress(Exception):  # a vanished master (run over) loses one summary, no more
             ray.get_actor(self._spec["master"]).operator_report.remote(summary)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import wait as wait_futures
 from pathlib import Path
 
 import numpy as np
@@ -243,7 +244,7 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
 
         # [5] one Ray Train run per stream for the whole training, the feeder dealing them the pipeline
         t_window = time.perf_counter()
-        feed_thread = feeder.start(train_ds.iter_batches(batch_size=int(vcfg["pipeline_batch"]), batch_format="numpy"))
+        feeding = feeder.start(train_ds.iter_batches(batch_size=int(vcfg["pipeline_batch"]), batch_format="numpy"))
         runs = launch_streams(streams, alloc, queues, results, cfg, ctx, resumed)
         done: dict[int, dict] = {}
         shift: dict | None = None   # a worker shift the feeder applies from shift["epoch"] on
@@ -323,7 +324,7 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
                 # the streams' Train runs end once their queues are gone (train.py's workers
                 # return); the run lifecycle waits for their threads before Ray stops
                 # (orchard/background.py)
-            feed_thread.join(timeout=30)
+            wait_futures([feeding], timeout=30)  # the lifecycle waits for it too, before Ray stops
             shift_wait_s = feeder.resize_wait_s
         shutdown_queues({**queues, "results": [results]})
     else:
@@ -423,14 +424,13 @@ def _relaunch_shifted(changed: dict[str, int], streams: dict, alloc: dict, runs:
     """Wait for the shifted streams' runs to end (at their resize mark), then start each again
     with its new worker count from its state after ``epoch``; updates ``alloc``, ``runs`` and
     ``queues`` in place and returns the new queues for the feeder."""
-    from concurrent.futures import wait as wait_futures
+    from orchard import background
 
     from .feeder import make_queues, shutdown_queues
     from .train import launch_streams
 
     old = [runs[s] for s in changed]
-    while wait_futures(old, timeout=0.5).not_done:  # short slices: Ctrl-C is handled between them
-        pass
+    background.wait(old)
     for fut in old:
         fut.result()  # a run that failed instead of ending at the mark fails the run here
     shutdown_queues({s: queues[s] for s in changed})
