@@ -23,3 +23,6 @@ EXTRA_BENCHES = {
     "forest_paper": ("bench.forest_vs_peers", "paper"),  # 500k pixels x 2,000 offsets: ~12 GB RAM
     "video_shift": ("bench.video_shift", "full"),          # worker shifting on vs off: ~14 min
 }
+# Benches of which one repeat is already a result worth keeping (about an hour each on 2 cores):
+# `--repeats 1` is allowed for them alone; the tables show such a figure with n=1 and no spread.
+ONE_REPEAT_BENCHES = {"forest_paper"}

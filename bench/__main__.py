@@ -7,14 +7,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench import BENCHES, EXTRA_BENCHES
+from bench import BENCHES, EXTRA_BENCHES, ONE_REPEAT_BENCHES
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench", description="orchard vs its peers, side by side.")
     ap.add_argument("names", nargs="*", help=f"benches to run: {', '.join([*BENCHES, *EXTRA_BENCHES])} "
                                              "(default: all but the extra ones; none with only --render)")
-    ap.add_argument("--repeats", type=int, default=None, help="repeats per bench (full: 3, at least 3; smoke: 1)")
+    ap.add_argument("--repeats", type=int, default=None, help="repeats per bench (full: 3, at least 3, or 1 for forest_paper alone; smoke: 1)")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, one repeat: checks the benches run, measures nothing")
     ap.add_argument("--out", default=None, help="results folder (full: docs/benchmarks/results; smoke: a temp folder)")
     ap.add_argument("--render", action="store_true", help="write the Markdown tables from the results folder")
@@ -29,6 +29,11 @@ def fail(message: str) -> None:
     raise SystemExit(2)
 
 
+def min_repeats(names: list[str]) -> int:
+    """Repeats a full-mode result needs: 3, or 1 when only hour-long benches are named."""
+    return 1 if names and all(n in ONE_REPEAT_BENCHES for n in names) else 3
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse(argv)
@@ -39,8 +44,9 @@ def main(argv: list[str] | None = None) -> int:
         if name not in known:
             fail(f"names: unknown bench '{name}'; allowed: {', '.join(known)}")
     repeats = args.repeats if args.repeats is not None else (1 if args.smoke else 3)
-    if not args.smoke and repeats < 3:
-        fail(f"--repeats: {repeats} is too few for a result; allowed: 3 or more (or --smoke)")
+    if not args.smoke and repeats < min_repeats(args.names):
+        fail(f"--repeats: {repeats} is too few for a result; allowed: 3 or more (or --smoke; "
+             f"1 or more when every bench named is one of {', '.join(sorted(ONE_REPEAT_BENCHES))})")
     if repeats < 1:
         fail("--repeats: allowed: 1 or more")
     out = Path(args.out) if args.out else (Path(tempfile.gettempdir()) / "orchard-bench-smoke" if args.smoke else RESULTS)

@@ -1,7 +1,7 @@
 """orchard's forest vs LightGBM, XGBoost and scikit-learn forests on the same pixels and candidates.
 
     python -m bench forest           # the 'today' shape: ~8 min on 2 idle cores (3 repeats)
-    python -m bench forest_paper     # 500,000 pixels x 2,000 offsets: needs ~12 GB RAM, ~1 h
+    python -m bench forest_paper --repeats 1   # 500,000 pixels x 2,000 offsets: ~12 GB RAM, ~1 h a repeat
 
 What is compared: the time to train a random forest of body-part classifiers on depth pixels,
 and the accuracy on every body pixel of held-out scenes (pixel accuracy, mean per-class accuracy).

@@ -96,7 +96,8 @@ def bench_section(name: str, result: dict | None) -> list[str]:
     if result.get("error"):
         lines += [f"The last run failed: {md(result['error'])} (run: `{result['rerun']}`).", ""]
     kind = "smoke run (tiny sizes, one repeat: shows the bench runs, measures nothing)" if result["smoke"] \
-        else f"{result['repeats']} repeats"
+        else (f"{result['repeats']} repeats" if result["repeats"] != 1
+              else "1 repeat (an hour-long bench: one figure per system, no spread)")
     lines += [f"`{result['rerun']}`: {kind}, {result['started_utc']}, {result['wall_s'] / 60:.1f} min"
               + (f" (full mode: {result['estimate']})" if result.get("estimate") else "") + ".",
               f"Machine: {machine_line(result['machine'])}.",

@@ -127,6 +127,12 @@ def test_bad_arguments_are_one_line_and_exit_2(tmp_path):
         f"bench: names: unknown bench 'nosuchbench'; allowed: {', '.join([*BENCHES, *EXTRA_BENCHES])}"]
     few = bench_cli("forest", "--repeats", "1", "--out", str(tmp_path))
     assert few.returncode == 2 and "--repeats" in few.stderr
+    # one repeat is a result only for the hour-long benches, and only when they alone are named
+    from bench.__main__ import min_repeats
+    assert min_repeats(["forest_paper"]) == 1
+    assert min_repeats(["forest_paper", "forest"]) == min_repeats([]) == 3
+    none = bench_cli("forest_paper", "--repeats", "0", "--out", str(tmp_path))
+    assert none.returncode == 2 and "--repeats" in none.stderr
     into_docs = bench_cli("forest", "--smoke", "--out", str(ROOT / "docs" / "benchmarks" / "results"))
     assert into_docs.returncode == 2 and "smoke results never go to" in into_docs.stderr
 
