@@ -60,3 +60,24 @@ def test_reap_closes_only_lost_runs_and_the_cli_reports_them(tmp_path):
     assert client.get_run(lost).info.status == "FAILED"
     assert "driver lost" in client.get_run(lost).data.tags["orchard.error"]
     assert client.get_run(alive).info.status == "RUNNING" and client.get_run(foreign).info.status == "RUNNING"
+
+
+def test_a_run_is_found_by_a_unique_prefix_of_its_id(tmp_path):
+    """``python -m orchard resume <id>`` takes an id shortened as listings show it; too short or
+    unknown is one line naming the key."""
+    import pytest
+    from mlflow.tracking import MlflowClient
+
+    from orchard.errors import ConfigError
+    from orchard.lifecycle import find_run_by_prefix
+
+    uri = f"sqlite:///{tmp_path}/m.db"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("e")
+    made = [client.create_run(exp).info.run_id for _ in range(3)]
+    assert find_run_by_prefix(client, made[1][:8], uri).info.run_id == made[1]
+    with pytest.raises(ConfigError, match="at least its first 6"):
+        find_run_by_prefix(client, made[1][:3], uri)
+    unknown = "".join("0" if c != "0" else "1" for c in made[0][:8])  # differs from every id at each place
+    with pytest.raises(ConfigError, match="is not one"):
+        find_run_by_prefix(client, unknown, uri)
