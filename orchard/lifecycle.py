@@ -463,31 +463,6 @@ def resume(run_id: str, extra: list[str]) -> int:
     return execute(cfg, module).exit_code
 
 
-MIN_RUN_ID_PREFIX = 6  # as short as people copy ids from a listing, long enough to rarely collide
-
-
-def find_run_by_prefix(client, prefix: str, uri: str):
-    """The one run whose id starts with ``prefix`` (ids are shown shortened, as git's are), or a
-    ConfigError: no such run, or several (named)."""
-    if len(prefix) < MIN_RUN_ID_PREFIX:
-        raise ConfigError("run id", f"a run of the store {uri} (its id, or at least its first "
-                                    f"{MIN_RUN_ID_PREFIX} characters); {prefix!r} is not one")
-    experiments = [e.experiment_id for e in client.search_experiments()]
-    found, token = [], None
-    while experiments:  # every run of the store, page by page (MLflow filters cannot match a prefix)
-        page = client.search_runs(experiments, max_results=1000, page_token=token)
-        found += [r for r in page if r.info.run_id.startswith(prefix)]
-        token = page.token
-        if not token:
-            break
-    if len(found) == 1:
-        return found[0]
-    if not found:
-        raise ConfigError("run id", f"a run of the store {uri}; {prefix!r} is not one")
-    raise ConfigError("run id", f"one run; {prefix!r} starts {len(found)}: "
-                                f"{', '.join(r.info.run_id for r in found[:5])}; give more of the id")
-
-
 def _resume_config(run_id: str, uri: str, extra: list[str]):
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
@@ -499,6 +474,8 @@ def _resume_config(run_id: str, uri: str, extra: list[str]):
     try:
         old = client.get_run(run_id)
     except MlflowException:
+        from orchard.runs import find_run_by_prefix
+
         old = find_run_by_prefix(client, run_id, uri)
     run_id = old.info.run_id
     if old.info.status not in ("KILLED", "FAILED"):

@@ -89,15 +89,44 @@ def why_lost(tags: dict, now: float | None = None) -> str | None:
     return None
 
 
-def open_runs(client) -> list:
-    """Every RUNNING run of the store, all experiments."""
+def all_runs(client, filter_string: str = ""):
+    """Every run of the store matching ``filter_string``, all active experiments, page by page."""
     from mlflow.entities import ViewType
 
     exp_ids = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY)]
-    runs = []
     for i in range(0, len(exp_ids), 50):  # search_runs takes a bounded list of experiments
-        runs += client.search_runs(exp_ids[i:i + 50], "attributes.status = 'RUNNING'", max_results=5000)
-    return runs
+        token = None
+        while True:
+            page = client.search_runs(exp_ids[i:i + 50], filter_string, max_results=1000, page_token=token)
+            yield from page
+            token = page.token
+            if not token:
+                break
+
+
+def open_runs(client) -> list:
+    """Every RUNNING run of the store, all experiments."""
+    return list(all_runs(client, "attributes.status = 'RUNNING'"))
+
+
+MIN_RUN_ID_PREFIX = 6  # as short as people copy ids from a listing, long enough to rarely collide
+
+
+def find_run_by_prefix(client, prefix: str, uri: str):
+    """The one run whose id starts with ``prefix`` (ids are shown shortened, as git's are), or a
+    ConfigError: no such run, or several (named). MLflow's filters cannot match an id prefix."""
+    from orchard.errors import ConfigError
+
+    if len(prefix) < MIN_RUN_ID_PREFIX:
+        raise ConfigError("run id", f"a run of the store {uri} (its id, or at least its first "
+                                    f"{MIN_RUN_ID_PREFIX} characters); {prefix!r} is not one")
+    found = [r for r in all_runs(client) if r.info.run_id.startswith(prefix)]
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise ConfigError("run id", f"a run of the store {uri}; {prefix!r} is not one")
+    raise ConfigError("run id", f"one run; {prefix!r} starts {len(found)}: "
+                                f"{', '.join(r.info.run_id for r in found[:5])}; give more of the id")
 
 
 def reap(client) -> list[str]:

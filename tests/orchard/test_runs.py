@@ -69,7 +69,7 @@ def test_a_run_is_found_by_a_unique_prefix_of_its_id(tmp_path):
     from mlflow.tracking import MlflowClient
 
     from orchard.errors import ConfigError
-    from orchard.lifecycle import find_run_by_prefix
+    from orchard.runs import find_run_by_prefix
 
     uri = f"sqlite:///{tmp_path}/m.db"
     client = MlflowClient(uri)
