@@ -11,7 +11,7 @@ Backpressure: a full queue blocks the feeder, which stops pulling from the pipel
 which Ray Data then holds back within its object-store budget. That budget can hold many
 batches, and until it fills the decoders go on taking cores the trainers need; so when a
 queue stays full for a second the feeder also **pauses decoding** at the master (the notes'
-"pause/resume Decoding": the decode actors wait at the master's gate) and resumes it as soon
+"pause/resume Decoding": the master holds the segments back before the decode stage) and resumes it as soon
 as the trainers take a batch again (`pipeline/decode_pauses`, `pipeline/decode_paused_s`;
 `video.pause_decode=false` leaves it to Ray Data alone). Determinism: rows arrive in order
 and are dealt by position, so every worker of every stream sees the same batches run after
@@ -92,7 +92,7 @@ class Feeder:
 
     # -- decode control -------------------------------------------------------------------
     def _pause_decoding(self) -> None:
-        """The trainers are a full queue behind: hold the decoders at the master's gate."""
+        """The trainers are a full queue behind: hold the segments back at the master, before decoding."""
         if self.master is not None and self._paused_at is None:
             self.master.pause.remote()
             self._paused_at = time.perf_counter()
@@ -231,7 +231,7 @@ class Feeder:
             self.error = exc
             return
         finally:
-            try:  # never leave the decoders paused: validation and inference decode through the same gate
+            try:  # never leave the decoders paused: validation and inference pass the same release
                 self._resume_decoding()
             except Exception:  # noqa: BLE001 - Ray is going down with an interrupted run
                 pass

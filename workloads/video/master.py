@@ -58,9 +58,10 @@ def evenly_spaced_segments(labels: list[int], lengths: list[int], video_ids: lis
 class Master:
     """Control state + sampler + stage monitor. Run it as a Ray actor (``start_master``).
 
-    States: ``running`` -> ``paused`` -> ``running`` ... -> ``stopped``. Decode
-    workers call ``gate()`` before every batch: it blocks while paused and tells
-    them to drop their work once stopped.
+    States: ``running`` -> ``paused`` -> ``running`` ... -> ``stopped``. Segment seeds pass
+    ``release()`` on their way to the decode stage (pipeline.release_segments): it holds them
+    while paused, keeps at most a window of them in the decode stage per dataset (a *flow*), and
+    drops them once stopped. The decode workers report each batch done (``decoded``).
     """
 
     def __init__(self, labels: list[int], lengths: list[int], seed: int):
@@ -69,7 +70,9 @@ class Master:
         self._resumed = asyncio.Event()
         self._resumed.set()
         self._stats: dict[str, dict] = {}
-        self._gate_waits = 0
+        self._held = 0                                      # releases a pause held back
+        self._flows: dict[str, list[int]] = {}              # flow -> [released, decoded] segments
+        self._progress = asyncio.Condition()
         self._bad_files: dict[str, str] = {}
         self._operator_summaries: list[dict] = []
 
@@ -93,22 +96,41 @@ class Master:
 
     async def stop(self) -> str:
         self._state = "stopped"
-        self._resumed.set()  # wake paused decoders so they can drain and exit
+        self._resumed.set()  # wake held releases so their datasets can drain and finish
+        async with self._progress:
+            self._progress.notify_all()
         return self._state
 
     async def state(self) -> str:
         return self._state
 
-    async def gate(self) -> bool:
-        """Called by a decode worker before a batch: True = decode it, False = drop it."""
+    async def release(self, flow: str, segments: int, window: int) -> bool:
+        """Let ``segments`` seeds of dataset ``flow`` go on to decoding: True = decode them,
+        False = drop them (stopped). Waits while paused, and while ``window`` seeds of the flow
+        are already released and not yet decoded (a paused pool then runs dry and can shrink)."""
+        counts = self._flows.setdefault(flow, [0, 0])
         if not self._resumed.is_set():
-            self._gate_waits += 1
+            self._held += 1
+        while True:
             await self._resumed.wait()
-        return self._state == "running"
+            if self._state != "running":
+                return False
+            async with self._progress:   # checked under the lock: no decoded() slips by unseen
+                if counts[0] - counts[1] < window:
+                    counts[0] += segments
+                    return True
+                await self._progress.wait()
 
-    async def waiting_decoders(self) -> int:
-        """How many gate calls have blocked on a pause so far."""
-        return self._gate_waits
+    async def decoded(self, flow: str, segments: int) -> None:
+        """A decode worker finished a batch of ``segments`` seeds of ``flow``."""
+        counts = self._flows.setdefault(flow, [0, 0])
+        counts[1] += segments
+        async with self._progress:
+            self._progress.notify_all()
+
+    async def held_releases(self) -> int:
+        """How many releases a pause has held back so far."""
+        return self._held
 
     # --- sampling ------------------------------------------------------------
     async def epoch_segments(self, video_ids: list[int], num_segments: int, frame_count: int,
@@ -167,7 +189,7 @@ def start_master(labels: list[int], lengths: list[int], seed: int):
     import ray
 
     name = f"orchard_video_master_{uuid.uuid4().hex[:12]}"
-    # Async actor: a paused gate() must not block stop()/resume() or other decoders.
+    # Async actor: a held release() must not block stop()/resume()/decoded() or other datasets.
     handle = ray.remote(num_cpus=0, max_concurrency=256)(Master).options(name=name).remote(labels, lengths, seed)
     handle.actor_name = name
     return handle

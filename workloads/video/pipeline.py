@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+import uuid
 
 import numpy as np
 
@@ -26,12 +27,31 @@ def frame_count(features: list[str], stack: int, modules=()) -> int:
     return max(build_extractor(f, stack=stack).frames_needed(stack) for f in features)
 
 
+def _pool_max(value) -> int:
+    return int(value) if isinstance(value, int) else int(value[1])
+
+
 def _pool(value):
     """An autoscaling actor pool from ``n`` or ``[min, max]`` (Ray Data grows it on backlog)."""
     from ray.data import ActorPoolStrategy
 
     lo, hi = (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
     return ActorPoolStrategy(min_size=lo, max_size=hi)
+
+
+def release_segments(batch: dict, master, flow: str, window: int) -> dict:
+    """The gate in front of decoding: one block of segment seeds passes when the master lets it.
+
+    It waits while decoding is paused, and while ``window`` segments of this dataset are released
+    but not yet decoded (counted in rows, as Ray Data may bundle blocks into one decode batch).
+    Held back *before* the decode stage (not inside its task), a paused pool runs dry, so Ray
+    Data's autoscaler can shrink it. Stopped: an empty block.
+    """
+    import ray
+
+    if ray.get(master.release.remote(flow, len(batch["video"]), window)):
+        return batch
+    return {k: v[:0] for k, v in batch.items()}
 
 
 def build_dataset(segments: list[dict], features: list[str], paths: list[str], lengths: list[int],
@@ -48,11 +68,18 @@ def build_dataset(segments: list[dict], features: list[str], paths: list[str], l
     batch = int(vcfg["pipeline_batch"])
     modules = list(vcfg.get("extractor_modules") or [])
     ds = ray.data.from_items(segments, override_num_blocks=max(1, math.ceil(len(segments) / batch)))
+    flow = uuid.uuid4().hex          # this dataset's release counters at the master
+    if master is not None:
+        # one gate task at a time, holding no CPU; enough segments in flight to keep the pool at
+        # its max size busy (Ray Data queues up to 2 batches per actor) and one batch more each
+        window = 3 * batch * _pool_max(vcfg["decode_concurrency"])
+        ds = ds.map_batches(release_segments, batch_size=None, batch_format="numpy",
+                            fn_kwargs=dict(master=master, flow=flow, window=window), concurrency=1, num_cpus=0)
     ds = ds.map_batches(
         DecodeStage, batch_size=batch, batch_format="numpy",
         fn_constructor_kwargs=dict(paths=paths, lengths=lengths, size=int(vcfg["size"]),
                                    short_rule=vcfg["short_rule"], decoder=vcfg["decoder"],
-                                   master=master, cache=cache, pts=pts, digests=digests),
+                                   master=master, cache=cache, pts=pts, digests=digests, flow=flow),
         compute=_pool(vcfg["decode_concurrency"]), num_cpus=float(vcfg["decode_cpus"]))
     for i, name in enumerate(features):
         ds = ds.map_batches(

@@ -35,29 +35,31 @@ def _report(master, stage: str, items: int, busy_s: float, bytes_out: int, cache
 class DecodeStage:
     """Segment seeds in (video, label, offset, count[, segment]); frames (N, T, H, W, 3) uint8 out.
 
-    Asks the master's gate before each batch (pause blocks here, stop drops the
-    batch). A segment whose file fails to decode is dropped, counted and named to
-    the master: one bad file never stops the pipeline.
+    The seeds come through the master's release gate (pipeline.release_segments: a pause holds
+    them back before this stage); each batch is reported back to it (``flow``: this dataset),
+    which lets the next seeds in. A segment whose file fails to decode is dropped, counted and
+    named to the master: one bad file never stops the pipeline.
     """
 
     def __init__(self, paths: list[str], lengths: list[int], size: int, short_rule: str,
                  decoder: str, master=None, cache: FeatureCache | None = None, pts: list | None = None,
-                 digests: list[str] | None = None):
+                 digests: list[str] | None = None, flow: str = ""):
         self.paths, self.lengths, self.size, self.short_rule = paths, lengths, size, short_rule
         self.pts = pts or [None] * len(paths)          # frame index per video (dataset.scan)
         self.digests = digests or paths                # content address per video (cache keys)
         self.decoder = build_decoder(decoder, size=size, short_rule=short_rule)
-        self.master = master
+        self.master, self.flow = master, flow
         self.cache = cache or FeatureCache("none")
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        import ray
+        try:
+            return self._decode(batch)
+        finally:
+            if self.master is not None:   # done with these seeds, decoded or not: the gate may let more in
+                self.master.decoded.remote(self.flow, len(batch["video"]))
 
+    def _decode(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         n = len(batch["video"])
-        if self.master is not None and not ray.get(self.master.gate.remote()):
-            keep = np.zeros(n, bool)  # stopped: drain without work
-            return {k: v[keep] for k, v in batch.items()} | {
-                "frames": np.zeros((0, int(batch["count"][0]) if n else 0, self.size, self.size, 3), np.uint8)}
         t0 = time.perf_counter()
         frames, keep, bad = [], np.ones(n, bool), 0
         for i in range(n):

@@ -70,11 +70,11 @@ def test_pause_blocks_decoding_until_resume(ray_session, tiny_videos):
     got: list[int] = []
     worker = threading.Thread(target=_run_pipeline, args=(segs, index, master, got), daemon=True)
     worker.start()
-    # wait (bounded) until a decode worker is parked on the paused gate
+    # wait (bounded) until the paused master holds a release back
     deadline = time.monotonic() + 180
-    while ray.get(master.waiting_decoders.remote()) == 0 and time.monotonic() < deadline:
+    while ray.get(master.held_releases.remote()) == 0 and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert ray.get(master.waiting_decoders.remote()) >= 1
+    assert ray.get(master.held_releases.remote()) >= 1
     assert sum(got) == 0
     assert "decode" not in ray.get(master.stage_stats.remote())   # nothing decoded while paused
     assert ray.get(master.resume.remote()) == "running"

@@ -128,23 +128,22 @@ def test_applied_worker_shift_relaunches_the_streams_with_the_new_counts_and_tra
         assert sorted(steps) == [0, 1, 2, 3]
 
 
-def test_decode_is_elastic_end_to_end_the_pool_grows_and_the_run_pauses_and_resumes_it(cli_run):
+def test_decode_is_elastic_end_to_end_the_pool_grows_shrinks_and_the_run_pauses_and_resumes_it(cli_run):
     """Elastic decode, end to end, in a CLI process with its own embedded Ray (the pool can only
     grow into CPUs nobody else holds). The decode stage is an autoscaling actor pool (min 1,
     max 2): 128 segments queued per epoch saturate one actor, so Ray Data's autoscaler starts the
     second. The trainers are made slower than decoding (wider CNNs, one batch of queue): a queue
-    stays full, the feeder pauses decoding at the master, and resumes it when the trainers take a
-    batch: every epoch is trained, which a pause never resumed would have stalled.
-    The pool's shrink is logged (`pipeline/decode_pool_scale_downs`) but not asserted: it came in
-    3 of 4 such runs; decode actors held at the master's gate still count as busy to Ray Data's
-    autoscaler, so a pause does not by itself make the pool idle (docs/video.md)."""
+    stays full and the feeder pauses decoding at the master, which holds the segments back before
+    the decode stage (as Ray Data's own backpressure does while the trainers are behind), so the
+    pool runs dry and Ray Data shrinks it; the feeder resumes decoding when the trainers take a
+    batch: every epoch is trained, which a pause never resumed would have stalled."""
     result = cli_run("workload=video", "video.decode_concurrency=[1,2]", "video.clips_per_epoch=128",
                      "video.epochs=2", "video.queue_depth=1", "video.widths=[64,128,256]")
     assert result.exit_code == 0, result.console[-3000:]
     m = result.run.data.metrics
     assert m["pipeline/decode_pool_actors_peak"] == 2          # scaled up to its max
-    assert "pipeline/decode_pool_scale_downs" in m             # the shrink: logged (see above)
     assert m["pipeline/decode_pauses"] >= 1 and m["pipeline/decode_paused_s"] > 1.0
+    assert m["pipeline/decode_pool_scale_downs"] >= 1, {k: v for k, v in m.items() if "decode" in k}
     assert m["pipeline/rgb_pool_actors_peak"] == 1             # a fixed pool (smoke: 1) never grows
     for stream in ("spatial", "temporal"):                     # resumed: every epoch trained
         steps = [mm.step for mm in result.client.get_metric_history(result.run.info.run_id, f"val/{stream}_top1")]
