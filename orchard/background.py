@@ -72,6 +72,12 @@ def wait(futures, stopping: threading.Event | None = None) -> None:
         raise
 
 
+def running() -> list[str]:
+    """The names of the threads started here that are still running."""
+    with _lock:
+        return [t.name for t in _threads if t.is_alive()]
+
+
 def join_all(timeout: float = STOP_TIMEOUT_S) -> list[str]:
     """Wait, at most ``timeout`` s in all, for the threads started here; the names of those still
     running. A second Ctrl-C cuts the wait short (the first one already decided the outcome)."""

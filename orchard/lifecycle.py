@@ -117,6 +117,12 @@ def ray_session(cfg: dict):
     try:
         yield
     finally:
+        if background.running():
+            # a run that stopped early (interrupted, failed) left work going: its Ray Train runs
+            # end now rather than train on while the threads waiting in fit() are awaited below
+            from orchard.strategies.launch import abort_train_runs
+
+            abort_train_runs()
         # a workload thread still inside Ray when Ray stops would end the process with status 1
         still_running = background.join_all()
         if still_running:

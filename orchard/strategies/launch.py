@@ -36,6 +36,30 @@ def fit_off_main_thread(trainer):
     return background.call(trainer.fit, name="orchard-train-fit")
 
 
+def abort_train_runs() -> int:
+    """Abort the Ray Train runs this driver started that are still going; how many.
+
+    For a run that is stopping (interrupted or failed): Ray Train's controller would otherwise
+    train on, and the thread waiting in ``fit()`` with it, until the lifecycle's patience ran out.
+    ``abort`` is what Ray Train's own Ctrl-C handler calls (it ends the worker group and the
+    controller; checkpoints already in storage stay). Controllers run in this driver's job, on its
+    node; found through the GCS actor table, as ``fit()`` keeps their handles to itself."""
+    import ray
+    from ray._private import state
+
+    try:
+        job = ray.JobID.from_hex(ray.get_runtime_context().get_job_id())
+        alive = state.actors(job_id=job, actor_state_name="ALIVE")
+        core = ray._private.worker.global_worker.core_worker
+        handles = [core.get_actor_handle(ray.ActorID.from_hex(actor_id)) for actor_id, info in alive.items()
+                   if info.get("ActorClassName", "").endswith("TrainController")]
+        for handle in handles:
+            handle.abort.remote()   # it exits: fit() raises in its thread, which then returns
+        return len(handles)
+    except Exception:  # noqa: BLE001 - a Ray Client driver, or Ray already gone: nothing to abort here
+        return 0
+
+
 def _storage_path(storage_path: str | None, cfg: dict, ctx) -> str:
     """Ray Train's storage: ``storage_path``, else the run's storage (``storage.uri``) + ``/train``."""
     from orchard.storage import Storage

@@ -30,10 +30,12 @@ def test_join_all_gives_up_after_its_timeout_and_names_the_thread():
     release = threading.Event()
     background.start(release.wait, 30, name="stuck-in-ray")
     try:
+        assert background.running() == ["stuck-in-ray"]   # what the lifecycle checks before it aborts Train runs
         assert background.join_all(timeout=0.3) == ["stuck-in-ray"]
     finally:
         release.set()
     assert background.join_all(timeout=5) == []
+    assert background.running() == []
 
 
 def test_call_returns_the_result_and_raises_the_error_of_fn():
