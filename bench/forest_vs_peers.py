@@ -117,17 +117,26 @@ def mean_class_accuracy(truth, predicted) -> tuple[float, float]:
 
 
 # ---------------------------------------------------------------------------- one system per process
-def peak_memory_sampler(stop: threading.Event, out: list) -> None:
-    """Peak memory (bytes) of this process and all its descendants (Ray's processes included):
+def peak_memory_sampler(pid: int, stop: threading.Event, out: list) -> None:
+    """Peak memory (bytes) of process ``pid`` and all its descendants (Ray's processes included):
     RSS and PSS summed over the tree. RSS counts a shared page in every process that maps it (Ray's
     object store is shared memory, mapped by the driver and every worker), PSS divides it among
-    them: PSS is the fair sum for orchard; for the single-process peers the two agree."""
+    them: PSS is the fair sum for orchard; for the single-process peers the two agree. Run by the
+    bench's own process, so the peak is known even for a system the kernel killed."""
     import psutil
 
-    me, peak_rss, peak_pss = psutil.Process(), 0, 0
-    while not stop.is_set():
+    peak_rss = peak_pss = 0
+    try:
+        root = psutil.Process(pid)
+    except psutil.Error:
+        root = None
+    while root is not None and not stop.is_set():
         rss = pss = 0
-        for p in [me, *me.children(recursive=True)]:
+        try:
+            tree = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            tree = []
+        for p in tree:
             try:
                 full = p.memory_full_info()
                 rss, pss = rss + full.rss, pss + full.pss
@@ -182,7 +191,18 @@ def run_orchard(cfg, data_dir: Path, profile: bool, workers: int | None = None) 
     return out
 
 
-def peer_model(name: str, f: dict, n_columns: int, seed: int, cpus: int):
+def lightgbm_pool_mb(matrix_bytes: int) -> int:
+    """LightGBM's ``histogram_pool_size`` (MB). Unbounded (its default), its cache of per-leaf
+    histograms grows to leaves x features x bins: at the paper shape (up to 65,536 leaves x 2,000
+    offsets x 51 bins) the kernel killed it at 23 GiB. Its FAQ's answer to running out of RAM:
+    set ``histogram_pool_size`` so that it plus the dataset fits, here half the machine's memory.
+    At today's shape the histograms never reach the bound."""
+    import psutil
+
+    return max(1024, int((psutil.virtual_memory().total / 2 - matrix_bytes) / 2**20))
+
+
+def peer_model(name: str, f: dict, n_columns: int, seed: int, cpus: int, matrix_bytes: int = 0):
     """The peer with orchard's trees, depth, bagging and class balance, searching orchard's
     n_offsets candidates per node."""
     per_node = f["n_offsets"]
@@ -195,6 +215,7 @@ def peer_model(name: str, f: dict, n_columns: int, seed: int, cpus: int):
                               max_bin=f["n_thresholds"] + 1, bagging_fraction=min(bag, 0.999), bagging_freq=1,
                               feature_fraction_bynode=per_node / n_columns,
                               min_child_samples=f["min_child_examples"], class_weight="balanced",
+                              histogram_pool_size=lightgbm_pool_mb(matrix_bytes),
                               n_jobs=cpus, verbose=-1, random_state=seed)
     if name == "XGBoost rf":
         from xgboost import XGBRFClassifier
@@ -224,7 +245,7 @@ def run_peer(name: str, cfg, data_dir: Path) -> dict:
     start = time.perf_counter()
     x_train = feature_matrix(tr[0], tr[1], tr[2], tr[3], offsets, bg)
     matrix_s = time.perf_counter() - start
-    model = peer_model(name, f, len(offsets), seed, os.cpu_count())
+    model = peer_model(name, f, len(offsets), seed, os.cpu_count(), x_train.nbytes)
     from sklearn.utils.class_weight import compute_sample_weight
 
     classes = np.unique(tr[4])
@@ -243,9 +264,6 @@ def run_peer(name: str, cfg, data_dir: Path) -> dict:
 
 
 def _child(name, cfg, data_dir, profile, queue):
-    stop, peak = threading.Event(), []
-    sampler = threading.Thread(target=peak_memory_sampler, args=(stop, peak), daemon=True)
-    sampler.start()
     try:
         if name.startswith("orchard"):  # "orchard@1": one worker, for the 1 -> 2 worker speed-up
             out = run_orchard(cfg, data_dir, profile, int(name.split("@")[1]) if "@" in name else None)
@@ -255,21 +273,48 @@ def _child(name, cfg, data_dir, profile, queue):
         out = {"error": f"not installed ({exc.name})"}
     except Exception as exc:  # noqa: BLE001 - a peer that fails is a row, not the end of the bench
         out = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"}
-    stop.set()
-    sampler.join()
-    queue.put({**out, "peak_bytes": peak[0] if peak else 0, "peak_pss_bytes": peak[1] if peak else 0})
+    queue.put(out)
+
+
+def _died(exitcode: int | None, peak_bytes: int) -> str:
+    """Why a system's process ended without a result (e.g. the kernel's out-of-memory killer)."""
+    import psutil
+
+    total = psutil.virtual_memory().total
+    how = f"killed by signal {-exitcode}" if exitcode is not None and exitcode < 0 else f"exited {exitcode}"
+    oom = " (out of memory on this machine, most likely)" if peak_bytes > 0.8 * total else ""
+    return f"{how} at a peak of {peak_bytes / 2**30:.1f} of {total / 2**30:.0f} GiB{oom}"
 
 
 def measure_one(name: str, cfg, data_dir: Path, profile: bool = False) -> dict:
-    """Run one system in a fresh process; its result with the load average around it."""
+    """Run one system in a fresh process; its result with its peak memory and the load average
+    around it. A process that dies without a result (killed for memory) is a failed row, not a
+    bench that waits forever."""
+    import queue as queues
+
     ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
+    results = ctx.Queue()
     load_before = os.getloadavg()[0]
-    proc = ctx.Process(target=_child, args=(name, cfg, data_dir, profile, queue))
+    proc = ctx.Process(target=_child, args=(name, cfg, data_dir, profile, results))
     proc.start()
-    out = queue.get()
+    stop, peak = threading.Event(), []
+    sampler = threading.Thread(target=peak_memory_sampler, args=(proc.pid, stop, peak), daemon=True)
+    sampler.start()
+    out = None
+    while out is None:
+        try:
+            out = results.get(timeout=1.0)
+        except queues.Empty:
+            if not proc.is_alive():
+                proc.join()
+                out = {"error": "died"}
     proc.join()
-    return {**out, "load": (load_before, os.getloadavg()[0])}
+    stop.set()
+    sampler.join()
+    peak_rss, peak_pss = peak if peak else (0, 0)
+    if out.get("error") == "died":
+        out["error"] = _died(proc.exitcode, peak_rss)
+    return {**out, "peak_bytes": peak_rss, "peak_pss_bytes": peak_pss, "load": (load_before, os.getloadavg()[0])}
 
 
 # ---------------------------------------------------------------------------- the rows
