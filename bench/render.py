@@ -62,6 +62,9 @@ def quality(q: dict | None) -> str:
 def verdict(row: dict, result: dict) -> str:
     t = row.get("target")
     if row["status"] != "ok":
+        if t and row.get("target_met") is not None and not result["smoke"] and not result["load"]["loaded"]:
+            # a peer stopped on the bench's time limit: its bound can still be decided
+            return f"{row['status']}; {t['text']}: {'met' if row['target_met'] else 'not met'}"
         return row["status"]
     if result["smoke"]:
         return "smoke size: not a result"

@@ -65,9 +65,9 @@ def summarize(r: dict) -> dict:
     out["ratio"] = ratio
     t = r.get("target")
     out["target_met"] = None
-    if t and r["status"] == "ok":
-        if "met" in t:  # an orchard-only target (a bound, a rate), decided by the bench
+    if t:
+        if "met" in t:  # an orchard-only target (a bound, a rate, a peer stopped on the time limit)
             out["target_met"] = bool(t["met"])
-        elif ratio is not None:
+        elif ratio is not None and r["status"] == "ok":
             out["target_met"] = ratio >= t["min_ratio"] and t.get("quality_ok", True)
     return out

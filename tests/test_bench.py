@@ -177,3 +177,21 @@ def test_smoke_mode_runs_every_bench_into_a_results_file(tmp_path):
     assert decode and all(r["quality"]["peer"]["checksum"] == "equal to orchard's" for r in decode)
     text = (tmp_path / "benchmarks.md").read_text()
     assert "smoke size: not a result" in text and ": met" not in text
+
+
+@pytest.mark.timeout(600)
+def test_a_peer_over_the_time_limit_is_stopped_and_becomes_a_failed_row_with_its_memory():
+    """A system still running after the bench's limit (or killed by the kernel for memory) is
+    measured in the bench's own process: stopped, its peak memory kept, its error a row; the
+    bench goes on instead of waiting for a result that never comes."""
+    import shutil
+
+    from bench.forest_vs_peers import SMOKE, measure_one, prepare
+
+    cfg, data_dir, _ = prepare(SMOKE)
+    try:
+        out = measure_one("sklearn RF", cfg, data_dir, limit_s=0.5)  # spawn + imports alone take longer
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
+    assert out["error"] == "stopped: still training after 0 min" and out["stopped_after_s"] == 0.5
+    assert out["peak_bytes"] > 10 * 2**20                              # sampled from outside the child
