@@ -20,7 +20,7 @@ BENCHES = {
 }
 # benches that need more than the development machine: run by name only
 EXTRA_BENCHES = {
-    "forest_paper": ("bench.forest_vs_peers", "paper"),  # 500k pixels x 2,000 offsets: ~12 GB RAM
+    "forest_paper": ("bench.forest_vs_peers", "paper"),  # 500k pixels x 2,000 offsets: ~17 GB RAM (LightGBM's peak)
     "video_shift": ("bench.video_shift", "full"),          # worker shifting on vs off: ~14 min
 }
 # Benches of which one repeat is already a result worth keeping (about an hour each on 2 cores):

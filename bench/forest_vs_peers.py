@@ -1,7 +1,7 @@
 """orchard's forest vs LightGBM, XGBoost and scikit-learn forests on the same pixels and candidates.
 
     python -m bench forest           # the 'today' shape: ~8 min on 2 idle cores (3 repeats)
-    python -m bench forest_paper --repeats 1   # 500,000 pixels x 2,000 offsets: ~12 GB RAM, ~1 h a repeat
+    python -m bench forest_paper --repeats 1   # 500,000 pixels x 2,000 offsets: ~17 GB RAM (LightGBM's peak), ~25 min a repeat
 
 What is compared: the time to train a random forest of body-part classifiers on depth pixels,
 and the accuracy on every body pixel of held-out scenes (pixel accuracy, mean per-class accuracy).
@@ -338,7 +338,7 @@ SIZES = {"full": {"shape": "today", "overrides": SHAPES["today"], "scaling": Tru
                    # splits, not 50 thresholds): hours for one tree on 2 cores, so not run here
                    "skip": {"sklearn RF": "exact splits over 2,000 candidates at every node take hours on 2 cores"}},
          "smoke": {"shape": "smoke", "overrides": SMOKE, "scaling": False}}
-ESTIMATE = "today shape ~8 min on 2 idle cores (3 repeats); paper shape ~1 h (a peer is stopped after 15 min) and ~14 GB RAM"
+ESTIMATE = "today shape ~8 min on 2 idle cores (3 repeats); paper shape ~25 min (a peer is stopped after 15 min) and ~17 GB RAM"
 
 
 def prepare(overrides: list[str]) -> tuple[dict, Path, str]:
