@@ -359,22 +359,30 @@ def prepare(overrides: list[str]) -> tuple[dict, Path, str]:
     return cfg, data_dir, shape
 
 
-def measure(size: dict, repeats: int) -> list[dict]:
+def measure(size: dict, repeats: int, only: list[str] | None = None, profile: bool = False) -> list[dict]:
+    """The rows of one shape. `only`: a subset of the systems (orchard always runs); `profile`:
+    print orchard's time per round and phase (print_profile) after its first repeat."""
     import shutil
 
     from bench.rows import installed, missing, row
 
     cfg, data_dir, shape = prepare(size["overrides"])
+    print(f"  forest {size['shape']}: {shape}", flush=True)
     cpus = os.cpu_count()
-    systems = ["orchard", *[p for p in PEERS if installed(PACKAGE[p]) and p not in size.get("skip", {})]]
-    if size["scaling"]:
+    systems = ["orchard", *[p for p in PEERS if installed(PACKAGE[p]) and p not in size.get("skip", {})
+                            and (only is None or p in only)]]
+    if size["scaling"] and (only is None or "orchard@1" in only):
         systems.append("orchard@1")
     runs = {name: [] for name in systems}
     try:
         for _ in range(repeats):
             for name in systems:  # alternate: a change of load hits every system alike
-                runs[name].append(measure_one(name, cfg, data_dir, limit_s=None if name == "orchard" else size.get("limit_s")))
-                print(f"  forest: {name}: {runs[name][-1]}", flush=True)
+                runs[name].append(measure_one(name, cfg, data_dir, profile=profile and name == "orchard",
+                                              limit_s=None if name == "orchard" else size.get("limit_s")))
+                result = runs[name][-1]
+                print(f"  forest: {name}: {({k: v for k, v in result.items() if k != 'profile'})}", flush=True)
+                if "profile" in result and len(runs[name]) == 1:
+                    print_profile(result["profile"])
     finally:
         shutil.rmtree(data_dir, ignore_errors=True)
     failed = {n: r[-1]["error"] for n, r in runs.items() if "error" in r[-1]}
@@ -393,6 +401,8 @@ def measure(size: dict, repeats: int) -> list[dict]:
             rows.append(row(name, "s", [], [], orchard_label="orchard", peer_label=peer, higher_is_better=False,
                             status=f"not run at this shape: {size['skip'][peer]}"))
             continue
+        if only is not None and peer not in only:
+            continue  # left out on the command line
         if peer not in runs:
             rows.append(missing(name, peer, PACKAGE[peer]))
             continue
@@ -430,3 +440,59 @@ def measure(size: dict, repeats: int) -> list[dict]:
                         orchard_label=f"orchard, {cpus} workers", peer_label="orchard, 1 worker",
                         quality={"orchard": acc(o[-1]), "peer": acc(one[-1])}))
     return rows
+
+
+def print_profile(rounds: list[dict]) -> None:
+    """orchard's seconds per round and phase, and the share of each phase in the whole."""
+    cols = ("phase1_s", "phase2_s", "phase3_s", "phase4_s", "total_s")
+    print("| tree | depth | frontier | batches | phase 1 | phase 2 | phase 3 | phase 4 | round | parallelism | shuffle MB |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in rounds:
+        print(f"| {r['tree']} | {r['depth']} | {r['frontier']} | {r['batches']} | "
+              + " | ".join(f"{r[c]:.2f}" for c in cols)
+              + f" | {r['parallelism']:.2f} | {r['shuffle_bytes'] / 1e6:.1f} |")
+    total = sum(r["total_s"] for r in rounds) or 1.0
+    print("| all | | | " + str(sum(r["batches"] for r in rounds)) + " | "
+          + " | ".join(f"{100 * sum(r[c] for r in rounds) / total:.0f}%" for c in cols[:-1])
+          + f" | {total:.1f} s | | |", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python bench/forest_vs_peers.py [--shape today|paper|both] [--profile] [--systems a,b]
+    [--repeats N]``: the table of both shapes on this terminal, nothing written to docs/ (the
+    results that docs/benchmarks.md shows come from ``python -m bench forest forest_paper``)."""
+    import argparse
+
+    from bench.render import quality, side
+    from bench.rows import summarize
+
+    names = ("orchard@1", *PEERS)
+    parser = argparse.ArgumentParser(prog="python bench/forest_vs_peers.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", choices=["today", "paper", "both", "smoke"], default="both",
+                        help="smoke: a few small images, to try the command in seconds")
+    parser.add_argument("--profile", action="store_true", help="print orchard's time per round and phase")
+    parser.add_argument("--systems", default=None, help=f"comma-separated peers to run besides orchard: {', '.join(names)}")
+    parser.add_argument("--repeats", type=int, default=1)
+    args = parser.parse_args(argv)
+    only = None if args.systems is None else [s.strip() for s in args.systems.split(",") if s.strip() != "orchard"]
+    unknown = [s for s in only or [] if s not in names]
+    if unknown:
+        parser.error(f"--systems: unknown {', '.join(unknown)}; allowed: orchard, {', '.join(names)}")
+    print(f"load average at start: {os.getloadavg()[0]:.2f} ({os.cpu_count()} CPUs)", flush=True)
+    for shape in (["today", "paper"] if args.shape == "both" else [args.shape]):
+        size = SIZES["full" if shape == "today" else shape]  # "today" is the bench's "full" size
+        rows = [summarize(r) for r in measure(size, args.repeats, only, args.profile)]
+        # a target is named, never called met here: that needs the runner's load sampling
+        print("\n| row | orchard | peer | ratio | orchard quality | peer quality | target |\n"
+              "| --- | --- | --- | ---: | --- | --- | --- |")
+        for r in rows:
+            ratio = f"{r['ratio']:.3g}x" if r.get("ratio") else "-"
+            print(f"| {r['name']} | {side(r['orchard'], r['unit'])} | {side(r['peer'], r['unit'])} | {ratio} | "
+                  f"{quality(r['quality'].get('orchard'))} | {quality(r['quality'].get('peer'))} | "
+                  f"{r['status'] if r['status'] != 'ok' else (r['target'] or {}).get('text', '-')} |")
+        print(f"load average at end: {os.getloadavg()[0]:.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
+    main()

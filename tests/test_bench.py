@@ -195,3 +195,21 @@ def test_a_peer_over_the_time_limit_is_stopped_and_becomes_a_failed_row_with_its
         shutil.rmtree(data_dir, ignore_errors=True)
     assert out["error"] == "stopped: still training after 0 min" and out["stopped_after_s"] == 0.5
     assert out["peak_bytes"] > 10 * 2**20                              # sampled from outside the child
+
+
+@pytest.mark.timeout(600)
+def test_the_forest_bench_script_prints_the_table_and_orchards_profile_per_round(capsys):
+    """`python bench/forest_vs_peers.py --profile` (the command docs/benchmarks/forest.md gives):
+    orchard's time per round and phase, then the side-by-side table, limited to the systems asked."""
+    from bench.forest_vs_peers import main
+
+    main(["--shape", "smoke", "--systems", "sklearn ExtraTrees", "--profile"])
+    out = capsys.readouterr().out
+    assert "| tree | depth | frontier | batches | phase 1 |" in out
+    profile = [line for line in out.splitlines() if line.startswith("| 0 | ")]
+    assert len(profile) >= 2                                   # one line per round of the one tree
+    assert "orchard vs sklearn ExtraTrees" in out
+    assert "LightGBM" not in out and "orchard@1" not in out    # left out by --systems
+    assert "load average at start:" in out and "load average at end:" in out
+    with pytest.raises(SystemExit):
+        main(["--systems", "CatBoost"])
