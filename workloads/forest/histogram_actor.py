@@ -30,14 +30,16 @@ class HistogramActor:
         # Several actors share the machine with the phase-2 tasks: one thread each.
         numba.set_num_threads(1)
         self.shape = None  # no batch yet (also after a restart): partials are ignored
+        self.dtype = np.dtype(np.int32)
         self.hist = None
         self.parts: set = set()
         self.busy_s = 0.0
         self.peak_bytes = 0
 
-    def reset(self, n_columns: int, n_features: int, n_bins: int) -> bool:
-        """Start a node batch; the histogram is allocated lazily on the first add."""
-        self.shape = (n_columns, n_features, n_bins)
+    def reset(self, n_columns: int, n_features: int, n_bins: int, dtype: str = "int32") -> bool:
+        """Start a node batch; the histogram (counts of `dtype`, wide enough for the batch's
+        largest column: rounds.count_dtype) is allocated lazily on the first add."""
+        self.shape, self.dtype = (n_columns, n_features, n_bins), np.dtype(dtype)
         self.hist, self.parts, self.busy_s, self.peak_bytes = None, set(), 0.0, 0
         return True
 
@@ -50,7 +52,7 @@ class HistogramActor:
         start = time.perf_counter()
         if part_id not in self.parts:  # a replayed partial must not be counted twice
             if self.hist is None:
-                self.hist = np.zeros(self.shape, np.int32)
+                self.hist = np.zeros(self.shape, self.dtype)
                 self.peak_bytes = self.hist.nbytes
             add_partial(self.hist, feature_start, partial)
             self.parts.add(part_id)
@@ -67,7 +69,7 @@ class HistogramActor:
             return {"parts": None}
         start = time.perf_counter()
         if self.hist is None:
-            self.hist = np.zeros(self.shape, np.int32)
+            self.hist = np.zeros(self.shape, self.dtype)
         weights = np.asarray(class_weights, np.float64)
         feature, threshold, gain, left, right = best_splits(
             self.hist, col_start, col_class, weights, int(min_child_examples), len(weights))

@@ -3,7 +3,7 @@
 Histograms are compact (section 3: "sparse, and lazily allocated"): a node gets one
 *column* per class that phase 1 saw among its examples, not all 31, so deep nodes that
 hold a handful of parts cost a handful of columns. Layout: hist[column, feature, bin]
-(int32 counts), with `col_start` (S+1,) delimiting each node slot's columns and
+(counts as narrow as the batch allows: rounds.count_dtype), with `col_start` (S+1,) delimiting each node slot's columns and
 `col_class` (columns,) naming their class. `bin` = number of the feature's sorted
 thresholds that are <= the response, so "response < threshold_k" (goes left) is exactly
 bins 0..k and the paper's (node, feature, class, {left, right}) histogram is a
@@ -78,30 +78,44 @@ def _accumulate(hist, depths, ex_img, ex_y, ex_x, ex_col, offsets, thresholds,
                 hist[col, f, b] += 1
 
 
-@numba.njit(cache=True)
-def _weighted_entropy_sum(counts, weights):
-    """(W, sum_j w_j n_j log w_j n_j) for column counts (K,) and their class weights (K,)."""
+def best_splits(hist, col_start, col_class, class_weights, min_child_examples, n_classes):
+    """Phase 3: best (feature, threshold) per node slot by weighted information gain.
+
+    hist (columns, F, T+1) integer counts (any integer dtype); slot s owns columns
+    col_start[s]:col_start[s+1] of classes col_class[...]; class_weights (n_classes,) float64
+    (inverse priors: phase 1's normalisation constants). Entropy is Shannon (nats). A split is
+    valid when both children get >= min_child_examples examples. Ties go to the lowest
+    (feature, threshold) index, so the result does not depend on partitioning.
+    Returns feature (S,) int32 (-1: no valid split), threshold index (S,) int32,
+    gain (S,) float64, left counts (S, n_classes) int64, right counts (S, n_classes) int64.
+    """
+    class_weights = np.asarray(class_weights, np.float64)
+    # the weighted entropy of counts n_j with weights w_j needs sum_j x_j log x_j, x_j = w_j n_j,
+    # = sum_j w_j (n_j log n_j) + n_j (w_j log w_j): a table of n log n over the integers and
+    # one w log w per class replace a log per class at every candidate (phase 3's cost deep down)
+    top = int(hist[:, 0, :].sum(axis=1, dtype=np.int64).max()) if hist.shape[0] and hist.shape[1] else 0
+    n = np.arange(top + 1, dtype=np.float64)
+    n_log_n = n * np.log(np.maximum(n, 1.0))
+    w_log_w = np.where(class_weights > 0, class_weights * np.log(np.where(class_weights > 0, class_weights, 1.0)), 0.0)
+    return _best_splits(hist, col_start, col_class, class_weights, w_log_w, n_log_n,
+                        int(min_child_examples), int(n_classes))
+
+
+@numba.njit(cache=True, inline="always")
+def _entropy_terms(counts, weights, w_log_w, n_log_n):
+    """(W, sum_j x_j log x_j) with x_j = w_j n_j, for integer counts (K,) (see best_splits)."""
     total, acc = 0.0, 0.0
     for j in range(counts.shape[0]):
-        x = counts[j] * weights[j]
-        if x > 0.0:
-            total += x
-            acc += x * math.log(x)
+        c = counts[j]
+        if c > 0 and weights[j] > 0.0:
+            total += weights[j] * c
+            acc += weights[j] * n_log_n[c] + c * w_log_w[j]
     return total, acc
 
 
 @numba.njit(cache=True, parallel=True)
-def best_splits(hist, col_start, col_class, class_weights, min_child_examples, n_classes):
-    """Phase 3: best (feature, threshold) per node slot by weighted information gain.
-
-    hist (columns, F, T+1) integer counts; slot s owns columns col_start[s]:col_start[s+1]
-    of classes col_class[...]; class_weights (n_classes,) float64 (inverse priors: phase
-    1's normalisation constants). Entropy is Shannon (nats). A split is valid when both
-    children get >= min_child_examples examples. Ties go to the lowest (feature,
-    threshold) index, so the result does not depend on partitioning.
-    Returns feature (S,) int32 (-1: no valid split), threshold index (S,) int32,
-    gain (S,) float64, left counts (S, n_classes) int64, right counts (S, n_classes) int64.
-    """
+def _best_splits(hist, col_start, col_class, class_weights, class_w_log_w, n_log_n,
+                 min_child_examples, n_classes):
     n_slots = col_start.shape[0] - 1
     n_features, n_bins = hist.shape[1], hist.shape[2]
     best_f = np.full(n_slots, -1, np.int32)
@@ -115,28 +129,38 @@ def best_splits(hist, col_start, col_class, class_weights, min_child_examples, n
         if k == 0:
             continue
         weights = np.empty(k, np.float64)
-        total = np.zeros(k, np.float64)
+        w_log_w = np.empty(k, np.float64)
+        total = np.zeros(k, np.int64)
         for j in range(k):
             weights[j] = class_weights[col_class[c0 + j]]
+            w_log_w[j] = class_w_log_w[col_class[c0 + j]]
             for b in range(n_bins):
                 total[j] += hist[c0 + j, 0, b]
         n_total = total.sum()
-        w_all, a_all = _weighted_entropy_sum(total, weights)
-        if w_all <= 0.0:
+        w_all, a_all = _entropy_terms(total, weights, w_log_w, n_log_n)
+        if w_all <= 0.0 or n_total < 2 * min_child_examples:
             continue
         h_parent = math.log(w_all) - a_all / w_all
-        left = np.zeros(k, np.float64)
+        left = np.zeros(k, np.int64)
+        right = np.zeros(k, np.int64)
         for f in range(n_features):
-            left[:] = 0.0
-            n_left = 0.0
+            left[:] = 0
+            n_left = 0
             for t in range(n_bins - 1):
+                in_bin = 0
                 for j in range(k):
-                    left[j] += hist[c0 + j, f, t]
-                    n_left += hist[c0 + j, f, t]
+                    c = hist[c0 + j, f, t]
+                    left[j] += c
+                    in_bin += c
+                if in_bin == 0:
+                    continue  # an empty bin: the same split as the threshold before (no better gain)
+                n_left += in_bin
                 if n_left < min_child_examples or n_total - n_left < min_child_examples:
                     continue
-                w_l, a_l = _weighted_entropy_sum(left, weights)
-                w_r, a_r = _weighted_entropy_sum(total - left, weights)
+                for j in range(k):
+                    right[j] = total[j] - left[j]
+                w_l, a_l = _entropy_terms(left, weights, w_log_w, n_log_n)
+                w_r, a_r = _entropy_terms(right, weights, w_log_w, n_log_n)
                 if w_l <= 0.0 or w_r <= 0.0:
                     continue
                 h_l = math.log(w_l) - a_l / w_l
@@ -149,5 +173,5 @@ def best_splits(hist, col_start, col_class, class_weights, min_child_examples, n
                 c = col_class[c0 + j]
                 for b in range(best_t[s] + 1):
                     left_out[s, c] += hist[c0 + j, best_f[s], b]
-                right_out[s, c] = int(total[j]) - left_out[s, c]
+                right_out[s, c] = total[j] - left_out[s, c]
     return best_f, best_t, best_gain, left_out, right_out

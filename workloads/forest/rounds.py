@@ -80,13 +80,14 @@ def phase1_task(traversal, frontier, selection, background_mm, threads, *blocks)
 
 
 def phase2_task(traversal, batch_nodes, column_of, col_lo, col_hi, offsets, thresholds,
-                column_bounds, selection, background_mm, threads, fault, *blocks):
+                column_bounds, hist_dtype, selection, background_mm, threads, fault, *blocks):
     """Partial histograms of one (data partition, feature partition) for one node batch.
 
     batch_nodes (B,) sorted node ids; column_of (B, C) int32: histogram column of (node,
     class), -1 where the class is absent. Only columns [col_lo, col_hi) are counted (all of
     the batch normally; one actor's share when its lost partials are recomputed).
     column_bounds: boundaries of each receiving actor's columns, relative to col_lo.
+    hist_dtype: the batch's count dtype (count_dtype: it holds the largest column's total).
     Returns one encoded slice (shuffle.encode_partial) per receiving actor, then a stats
     dict (busy seconds, example-features, histogram bytes, bytes shipped encoded / dense).
     `fault` (tests only): a marker path; the first task to see it absent creates it and
@@ -97,7 +98,7 @@ def phase2_task(traversal, batch_nodes, column_of, col_lo, col_hi, offsets, thre
 
     start = time.perf_counter()
     _set_threads(threads)
-    hist = np.zeros((col_hi - col_lo, len(offsets), thresholds.shape[1] + 1), np.int32)
+    hist = np.zeros((col_hi - col_lo, len(offsets), thresholds.shape[1] + 1), hist_dtype)
     example_features = 0
     for i, block in enumerate(blocks):
         ex, nodes = _reassociate(block, traversal, selection, background_mm)
@@ -116,7 +117,7 @@ def phase2_task(traversal, batch_nodes, column_of, col_lo, col_hi, offsets, thre
              for k in range(len(column_bounds) - 1)]
     stats = {"busy_s": time.perf_counter() - start, "example_features": example_features,
              "hist_bytes": hist.nbytes, "shuffle_bytes": sum(encoded_bytes(p) for p in parts),
-             "dense_bytes": hist.nbytes}
+             "dense_bytes": hist.size * 4}  # int32 partials, as before issue 20
     return (*parts, stats)
 
 
@@ -143,31 +144,46 @@ def partitions_at(forest_cfg: dict, depth: int) -> dict:
     return degrees
 
 
+def count_dtype(max_count: int) -> np.dtype:
+    """The narrowest histogram dtype that holds `max_count` (a column's examples, known from
+    phase 1): deep in the tree a node has a few hundred examples, so its histogram is uint8 or
+    uint16, not int32 -- a half to a quarter of the memory, the bytes zeroed and summed, and
+    the cache the kernel's scattered increments miss."""
+    return np.dtype(np.uint8 if max_count < 2**8 else np.uint16 if max_count < 2**16 else np.int32)
+
+
 def plan_batches(nodes: list, columns: list, n_features: int, max_features_per_task: int,
-                 n_bins: int, n_actors: int, budget_bytes: int) -> list:
-    """Split frontier `nodes` (with `columns` histogram columns each) into batches such that
+                 n_bins: int, n_actors: int, budget_bytes: int, itemsizes: list | None = None) -> list:
+    """Split frontier `nodes` (with `columns` histogram columns each, and cells of `itemsizes`
+    bytes: count_dtype of each node's largest column; 4 when not given) into batches such that
     a task's histogram (batch columns x its features) and every actor's (its columns x all
-    features) fit in `budget_bytes`. Returns [(batch nodes, node bounds per actor)].
+    features) fit in `budget_bytes`. Returns [(batch nodes, node bounds per actor, itemsize)];
+    a batch's cells are as wide as its widest node needs.
 
     Actors are filled in node order up to an even share (+ one node) of the batch's columns;
     the batch is capped at n_actors x (actor capacity - one node) so that this always
     fits in n_actors actors. A single node always fits (validate checks the budget).
     """
-    cell = n_bins * 4
-    task_cap = budget_bytes // (max_features_per_task * cell)
-    actor_cap = budget_bytes // (n_features * cell)
-    batch_cap = min(task_cap, n_actors * max(actor_cap - NUM_PARTS + 1, 1))
-    batches, current, used = [], [], 0
-    for node, k in zip(nodes, columns):
-        if current and used + k > batch_cap:
-            batches.append(current)
-            current, used = [], 0
+    itemsizes = itemsizes or [4] * len(nodes)
+
+    def caps(itemsize):
+        cell = n_bins * itemsize
+        actor_cap = budget_bytes // (n_features * cell)
+        task_cap = budget_bytes // (max_features_per_task * cell)
+        return min(task_cap, n_actors * max(actor_cap - NUM_PARTS + 1, 1)), actor_cap
+
+    batches, current, used, width = [], [], 0, 0
+    for node, k, itemsize in zip(nodes, columns, itemsizes):
+        if current and used + k > caps(max(width, itemsize))[0]:
+            batches.append((current, width))
+            current, used, width = [], 0, 0
         current.append((node, k))
-        used += k
+        used, width = used + k, max(width, itemsize)
     if current:
-        batches.append(current)
+        batches.append((current, width))
     planned = []
-    for batch in batches:
+    for batch, width in batches:
+        actor_cap = caps(width)[1]
         total = sum(k for _, k in batch)
         share = -(-total // min(n_actors, len(batch)))
         target = min(actor_cap, share + NUM_PARTS - 1)
@@ -179,7 +195,7 @@ def plan_batches(nodes: list, columns: list, n_features: int, max_features_per_t
             filled += k
         bounds.append(len(batch))
         assert len(bounds) - 1 <= n_actors, "batch plan needs more actors than configured"
-        planned.append(([n for n, _ in batch], bounds))
+        planned.append(([n for n, _ in batch], bounds, width))
     return planned
 
 
@@ -318,7 +334,7 @@ class RoundRunner:
         return self._phase2_task.options(num_returns=len(bounds), num_cpus=self._task_cpus(),
                                          max_retries=self.max_failures).remote(
             b["traversal"], b["nodes"], b["column_of"], col_lo, col_hi, offsets[f0:f1], thresholds[f0:f1],
-            bounds, b["selection"], self.background, self.threads, self.hooks.get("task_fault"),
+            bounds, b["dtype"], b["selection"], self.background, self.threads, self.hooks.get("task_fault"),
             *b["data_parts"][d])
 
     def _wait_all(self, refs: list) -> list:
@@ -364,10 +380,10 @@ class RoundRunner:
                 self._revive(k)
         raise RuntimeError(f"histogram actor {k} failed {self.max_failures + 2} times")
 
-    def _batch(self, traversal_ref, batch, node_bounds, counts_of, pool, degrees, data_parts, selection,
-               weights, depth, batch_index) -> dict:
+    def _batch(self, traversal_ref, batch, node_bounds, itemsize, counts_of, pool, degrees, data_parts,
+               selection, weights, depth, batch_index) -> dict:
         """Everything phases 2 and 3 of one node batch need: its compact columns (one per node
-        and class present there, node by node), jobs, and each actor's share."""
+        and class present there, node by node), their count dtype, jobs, and each actor's share."""
         offsets, thresholds = pool
         n_actors = len(node_bounds) - 1
         present = np.stack([counts_of[n] for n in batch]) > 0
@@ -376,13 +392,15 @@ class RoundRunner:
         col_class = np.nonzero(present)[1].astype(np.int32)
         column_bounds = [int(col_start[i]) for i in node_bounds]
         n_bins = thresholds.shape[1] + 1
-        return {"depth": depth, "index": batch_index, "pool": pool, "selection": selection,
+        dtype = {1: "uint8", 2: "uint16", 4: "int32"}[itemsize]
+        return {"depth": depth, "index": batch_index, "pool": pool, "selection": selection, "dtype": dtype,
                 "data_parts": data_parts, "traversal": traversal_ref,
                 "nodes": ray.put(np.asarray(batch, np.int64)), "column_of": ray.put(column_of),
                 "jobs": [(d, p) for p in range(degrees["features"]) for d in range(len(data_parts))],
                 "feature_bounds": [f * len(offsets) // degrees["features"] for f in range(degrees["features"] + 1)],
                 "column_bounds": column_bounds,
-                "shapes": [(column_bounds[k + 1] - column_bounds[k], len(offsets), n_bins) for k in range(n_actors)],
+                "shapes": [(column_bounds[k + 1] - column_bounds[k], len(offsets), n_bins, dtype)
+                           for k in range(n_actors)],
                 "best_args": [(col_start[node_bounds[k]:node_bounds[k + 1] + 1] - col_start[node_bounds[k]],
                                col_class[column_bounds[k]:column_bounds[k + 1]], weights,
                                self.cfg["min_child_examples"]) for k in range(n_actors)]}
@@ -406,7 +424,7 @@ class RoundRunner:
             if self.stopping.is_set():
                 raise TrainingInterrupted("stopped: the run was interrupted")
             refs.append(self._submit_phase2(b, d, 0, n_features, 0, total, [0, total]))
-        hist = np.zeros(b["shapes"][0], np.int32)
+        hist = np.zeros(b["shapes"][0][:3], b["dtype"])
         stats, pending = [], {stat: part for part, stat in refs}
         while pending:  # sum each partial as it arrives; its object is freed right after
             stat_ref = self._wait_one(list(pending))
@@ -515,15 +533,16 @@ class RoundRunner:
                 data_parts = self._data_partitions(int(degrees["data_units"]))
             # [2]+[3] per node batch: histograms in tasks, sums and best splits in actors
             columns = [int((counts_of[n] > 0).sum()) for n in active]
+            itemsizes = [count_dtype(int(counts_of[n].max())).itemsize for n in active]
             batches = plan_batches(active, columns, len(offsets), -(-len(offsets) // degrees["features"]),
-                                   thresholds.shape[1] + 1, int(degrees["nodes"]), budget)
+                                   thresholds.shape[1] + 1, int(degrees["nodes"]), budget, itemsizes)
             totals = {"phase2_s": 0.0, "phase3_s": 0.0, "task_busy_s": phase1_busy,
                       "actor_busy_s": 0.0, "example_features": 0, "hist_peak_bytes": 0,
                       "shuffle_bytes": counts_bytes, "dense_bytes": 0}
             # [4] phase 4 (interleaved per batch): split nodes, grow the next frontier
             next_frontier, phase4_s = [], 0.0
-            for b, (batch, node_bounds) in enumerate(batches):
-                plan = self._batch(traversal_ref, batch, node_bounds, counts_of, pool, degrees, data_parts,
+            for b, (batch, node_bounds, itemsize) in enumerate(batches):
+                plan = self._batch(traversal_ref, batch, node_bounds, itemsize, counts_of, pool, degrees, data_parts,
                                    selection, weights, depth, b)
                 results, stats = self._phases_2_3_on_driver(plan) if small else self._phases_2_3(plan)
                 for key in totals:
@@ -546,7 +565,6 @@ class RoundRunner:
             phase4_s += time.perf_counter() - start
             wall = time.perf_counter() - round_start
             if self.on_round:
-                cell = (thresholds.shape[1] + 1) * 4
                 self.on_round(tree_index, depth - 1, {
                     "round/tree": tree_index, "round/depth": depth - 1,
                     "round/phase1_s": phase1_s, "round/phase2_s": totals["phase2_s"],
@@ -556,7 +574,8 @@ class RoundRunner:
                     "round/examples": int(sum(counts_of[n].sum() for n in active)),
                     "round/example_features_per_s": totals["example_features"] / max(totals["phase2_s"], 1e-9),
                     "round/hist_peak_bytes": totals["hist_peak_bytes"],
-                    "round/hist_unbatched_bytes": sum(columns) * len(offsets) * cell,
+                    "round/hist_unbatched_bytes": sum(c * i for c, i in zip(columns, itemsizes))
+                    * len(offsets) * (thresholds.shape[1] + 1),
                     "round/hist_columns": sum(columns), "round/data_partitions": len(data_parts),
                     "round/feature_partitions": int(degrees["features"]),
                     # the shuffle: encoded partials to actors + phase-1 frontier counts, and what

@@ -114,3 +114,30 @@ def test_tree_traversal_matches_python():
             n = left[n] if _numpy_response(depths, img[e], ys[e], xs[e], node_off[n]) < node_thr[n] else right[n]
         assert nodes[e] == n
     assert len(set(nodes.tolist())) == 3
+
+
+def test_histograms_are_as_narrow_as_their_largest_column_and_batches_widen_with_them():
+    """Deep nodes hold a few hundred examples: their counts fit uint8/uint16, so a batch's
+    histogram takes a quarter/half of the int32 bytes and the same budget holds more nodes;
+    best_splits reads any of them to the same split."""
+    from workloads.forest.rounds import count_dtype, plan_batches
+
+    assert [count_dtype(n).name for n in (0, 255, 256, 65535, 65536)] == \
+        ["uint8", "uint8", "uint16", "uint16", "int32"]
+    nodes, columns = list(range(40)), [5] * 40
+    budget = 20 * 5 * 10 * 8 * 4            # 20 nodes' int32 histograms (10 features, 8 bins)
+    wide = plan_batches(nodes, columns, 10, 10, 8, 4, budget)
+    narrow = plan_batches(nodes, columns, 10, 10, 8, 4, budget, [1] * 40)
+    mixed = plan_batches(nodes, columns, 10, 10, 8, 4, budget, [1] * 20 + [4] * 20)
+    assert [len(b[0]) for b in wide] == [20, 20] and {b[2] for b in wide} == {4}
+    assert [len(b[0]) for b in narrow] == [40] and narrow[0][2] == 1
+    assert all(len(b[0]) * 5 * 10 * 8 * b[2] <= budget for b in mixed) and mixed[-1][2] == 4
+
+    rng = np.random.default_rng(3)
+    hist = rng.integers(0, 200, (6, 4, 9)).astype(np.int32)
+    col_start, col_class = np.array([0, 2, 6], np.int32), np.array([0, 3, 0, 1, 2, 5], np.int32)
+    weights = rng.uniform(0.5, 2.0, 31)
+    as_int32 = best_splits(hist, col_start, col_class, weights, 3, 31)
+    for dtype in (np.uint8, np.uint16):
+        for a, b in zip(as_int32, best_splits(hist.astype(dtype), col_start, col_class, weights, 3, 31)):
+            np.testing.assert_array_equal(a, b)
