@@ -51,7 +51,10 @@ SHAPES = {
     "paper": ["forest.train_images=250", "forest.test_images=8", "forest.num_trees=1", "forest.max_depth=16",
               "forest.n_offsets=2000", "forest.n_thresholds=50", "forest.image_fraction=1.0",
               "forest.pixel_fraction=1.0", "forest.preprocess.compose_prob=0.0", "forest.memory_budget_mb=512",
-              "forest.partitions_by_depth=[]"],
+              # deep rounds: 2 data partitions (the workload default's from-depth-10 entry): half the
+              # partial histograms to allocate, encode and sum; 2 histogram actors throughout (4
+              # would hold twice the histogram memory the bench compares)
+              "forest.partitions_by_depth=[{from_depth:10,data_units:2}]"],
 }
 
 
