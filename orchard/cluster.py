@@ -29,15 +29,25 @@ def connect(cluster: dict) -> bool:
     level = cluster.get("ray_log_level", "WARNING")
     common = dict(logging_level=logging.WARNING, log_to_driver=cluster.get("log_to_driver", True))
     if cluster["mode"] == "remote":
-        if not runtime_env.get("working_dir"):
-            # Ship this checkout so the cluster's workers import the same orchard and workloads.
-            runtime_env["working_dir"] = str(REPO_ROOT)
+        client = str(cluster["address"]).startswith("ray://")
+        if not runtime_env.get("working_dir") and not runtime_env.get("py_modules"):
+            if client:
+                # Ray Client: ship the packages as py_modules, not the checkout as working_dir. The
+                # client server on the head runs with a working_dir copy as its current directory,
+                # and torch's oneMKL aborts the server if that folder is gone when torch is first
+                # imported there (docs/cluster.md); py_modules leave its current directory alone.
+                runtime_env["py_modules"] = [str(REPO_ROOT / "orchard"), str(REPO_ROOT / "workloads")]
+            else:
+                # Ship this checkout so the cluster's workers import the same orchard and workloads.
+                runtime_env["working_dir"] = str(REPO_ROOT)
             # Only code and configs travel: virtualenvs, run outputs and data stay behind
             # (Ray refuses a working_dir over a few hundred MB).
             runtime_env.setdefault("excludes", [".git", ".venv*", "venv", "build", "outputs", "mlruns", "mlartifacts",
                                                 "*.db", "multirun", "*.mp4", "*.png", "*.npz", "*.pt"])
-        runtime_env = ray_logging.quiet(level, runtime_env,
-                                        "shipped" if runtime_env["working_dir"] == str(REPO_ROOT) else "foreign")
+        where = ("shipped" if runtime_env.get("working_dir") == str(REPO_ROOT)
+                 else "modules" if runtime_env.get("py_modules") == [str(REPO_ROOT / "orchard"), str(REPO_ROOT / "workloads")]
+                 else "foreign")
+        runtime_env = ray_logging.quiet(level, runtime_env, where)
         info = ray.init(address=cluster["address"], runtime_env=runtime_env or None, **common)
         _print_addresses(cluster["address"], info)
         return True

@@ -90,8 +90,9 @@ def quiet(level: str, runtime_env: dict, where: str) -> dict:
     """Quiet this process and return ``runtime_env`` extended for the workers.
 
     ``where``: ``local`` (workers import this checkout), ``shipped`` (a remote cluster's
-    workers run in the shipped checkout) or ``foreign`` (a user's working_dir: orchard may
-    not be importable there, so only the level travels)."""
+    workers run in the shipped checkout), ``modules`` (Ray Client: orchard travels as
+    py_modules, so no file of the checkout has a path the workers know) or ``foreign`` (a
+    user's working_dir: orchard may not be importable there, so only the level travels)."""
     level = level.upper()
     worker_env = {LEVEL_ENV: level}
     os.environ.setdefault(LEVEL_ENV, level)
@@ -107,7 +108,7 @@ def quiet(level: str, runtime_env: dict, where: str) -> dict:
     install_filters()
     out = dict(runtime_env)
     if where != "foreign":
-        if quiet_data:
+        if quiet_data and where != "modules":
             worker_env["RAY_DATA_LOGGING_CONFIG"] = ("orchard/ray_data_logging.yaml" if where == "shipped"
                                                      else str(RAY_DATA_LOGGING))
         out.setdefault("worker_process_setup_hook", SETUP_HOOK)

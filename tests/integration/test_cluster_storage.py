@@ -236,7 +236,8 @@ def _predict_on_two_nodes(fs, depths: list[str], run_id: str, uri: str, common: 
 
 
 def test_ray_client_address_attaches_and_prints_the_dashboard(s3, cluster, tmp_path):
-    """``cluster.address=ray://host:port`` (Ray Client, ``ray[client]``) runs a smoke run to FINISHED."""
+    """``cluster.address=ray://host:port`` (Ray Client, ``ray[client]``) runs a smoke run to FINISHED,
+    with orchard and workloads shipped as py_modules."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     env = {**os.environ, **s3, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
     done = subprocess.run([sys.executable, "-m", "orchard", "workload=singa", "singa.arch=local", "debug=smoke",
@@ -246,9 +247,9 @@ def test_ray_client_address_attaches_and_prints_the_dashboard(s3, cluster, tmp_p
     # the line reaches the terminal or, under the console, the run's log
     logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "out").rglob("*.log"))
     assert f"attached to Ray cluster {cluster[1]}; dashboard" in done.stderr + logs, done.stderr[-3000:]
-    if done.returncode != 0 and "Ray client has already been disconnected" in done.stdout + done.stderr:
-        # Ray Client + torch: its server on the head dies unpickling torch (docs/cluster.md, issue 17 open)
-        pytest.xfail("the Ray Client server died mid-run (oneMKL cannot load libtorch_cpu.so; docs/cluster.md)")
+    # with the checkout as working_dir the Ray Client server died here in 4 tries out of 4 (oneMKL
+    # cannot load libtorch_cpu.so: its current directory, the working_dir copy, was gone); shipped
+    # as py_modules it passed 7 of 7 (docs/cluster.md)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert _runs(uri)[0].info.status == "FINISHED"
 

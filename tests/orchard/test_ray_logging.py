@@ -1,6 +1,8 @@
 """cluster.ray_log_level: Ray's INFO chatter leaves the console, warnings stay."""
 import logging
 
+import pytest
+
 from orchard import ray_logging
 
 
@@ -49,7 +51,32 @@ def test_runtime_env_carries_the_hook_only_where_orchard_is_importable(monkeypat
     assert ray_logging.RAY_DATA_LOGGING.exists()
     shipped = ray_logging.quiet("WARNING", {}, "shipped")
     assert shipped["env_vars"]["RAY_DATA_LOGGING_CONFIG"] == "orchard/ray_data_logging.yaml"
+    modules = ray_logging.quiet("WARNING", {}, "modules")   # Ray Client: no checkout path on the workers
+    assert modules["worker_process_setup_hook"] == ray_logging.SETUP_HOOK
+    assert "RAY_DATA_LOGGING_CONFIG" not in modules["env_vars"]
     foreign = ray_logging.quiet("WARNING", {"working_dir": "/theirs"}, "foreign")
     assert "worker_process_setup_hook" not in foreign and "RAY_DATA_LOGGING_CONFIG" not in foreign["env_vars"]
     verbose = ray_logging.quiet("INFO", {}, "local")
     assert "RAY_DATA_LOGGING_CONFIG" not in verbose["env_vars"]
+
+
+@pytest.mark.parametrize("address,ships", [("ray://head:10001", "py_modules"), ("auto", "working_dir")])
+def test_a_remote_cluster_gets_the_checkout_and_ray_client_gets_it_as_py_modules(address, ships, monkeypatch):
+    """Ray Client's server on the head runs with a working_dir copy as its current directory,
+    where torch's oneMKL aborts it if the copy goes (docs/cluster.md): over ray:// orchard and
+    workloads travel as py_modules instead; cluster=remote with another address keeps the checkout."""
+    import ray
+
+    from orchard import cluster
+
+    seen = {}
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: seen.update(kw) or {})
+    monkeypatch.setattr(cluster, "_print_addresses", lambda *a: None)
+    assert cluster.connect({"mode": "remote", "address": address})
+    env = seen["runtime_env"]
+    other = {"py_modules": "working_dir", "working_dir": "py_modules"}[ships]
+    assert ships in env and other not in env
+    if ships == "py_modules":
+        assert [p.rsplit("/", 1)[-1] for p in env["py_modules"]] == ["orchard", "workloads"]
+    assert env["worker_process_setup_hook"] == ray_logging.SETUP_HOOK
