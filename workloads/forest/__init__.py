@@ -43,6 +43,8 @@ def validate(cfg: dict) -> None:
         require_positive(cfg, f"forest.{key}")
     for key in ("image_fraction", "pixel_fraction"):
         require(cfg, f"forest.{key}", lambda v: 0 < v <= 1, "a fraction in (0, 1]")
+    # the phase-2 kernel finds a response's bin by a six-step search over 64 (histogram_kernels.py)
+    require(cfg, "forest.n_thresholds", lambda v: v <= 63, "an integer from 1 to 63 (2.3 uses 50)")
     require(cfg, "forest.unary_fraction", lambda v: 0 <= v <= 1, "a fraction in [0, 1]")
     require(cfg, "forest.min_gain", lambda v: v >= 0, "a number >= 0")
     require(cfg, "forest.small_round_example_features", lambda v: isinstance(v, (int, float)) and v >= 0,

@@ -19,6 +19,7 @@ def test_default_config_composes_and_validates(compose):
 @pytest.mark.parametrize("override,key", [
     ("forest.n_offsets=0", "forest.n_offsets"),
     ("forest.image_fraction=1.5", "forest.image_fraction"),
+    ("forest.n_thresholds=64", "forest.n_thresholds"),
     ("forest.memory_budget_mb=0.01", "forest.memory_budget_mb"),
     ("forest.partitions.features=999", "forest.partitions.features"),
     ("forest.resume=/nonexistent/run", "forest.resume"),
