@@ -10,6 +10,8 @@ from pathlib import Path
 from orchard import ray_logging
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# what a Ray Client job ships as py_modules (connect): the packages its workers import
+SHIPPED_MODULES = [str(REPO_ROOT / "orchard"), str(REPO_ROOT / "workloads")]
 LIBRARY_LOG_LEVELS = ray_logging.LEVELS
 
 
@@ -36,7 +38,7 @@ def connect(cluster: dict) -> bool:
                 # client server on the head runs with a working_dir copy as its current directory,
                 # and torch's oneMKL aborts the server if that folder is gone when torch is first
                 # imported there (docs/cluster.md); py_modules leave its current directory alone.
-                runtime_env["py_modules"] = [str(REPO_ROOT / "orchard"), str(REPO_ROOT / "workloads")]
+                runtime_env["py_modules"] = list(SHIPPED_MODULES)
             else:
                 # Ship this checkout so the cluster's workers import the same orchard and workloads.
                 runtime_env["working_dir"] = str(REPO_ROOT)
@@ -45,7 +47,7 @@ def connect(cluster: dict) -> bool:
             runtime_env.setdefault("excludes", [".git", ".venv*", "venv", "build", "outputs", "mlruns", "mlartifacts",
                                                 "*.db", "multirun", "*.mp4", "*.png", "*.npz", "*.pt"])
         where = ("shipped" if runtime_env.get("working_dir") == str(REPO_ROOT)
-                 else "modules" if runtime_env.get("py_modules") == [str(REPO_ROOT / "orchard"), str(REPO_ROOT / "workloads")]
+                 else "modules" if runtime_env.get("py_modules") == SHIPPED_MODULES
                  else "foreign")
         runtime_env = ray_logging.quiet(level, runtime_env, where)
         info = ray.init(address=cluster["address"], runtime_env=runtime_env or None, **common)

@@ -38,7 +38,7 @@ class HistogramActor:
 
     def reset(self, n_columns: int, n_features: int, n_bins: int, dtype: str = "int32") -> bool:
         """Start a node batch; the histogram (counts of `dtype`, wide enough for the batch's
-        largest column: rounds.count_dtype) is allocated lazily on the first add."""
+        largest column: shuffle.count_dtype) is allocated lazily on the first add."""
         self.shape, self.dtype = (n_columns, n_features, n_bins), np.dtype(dtype)
         self.hist, self.parts, self.busy_s, self.peak_bytes = None, set(), 0.0, 0
         return True

@@ -3,8 +3,8 @@
 Histograms are compact (section 3: "sparse, and lazily allocated"): a node gets one
 *column* per class that phase 1 saw among its examples, not all 31, so deep nodes that
 hold a handful of parts cost a handful of columns. Layout: hist[column, feature, bin]
-(counts as narrow as the batch allows: rounds.count_dtype), with `col_start` (S+1,) delimiting each node slot's columns and
-`col_class` (columns,) naming their class. `bin` = number of the feature's sorted
+(counts as narrow as the batch allows: shuffle.count_dtype), with `col_start` (S+1,)
+delimiting each node slot's columns and `col_class` (columns,) naming their class. `bin` = number of the feature's sorted
 thresholds that are <= the response, so "response < threshold_k" (goes left) is exactly
 bins 0..k and the paper's (node, feature, class, {left, right}) histogram is a
 cumulative sum over bins: one increment per example-feature instead of one per threshold.

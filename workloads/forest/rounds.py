@@ -28,6 +28,7 @@ import ray
 from .body_parts import NUM_PARTS
 from .data_unit import tree_selection
 from .histogram_actor import HistogramActor
+from .shuffle import count_dtype
 from .tree import Tree, save_checkpoint
 
 
@@ -87,7 +88,7 @@ def phase2_task(traversal, batch_nodes, column_of, col_lo, col_hi, offsets, thre
     class), -1 where the class is absent. Only columns [col_lo, col_hi) are counted (all of
     the batch normally; one actor's share when its lost partials are recomputed).
     column_bounds: boundaries of each receiving actor's columns, relative to col_lo.
-    hist_dtype: the batch's count dtype (count_dtype: it holds the largest column's total).
+    hist_dtype: the batch's count dtype (shuffle.count_dtype: it holds the largest column's total).
     Returns one encoded slice (shuffle.encode_partial) per receiving actor, then a stats
     dict (busy seconds, example-features, histogram bytes, bytes shipped encoded / dense).
     `fault` (tests only): a marker path; the first task to see it absent creates it and
@@ -142,14 +143,6 @@ def partitions_at(forest_cfg: dict, depth: int) -> dict:
         if depth >= entry["from_depth"]:
             degrees.update({k: v for k, v in entry.items() if k != "from_depth"})
     return degrees
-
-
-def count_dtype(max_count: int) -> np.dtype:
-    """The narrowest histogram dtype that holds `max_count` (a column's examples, known from
-    phase 1): deep in the tree a node has a few hundred examples, so its histogram is uint8 or
-    uint16, not int32 -- a half to a quarter of the memory, the bytes zeroed and summed, and
-    the cache the kernel's scattered increments miss."""
-    return np.dtype(np.uint8 if max_count < 2**8 else np.uint16 if max_count < 2**16 else np.int32)
 
 
 def plan_batches(nodes: list, columns: list, n_features: int, max_features_per_task: int,

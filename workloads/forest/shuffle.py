@@ -20,10 +20,17 @@ import numpy as np
 INDEX_BYTES = 4  # uint32 flat index of a non-zero cell
 
 
+def count_dtype(max_count: int) -> np.dtype:
+    """The narrowest dtype for counts up to `max_count`: of an encoded partial's cells, and of a
+    batch's histograms (rounds.py: a column's examples are known from phase 1, so deep in the tree,
+    where a node has a few hundred examples, its histogram is uint8 or uint16, not int32 -- a half
+    to a quarter of the memory, the bytes zeroed and summed, and the cache the kernel's scattered
+    increments miss)."""
+    return np.dtype(np.uint8 if max_count < 2**8 else np.uint16 if max_count < 2**16 else np.int32)
+
+
 def _narrow(values: np.ndarray) -> np.ndarray:
-    top = int(values.max()) if values.size else 0
-    dtype = np.uint8 if top < 2**8 else np.uint16 if top < 2**16 else np.uint32
-    return values.astype(dtype, copy=False)
+    return values.astype(count_dtype(int(values.max()) if values.size else 0), copy=False)
 
 
 def encode_partial(hist: np.ndarray) -> dict:

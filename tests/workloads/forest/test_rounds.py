@@ -149,7 +149,7 @@ def test_memory_budget_holds_where_unbatched_histograms_would_not_fit(reference,
     fcfg, ref_state, ref_rounds = reference
     # the least that can work: the root's histogram (no node has more columns or examples; its
     # counts are the widest) -- below validate's floor of one int32 node with all 31 classes,
-    # since deep nodes' counts fit uint8 (rounds.count_dtype) and would not need batching
+    # since deep nodes' counts fit uint8 (shuffle.count_dtype) and would not need batching
     budget_mb = 1.01 * ref_rounds[0]["round/hist_unbatched_bytes"] / 2**20
     small = dict(fcfg, memory_budget_mb=budget_mb, partitions={"data_units": 2, "features": 1, "nodes": 2})
     state, rounds = train(block_refs, small, tmp_path / "ckpt.npz")
