@@ -92,16 +92,17 @@ def test_only_other_processes_cpu_makes_a_run_loaded():
     assert LoadSampler._foreign(busy_s=5.0, own_s=-30.0, wall_s=10.0) == 0.5  # never below zero
 
 
-# a child that starts a CPU-bound grandchild and exits: the grandchild is re-parented to init,
-# as Ray's workers are when the raylet stops, and its CPU must still count as the tree's
+# a child that starts a CPU-bound grandchild and exits when told (a line on its stdin, once the
+# test has seen both): the grandchild is re-parented to init, as Ray's workers are when the
+# raylet stops, and its CPU must still count as the tree's
 ORPHAN = """
-import os, time
+import os, sys, time
 if os.fork() == 0:
     t = time.process_time()
     while time.process_time() - t < 1.0:
         pass
     os._exit(0)
-time.sleep(0.5)
+sys.stdin.readline()
 """
 
 
@@ -110,12 +111,15 @@ def test_cpu_of_a_process_that_left_the_tree_stays_ours():
 
     from bench.machine import OwnCpu
 
-    child = subprocess.Popen([sys.executable, "-c", ORPHAN])
+    child = subprocess.Popen([sys.executable, "-c", ORPHAN], stdin=subprocess.PIPE, text=True)
     own = OwnCpu(psutil.Process(child.pid))  # the child's tree: the test's own CPU is not in it
     tracked, deadline = 0, time.time() + 120
     while (child.poll() is None or len(own.seen) > 0) and time.time() < deadline:  # until the orphan exited
         own.sample()  # sampled often, as the sampler does: only the last moment may be missed
         tracked = max(tracked, len(own.seen))
+        if tracked == 2 and child.poll() is None and not child.stdin.closed:
+            child.stdin.write("exit\n")  # both seen: the child leaves its grandchild behind
+            child.stdin.close()
         time.sleep(0.05)
     assert tracked == 2  # child and grandchild were both seen
     assert own.total >= 0.8, own.total

@@ -255,14 +255,15 @@ def test_ray_client_address_attaches_and_prints_the_dashboard(s3, cluster, tmp_p
 
 
 @pytest.mark.parametrize("address", ["ray://127.0.0.1:{port}", "127.0.0.1:{port}"])
-def test_unreachable_cluster_address_is_one_line_and_exit_2_within_30_s(address, tmp_path):
+def test_unreachable_cluster_address_is_one_line_and_exit_2_before_ray_starts(address, tmp_path):
     address = address.format(port=_free_port())  # nothing listens there
-    started = time.time()
     done = subprocess.run([sys.executable, "-m", "orchard", "workload=flower", "debug=smoke", "cluster=remote",
                            f"cluster.address={address}", f"output_dir={tmp_path}/out",
                            f"tracking.uri=sqlite:///{tmp_path}/mlflow.db"],
                           cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
                           capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2 and time.time() - started < 30, done.stderr[-2000:]
+    assert done.returncode == 2, done.stderr[-2000:]
+    # refused by the 5 s probe before Ray (and the console's log of a started run) came up
+    assert not (tmp_path / "out" / "logs").exists() or not list((tmp_path / "out" / "logs").iterdir())
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "cluster.address" in lines[0] and address in lines[0], done.stderr

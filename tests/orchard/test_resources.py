@@ -48,7 +48,10 @@ def test_sampler_actor_logs_gpu_series_into_the_run(ray_session):
     assert ray.get(sampler.gpu_count.remote()) == 2
     import time
 
-    time.sleep(0.5)
+    deadline = time.time() + 120  # until two samples reached the sink, however busy the machine
+    while len(ray.get(sink.series.remote("system/")).get("system/node0/gpu1/util_pct", [])) < 2:
+        assert time.time() < deadline, "the sampler logged fewer than 2 samples in 120 s"
+        time.sleep(0.05)
     assert ray.get(sampler.stop.remote()) >= 2
     series = ray.get(sink.series.remote("system/"))
     assert set(series["system/node0/gpu1/util_pct"]) == {90.0}
