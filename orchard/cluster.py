@@ -28,6 +28,8 @@ def connect(cluster: dict) -> bool:
     # Ray Train V2 prints deprecation notices for APIs orchard does not use.
     os.environ.setdefault("RAY_TRAIN_ENABLE_V2_MIGRATION_WARNINGS", "0")
     runtime_env = dict(cluster.get("runtime_env") or {})
+    if worker_env(cluster):
+        runtime_env["env_vars"] = {**worker_env(cluster), **(runtime_env.get("env_vars") or {})}
     level = cluster.get("ray_log_level", "WARNING")
     common = dict(logging_level=logging.WARNING, log_to_driver=cluster.get("log_to_driver", True))
     if cluster["mode"] == "remote":
@@ -55,7 +57,7 @@ def connect(cluster: dict) -> bool:
         return True
     prepare_local_env()
     runtime_env = ray_logging.quiet(level, runtime_env, "local")
-    with _ray_in_own_process_group():
+    with _ray_in_own_process_group(), _own_address() as pinned:
         ray.init(
             # "local": always a new embedded Ray. Without it ray.init() attaches to whatever cluster
             # /tmp/ray/ray_current_cluster names (another run's, a test's), and fails or shares it.
@@ -68,7 +70,62 @@ def connect(cluster: dict) -> bool:
             runtime_env=runtime_env or None,
             **common,
         )
+        pinned(ray.get_runtime_context().gcs_address)
     return True
+
+
+def worker_env(cluster: dict) -> dict:
+    """Environment variables every process of the run's Ray job gets (the job's runtime_env):
+    the bound on a Ray Train worker group's start (``cluster.worker_start_timeout_s``), read by
+    Train's controller wherever it runs."""
+    bound = cluster.get("worker_start_timeout_s")
+    return {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(float(bound))} if bound else {}
+
+
+@contextlib.contextmanager
+def _own_address():
+    """Every process of the embedded Ray resolves "the cluster" to this one, never by ``"auto"``.
+
+    Parts of Ray look the cluster up by ``address="auto"`` from inside its workers: Ray Train's
+    detached ``PlacementGroupCleaner`` and the state API it calls. With another Ray instance on the
+    machine (another run's, a notebook's) that lookup fails with "Found multiple active Ray
+    instances"; the cleaner died, the finished trial's placement group was never freed, and the
+    next trial of a sweep waited forever for its CPUs. Ray's lookup reads ``RAY_ADDRESS`` first,
+    and its processes inherit the driver's environment when ``ray.init`` starts them: so the GCS
+    port is chosen here (``RAY_GCS_SERVER_PORT``, which Ray honours for a new head) and
+    ``RAY_ADDRESS`` names it before the raylet forks any worker. Yields ``pinned(address)``, to be
+    called with the address Ray reports once up; the port variable is removed again so that a
+    Ray started later by this process picks its own."""
+    import socket
+
+    from ray._private import services
+
+    saved = {k: os.environ.get(k) for k in ("RAY_ADDRESS", "RAY_GCS_SERVER_PORT")}
+    with socket.socket() as probe:  # a free port now; Ray binds it a moment later
+        probe.bind(("", 0))
+        port = probe.getsockname()[1]
+    os.environ["RAY_GCS_SERVER_PORT"] = str(port)
+    os.environ["RAY_ADDRESS"] = f"{services.get_node_ip_address()}:{port}"
+    actual: list[str] = []
+    try:
+        yield actual.append
+    finally:
+        _restore("RAY_GCS_SERVER_PORT", saved["RAY_GCS_SERVER_PORT"])
+        if actual:  # the driver's own later lookups (Train, Tune, the state API) find it too
+            os.environ["RAY_ADDRESS"] = actual[0]
+            _PINNED.append(saved["RAY_ADDRESS"])
+        else:  # Ray did not start: nothing to point at
+            _restore("RAY_ADDRESS", saved["RAY_ADDRESS"])
+
+
+_PINNED: list = []  # RAY_ADDRESS as it was before connect() pinned it; put back by shutdown()
+
+
+def _restore(key: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(key, None)
+    else:
+        os.environ[key] = value
 
 
 @contextlib.contextmanager
@@ -134,3 +191,5 @@ def shutdown() -> None:
     gc.collect()
     ray.shutdown()
     auto_init_hook.enable_auto_connect = False
+    while _PINNED:  # the Ray that RAY_ADDRESS named is gone
+        _restore("RAY_ADDRESS", _PINNED.pop())

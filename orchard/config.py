@@ -266,6 +266,8 @@ def validate(cfg: dict, module) -> None:
     if "ray_log_level" in cfg["cluster"]:
         cfg["cluster"]["ray_log_level"] = str(cfg["cluster"]["ray_log_level"]).upper()
         require_choice(cfg, "cluster.ray_log_level", LIBRARY_LOG_LEVELS)
+    if cfg["cluster"].get("worker_start_timeout_s") is not None:
+        require_positive(cfg, "cluster.worker_start_timeout_s")
     if cfg["cluster"]["mode"] == "remote":
         require(cfg, "cluster.address", lambda v: v == "auto" or str(v).startswith(("ray://", "http")) or ":" in str(v),
                 "auto, ray://host:10001 or host:6379")

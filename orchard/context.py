@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 
 PROGRESS_INTERVAL_S = 0.25
+_VALID_NAMES: set[str] = set()  # metric names this process has checked: MLflow's rules run once per name
 
 
 class RunContext:
@@ -40,8 +41,11 @@ class RunContext:
         """Record numeric metrics (``split/name`` keys) at ``step``.
 
         ``keep_series=True`` also keeps every value in the sink so the core can summarize it
-        (mean/std) at the end of the run; used for resource samples.
+        (mean/std) at the end of the run; used for resource samples.  A name MLflow would refuse
+        raises ``ValueError`` here, before anything is sent.
         """
+        for key in metrics:
+            check_metric_name(key)
         clean = {k: float(v) for k, v in metrics.items() if v is not None}
         self._sink.log_metrics.remote(clean, step, int(time.time() * 1000), keep_series)
         if self._on_metrics is not None:
@@ -107,6 +111,31 @@ class RunContext:
         import ray
 
         return ray.get(self._sink.last_values.remote())
+
+
+def check_metric_name(key) -> None:
+    """Raise ``ValueError`` naming ``key`` unless MLflow accepts it as a metric name.
+
+    The rules are MLflow's own (``mlflow.utils.validation``): the store refuses a whole batch for
+    one bad name, so a bad name is stopped where it is logged, with the line that logged it."""
+    if key in _VALID_NAMES:
+        return
+    from mlflow.utils.validation import (MAX_ENTITY_KEY_LENGTH, bad_character_message, bad_path_message,
+                                         path_not_unique, validate_param_and_metric_name)
+
+    if not isinstance(key, str):
+        why = f"a name must be a string, not {type(key).__name__}"
+    elif not validate_param_and_metric_name(key):
+        why = bad_character_message()
+    elif path_not_unique(key):
+        why = bad_path_message(key)
+    elif len(key) > MAX_ENTITY_KEY_LENGTH:
+        why = f"a name has at most {MAX_ENTITY_KEY_LENGTH} characters; this one has {len(key)}"
+    else:
+        _VALID_NAMES.add(key)
+        return
+    shown = repr(key) if len(repr(key)) <= 80 else repr(key)[:76] + "...'"
+    raise ValueError(f"metric name {shown} is refused by MLflow: {why.rstrip('.')}")
 
 
 def _jsonable(value):

@@ -9,6 +9,11 @@ The sink outlives its own death: Ray restarts it (``max_restarts=-1``) and resen
 that were in flight (``max_task_retries=-1``); the new instance reloads the last values and the
 ``system/`` series from the MLflow run.  What is lost is the batch buffered since the last
 flush: at most ``flush_interval_s`` (1 s by default) of metrics, and the progress report.
+
+A busy store (a lock, a database briefly away) keeps metrics buffered and flushes are retried
+with backoff; a metric MLflow refuses for what it is (an invalid name or value) is dropped
+alone, never retried, and counted in ``sink/dropped_metrics``.  The buffer holds at most
+``max_pending`` metrics; past that the oldest go, counted in ``sink/spilled_metrics``.
 """
 from __future__ import annotations
 
@@ -20,7 +25,12 @@ from pathlib import Path
 
 import ray
 
+from orchard.tracking import first_line, quiet_store_logs, refused, retried
+
 MAX_BATCH = 900  # MLflow's log_batch takes at most 1000 metrics per call
+MAX_PENDING = 100_000  # metrics buffered while the store is away (~25 MB); past it the oldest are spilled
+MAX_FLUSH_WAIT_S = 30.0  # the flush timer's longest backoff while the store refuses
+DROPPED, SPILLED = "sink/dropped_metrics", "sink/spilled_metrics"
 
 
 # Writers run one at a time in submission order ("write"), so ``flush`` after a caller's
@@ -29,12 +39,14 @@ MAX_BATCH = 900  # MLflow's log_batch takes at most 1000 metrics per call
 class MetricsSink:
     """Buffers metrics and writes them to one MLflow run every ``flush_interval_s`` seconds."""
 
-    def __init__(self, tracking_uri: str | None, run_id: str | None, flush_interval_s: float = 1.0):
+    def __init__(self, tracking_uri: str | None, run_id: str | None, flush_interval_s: float = 1.0,
+                 max_pending: int = MAX_PENDING):
         self._run_id = run_id
         self._client = None
         if tracking_uri and run_id:
             from mlflow.tracking import MlflowClient
 
+            quiet_store_logs()  # a lock is reported by the flush in one line, not MLflow's traceback
             self._client = MlflowClient(tracking_uri)
         self._lock = threading.Lock()
         self._flushing = threading.Lock()
@@ -45,6 +57,10 @@ class MetricsSink:
         self._last_step: dict[str, int] = {}
         self._gpus: dict[str, set[int]] = {}
         self._watched: dict[str, list[tuple[int, float]]] = {}  # key -> every (step, value), for pollers
+        self._max_pending = max_pending
+        self._lost = {DROPPED: 0, SPILLED: 0}  # totals for the run; a restarted sink goes on from the store's
+        self._lost_sent = dict(self._lost)     # the totals already handed to a flush
+        self._warned: set[str] = set()         # say once per key (and once for the spill), not per flush
         self._interval = flush_interval_s
         if self._client is not None:
             self._reload()  # nothing yet for a new run; after a restart, what reached the store
@@ -68,15 +84,18 @@ class MetricsSink:
                     self._watched[key].append((int(step or 0), value))
                 if self._client is not None:
                     self._pending.append(Metric(key, value, timestamp_ms, int(step or 0)))
+            self._spill()
 
     @ray.method(concurrency_group="write")
     def log_final(self, metrics: dict[str, float], timestamp_ms: int) -> None:
         """The run's closing values, at its last step (a chart must not jump back to step 0);
         a key whose last logged value is already this one is not logged again."""
-        # resource samples count their own steps (one per sample): the run's steps are the rest
-        step = max((v for k, v in self._last_step.items() if not k.startswith("system/")), default=0)
         fresh = {k: float(v) for k, v in metrics.items() if self._last.get(k) != float(v)}
-        self.log_metrics(fresh, step, timestamp_ms)
+        self.log_metrics(fresh, self._run_step(), timestamp_ms)
+
+    def _run_step(self) -> int:
+        # resource samples count their own steps (one per sample): the run's steps are the rest
+        return max((v for k, v in self._last_step.items() if not k.startswith("system/")), default=0)
 
     @ray.method(concurrency_group="write")
     def claim_gpus(self, node: str, gpu_ids: list[int]) -> None:
@@ -91,10 +110,12 @@ class MetricsSink:
 
     def _reload(self) -> None:
         """After a restart: the last values and the system series, from what reached the store."""
-        run = self._client.get_run(self._run_id)
+        run = retried(self._client.get_run, self._run_id)
         self._last.update(run.data.metrics)
+        for key in self._lost:
+            self._lost[key] = self._lost_sent[key] = int(run.data.metrics.get(key, 0))
         for key in run.data.metrics:
-            history = self._client.get_metric_history(self._run_id, key)
+            history = retried(self._client.get_metric_history, self._run_id, key)
             self._last_step[key] = max((m.step for m in history), default=0)
             if key.startswith("system/"):
                 self._series[key] = [m.value for m in sorted(history, key=lambda m: (m.step, m.timestamp))]
@@ -108,15 +129,18 @@ class MetricsSink:
         items = [Param(str(k), str(v)[:6000]) for k, v in params.items()]
         for i in range(0, len(items), 100):
             try:
-                self._client.log_batch(self._run_id, params=items[i:i + 100])
-            except Exception:
+                retried(self._client.log_batch, self._run_id, params=items[i:i + 100])
+            except Exception as exc:
+                if not refused(exc):  # the store itself stayed away: one by one would only wait longer
+                    print(f"orchard: {len(items) - i} param(s) not logged: {first_line(exc)}")
+                    return
                 # MLflow params are write-once: a key that already holds another value (e.g. a
                 # config key) is refused. Log the rest one by one and say which were skipped.
                 for item in items[i:i + 100]:
                     try:
-                        self._client.log_param(self._run_id, item.key, item.value)
-                    except Exception as exc:
-                        print(f"orchard: param {item.key!r} not logged: {str(exc).splitlines()[0][:200]}")
+                        retried(self._client.log_param, self._run_id, item.key, item.value)
+                    except Exception as err:
+                        print(f"orchard: param {item.key!r} not logged: {first_line(err)}")
 
     @ray.method(concurrency_group="write")
     def set_tags(self, tags: dict) -> None:
@@ -124,7 +148,7 @@ class MetricsSink:
             return
         from mlflow.entities import RunTag
 
-        self._client.log_batch(self._run_id, tags=[RunTag(str(k), str(v)[:5000]) for k, v in tags.items()])
+        retried(self._client.log_batch, self._run_id, tags=[RunTag(str(k), str(v)[:5000]) for k, v in tags.items()])
 
     @ray.method(concurrency_group="write")
     def log_artifact_bytes(self, data: bytes, artifact_path: str) -> None:
@@ -135,7 +159,7 @@ class MetricsSink:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / name
             path.write_bytes(data)
-            self._client.log_artifact(self._run_id, str(path), folder or None)
+            retried(self._client.log_artifact, self._run_id, str(path), folder or None)
 
     @ray.method(concurrency_group="write")
     def progress(self, report: dict) -> None:
@@ -156,7 +180,8 @@ class MetricsSink:
         with self._lock:
             if key not in self._watched and self._client is not None:
                 # a restarted sink forgot its watch list: what reached the store is the history
-                history = sorted(self._client.get_metric_history(self._run_id, key), key=lambda m: (m.step, m.timestamp))
+                history = sorted(retried(self._client.get_metric_history, self._run_id, key),
+                                 key=lambda m: (m.step, m.timestamp))
                 self._watched[key] = [(int(m.step), float(m.value)) for m in history]
             return list(self._watched.get(key, ()))[start:]
 
@@ -178,42 +203,93 @@ class MetricsSink:
     # ------------------------------------------------------------------ flushing
     @ray.method(concurrency_group="write")
     def flush(self) -> int:
-        """Write everything buffered; returns the number of metrics written.  What the store
-        refused (sqlite busy with another run's writes, a tracking server restarting) goes
-        back to the front of the buffer for the next flush: a failed write loses nothing."""
+        """Write everything buffered; returns the number of metrics written.  A transient refusal
+        (sqlite locked by another run's writes, a database briefly away) puts what is unwritten
+        back at the front of the buffer and raises; metrics MLflow refuses for what they are
+        are dropped and counted, and the rest written."""
         with self._flushing:  # the timer thread and close() write in turn, in order
             with self._lock:
                 batch, self._pending = self._pending, []
             if self._client is None:
                 return 0
-            sent = 0
+            written = self._write(batch)
+            counts = self._counts()  # what this flush (or the buffer's bound) lost since the last count
+            if counts:
+                written += self._write(counts)
+            return written
+
+    def _write(self, batch: list) -> int:
+        """``log_batch`` in chunks.  A chunk MLflow refuses is halved until each refused metric
+        stands alone (about 20 calls for one bad metric in 900), and that metric is dropped."""
+        todo = [batch[i:i + MAX_BATCH] for i in range(0, len(batch), MAX_BATCH)][::-1]  # a stack, next on top
+        written = 0
+        while todo:
+            chunk = todo.pop()
             try:
-                for i in range(0, len(batch), MAX_BATCH):
-                    self._client.log_batch(self._run_id, metrics=batch[i:i + MAX_BATCH])
-                    sent = min(i + MAX_BATCH, len(batch))
-            except Exception:
-                with self._lock:
-                    self._pending = batch[sent:] + self._pending
-                raise
-            return len(batch)
+                self._client.log_batch(self._run_id, metrics=chunk)
+                written += len(chunk)
+            except Exception as exc:
+                if not refused(exc):  # the store, not the metrics: all of it waits for the next flush
+                    with self._lock:
+                        self._pending[:0] = [m for part in [chunk, *todo[::-1]] for m in part]
+                        self._spill()
+                    raise
+                if len(chunk) == 1:
+                    self._drop(chunk[0], exc)
+                else:
+                    half = len(chunk) // 2
+                    todo += [chunk[half:], chunk[:half]]
+        return written
+
+    def _drop(self, metric, exc: BaseException) -> None:
+        with self._lock:
+            self._count(DROPPED, 1)
+            if metric.key not in self._warned:
+                self._warned.add(metric.key)
+                print(f"orchard: metric {metric.key!r} refused by the tracking store and dropped "
+                      f"(counted in {DROPPED}): {first_line(exc)}")
+
+    def _spill(self) -> None:
+        """Hold the buffer to ``max_pending``: the oldest metrics go, counted.  Called with the lock held."""
+        excess = len(self._pending) - self._max_pending
+        if excess <= 0:
+            return
+        del self._pending[:excess]
+        self._count(SPILLED, excess)
+        if SPILLED not in self._warned:
+            self._warned.add(SPILLED)
+            print(f"orchard: the tracking store has not taken metrics for a while; beyond {self._max_pending} "
+                  f"buffered the oldest are dropped (counted in {SPILLED})")
+
+    def _count(self, key: str, n: int) -> None:
+        self._lost[key] += n
+        self._last[key] = float(self._lost[key])  # the summary shows it too
+
+    def _counts(self) -> list:
+        """The loss totals that changed since last handed to a flush, as metrics at the run's step."""
+        from mlflow.entities import Metric
+
+        with self._lock:
+            fresh = {k: n for k, n in self._lost.items() if n != self._lost_sent[k]}
+            self._lost_sent.update(fresh)
+            now, step = int(time.time() * 1000), self._run_step()
+            return [Metric(k, float(n), now, step) for k, n in fresh.items()]
 
     def _flush_loop(self) -> None:
-        while not self._stop.wait(self._interval):
+        wait = self._interval
+        while not self._stop.wait(wait):
             try:
                 self.flush()
+                wait = self._interval
             except Exception as exc:  # kept for the next flush; close() reports if the store stays away
-                print(f"orchard: metrics flush failed, will retry: {exc}")
+                wait = min(wait * 2, MAX_FLUSH_WAIT_S)
+                print(f"orchard: metrics flush failed, will retry in {wait:g} s: {first_line(exc)}")
 
     @ray.method(concurrency_group="write")
-    def close(self, attempts: int = 6) -> int:
-        """The last flush, retried with backoff (1, 2, 4, ... s) before the caller hears of it."""
+    def close(self) -> int:
+        """The last flush, retried with backoff while the store is busy, before the caller hears of it."""
         self._stop.set()
-        for attempt in range(attempts - 1):
-            try:
-                return self.flush()
-            except Exception:
-                time.sleep(2 ** attempt)
-        return self.flush()
+        return retried(self.flush)
 
     @ray.method(concurrency_group="read")
     def ping(self) -> float:

@@ -67,7 +67,10 @@ def save_model(ctx, workload: str, write: Callable[[Path, dict], None], extra_me
     (which calls ``mlflow.<flavour>.save_model(path, ..., metadata=metadata)``), then log it
     as the run's artifact folder ``model``.  Returns the local model folder."""
     path = Path(ctx.run_dir) / MODEL_DIR
-    shutil.rmtree(path, ignore_errors=True)
+    if (path / "MLmodel").is_file():  # an earlier save of this run's model (mlflow writes only into a new folder)
+        shutil.rmtree(path)
+    elif path.exists():  # something of the user's in a folder they named (hydra.run.dir): never deleted
+        path = Path(ctx.run_dir) / f"{MODEL_DIR}-{ctx.run_id or os.getpid()}"
     metadata = {"orchard_workload": workload, "orchard_run_id": ctx.run_id or "", **(extra_metadata or {})}
     write(path, metadata)
     if ctx.run_id and ctx.tracking_uri:

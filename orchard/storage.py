@@ -8,8 +8,9 @@ the standard AWS environment variables (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_I
 
 Layout under the root (the same on a folder and in a bucket)::
 
-    <root>/<workload>/<run name>/...     one run: checkpoints, worker summaries, the model
-    <root>/<workload>/train/...          (flower/video/singa) Ray Train storage of that run
+    <root>/<workload>/<run key>/...      one run: checkpoints, worker summaries, the model
+                                         (the key: its MLflow run id, or run_key())
+    <root>/<workload>/<run key>/train/   (flower/video/singa) Ray Train storage of that run
     <root>/flower_data/synthetic-<key>/  content-keyed caches shared by runs and nodes
     <root>/sweeps/<key>/                 Tune's experiment state
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import uuid
@@ -54,9 +56,9 @@ class Storage:
 
     @classmethod
     def for_run(cls, cfg: dict, run_dir) -> "Storage":
-        """The run's own folder in storage: ``<root>/<workload>/<run folder name>``; with the default
-        root this *is* the run folder on the driver."""
-        return cls.root(cfg).child(cfg["workload"]["name"], Path(str(run_dir)).name)
+        """The run's own folder in storage: ``<root>/<workload>/<run key>``; with the default root
+        and orchard's own run folders this *is* the run folder on the driver."""
+        return cls.root(cfg).child(cfg["workload"]["name"], run_key(cfg, run_dir))
 
     def child(self, *parts: str) -> "Storage":
         return Storage(self._join(*parts))
@@ -273,6 +275,23 @@ def node_cache_dir() -> Path:
     root = Path(os.environ.get("ORCHARD_NODE_CACHE") or Path(tempfile.gettempdir()) / "orchard-node-cache")
     root.mkdir(parents=True, exist_ok=True)
     return root
+
+
+def run_key(cfg: dict, run_dir) -> str:
+    """The name of a run's folder in storage, unique per run folder.
+
+    orchard's own run folders, ``<output_dir>/<workload>/<MLflow run id>``, are unique by their
+    name. Any other folder is not: two runs in ``hydra.run.dir=.../A/exp`` and ``.../B/exp`` would
+    share checkpoints (Ray Train resumes from whatever its storage holds), so its key adds a digest
+    of the folder's full path. Computed from the path alone, so a resume on another machine, from
+    another directory, finds the same key from the run's ``orchard.run_dir`` tag."""
+    run_dir = Path(os.path.expanduser(str(run_dir)))
+    if _RUN_ID.fullmatch(run_dir.name):
+        return run_dir.name
+    return f"{run_dir.name}-{hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:10]}"
+
+
+_RUN_ID = re.compile(r"[0-9a-f]{32}")  # MLflow's run ids (uuid4 hex)
 
 
 def run_kept(cfg: dict, run_dir) -> bool:

@@ -241,6 +241,50 @@ def _make_trainable(base: dict, module_name: str, parent_run_id: str | None, met
     return trainable
 
 
+def _trial_stopper(parent: "_Parent", scheduler: str, metric: str, signals_before: int):
+    """A Tune callback: a trial the scheduler stops is stopped whole, at once.
+
+    Tune stops a function trainable by abandoning its thread (``session.finish(timeout=0)``):
+    the Ray Train run that thread started trains on, holding its placement group's CPUs, so the
+    next trial's workers waited for them (forever, before ``cluster.worker_start_timeout_s``),
+    and its MLflow run stayed RUNNING beside the next trial's. Here the stopped trial's Train
+    runs are aborted (which frees their placement group) and its run is closed KILLED with the
+    scheduler's reason; the trial's own close then leaves that status (``STOPPED_TAG``)."""
+    from ray import tune
+
+    # Tune saves its callbacks with the experiment (a resumed sweep gets them back): plain values only
+    uri = parent.tracked.tracking_uri if parent.tracked else None
+    reason = STOPPED_EARLY.format(scheduler=scheduler.upper(), metric=metric)
+
+    class StopWhole(tune.Callback):
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            from orchard.strategies.launch import abort_train_runs
+
+            result = trial.last_result or {}
+            if FINAL in result:
+                return  # it finished: nothing runs on
+            actor = trial.temporary_state.ray_actor
+            if actor is not None:
+                abort_train_runs(started_by=actor)
+            run_id = result.get("run_id")
+            if uri is None or not run_id or interrupts.received[signals_before:]:
+                return  # an interrupted sweep closes its trials itself (close_children)
+            from mlflow.tracking import MlflowClient
+
+            client = MlflowClient(uri)
+            try:
+                client.set_tag(run_id, STOPPED_TAG, "1")
+                client.set_tag(run_id, "orchard.error", reason)
+                client.set_terminated(run_id, status="KILLED")
+            except Exception as exc:  # close_children tries again at the end
+                say(f"orchard: could not close stopped trial run {run_id}: {exc}", file=sys.stderr)
+
+    return StopWhole()
+
+
+STOPPED_TAG = "orchard.stopped_by_scheduler"
+
+
 def _scheduler(s: dict):
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
@@ -269,14 +313,22 @@ def run_sweep(cfg: dict, module, run_one: Callable) -> Outcome:
         return Outcome(2, None, {}, str(err))
     folder.mkdir(parents=True, exist_ok=True)
     exp_path = tune_path(cfg)  # Tune's experiment state: in the run storage (s3://... on a cluster)
-    resuming = tune.Tuner.can_restore(str(exp_path))
-    parent = _Parent.open(cfg, key, folder, resuming, need, concurrent)
+    from orchard.leases import LeaseHeld
+
+    try:
+        parent = _Parent.open(cfg, key, folder, need, concurrent)
+    except LeaseHeld as held:  # the same sweep, live elsewhere: touch nothing of it
+        say(f"orchard: {held}", file=sys.stderr)
+        return Outcome(2, None, {}, str(held))
+    resuming = tune.Tuner.can_restore(str(exp_path))  # read after the lease: the state is ours now
     metric, mode = s["metric"], s["mode"]
     trainable = tune.with_resources(_make_trainable(copy.deepcopy(cfg), module.__name__, parent.run_id, metric, run_one),
                                     need.factory())
     say(f"orchard: sweep {key} {'resuming' if resuming else 'starting'} in {folder}\n"
           f"orchard: up to {concurrent} trial(s) at once; each holds {need.describe()}\n"
           f"orchard: stopped or interrupted, the same command resumes it", flush=True)
+    signals_before = len(interrupts.received)
+    stopper = _trial_stopper(parent, s["scheduler"], metric, signals_before)
     if resuming:
         tuner = tune.Tuner.restore(str(exp_path), trainable=trainable, resume_unfinished=True,
                                    resume_errored=True, restart_errored=False)
@@ -285,9 +337,9 @@ def run_sweep(cfg: dict, module, run_one: Callable) -> Outcome:
             trainable, param_space=param_space(s["params"]),
             tune_config=tune.TuneConfig(metric=metric, mode=mode, num_samples=s["num_samples"],
                                         max_concurrent_trials=concurrent, scheduler=_scheduler(s)),
-            run_config=tune.RunConfig(name="tune", storage_path=exp_path.rsplit("/", 1)[0], verbose=0),
+            run_config=tune.RunConfig(name="tune", storage_path=exp_path.rsplit("/", 1)[0], verbose=0,
+                                      callbacks=[stopper]),
         )
-    signals_before = len(interrupts.received)
     grid, second_signal = None, None
     try:
         grid = tuner.fit()  # Tune's own SIGINT handler stops it gracefully; it then returns
@@ -329,32 +381,45 @@ def run_sweep(cfg: dict, module, run_one: Callable) -> Outcome:
 class _Parent:
     """The sweep's MLflow run (none with ``tracking=none``), kept across resumes by its key."""
 
-    def __init__(self, tracked, heartbeat):
-        self.tracked, self.heartbeat = tracked, heartbeat
+    def __init__(self, tracked, heartbeat, lease=None):
+        self.tracked, self.heartbeat, self.lease = tracked, heartbeat, lease
         self.run_id = tracked.run_id if tracked else None
         self.client = tracked.client() if tracked else None
 
     @classmethod
-    def open(cls, cfg: dict, key: str, folder: Path, resuming: bool, need, concurrent: int) -> "_Parent":
-        from orchard import tracking
+    def open(cls, cfg: dict, key: str, folder: Path, need, concurrent: int) -> "_Parent":
+        """The parent run, with the sweep's lease (orchard/leases.py): the same sweep already
+        driven by a live process, on this machine or another, raises ``LeaseHeld`` before
+        anything is touched. On this machine a file lock makes "read the state, open the
+        parent, take the lease" one step for two commands started together."""
+        from filelock import FileLock
+
+        from orchard import leases, tracking
         from orchard.runs import Heartbeat
 
         if not cfg["tracking"]["enabled"]:
             return cls(None, None)
         state_file = folder / "orchard_sweep.json"
         uri = tracking.resolve_uri(cfg["tracking"]["uri"])
-        tracked = None
-        if resuming and state_file.exists():
-            tracked = _reopen(json.loads(state_file.read_text()).get("parent_run_id"), uri)
-        with interrupts.deferred(reraise=True):  # a parent run either exists with its state file, or not at all
-            if tracked is None:
-                tags = {"orchard.sweep": cfg["sweep"]["name"], "orchard.sweep_key": key,
-                        "orchard.sweep_dir": str(folder), "orchard.overrides": json.dumps(cfg.get("_overrides", [])),
-                        "orchard.sweep.trial_resources": need.describe(), "orchard.sweep.concurrent_trials": str(concurrent)}
-                tracked = tracking.open_run(cfg, cfg.get("run_name") or f"sweep-{key}", extra_tags=tags)
-                state_file.write_text(json.dumps({"parent_run_id": tracked.run_id, "key": key}))
-            heartbeat = Heartbeat(tracked.client(), tracked.run_id)
-        return cls(tracked, heartbeat)
+        what = f"sweep {key}"
+        with FileLock(str(folder / ".orchard_sweep.lock"), timeout=120):
+            previous = json.loads(state_file.read_text()).get("parent_run_id") if state_file.exists() else None
+            lease = None
+            if previous and _exists(previous, uri):
+                lease = leases.take(tracking.TrackedRun(previous, "", uri).client(), previous, what)
+            tracked = _reopen(previous, uri) if lease is not None and tune_can_restore(cfg) else None
+            with interrupts.deferred(reraise=True):  # a parent run either exists with its state file, or not at all
+                if tracked is None:
+                    if lease is not None:  # a parent whose Tune state was never saved: a new one replaces it
+                        lease.release()
+                    tags = {"orchard.sweep": cfg["sweep"]["name"], "orchard.sweep_key": key,
+                            "orchard.sweep_dir": str(folder), "orchard.overrides": json.dumps(cfg.get("_overrides", [])),
+                            "orchard.sweep.trial_resources": need.describe(), "orchard.sweep.concurrent_trials": str(concurrent)}
+                    tracked = tracking.open_run(cfg, cfg.get("run_name") or f"sweep-{key}", extra_tags=tags)
+                    lease = leases.take(tracked.client(), tracked.run_id, what, settle_s=0)  # new: nobody races for it
+                    state_file.write_text(json.dumps({"parent_run_id": tracked.run_id, "key": key}))
+                heartbeat = Heartbeat(tracked.client(), tracked.run_id)
+        return cls(tracked, heartbeat, lease)
 
     def close_children(self, trials: list, scheduler: str, metric: str, interrupted: bool) -> None:
         """Every child run still RUNNING is closed KILLED, with why: cut by the scheduler, or the
@@ -398,11 +463,32 @@ class _Parent:
     def close(self, status: str, reason: str | None = None) -> None:
         if self.heartbeat is not None:
             self.heartbeat.stop()
+        if self.lease is not None:
+            self.lease.release()
         if self.client is None:
             return
         if reason:
             self.client.set_tag(self.run_id, "orchard.error", reason[:5000])
         self.client.set_terminated(self.run_id, status=status)
+
+
+def _exists(run_id: str, uri: str) -> bool:
+    from mlflow.exceptions import MlflowException
+
+    from orchard import tracking
+
+    try:
+        tracking.TrackedRun(run_id, "", uri).client().get_run(run_id)
+        return True
+    except MlflowException:
+        return False
+
+
+def tune_can_restore(cfg: dict) -> bool:
+    """Tune saved this sweep's experiment state: the same command resumes it."""
+    from ray import tune
+
+    return tune.Tuner.can_restore(str(tune_path(cfg)))
 
 
 def _reopen(run_id: str | None, uri: str):

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -18,6 +19,17 @@ from orchard.runs import driver_tags
 
 # Config keys that are bookkeeping rather than knobs; kept out of the run's params.
 _NOT_PARAMS = ("_choices",)
+
+# Waits between the attempts of a store write (s): 5 attempts, 7.5 s of waiting.  With sqlite each
+# attempt already waits up to 20 s on a lock (MLflow's busy_timeout), so a store locked for good
+# costs a write under 2 minutes, then the error.
+RETRY_WAITS_S = (0.5, 1.0, 2.0, 4.0)
+# How long the pre-flight waits for another process's lock on a sqlite store (MLflow's busy_timeout).
+STORE_LOCK_WAIT_S = 20.0
+
+_LOCKED = ("database is locked", "database table is locked", "database is busy", "deadlock", "lock wait timeout")
+# sqlite errors that MLflow reports as "temporarily unavailable" but that no retry mends
+_BROKEN = ("readonly database", "unable to open database file", "file is not a database", "no such table")
 
 
 @dataclass
@@ -60,6 +72,55 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def transient(exc: BaseException) -> bool:
+    """Whether a store error may pass if the write is tried again: a database lock, a database
+    that is briefly unavailable, a dropped connection.  An http(s) store's errors are not:
+    MLflow's client has already retried those (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``)."""
+    from mlflow.exceptions import MlflowException, RestException
+
+    text = str(exc).lower()
+    if any(s in text for s in _LOCKED):
+        return True
+    if any(s in text for s in _BROKEN) or isinstance(exc, RestException):
+        return False
+    if isinstance(exc, MlflowException):
+        return exc.error_code == "TEMPORARILY_UNAVAILABLE"  # how MLflow's SQL stores report a busy database
+    return isinstance(exc, (ConnectionError, TimeoutError))
+
+
+def refused(exc: BaseException) -> bool:
+    """Whether MLflow refused the request itself (an invalid name or value, a deleted run):
+    sending it again can never succeed."""
+    from mlflow.exceptions import MlflowException
+
+    if not isinstance(exc, MlflowException) or transient(exc):
+        return False
+    status = exc.get_http_status_code()
+    return 400 <= status < 500 and status not in (408, 429)
+
+
+def retried(call, *args, **kwargs):
+    """``call(*args, **kwargs)``, tried again after each of ``RETRY_WAITS_S`` while the store's
+    error is ``transient``; any other error, or the last one, is raised."""
+    for wait in RETRY_WAITS_S:
+        try:
+            return call(*args, **kwargs)
+        except Exception as exc:
+            if not transient(exc):
+                raise
+        time.sleep(wait)
+    return call(*args, **kwargs)
+
+
+def quiet_store_logs() -> None:
+    """MLflow logs each store creation step at INFO and every database error (a lock: 60 lines of
+    SQL and traceback) before it raises; orchard reports the error it raises in one line."""
+    import logging
+
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
+
+
 def _sqlite_path(uri: str) -> Path | None:
     return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
 
@@ -78,10 +139,13 @@ def store_lock(uri: str):
         yield
 
 
-def check_store(uri: str, timeout_s: float = 10.0) -> None:
+def check_store(uri: str, timeout_s: float = 10.0, create: bool = True,
+                lock_wait_s: float = STORE_LOCK_WAIT_S) -> None:
     """Fail fast with one line (``ConfigError``) if the tracking store cannot be used.
 
-    sqlite: the folder must be writable; the store is created and migrated once, under a lock.
+    sqlite: the folder and the file must be writable, and no other process may hold the store
+    locked for ``lock_wait_s``; a new store is created and migrated once, under a lock, unless
+    ``create=False`` (``resume``: a store that is not there is an error, never made empty).
     http(s): an MLflow server must answer ``/health`` within ``timeout_s``."""
     from orchard.errors import ConfigError
 
@@ -94,42 +158,75 @@ def check_store(uri: str, timeout_s: float = 10.0) -> None:
                 if reply.status != 200:
                     raise OSError(f"HTTP {reply.status}")
         except Exception as exc:
-            raise ConfigError("tracking.uri", f"an MLflow server that answers; none did at {uri} ({_short(exc)}); "
+            raise ConfigError("tracking.uri", f"an MLflow server that answers; none did at {uri} ({first_line(exc)}); "
                               "start one (README: team tracking) or use tracking.uri=sqlite:///mlflow.db") from None
         return
     path = _sqlite_path(uri)
     if path is None:
         return
+    if not create and not path.is_file():
+        raise ConfigError("tracking.uri", f"the MLflow store the run was logged to; there is none at {path} "
+                          "(give tracking.uri=sqlite:////<absolute path>/mlflow.db)")
     try:
         config_lib.ensure_writable(path.parent)
     except OSError as exc:
         raise ConfigError("tracking.uri", f"a sqlite file in a writable folder; {path.parent}: {exc.strerror}") from None
+    if path.exists():
+        _probe_write(path, lock_wait_s)
     from mlflow.tracking import MlflowClient
 
-    import logging
+    quiet_store_logs()
+    try:
+        with store_lock(uri):
+            MlflowClient(uri).search_experiments(max_results=1)  # creates and migrates the store once
+    except Exception as exc:
+        if transient(exc):  # locked by another process while MLflow waited its own 20 s
+            raise ConfigError("tracking.uri", _locked(path, lock_wait_s)) from None
+        raise
 
-    # MLflow announces each creation/migration step at INFO: bookkeeping, not news for the console
-    for name in ("mlflow.store.db.utils", "alembic"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    with store_lock(uri):
-        MlflowClient(uri).search_experiments(max_results=1)  # creates and migrates the store once
+
+def _probe_write(path: Path, lock_wait_s: float) -> None:
+    """Begin a write on the sqlite file and roll it back: a read-only file, a folder where the
+    journal cannot be made, or another process's lock shows here, before Ray starts."""
+    import sqlite3
+
+    from orchard.errors import ConfigError
+
+    con = sqlite3.connect(str(path), timeout=lock_wait_s, isolation_level=None)  # sqlite retries a lock for lock_wait_s
+    try:
+        con.execute("BEGIN IMMEDIATE")
+        con.execute("CREATE TABLE orchard_write_probe (x)")  # touches a page: the journal is created
+        con.execute("ROLLBACK")
+    except sqlite3.Error as exc:
+        if transient(exc):
+            raise ConfigError("tracking.uri", _locked(path, lock_wait_s)) from None
+        raise ConfigError("tracking.uri", f"a sqlite store orchard can write; {path}: {first_line(exc)} "
+                          f"(the file and its folder must be writable)") from None
+    finally:
+        con.close()
 
 
-def _short(exc: BaseException) -> str:
+def _locked(path: Path, waited_s: float) -> str:
+    return (f"a sqlite store no other process holds locked; {path} stayed locked for {waited_s:g} s "
+            "(a process holds a write transaction open: a sqlite3 shell, a stuck run); end it or use another tracking.uri")
+
+
+def first_line(exc: BaseException) -> str:
+    """An error's first line, short enough for a one-line message."""
     text = str(getattr(exc, "reason", None) or exc).splitlines()
     return (text[0] if text else type(exc).__name__)[:160]
 
 
 def ensure_experiment(client, name: str, artifact_location: str | None) -> str:
     with store_lock(client.tracking_uri):
-        exp = client.get_experiment_by_name(name)
+        exp = retried(client.get_experiment_by_name, name)
         if exp is not None:
             return exp.experiment_id
         location = None
         if artifact_location:
             location = artifact_location if "://" in artifact_location else Path(artifact_location).resolve().as_uri()
         try:
-            return client.create_experiment(name, artifact_location=location)
+            return retried(client.create_experiment, name, artifact_location=location)
         except Exception:  # created meanwhile by a process on another machine (server stores)
             exp = client.get_experiment_by_name(name)
             if exp is None:
@@ -160,13 +257,13 @@ def open_run(cfg: dict, run_name: str, parent_run_id: str | None = None, extra_t
     }
     if parent_run_id:
         tags["mlflow.parentRunId"] = parent_run_id
-    run = client.create_run(exp_id, run_name=run_name, tags=tags)
+    run = retried(client.create_run, exp_id, run_name=run_name, tags=tags)
     run_id = run.info.run_id
     plain = {k: v for k, v in cfg.items() if k not in _NOT_PARAMS and not k.startswith("_")}
     params = [Param(k, str(v)[:6000]) for k, v in sorted(config_lib.flatten(plain).items())]
     for i in range(0, len(params), 100):
-        client.log_batch(run_id, params=params[i:i + 100])
-    client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items() if k != "mlflow.runName"])
+        retried(client.log_batch, run_id, params=params[i:i + 100])
+    retried(client.log_batch, run_id, tags=[RunTag(k, str(v)) for k, v in tags.items() if k != "mlflow.runName"])
     log_config(client, run_id, plain)
     return TrackedRun(run_id, exp_id, uri)
 
@@ -177,20 +274,22 @@ def log_config(client, run_id: str, cfg: dict) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "config.yaml"
         path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-        client.log_artifact(run_id, str(path))
+        retried(client.log_artifact, run_id, str(path))
 
 
 def close_run(run: TrackedRun, status: str, error: BaseException | None = None) -> None:
     """End the run with ``status`` (FINISHED | FAILED | KILLED), recording the error if any."""
     client = run.client()
-    if error is not None:
-        reason = f"{type(error).__name__}: {error}".strip()
-        client.set_tag(run.run_id, "orchard.error", reason[:5000])
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "error.txt"
-            path.write_text("".join(traceback.format_exception(type(error), error, error.__traceback__)))
-            client.log_artifact(run.run_id, str(path))
-    client.set_terminated(run.run_id, status=status)
+    try:
+        if error is not None:
+            reason = f"{type(error).__name__}: {error}".strip()
+            retried(client.set_tag, run.run_id, "orchard.error", reason[:5000])
+            with tempfile.TemporaryDirectory() as tmp:
+                path = Path(tmp) / "error.txt"
+                path.write_text("".join(traceback.format_exception(type(error), error, error.__traceback__)))
+                retried(client.log_artifact, run.run_id, str(path))
+    finally:  # the status above all: a run left RUNNING is later reaped as "driver lost"
+        retried(client.set_terminated, run.run_id, status=status)
 
 
 def ui_command(uri: str) -> str:

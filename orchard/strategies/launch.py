@@ -36,28 +36,64 @@ def fit_off_main_thread(trainer):
     return background.call(trainer.fit, name="orchard-train-fit")
 
 
-def abort_train_runs() -> int:
+def abort_train_runs(started_by=None) -> int:
     """Abort the Ray Train runs this driver started that are still going; how many.
 
     For a run that is stopping (interrupted or failed): Ray Train's controller would otherwise
     train on, and the thread waiting in ``fit()`` with it, until the lifecycle's patience ran out.
     ``abort`` is what Ray Train's own Ctrl-C handler calls (it ends the worker group and the
-    controller; checkpoints already in storage stay). Controllers run in this driver's job, on its
-    node; found through the GCS actor table, as ``fit()`` keeps their handles to itself."""
+    controller, and frees its placement group; checkpoints already in storage stay). Controllers
+    run in this driver's job; found through the GCS actor table, as ``fit()`` keeps their handles
+    to itself. ``started_by`` (an actor handle, a sweep's trial): only the runs that actor started."""
     import ray
     from ray._private import state
 
     try:
         job = ray.JobID.from_hex(ray.get_runtime_context().get_job_id())
         alive = state.actors(job_id=job, actor_state_name="ALIVE")
+        owner = None
+        if started_by is not None:  # the trial actor's address: its controllers' owner address
+            info = state.actors(actor_id=started_by._actor_id.hex())
+            owner = (info["Address"]["IPAddress"], info["Address"]["Port"])
         core = ray._private.worker.global_worker.core_worker
         handles = [core.get_actor_handle(ray.ActorID.from_hex(actor_id)) for actor_id, info in alive.items()
-                   if info.get("ActorClassName", "").endswith("TrainController")]
+                   if info.get("ActorClassName", "").endswith("TrainController")
+                   and (owner is None or (info["OwnerAddress"]["IPAddress"], info["OwnerAddress"]["Port"]) == owner)]
         for handle in handles:
             handle.abort.remote()   # it exits: fit() raises in its thread, which then returns
         return len(handles)
     except Exception:  # noqa: BLE001 - a Ray Client driver, or Ray already gone: nothing to abort here
         return 0
+
+
+class WorkersDidNotStart(RuntimeError):
+    """Ray Train's worker group did not get its resources within the bound: what it asked for
+    and what the cluster has, in one line."""
+
+    def __init__(self, num_workers: int, per_worker: dict):
+        import ray
+
+        bound = os.environ.get("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "60")
+        ask = ", ".join(f"{v:g} {k}" for k, v in per_worker.items())
+        try:
+            free, total = ray.available_resources(), ray.cluster_resources()
+            have = ", ".join(f"{free.get(k, 0):g} of {total.get(k, 0):g} {k} free" for k in per_worker)
+        except Exception:  # noqa: BLE001 - Ray already stopping: the request alone still says it
+            have = "unknown"
+        super().__init__(f"{num_workers} Ray Train workers ({ask} each) did not start within {float(bound):g} s "
+                         f"(cluster.worker_start_timeout_s); the cluster has {have}")
+
+
+def _start_timed_out(exc: BaseException) -> bool:
+    """``exc`` (or what it wraps) is Ray Train's worker-group start timeout."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if type(exc).__name__ in ("WorkerGroupStartupTimeoutError", "WorkerGroupStartupFailedError"):
+            return True
+        inner = getattr(exc, "controller_failure", None)
+        exc = inner if inner is not None else (exc.__cause__ or exc.__context__)
+    return False
 
 
 def _storage_path(storage_path: str | None, cfg: dict, ctx) -> str:
@@ -116,7 +152,10 @@ def launch(train_loop: Callable[[dict], None], loop_config: dict, cfg: dict, ctx
             name=name,
             # a folder or a URI (s3://...): every node opens it itself (orchard/storage.py)
             storage_path=_storage_path(storage_path, cfg, ctx),
-            failure_config=FailureConfig(max_failures=strategy.get("max_failures", 0)),
+            # a worker group that cannot start within cluster.worker_start_timeout_s (the job's
+            # RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S, orchard/cluster.py) ends the run: Ray Train
+            # would otherwise retry the start forever (controller_failure_limit -1), a hang
+            failure_config=FailureConfig(max_failures=strategy.get("max_failures", 0), controller_failure_limit=0),
             checkpoint_config=CheckpointConfig(num_to_keep=2),
             # cluster.ray_log_level (orchard/cluster.py): Train's per-report INFO lines off the console
             logging_config=ray.train.LoggingConfig(log_level=os.environ.get("ORCHARD_RAY_LOG_LEVEL", "WARNING")),
@@ -126,6 +165,10 @@ def launch(train_loop: Callable[[dict], None], loop_config: dict, cfg: dict, ctx
     )
     try:
         return fit_off_main_thread(trainer)
+    except Exception as exc:
+        if _start_timed_out(exc):
+            raise WorkersDidNotStart(strategy["num_workers"], resources) from exc
+        raise
     finally:
         if group is not None:
             ctx.log_metrics({f"comm/ps_{k}": v for k, v in group.stats().items()})

@@ -29,3 +29,49 @@ def test_remote_mode_attaches_to_a_running_cluster(ray_session, tmp_path):
     # the attached driver left the cluster as it found it
     assert ray_session.is_initialized() and len(ray_session.nodes()) == nodes_before
     assert ray_session.get(ray_session.remote(lambda: 42).remote()) == 42
+
+
+PINNED = r"""
+import json, os, sys
+import ray
+from orchard import cluster
+
+cluster.connect({"mode": "local", "num_cpus": 1, "worker_start_timeout_s": 77})
+own = ray.get_runtime_context().gcs_address
+
+@ray.remote(num_cpus=0)
+def lookup():
+    # how Ray Train's PlacementGroupCleaner (the state API) finds the cluster from its worker:
+    # by "auto", which fails with "Found multiple active Ray instances" unless RAY_ADDRESS names one
+    from ray._private import services
+    return {"auto": services.canonicalize_bootstrap_address("auto"),
+            "timeout": os.environ.get("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S")}
+
+seen = ray.get(lookup.remote())
+driver = os.environ.get("RAY_ADDRESS")
+cluster.shutdown()
+print(json.dumps({"own": own, "worker": seen, "driver": driver, "after": os.environ.get("RAY_ADDRESS"),
+                  "port_var": os.environ.get("RAY_GCS_SERVER_PORT")}))
+"""
+
+
+def test_an_embedded_ray_is_found_by_its_own_address_beside_other_ray_instances(ray_session, tmp_path):
+    """Another Ray instance runs on the machine (this test session's): inside orchard's embedded
+    Ray, a lookup by ``"auto"`` (Ray Train's placement-group cleaner, the state API) must find
+    orchard's own Ray, not fail with "Found multiple active Ray instances"."""
+    import json
+    import os
+    import sys
+
+    from tests.tiny_workload.cli import tiny_cli_env
+
+    env = {k: v for k, v in tiny_cli_env().items() if k != "RAY_ADDRESS"}
+    done = subprocess.run([sys.executable, "-c", PINNED], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["own"] != ray_session.get_runtime_context().gcs_address  # two instances on this machine
+    assert seen["worker"]["auto"] == seen["own"] and seen["driver"] == seen["own"]
+    assert seen["worker"]["timeout"] == "77.0"  # cluster.worker_start_timeout_s reaches Train's controller
+    assert seen["after"] is None and seen["port_var"] is None  # nothing left pointing at a stopped Ray
+    assert os.environ.get("RAY_GCS_SERVER_PORT") is None

@@ -13,17 +13,29 @@ from orchard.storage import Storage, run_kept
 
 
 def test_default_root_is_output_dir_and_a_run_folder_is_the_drivers(tmp_path):
+    run_id = "0123456789abcdef0123456789abcdef"  # orchard's run folders are named by the MLflow run id
     cfg = {"output_dir": str(tmp_path / "out"), "storage": {"uri": None}, "workload": {"name": "flower"}}
     assert Storage.root(cfg).uri == str((tmp_path / "out").resolve())
-    run = Storage.for_run(cfg, tmp_path / "out" / "flower" / "abc123")
-    assert run.is_local and run.local_path == (tmp_path / "out" / "flower" / "abc123").resolve()
-    assert not run_kept(cfg, "/elsewhere/flower/abc123")
+    run = Storage.for_run(cfg, tmp_path / "out" / "flower" / run_id)
+    assert run.is_local and run.local_path == (tmp_path / "out" / "flower" / run_id).resolve()
+    assert not run_kept(cfg, f"/elsewhere/flower/{run_id}")
     run.write_json("workers/rank0.json", {"rank": 0})
-    assert run_kept(cfg, "/elsewhere/flower/abc123")  # found by the run folder's name, not the driver's path
+    assert run_kept(cfg, f"/elsewhere/flower/{run_id}")  # found by the run folder's name, not the driver's path
     assert run.list("workers") == ["rank0.json"] and run.read_json("workers/rank0.json") == {"rank": 0}
     assert run.localize("workers") == run.local_path / "workers"  # a local root is used in place
     cfg["storage"]["uri"] = "s3://bucket/prefix/"
-    assert Storage.for_run(cfg, "/x/flower/abc123").uri == "s3://bucket/prefix/flower/abc123"
+    assert Storage.for_run(cfg, f"/x/flower/{run_id}").uri == f"s3://bucket/prefix/flower/{run_id}"
+
+
+def test_run_folders_the_user_named_alike_never_share_a_storage_folder(tmp_path):
+    """hydra.run.dir=.../A/exp and .../B/exp: same last name, two runs, two storage folders; the
+    key comes from the path alone, so a resume from another directory finds the same one."""
+    from orchard.storage import run_key
+
+    cfg = {"output_dir": str(tmp_path / "out"), "storage": {"uri": None}, "workload": {"name": "flower"}}
+    a, b = Storage.for_run(cfg, tmp_path / "A" / "exp"), Storage.for_run(cfg, tmp_path / "B" / "exp")
+    assert a != b and a.uri.startswith(str((tmp_path / "out" / "flower" / "exp-").resolve()))
+    assert run_key(cfg, tmp_path / "A" / "exp") == run_key(cfg, str(tmp_path / "A" / "exp"))
 
 
 def test_a_storage_travels_into_a_ray_task_as_its_uri(ray_session, tmp_path):

@@ -1,9 +1,12 @@
 """A run of the tests' workload lands in MLflow with params, metrics from the driver and from
 a Ray task, the config artifact, per-node resource series and their summaries, and a status
-that matches what happened."""
+that matches what happened.  A store that is locked, read-only or absent (for resume) is found
+before anything starts; a write that meets a lock is tried again."""
+import os
 import signal
 import subprocess
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -152,3 +155,114 @@ def test_metrics_sink_killed_mid_run_is_restarted_and_the_run_finishes(run_orcha
     assert res.exit_code == 0, res.outcome.error
     assert res.run.info.status == "FINISHED"
     assert "test/mae" in res.run.data.metrics and res.history("train/loss")
+
+
+# --------------------------------------------------------------------------- the store under load
+@pytest.fixture
+def store(tmp_path):
+    """A migrated sqlite MLflow store: ``(uri, path)``."""
+    from orchard.tracking import check_store
+
+    path = tmp_path / "store" / "mlflow.db"
+    uri = f"sqlite:///{path}"
+    check_store(uri)
+    return uri, path
+
+
+def test_a_store_another_process_holds_locked_is_a_config_error_before_anything_starts(store):
+    import sqlite3
+
+    from orchard.errors import ConfigError
+    from orchard.tracking import check_store
+
+    uri, path = store
+    blocker = sqlite3.connect(path)
+    blocker.execute("BEGIN EXCLUSIVE")  # a sqlite3 shell (or a stuck process) mid-transaction
+    try:
+        with pytest.raises(ConfigError) as err:
+            check_store(uri, lock_wait_s=0.2)
+    finally:
+        blocker.rollback()
+        blocker.close()
+    assert err.value.key == "tracking.uri"
+    assert f"{path} stayed locked" in str(err.value) and "\n" not in str(err.value)
+    check_store(uri, lock_wait_s=0.2)  # the lock gone, the store is usable
+
+
+@contextmanager
+def _read_only(path: Path):
+    """``path`` read-only for this process.  Permission bits do not bind root, so as root the
+    file system's immutable flag does it."""
+    mode = path.stat().st_mode
+    path.chmod(mode & ~0o222)
+    immutable = os.geteuid() == 0
+    if immutable and subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+        path.chmod(mode)
+        pytest.skip("running as root on a file system without chattr +i: nothing can be made read-only")
+    try:
+        yield
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", str(path)], check=True)
+        path.chmod(mode)
+
+
+@pytest.mark.parametrize("what", ["file", "folder"])
+def test_a_read_only_store_is_a_config_error_before_anything_starts(store, what):
+    from orchard.errors import ConfigError
+    from orchard.tracking import check_store
+
+    uri, path = store
+    with _read_only(path if what == "file" else path.parent), pytest.raises(ConfigError) as err:
+        check_store(uri, lock_wait_s=0.2)
+    assert err.value.key == "tracking.uri" and "\n" not in str(err.value)
+    assert str(path if what == "file" else path.parent) in str(err.value)
+
+
+def test_resume_never_creates_a_store(tmp_path):
+    from orchard.errors import ConfigError
+    from orchard.tracking import check_store
+
+    path = tmp_path / "elsewhere" / "mlflow.db"
+    with pytest.raises(ConfigError, match="tracking.uri: the MLflow store the run was logged to; there is none"):
+        check_store(f"sqlite:///{path}", create=False)
+    assert not path.parent.exists()
+
+
+def test_a_write_that_meets_a_lock_is_retried_until_the_lock_is_gone(tmp_path, monkeypatch):
+    """A real sqlite lock, a real write that fails on it at once (no busy wait), and the one
+    retry helper that every store write goes through."""
+    import sqlite3
+
+    from orchard import tracking
+
+    monkeypatch.setattr(tracking, "RETRY_WAITS_S", (0.05, 0.1, 0.2, 0.4))
+    db = tmp_path / "store.db"
+    with sqlite3.connect(db) as con:
+        con.execute("CREATE TABLE runs (status TEXT)")
+    other = sqlite3.connect(db)
+    other.execute("BEGIN EXCLUSIVE")  # another run mid-write
+    attempts = []
+
+    def close_run():
+        attempts.append(1)
+        try:
+            with sqlite3.connect(db, timeout=0) as con:
+                con.execute("INSERT INTO runs VALUES ('FINISHED')")
+        finally:
+            if len(attempts) == 1:  # the other run's write ends while this one waits
+                other.rollback()
+
+    tracking.retried(close_run)
+    assert len(attempts) == 2
+    with sqlite3.connect(db) as con:
+        assert con.execute("SELECT status FROM runs").fetchall() == [("FINISHED",)]
+    other.close()
+
+    def bad_name():
+        attempts.append(1)
+        raise ValueError("not a store error")
+
+    with pytest.raises(ValueError):  # anything but a lock or an unavailable store is raised at once
+        tracking.retried(bad_name)
+    assert len(attempts) == 3

@@ -1,0 +1,115 @@
+"""Leases: one driver at a time for what must not be driven twice (a run being resumed, a sweep).
+
+Two ``resume <id>`` of one run would train into the same Ray Train folder; the same sweep command
+in two terminals would drive one Tune experiment from two processes, each closing the other's
+trials. Whoever starts such work first takes a lease: a tag ``orchard.lease`` on the MLflow run
+(the run being resumed, the sweep's parent run) naming its driver, refreshed like the run
+heartbeat (orchard/runs.py). A second taker finds the lease alive and stops with one line
+naming the holder; a lease whose driver is gone (same machine: its process; elsewhere: a
+heartbeat older than ``runs.LOST_AFTER_S``) is taken over, with a line saying so.
+
+MLflow has no compare-and-set, so taking is write-then-verify: write our token, wait
+``SETTLE_S`` (longer than a tag write takes), read it back; of two takers at the same instant
+only the last writer still finds its own token, and the other backs off.
+"""
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import threading
+import time
+import uuid
+
+from orchard import runs
+from orchard.console import say
+
+TAG = "orchard.lease"
+SETTLE_S = 1.0
+
+
+class LeaseHeld(Exception):
+    """Someone alive holds the lease; the message names them (host, pid, since)."""
+
+    def __init__(self, what: str, holder: dict):
+        self.holder = holder
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(holder.get("since", 0))))
+        beat = time.time() - float(holder.get("beat", 0))
+        super().__init__(f"{what} is already driven by pid {holder.get('pid')} on {holder.get('host')} "
+                         f"since {since} (heartbeat {max(beat, 0):.0f} s ago); wait for it to end or stop it")
+
+
+def _record(token: str, what: str, since: float) -> dict:
+    me = runs.driver_tags()
+    return {"token": token, "what": what, "host": me["orchard.host"], "boot_id": me["orchard.boot_id"],
+            "pid": me["orchard.pid"], "pid_start": me["orchard.pid_start"], "since": f"{since:.0f}",
+            "beat": f"{time.time():.0f}"}
+
+
+def read(client, run_id: str) -> dict | None:
+    """The lease on ``run_id`` as recorded (None: free, or unreadable)."""
+    text = client.get_run(run_id).data.tags.get(TAG)
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return None
+
+
+def alive(holder: dict) -> bool:
+    """The holder's driver may still be working (the reaper's rule, orchard/runs.py)."""
+    tags = {"orchard.host": holder.get("host"), "orchard.boot_id": holder.get("boot_id"),
+            "orchard.pid": holder.get("pid"), "orchard.pid_start": holder.get("pid_start"),
+            runs.TAG_HEARTBEAT: holder.get("beat", "0")}
+    return runs.why_lost(tags) is None
+
+
+class Lease:
+    """A lease this process holds; refreshed from a daemon thread until ``release()``."""
+
+    def __init__(self, client, run_id: str, what: str, interval_s: float = runs.HEARTBEAT_S):
+        self.client, self.run_id, self.what = client, run_id, what
+        self.token = uuid.uuid4().hex
+        self._since = time.time()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, args=(interval_s,), name="orchard-lease", daemon=True)
+
+    def _write(self) -> None:
+        self.client.set_tag(self.run_id, TAG, json.dumps(_record(self.token, self.what, self._since)))
+
+    def _beat(self, interval_s: float) -> None:
+        while not self._stop.wait(interval_s):
+            try:
+                holder = read(self.client, self.run_id)
+                if holder is None or holder.get("token") != self.token:
+                    return  # taken over (we looked dead): never overwrite the new holder
+                self._write()
+            except Exception:  # a store hiccup: the next beat retries
+                pass
+
+    def release(self) -> None:
+        self._stop.set()
+        try:
+            holder = read(self.client, self.run_id)
+            if holder is not None and holder.get("token") == self.token:
+                self.client.delete_tag(self.run_id, TAG)
+        except Exception:  # the lease then ends by age
+            pass
+
+
+def take(client, run_id: str, what: str, settle_s: float = SETTLE_S) -> Lease:
+    """Hold the lease on ``run_id`` for ``what`` (a phrase: "the resume of run 1a2b"); raises
+    ``LeaseHeld`` naming the holder while someone alive holds it."""
+    holder = read(client, run_id)
+    if holder is not None and alive(holder):
+        raise LeaseHeld(what, holder)
+    if holder is not None:
+        say(f"orchard: taking over {what} from pid {holder.get('pid')} on {holder.get('host')}, "
+            "whose driver is gone", file=sys.stderr)
+    lease = Lease(client, run_id, what)
+    lease._write()
+    time.sleep(settle_s)  # a taker racing us has written by now: the last writer wins
+    holder = read(client, run_id)
+    if holder is None or holder.get("token") != lease.token:
+        raise LeaseHeld(what, holder or {"host": socket.gethostname(), "pid": "?"})
+    lease._thread.start()
+    return lease

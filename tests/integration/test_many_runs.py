@@ -1,0 +1,146 @@
+"""Many runs at once, as people start them: a sweep in one terminal while other runs (each with
+its own embedded Ray) come and go, two runs in folders of the same name, the same sweep twice,
+two resumes of one run. Every process is a real ``python -m orchard``; the store is read back
+with MlflowClient (docs/runs.md, "Concurrency")."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests.integration.test_lifecycle import env, orchard, runs
+from tests.orchard.test_sweep import TWO_LRS
+from tests.tiny_workload.cli import tiny_cli, tiny_cli_env
+
+pytestmark = pytest.mark.slow
+
+
+def _start(args: list[str], cwd: Path, log: Path, environ: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen(args, cwd=cwd, env=environ or env(), stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+
+
+def _store(uri: str) -> str:
+    """The store created (under orchard's lock) before this test's own readers poll it: MLflow
+    creating one store from two processes at once breaks it (docs/runs.md)."""
+    from orchard.tracking import check_store
+
+    check_store(uri)
+    return uri
+
+
+def _children(uri: str) -> list:
+    try:
+        return [r for r in runs(uri) if "mlflow.parentRunId" in r.data.tags]
+    except Exception:  # the store is busy with another writer this instant
+        return []
+
+
+def test_a_flower_sweep_beside_runs_with_their_own_ray_runs_one_trial_at_a_time_and_finishes(tmp_path):
+    """The shipped flower sweep (4 trials, ASHA, one at a time on 2 cores) while two singa runs,
+    each with its own embedded Ray, start and stop beside it. A trial ASHA stops must give its
+    CPUs back at once (its Ray Train run aborted) and its MLflow run must close then, so the next
+    trial's workers start and MLflow never shows two trials RUNNING."""
+    uri = _store(f"sqlite:///{tmp_path}/sweep.db")
+    sweep = _start(orchard("workload=flower", "sweep=flower_lr", "debug=smoke", f"tracking.uri={uri}",
+                           f"output_dir={tmp_path}/sweep"), tmp_path, tmp_path / "sweep.log")
+    most_running, deadline = 0, time.time() + 1500
+    try:
+        for i in range(2):  # plain runs come and go while the sweep trains
+            plain = subprocess.run(orchard("workload=singa", "singa.arch=local", "debug=smoke",
+                                           f"tracking.uri=sqlite:///{tmp_path}/plain{i}.db", f"output_dir={tmp_path}/p{i}"),
+                                   cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=600)
+            assert plain.returncode == 0, plain.stdout[-2000:] + plain.stderr[-2000:]
+        while sweep.poll() is None:
+            assert time.time() < deadline, "the sweep did not end within 25 minutes"
+            most_running = max(most_running, sum(r.info.status == "RUNNING" for r in _children(uri)))
+            time.sleep(1)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+    out = (tmp_path / "sweep.log").read_text()
+    assert sweep.returncode == 0, out[-3000:]
+    assert most_running <= 1, f"{most_running} trials RUNNING at once with max_concurrent_trials 1"
+    children = _children(uri)
+    assert len(children) == 4 and not [r for r in runs(uri) if r.info.status == "RUNNING"]
+    for r in children:  # finished, or stopped by ASHA and closed saying so; none starved
+        assert r.info.status == "FINISHED" or "scheduler" in r.data.tags.get("orchard.error", ""), \
+            (r.info.status, r.data.tags.get("orchard.error"), out[-3000:])
+
+
+def test_runs_in_folders_of_one_name_under_two_parents_never_share_checkpoints(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+
+    def flower_in(folder: Path) -> subprocess.CompletedProcess:
+        return subprocess.run(orchard("workload=flower", "debug=smoke", "flower.epochs=1", f"hydra.run.dir={folder}",
+                                      f"tracking.uri={uri}", f"output_dir={tmp_path}/out"),
+                              cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=900)
+
+    for parent in ("A", "B"):
+        done = flower_in(tmp_path / parent / "exp")
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        newest = runs(uri)[0]
+        assert "train/resumed_from_epoch" not in newest.data.metrics  # a fresh run, not A's continued
+        assert newest.data.tags["orchard.run_dir"] == str((tmp_path / parent / "exp").resolve())
+    # a new run in a folder a run already trained in is refused before Ray starts: only resume continues
+    again = flower_in(tmp_path / "A" / "exp")
+    assert again.returncode == 2, again.stdout[-2000:] + again.stderr[-2000:]
+    lines = [line for line in again.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "hydra.run.dir" in lines[0] and "resume" in lines[0], again.stderr
+    assert len(runs(uri)) == 2
+
+
+def test_the_same_sweep_started_twice_leaves_the_first_alone(tmp_path):
+    uri = _store(f"sqlite:///{tmp_path}/mlflow.db")
+    args = tiny_cli("workload=tiny", "sweep=tiny_grid", "sweep.max_concurrent_trials=1", TWO_LRS, "tiny.steps=60",
+                    "tiny.sleep_s=0.1", "tracking.system_metrics=false", f"tracking.uri={uri}",
+                    f"output_dir={tmp_path}/out", "cluster.num_cpus=2")
+    first = _start(args, tmp_path, tmp_path / "first.log", tiny_cli_env())
+    try:
+        deadline = time.time() + 300  # until the first sweep holds its lease and trains a trial
+        while not any(r.info.status == "RUNNING" for r in _children(uri)):
+            assert first.poll() is None and time.time() < deadline, (tmp_path / "first.log").read_text()[-3000:]
+            time.sleep(0.5)
+        second = subprocess.run(args, cwd=tmp_path, env=tiny_cli_env(), capture_output=True, text=True, timeout=300)
+        assert second.returncode == 2, second.stdout[-2000:] + second.stderr[-2000:]
+        assert f"already driven by pid {first.pid}" in second.stderr, second.stderr
+        assert first.wait(timeout=600) == 0, (tmp_path / "first.log").read_text()[-3000:]
+    finally:
+        if first.poll() is None:
+            first.kill()
+    statuses = sorted(r.info.status for r in runs(uri))
+    assert statuses == ["FINISHED"] * 3, statuses  # the parent and both trials: nothing KILLED by the second
+
+
+def test_a_second_resume_of_a_run_is_refused_naming_the_first(tmp_path):
+    """Another process (here: this test) holds the lease of a KILLED run's resume: a resume of
+    that run exits 2 with one line naming it, before Ray starts, and records nothing."""
+    from orchard import leases
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    from orchard.storage import Storage
+
+    (tmp_path / "run").mkdir()  # the run's folder, and Ray Train's folder in its storage, as a run leaves them
+    cfg = {"output_dir": str(tmp_path / "out"), "storage": {"uri": None}, "workload": {"name": "flower"}}
+    Storage.for_run(cfg, tmp_path / "run").write_text("train/flower/.keep", "")
+    killed = client.create_run(client.create_experiment("flower"), tags={
+        "orchard.overrides": json.dumps(["workload=flower", "debug=smoke", f"output_dir={tmp_path}/out"]),
+        "orchard.run_dir": str(tmp_path / "run")}).info.run_id
+    client.set_terminated(killed, status="KILLED")
+    held = leases.take(client, killed, f"the resume of run {killed}", settle_s=0)
+    try:
+        done = subprocess.run(orchard("resume", killed, f"tracking.uri={uri}"), cwd=tmp_path, env=env(),
+                              capture_output=True, text=True, timeout=300)
+    finally:
+        held.release()
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and f"already driven by pid {os.getpid()}" in lines[0], done.stderr
+    assert len(runs(uri)) == 1  # no new run opened

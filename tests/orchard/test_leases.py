@@ -1,0 +1,51 @@
+"""Leases on a real MLflow sqlite store: one driver at a time for a resume or a sweep."""
+import json
+import subprocess
+import sys
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from orchard import leases
+
+
+@pytest.fixture
+def run(tmp_path):
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    exp = client.create_experiment("leases")
+    return client, client.create_run(exp).info.run_id
+
+
+def test_a_live_lease_refuses_a_second_taker_and_names_the_holder(run):
+    client, run_id = run
+    held = leases.take(client, run_id, "the resume of run x", settle_s=0)
+    with pytest.raises(leases.LeaseHeld) as refused:
+        leases.take(client, run_id, "the resume of run x", settle_s=0)
+    text = str(refused.value)
+    assert "the resume of run x is already driven by pid" in text and "since" in text
+    held.release()
+    assert leases.read(client, run_id) is None  # released: the next taker gets it
+    leases.take(client, run_id, "the resume of run x", settle_s=0).release()
+
+
+def test_a_lease_whose_driver_is_gone_is_taken_over_with_a_line(run, capsys):
+    client, run_id = run
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    record = json.loads(json.dumps(leases._record("dead", "sweep k", 0)))
+    record["pid"] = gone.stdout.strip()  # a process of this machine that has ended
+    client.set_tag(run_id, leases.TAG, json.dumps(record))
+    assert not leases.alive(leases.read(client, run_id))
+    lease = leases.take(client, run_id, "sweep k", settle_s=0)
+    assert "taking over sweep k" in capsys.readouterr().err
+    assert leases.read(client, run_id)["token"] == lease.token
+    lease.release()
+
+
+def test_of_two_takers_at_once_only_the_last_writer_keeps_it(run, monkeypatch):
+    """Write-then-verify: a taker whose token is overwritten while it settles backs off."""
+    client, run_id = run
+    rival = leases.Lease(client, run_id, "sweep k")
+    monkeypatch.setattr(leases.time, "sleep", lambda s: rival._write())  # the rival writes meanwhile
+    with pytest.raises(leases.LeaseHeld):
+        leases.take(client, run_id, "sweep k")
+    assert leases.read(client, run_id)["token"] == rival.token

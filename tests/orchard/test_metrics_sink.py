@@ -1,0 +1,72 @@
+"""The metrics sink under a store that refuses: one bad metric is dropped alone and counted,
+the buffer is bounded with a count, and ``ctx.log_metrics`` stops a bad name where it is logged.
+A real sqlite MLflow store in tmp_path, read back with MlflowClient; the session's Ray."""
+import pytest
+
+
+def _new_run(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    return uri, client, client.create_run(client.create_experiment("sink")).info.run_id
+
+
+def test_a_bad_metric_name_mid_run_is_dropped_alone_and_the_final_metrics_arrive(ray_session, tmp_path):
+    """MLflow refuses a whole log_batch for one bad name: the sink writes the rest of the batch,
+    every later step and the final metrics, and counts what it dropped in sink/dropped_metrics."""
+    import ray
+
+    from orchard.metrics_sink import DROPPED, MetricsSink
+
+    uri, client, run_id = _new_run(tmp_path)
+    sink = MetricsSink.remote(uri, run_id, 0.2)
+    for step in range(10):
+        metrics = {"train/loss": 1.0 / (step + 1)}
+        if step == 4:  # sent straight to the sink, as the core sends a workload's returned metrics
+            metrics["bad key!"] = 1.0
+        ray.get(sink.log_metrics.remote(metrics, step, 1000 + step))
+    ray.get(sink.log_final.remote({"test/mae": 0.5, "val/bad metric?": 2.0}, 2000))
+    ray.get(sink.close.remote(), timeout=120)
+    ray.kill(sink)
+
+    assert sorted(m.step for m in client.get_metric_history(run_id, "train/loss")) == list(range(10))
+    metrics = client.get_run(run_id).data.metrics
+    assert metrics["test/mae"] == 0.5
+    assert metrics[DROPPED] == 2
+    assert "bad key!" not in metrics and "val/bad metric?" not in metrics
+
+
+def test_the_buffer_is_bounded_and_what_it_spills_is_counted(ray_session, tmp_path):
+    """More metrics than ``max_pending`` before a flush: the oldest go, the newest and the count
+    (sink/spilled_metrics) reach the store."""
+    import ray
+
+    from orchard.metrics_sink import SPILLED, MetricsSink
+
+    uri, client, run_id = _new_run(tmp_path)
+    sink = MetricsSink.remote(uri, run_id, 3600.0, max_pending=10)  # no timer flush: close() is the first
+    for step in range(25):
+        ray.get(sink.log_metrics.remote({"train/loss": float(step)}, step, 1000 + step))
+    ray.get(sink.close.remote(), timeout=120)
+    ray.kill(sink)
+
+    assert sorted(m.step for m in client.get_metric_history(run_id, "train/loss")) == list(range(15, 25))
+    assert client.get_run(run_id).data.metrics[SPILLED] == 15
+
+
+def test_log_metrics_refuses_a_bad_name_with_one_line_naming_it_and_sends_nothing(ray_session):
+    from orchard.context import RunContext
+    from orchard.metrics_sink import MetricsSink
+
+    sink = MetricsSink.remote(None, None)
+    ctx = RunContext(sink, None, "/tmp", "tiny", "tasks")
+    with pytest.raises(ValueError) as err:
+        ctx.log_metrics({"train/loss": 1.0, "val/acc (%)": 2.0}, step=0)
+    message = str(err.value)
+    assert "'val/acc (%)'" in message and "Names may only contain" in message and "\n" not in message
+    with pytest.raises(ValueError, match="'train//loss'"):  # MLflow's path rule: it would read as 'train/loss'
+        ctx.log_metrics({"train//loss": 1.0})
+    ctx.log_metrics({"train/loss": 3.0, "time/epoch_s": 0.5}, step=1)
+    ctx.flush()  # in order after the calls before it
+    assert ctx.last_values() == {"train/loss": 3.0, "time/epoch_s": 0.5}  # the refused calls sent nothing
