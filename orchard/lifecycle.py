@@ -27,6 +27,7 @@ import shlex
 import socket
 import sys
 import time
+import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +35,7 @@ from pathlib import Path
 from orchard import config as config_lib
 from orchard import background, console, interrupts, registry
 from orchard.console import say
-from orchard.errors import ConfigError
+from orchard.errors import ConfigError, Diverged
 from orchard.outcome import Outcome
 
 
@@ -65,10 +66,26 @@ def preflight(cfg: dict) -> None:
     from orchard import storage
 
     storage.check(cfg)  # storage.uri (s3://...) writable with the AWS_* variables given
+    _check_fresh_run_folder(cfg)
     if cfg["tracking"]["enabled"]:
         from orchard.tracking import check_store
 
         check_store(cfg["tracking"]["uri"])
+
+
+def _check_fresh_run_folder(cfg: dict) -> None:
+    """A new run never trains on from another run's checkpoints by accident: a folder the user
+    named (``hydra.run.dir``) that an earlier run already trained in is refused, not shared
+    (Ray Train would restore whatever its storage holds). Only ``resume`` continues a run."""
+    if not cfg.get("_run_dir") or cfg.get("_resumes"):
+        return
+    from orchard.storage import Storage
+
+    kept = Storage.for_run(cfg, Path(cfg["_run_dir"]).resolve())
+    if kept.exists():
+        raise ConfigError("hydra.run.dir", f"a folder no earlier run trained in; {cfg['_run_dir']} holds a run's "
+                          f"checkpoints ({kept.uri}): continue it with python -m orchard resume <its run id>, "
+                          "or name another folder")
 
 
 def _check_output_dir(output_dir: str) -> None:
@@ -254,7 +271,8 @@ def run_one(cfg: dict, module, parent_run_id: str | None = None, on_metrics=None
     run_id = tracked.run_id if tracked else None
     status, error, metrics, exit_code = "FINISHED", None, {}, 0
     run_dir = (Path(cfg["_run_dir"]) if cfg.get("_run_dir") and parent_run_id is None  # not a sweep trial's
-               else Path(cfg["output_dir"]) / cfg["workload"]["name"] / (run_id or name)).resolve()
+               # untracked: the name's timestamp is per second, so a suffix keeps two runs apart
+               else Path(cfg["output_dir"]) / cfg["workload"]["name"] / (run_id or f"{name}-{uuid.uuid4().hex[:6]}")).resolve()
     live = None
     signals_before = len(interrupts.received)
     log_start = console.mark_run_start()
@@ -281,12 +299,15 @@ def run_one(cfg: dict, module, parent_run_id: str | None = None, on_metrics=None
         say(f"orchard: {error}; run {run_id or name} marked KILLED", file=sys.stderr)
     elif isinstance(error, ConfigError):
         say(f"orchard: bad config: {error}" + (f" (run {run_id} marked FAILED)" if tracked else ""), file=sys.stderr)
+    elif isinstance(error, Diverged):  # one line: where, and the key to change (orchard/divergence.py)
+        say(f"orchard: {cfg['workload']['name']} diverged: {error}" + (f" (run {run_id} marked FAILED)" if tracked else ""),
+            file=sys.stderr)
     elif error is not None:
         say(f"orchard: {cfg['workload']['name']} failed: {type(error).__name__}: {_one_line(error)}", file=sys.stderr)
         if tracked:
             say(f"orchard: run {run_id} marked FAILED; traceback in its artifact error.txt", file=sys.stderr)
     if not quiet:
-        _print_summary(cfg, module, name, tracked, status, run_dir, metrics)
+        _print_summary(cfg, module, name, tracked, status, run_dir, metrics, error)
     return Outcome(exit_code, run_id, metrics, None if error is None else f"{type(error).__name__}: {error}")
 
 
@@ -327,16 +348,14 @@ def _start_run_services(cfg: dict, tracked, run_id: str | None, run_dir: Path, o
 
     from orchard import resources
     from orchard.context import RunContext
-    from orchard.metrics_sink import MetricsSink
+    from orchard.metrics_sink import MetricsSink, sink_name
 
     tcfg = cfg["tracking"]
     run_dir.mkdir(parents=True, exist_ok=True)
     uri = tracked.tracking_uri if tracked else None
     # The sink lives on the driver's node: a sqlite store is a file only this machine sees.
     here = ray.get_runtime_context().get_node_id()
-    # Named, so that operators (and the fault tests) can find a run's sink: orchard-sink-<run>
-    sink_name = f"orchard-sink-{run_id or run_dir.name}"
-    sink = MetricsSink.options(name=sink_name, scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote(
+    sink = MetricsSink.options(name=sink_name(run_id or run_dir.name), scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote(
         uri, run_id, tcfg.get("flush_interval_s", 1.0))
     ctx = RunContext(sink, run_id, str(run_dir), cfg["workload"]["name"], cfg["strategy"]["name"], uri)
     ctx._on_metrics = on_metrics
@@ -404,6 +423,8 @@ def _close(live: _Live | None, tracked, heartbeat, status: str, error, metrics: 
                 tracked.client().log_artifact(tracked.run_id, str(kept))
         except Exception as exc:
             say(f"orchard: the run's log was not kept: {exc}", file=sys.stderr)
+    if tracked and _stopped_by_sweep(tracked):
+        return summary  # its sweep's scheduler stopped it and closed it KILLED, with the reason
     if tracked:
         try:
             tracking.close_run(tracked, status, error)
@@ -412,7 +433,17 @@ def _close(live: _Live | None, tracked, heartbeat, status: str, error, metrics: 
     return summary
 
 
-def _print_summary(cfg: dict, module, name: str, tracked, status: str, run_dir: Path, metrics: dict) -> None:
+def _stopped_by_sweep(tracked) -> bool:
+    from orchard.sweep import STOPPED_TAG
+
+    try:
+        return STOPPED_TAG in tracked.client().get_run(tracked.run_id).data.tags
+    except Exception:  # the store cannot answer: close it as usual
+        return False
+
+
+def _print_summary(cfg: dict, module, name: str, tracked, status: str, run_dir: Path, metrics: dict,
+                   error: BaseException | None = None) -> None:
     from orchard import summary, tracking
 
     label = f"{cfg['workload']['name']}/{cfg['strategy']['name']}"
@@ -426,9 +457,25 @@ def _print_summary(cfg: dict, module, name: str, tracked, status: str, run_dir: 
         if figures:
             footer.append(f"figures:   {', '.join(figures)} (artifacts figures/)")
         footer.append(f"view:      {tracking.ui_command(tracked.tracking_uri)}")
-        if status in ("KILLED", "FAILED") and hasattr(module, "resume"):
+        if isinstance(error, Diverged):  # the same config would diverge again: not without a change
+            footer.extend(_diverged_hint(cfg, module, tracked.run_id, error))
+        elif status in ("KILLED", "FAILED") and hasattr(module, "resume"):
             footer.append(f"resume:    python -m orchard resume {tracked.run_id}" + _uri_arg(cfg))
     say(summary.render(title, summary.headline(module, cfg, metrics), metrics, footer))
+
+
+def _diverged_hint(cfg: dict, module, run_id: str, error: Diverged) -> list[str]:
+    """How to go on after a run diverged: resume from its last finite checkpoint with a new
+    value for the key, or (none kept) run again with one; never the same config again."""
+    if not error.key:  # no single config key sets it: the console line says what to change
+        return [f"resume:    after that change: python -m orchard resume {run_id}" + _uri_arg(cfg)] \
+            if error.checkpoint and hasattr(module, "resume") else []
+    resumable = run_id if error.checkpoint else cfg.get("_resumes")  # else the run this one resumed
+    if resumable and hasattr(module, "resume"):
+        return [f"resume:    with a lower {error.key}: python -m orchard resume {resumable} {error.key}=..." + _uri_arg(cfg)]
+    typed = [o for o in cfg.get("_overrides", []) if o.split("=", 1)[0].lstrip("+~") != error.key]
+    return [f"again:     with a lower {error.key} (no checkpoint before it diverged): "
+            f"python -m orchard {shlex.join(typed)} {error.key}=..."]
 
 
 def _figure_names(tracked) -> list[str]:
@@ -461,12 +508,31 @@ def resume(run_id: str, extra: list[str]) -> int:
     try:
         cfg, module = _resume_config(run_id, uri, extra)
         preflight(cfg)
+        lease = _lease(cfg)
     except ConfigError as err:
         say(f"orchard: cannot resume: {err}", file=sys.stderr)
         return 2
-    open_console(cfg)
-    say(f"orchard: resuming run {run_id} as a new run", file=sys.stderr)
-    return execute(cfg, module).exit_code
+    try:
+        open_console(cfg)
+        say(f"orchard: resuming run {run_id} as a new run", file=sys.stderr)
+        return execute(cfg, module).exit_code
+    finally:
+        lease.release()
+
+
+def _lease(cfg: dict):
+    """One resume of a run at a time (orchard/leases.py): a second one, here or on another
+    machine, would train into the same checkpoints."""
+    from mlflow.tracking import MlflowClient
+
+    from orchard import leases
+    from orchard.tracking import resolve_uri
+
+    previous = cfg["_resumes"]
+    try:
+        return leases.take(MlflowClient(resolve_uri(cfg["tracking"]["uri"])), previous, f"the resume of run {previous}")
+    except leases.LeaseHeld as held:
+        raise ConfigError("run id", str(held)) from None
 
 
 def _resume_config(run_id: str, uri: str, extra: list[str]):
@@ -475,7 +541,7 @@ def _resume_config(run_id: str, uri: str, extra: list[str]):
 
     from orchard.tracking import check_store, resolve_uri
 
-    check_store(uri)
+    check_store(uri, create=False)  # resume reads a store; it never makes one
     client = MlflowClient(resolve_uri(uri))
     try:
         old = client.get_run(run_id)
@@ -485,7 +551,10 @@ def _resume_config(run_id: str, uri: str, extra: list[str]):
         old = find_run_by_prefix(client, run_id, uri)
     run_id = old.info.run_id
     if old.info.status not in ("KILLED", "FAILED"):
-        raise ConfigError("run id", f"a KILLED or FAILED run; {run_id} is {old.info.status}")
+        tags = old.data.tags
+        driver = (f", driven by pid {tags['orchard.pid']} on {tags.get('orchard.host')}"
+                  if old.info.status == "RUNNING" and "orchard.pid" in tags else "")
+        raise ConfigError("run id", f"a KILLED or FAILED run; {run_id} is {old.info.status}{driver}")
     tags = old.data.tags
     if "orchard.overrides" in tags:
         overrides = json.loads(tags["orchard.overrides"])

@@ -30,6 +30,12 @@ from orchard.tracking import first_line, quiet_store_logs, refused, retried
 MAX_BATCH = 900  # MLflow's log_batch takes at most 1000 metrics per call
 MAX_PENDING = 100_000  # metrics buffered while the store is away (~25 MB); past it the oldest are spilled
 MAX_FLUSH_WAIT_S = 30.0  # the flush timer's longest backoff while the store refuses
+
+
+def sink_name(run_key: str) -> str:
+    """A run's sink is a named actor, so operators, fault tests and the sweep (a trial its
+    scheduler stopped) can find it: ``orchard-sink-<run id>``."""
+    return f"orchard-sink-{run_key}"
 DROPPED, SPILLED = "sink/dropped_metrics", "sink/spilled_metrics"
 
 
@@ -165,6 +171,15 @@ class MetricsSink:
     def progress(self, report: dict) -> None:
         with self._lock:
             self._progress = report
+
+    @ray.method(concurrency_group="read")
+    def request_stop(self) -> None:
+        """The run should stop (its sweep's scheduler cut the trial); read by ``stop_requested``."""
+        self._stop_requested = True
+
+    @ray.method(concurrency_group="read")
+    def stop_requested(self) -> bool:
+        return getattr(self, "_stop_requested", False)
 
     @ray.method(concurrency_group="write")
     def watch(self, key: str) -> None:

@@ -174,6 +174,14 @@ class MetricFeed:
 
         if self.sink is None:
             return
+        if ray.get(self.sink.stop_requested.remote(), timeout=60):
+            # the scheduler stopped this trial (StopWhole): Tune abandons this thread, so the Ray
+            # Train run it started would train on, holding its CPUs; abort it from here
+            from orchard.strategies.launch import abort_train_runs
+
+            abort_train_runs(started_by=ray.get_runtime_context().get_actor_id())
+            self._stop.set()
+            return
         with self.lock:
             for step, value in ray.get(self.sink.logged_since.remote(self.metric, self.seen), timeout=60):
                 self.seen += 1
@@ -252,22 +260,25 @@ def _trial_stopper(parent: "_Parent", scheduler: str, metric: str, signals_befor
     scheduler's reason; the trial's own close then leaves that status (``STOPPED_TAG``)."""
     from ray import tune
 
+    from orchard.metrics_sink import sink_name
+
     # Tune saves its callbacks with the experiment (a resumed sweep gets them back): plain values only
     uri = parent.tracked.tracking_uri if parent.tracked else None
     reason = STOPPED_EARLY.format(scheduler=scheduler.upper(), metric=metric)
 
     class StopWhole(tune.Callback):
         def on_trial_complete(self, iteration, trials, trial, **info):
-            from orchard.strategies.launch import abort_train_runs
+            import ray
 
             result = trial.last_result or {}
-            if FINAL in result:
-                return  # it finished: nothing runs on
-            actor = trial.temporary_state.ray_actor
-            if actor is not None:
-                abort_train_runs(started_by=actor)
             run_id = result.get("run_id")
-            if uri is None or not run_id or interrupts.received[signals_before:]:
+            if FINAL in result or not run_id:
+                return  # it finished: nothing runs on
+            try:  # the trial's metric feed aborts its Train runs: only its process holds their handles
+                ray.get_actor(sink_name(run_id)).request_stop.remote()
+            except ValueError:  # its sink is gone: so is the run
+                pass
+            if uri is None or interrupts.received[signals_before:]:
                 return  # an interrupted sweep closes its trials itself (close_children)
             from mlflow.tracking import MlflowClient
 

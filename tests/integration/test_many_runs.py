@@ -144,3 +144,25 @@ def test_a_second_resume_of_a_run_is_refused_naming_the_first(tmp_path):
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and f"already driven by pid {os.getpid()}" in lines[0], done.stderr
     assert len(runs(uri)) == 1  # no new run opened
+
+
+def test_many_drivers_attach_to_one_cluster_and_all_finish(ray_session, tmp_path):
+    """The recommended way to share a machine: one Ray (here the test session's, as `ray start
+    --head` leaves one), and every command attached to it: a sweep and a real workload's run at
+    once, each its own Ray job; the cluster is left as it was."""
+    address = ray_session.get_runtime_context().gcs_address
+    uri = _store(f"sqlite:///{tmp_path}/mlflow.db")
+    attach = ["cluster=remote", f"cluster.address={address}", f"tracking.uri={uri}", "tracking.system_metrics=false"]
+    sweep = _start(tiny_cli("workload=tiny", "sweep=tiny_grid", "sweep.max_concurrent_trials=1", TWO_LRS,
+                            "tiny.steps=5", f"output_dir={tmp_path}/sweep", *attach),
+                   tmp_path, tmp_path / "sweep.log", tiny_cli_env())
+    try:
+        run = subprocess.run(orchard("workload=singa", "singa.arch=local", "debug=smoke", f"output_dir={tmp_path}/run",
+                                     *attach), cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=900)
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+        assert sweep.wait(timeout=900) == 0, (tmp_path / "sweep.log").read_text()[-3000:]
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+    assert sorted(r.info.status for r in runs(uri)) == ["FINISHED"] * 4  # the singa run, the sweep and its 2 trials
+    assert ray_session.is_initialized() and ray_session.get(ray_session.remote(lambda: 1).remote()) == 1

@@ -46,6 +46,10 @@ def validate(cfg: dict) -> None:
     require_positive(cfg, "flower.optimizer.lr")
     require(cfg, "flower.roi", lambda v: v is None or (isinstance(v, list) and len(v) == 4 and v[2] > 0 and v[3] > 0),
             "null or [x, y, width, height]")
+    require(cfg, "flower.max_image_pixels", lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v > 0),
+            "null (no limit) or a positive number of pixels (width x height)")
+    require(cfg, "flower.max_skipped_fraction", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+            and 0 <= v <= 1, "a fraction in [0, 1] of the photos that may be unreadable before the run fails")
     require_choice(cfg, "flower.synthetic.annotation", ("csv", "red_cross"))
     require_choice(cfg, "flower.precision", ("fp32", "bf16", "fp16"))
     for key in ("channels_last", "compile"):

@@ -8,11 +8,18 @@ On-disk input (the real format; `synthetic_field.py` writes the same):
     distractors.csv (optional)     image,kind,x,y,width,height (tags tiles for per-scene metrics)
 Tiling runs as one Ray task per group of images (the thesis used Apache Spark for it, 3.3.1) and
 writes a tile cache every training worker memory-maps:
-    tiles/images.npy (N, T, T, 3) uint8, tiles/index.csv, tiles/points.csv
+    tiles/images.npy (N, T, T, 3) uint8, tiles/index.csv, tiles/points.csv, tiles/skipped.csv
+
+Bad data (docs/flower.md): the CSVs are checked whole before Ray starts and a bad row is one
+line naming the file, the line and what was expected (``TableError``, exit 2); a photo that
+cannot be read (truncated, not an image, over ``flower.max_image_pixels``) is skipped and
+counted by kind (``PhotoError``, ``orchard.skipped``), never the end of the run by itself.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
+import math
 import os
 import shutil
 from collections import defaultdict
@@ -23,6 +30,7 @@ import numpy as np
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
 KIND_PRIORITY = ("glare", "roadside", "shadow")  # a tile touching several is tagged by the first
+DEFAULT_MAX_PIXELS = 178_956_970  # PIL's own refusal (2 x Image.MAX_IMAGE_PIXELS); flower.max_image_pixels
 
 
 def read_rgb(path: str | Path) -> np.ndarray:
@@ -31,6 +39,104 @@ def read_rgb(path: str | Path) -> np.ndarray:
     if bgr is None:
         raise FileNotFoundError(f"cannot read image {path}")
     return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+
+
+# --------------------------------------------------------------------------- photos that cannot be read
+class PhotoError(ValueError):
+    """A photo that cannot be used; ``kind`` is the key of ``data/skipped/<kind>``: missing, empty,
+    unreadable, not_image, truncated, corrupt, too_large, no_annotation."""
+
+    def __init__(self, kind: str, reason: str):
+        super().__init__(reason)
+        self.kind = kind
+
+
+@contextlib.contextmanager
+def _own_pixel_limit():
+    """PIL's decompression-bomb check off: ``photo_size`` applies ``flower.max_image_pixels`` from
+    the header instead, before a pixel is decoded (a tiling task or the config check: one thread)."""
+    from PIL import Image
+
+    before, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None
+    try:
+        yield
+    finally:
+        Image.MAX_IMAGE_PIXELS = before
+
+
+def _open_photo(path: Path, max_pixels: int | None):
+    """The opened (not yet decoded) PIL image and its (width, height) as shown, EXIF rotation
+    applied; PhotoError for a file that is absent, empty, not an image or over ``max_pixels``."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise PhotoError("missing", "no such file (a dangling link?)") from None
+    except OSError as exc:
+        raise PhotoError("unreadable", _one_line(exc)) from None
+    if not path.is_file():
+        raise PhotoError("unreadable", "not a regular file")
+    if size == 0:
+        raise PhotoError("empty", "zero-byte file")
+    try:
+        image = Image.open(path)
+    except UnidentifiedImageError:
+        raise PhotoError("not_image", "not an image PIL can read (PNG, JPEG, TIFF, BMP)") from None
+    except PermissionError as exc:
+        raise PhotoError("unreadable", _one_line(exc)) from None
+    except Exception as exc:  # a header PIL recognises but cannot parse
+        raise PhotoError("corrupt", _one_line(exc)) from None
+    width, height = image.size
+    try:
+        if image.getexif().get(0x0112) in (5, 6, 7, 8):  # EXIF orientation: a quarter turn
+            width, height = height, width
+    except Exception:  # an unreadable EXIF block: the photo as stored
+        pass
+    if max_pixels is not None and width * height > max_pixels:
+        image.close()
+        raise PhotoError("too_large", f"{width}x{height} = {width * height / 1e6:.0f} MP, over flower.max_image_pixels="
+                         f"{max_pixels} (each photo is held whole while it is tiled: ~{width * height * 3 / 2**30:.1f} "
+                         "GiB; raise the key, null for no limit, or cut the photo)")
+    return image, (width, height)
+
+
+def photo_size(path: str | Path, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> tuple[int, int]:
+    """(width, height) of a photo from its header (EXIF rotation applied); PhotoError as
+    ``read_photo`` would raise it short of decoding the pixels."""
+    with _own_pixel_limit():
+        image, size = _open_photo(Path(path), max_pixels)
+        image.close()
+    return size
+
+
+def read_photo(path: str | Path, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> np.ndarray:
+    """A field photo as RGB uint8 (H, W, 3), decoded whole and strictly: a truncated file is a
+    PhotoError (cv2 would return the part it could read, grey below). EXIF rotation is applied,
+    as ``cv2.imread`` does; 16-bit samples keep their high byte, as it does."""
+    from PIL import ImageOps
+
+    with _own_pixel_limit():
+        image, _ = _open_photo(Path(path), max_pixels)
+        try:
+            with image:
+                image.load()
+                ImageOps.exif_transpose(image, in_place=True)
+                if image.mode in ("I;16", "I;16B", "I;16L", "I"):
+                    grey = (np.asarray(image, dtype=np.int64) >> 8).clip(0, 255).astype(np.uint8)
+                    return np.ascontiguousarray(np.repeat(grey[..., None], 3, axis=-1))
+                return np.ascontiguousarray(np.asarray(image.convert("RGB")))
+        except OSError as exc:
+            kind = "truncated" if "truncated" in str(exc).lower() else "corrupt"
+            raise PhotoError(kind, _one_line(exc)) from None
+        except (ValueError, SyntaxError, EOFError) as exc:  # what PIL's decoders raise on bad data
+            raise PhotoError("corrupt", _one_line(exc)) from None
+
+
+def _one_line(exc: BaseException) -> str:
+    from orchard.skipped import one_line
+
+    return one_line(exc)
 
 
 def red_cross_points(rgb: np.ndarray, arm: int = 2) -> np.ndarray:
@@ -69,22 +175,93 @@ def list_images(data_dir: str | Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
 
 
-def read_table(path: Path) -> dict[str, list[dict[str, str]]]:
-    """Rows of a CSV with an `image` column, grouped by image name ({} when absent)."""
-    grouped: dict[str, list[dict[str, str]]] = defaultdict(list)
-    if path.exists():
-        with open(path, newline="") as f:
-            for row in csv.DictReader(f):
-                grouped[row["image"]].append(row)
+# --------------------------------------------------------------------------- the user's CSVs
+def _number(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(text)
+    return value
+
+
+def _whole(text: str) -> int:
+    value = _number(text)
+    if not value.is_integer():
+        raise ValueError(text)
+    return int(value)
+
+
+# file -> (column parsers after `image`, what a row is): the format at the top of this module
+TABLES = {
+    "points.csv": ({"x": (_number, "a number"), "y": (_number, "a number")},
+                   "image,x,y: an image name and a flower centre in its pixels"),
+    "roi.csv": ({k: (_whole, "a whole number") for k in ("x", "y", "width", "height")},
+                "image,x,y,width,height: an image name and its region of interest in pixels"),
+    "distractors.csv": ({"kind": (str, "a scene kind"), **{k: (_whole, "a whole number") for k in ("x", "y", "width", "height")}},
+                        "image,kind,x,y,width,height: an image name, a scene kind and its box in pixels"),
+}
+
+
+class TableError(ValueError):
+    """A CSV of the data folder that does not hold what its format says: the message names the
+    file, the line and what was expected (the config check makes it one line, exit 2)."""
+
+
+def read_table(path: Path) -> dict[str, list[dict]]:
+    """Rows of a CSV with an `image` column, grouped by image name ({} when absent). The files of
+    ``TABLES`` are checked whole and their numbers parsed (TableError on the first bad row)."""
+    grouped: dict[str, list[dict]] = defaultdict(list)
+    if not path.exists():
+        return grouped
+    columns, expected = TABLES.get(path.name, ({}, "a CSV table with an image column"))
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            reader = csv.DictReader(f)
+            header = [h.strip() for h in reader.fieldnames or ()]
+            missing = [c for c in ("image", *columns) if c not in header]
+            if missing:
+                raise TableError(f"{path} line 1: the header {','.join(header) or '(empty)'!r} lacks "
+                                 f"{','.join(missing)} (expected {expected})")
+            reader.fieldnames = header
+            for row in reader:
+                grouped[_table_row(row, columns, path, reader.line_num, expected)["image"]].append(row)
+    except UnicodeDecodeError:
+        raise TableError(f"{path}: not a CSV table in UTF-8 text (expected {expected})") from None
+    except csv.Error as exc:
+        raise TableError(f"{path}: not a CSV table ({exc}; expected {expected})") from None
     return grouped
 
 
-def image_points(data_dir: Path, name: str, csv_rows: list[dict[str, str]] | None,
-                 have_csv: bool) -> np.ndarray:
+def _table_row(row: dict, columns: dict, path: Path, line: int, expected: str) -> dict:
+    """One row with its columns parsed in place; TableError naming the line otherwise."""
+    if not (row.get("image") or "").strip():
+        raise TableError(f"{path} line {line}: no image name (expected {expected})")
+    row["image"] = row["image"].strip()
+    for key, (parse, what) in columns.items():
+        text = row.get(key)
+        if text is None or not text.strip():
+            raise TableError(f"{path} line {line}: no {key} (expected {expected})")
+        try:
+            row[key] = parse(text.strip())
+        except ValueError:
+            raise TableError(f"{path} line {line}: {key} is {text.strip()!r}, not {what} (expected {expected})") from None
+    if path.name == "roi.csv" and (row["width"] <= 0 or row["height"] <= 0):
+        raise TableError(f"{path} line {line}: a {row['width']}x{row['height']} region; width and height must be "
+                         f"positive (expected {expected})")
+    return row
+
+
+def check_tables(root: Path) -> None:
+    """Read every CSV of ``TABLES`` in the data folder ``root``; TableError on the first bad row."""
+    for name in TABLES:
+        read_table(root / name)
+
+
+def image_points(data_dir: Path, name: str, csv_rows: list[dict] | None,
+                 have_csv: bool, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> np.ndarray:
     """Flower centres (N, 2) of one image: points.csv rows, else its red-cross copy.
 
     An image with neither is flowerless when a points.csv exists (a CSV has no row for an
-    image without flowers), and an error otherwise (nothing says it was annotated at all).
+    image without flowers), and a PhotoError otherwise (nothing says it was annotated at all).
     """
     if csv_rows:
         return np.array([[float(r["x"]), float(r["y"])] for r in csv_rows]).reshape(-1, 2)
@@ -92,10 +269,13 @@ def image_points(data_dir: Path, name: str, csv_rows: list[dict[str, str]] | Non
     if not crossed.exists():
         crossed = crossed.with_suffix(".png")
     if crossed.exists():
-        return red_cross_points(read_rgb(crossed))
+        try:
+            return red_cross_points(read_photo(crossed, max_pixels))
+        except PhotoError as exc:
+            raise PhotoError(exc.kind, f"its annotated copy {crossed.name}: {exc}") from None
     if have_csv:
         return np.zeros((0, 2))
-    raise FileNotFoundError(f"no annotation for {name}: no points.csv and no {crossed}")
+    raise PhotoError("no_annotation", f"no row in points.csv (there is none) and no annotated/{crossed.name}")
 
 
 def region_of_interest(shape: tuple[int, ...], tile_size: int, roi: list[int] | None) -> tuple[int, int, int, int]:
@@ -151,23 +331,32 @@ def tile_kind(box: tuple[int, int, int, int], distractors: list[dict[str, str]])
     return "plain"
 
 
-def tile_images(data_dir, names: list[str], tile_size: int, roi: list[int] | None):
-    """Tile a group of images (the body of one Ray task). Returns (tiles, index rows, point rows).
+def tile_images(data_dir, names: list[str], tile_size: int, roi: list[int] | None,
+                max_pixels: int | None = DEFAULT_MAX_PIXELS):
+    """Tile a group of images (the body of one Ray task). Returns (tiles, index rows, point rows,
+    skipped): a photo that cannot be read is left out and listed in skipped as
+    ``orchard.skipped.SkippedFile`` (name, kind, reason), never the end of the task.
 
     ``data_dir`` is a folder or an ``orchard.storage.Storage``: a task on another node reads the
     field through storage (copied once per node), never a path only the driver has."""
+    from orchard.skipped import SkippedFile
+
     root = data_dir.localize() if hasattr(data_dir, "localize") else Path(data_dir)
     points_csv = read_table(root / "points.csv")
     roi_csv = read_table(root / "roi.csv")
     distractor_csv = read_table(root / "distractors.csv")
-    all_tiles, index_rows, point_rows = [], [], []
+    all_tiles, index_rows, point_rows, skipped = [], [], [], []
     for name in names:
-        rgb = read_rgb(root / "images" / name)
-        points = image_points(root, name, points_csv.get(name), (root / "points.csv").exists())
+        try:
+            rgb = read_photo(root / "images" / name, max_pixels)
+            points = image_points(root, name, points_csv.get(name), (root / "points.csv").exists(), max_pixels)
+        except PhotoError as exc:
+            skipped.append(SkippedFile(name, exc.kind, str(exc)))
+            continue
         window = roi
         if window is None and name in roi_csv:
             r = roi_csv[name][0]
-            window = [int(r["x"]), int(r["y"]), int(r["width"]), int(r["height"])]
+            window = [r["x"], r["y"], r["width"], r["height"]]
         box = region_of_interest(rgb.shape, tile_size, window)
         tiles, meta = split_into_tiles(rgb, points, box, tile_size)
         all_tiles.append(tiles)
@@ -178,13 +367,17 @@ def tile_images(data_dir, names: list[str], tile_size: int, roi: list[int] | Non
             index_rows.append((tile, name, r, c, len(tile_points), kind))
             point_rows += [(tile, f"{x:.2f}", f"{y:.2f}") for x, y in tile_points]
     tiles = np.concatenate(all_tiles) if all_tiles else np.zeros((0, tile_size, tile_size, 3), np.uint8)
-    return tiles, index_rows, point_rows
+    return tiles, index_rows, point_rows, skipped
 
 
 def prepare_tiles(data_dir: str | Path, out_dir: str | Path, tile_size: int, roi: list[int] | None,
-                  images_per_task: int = 4, parallel: bool = True) -> Path:
+                  images_per_task: int = 4, parallel: bool = True,
+                  max_pixels: int | None = DEFAULT_MAX_PIXELS) -> Path:
     """Tile every image of data_dir, one Ray task per `images_per_task` images (parallel=False:
-    in this process, for tools that run without Ray); write the cache under out_dir/tiles."""
+    in this process, for tools that run without Ray); write the cache under out_dir/tiles, with
+    the photos that could not be read in tiles/skipped.csv (``TileSet.skipped``)."""
+    from orchard import skipped as skip_log
+
     if hasattr(data_dir, "localize"):  # an orchard.storage.Storage: list it there, tasks fetch it
         names = [n for n in data_dir.list("images") if Path(n).suffix.lower() in IMAGE_SUFFIXES]
     else:
@@ -196,10 +389,10 @@ def prepare_tiles(data_dir: str | Path, out_dir: str | Path, tile_size: int, roi
         import ray
 
         task = ray.remote(num_cpus=1)(tile_images)
-        results = ray.get([task.remote(data_dir if hasattr(data_dir, "localize") else str(data_dir), g, tile_size, roi)
-                           for g in groups])
+        results = ray.get([task.remote(data_dir if hasattr(data_dir, "localize") else str(data_dir), g, tile_size, roi,
+                                       max_pixels) for g in groups])
     else:
-        results = [tile_images(data_dir, g, tile_size, roi) for g in groups]
+        results = [tile_images(data_dir, g, tile_size, roi, max_pixels) for g in groups]
     cache = Path(out_dir) / "tiles"
     partial = cache.with_name(f"tiles.tmp-{os.getpid()}")
     partial.mkdir(parents=True, exist_ok=True)
@@ -211,6 +404,7 @@ def prepare_tiles(data_dir: str | Path, out_dir: str | Path, tile_size: int, roi
             writer.writerow(header)
             for r in results:
                 writer.writerows(r[column])
+    skip_log.write_csv([s for r in results for s in r[3]], partial / skip_log.SKIPPED_CSV)
     try:
         partial.rename(cache)  # atomic: runs sharing a synthetic field never see half a cache
     except OSError:
@@ -229,6 +423,10 @@ class TileSet:
         self.names = [r["tile"] for r in index]
         self.counts = np.array([int(r["count"]) for r in index], dtype=np.int64)
         self.kinds = [r["kind"] for r in index]
+        from orchard import skipped as skip_log
+
+        self.skipped = skip_log.read_csv(cache / skip_log.SKIPPED_CSV)  # photos left out ([]: a cache before it)
+        self.photos = len({r["image"] for r in index})                  # photos that gave tiles
         grouped = read_table_by(cache / "points.csv", "tile")
         self.points = [np.array([[float(p["x"]), float(p["y"])] for p in grouped.get(n, [])]).reshape(-1, 2)
                        for n in self.names]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from orchard import skipped
 from orchard.storage import Storage
 from workloads.flower import (
     TRAIN_STORAGE_NOTE,
@@ -24,6 +25,7 @@ from workloads.flower import (
 )
 from workloads.flower.data import TileSet, bin_label, bin_sample, prepare_tiles
 from workloads.flower.loader import ensure_density_targets
+from workloads.flower.preflight import enough_photos
 from workloads.flower.synthetic_field import generate_field
 
 
@@ -111,6 +113,24 @@ def time_split(summaries: list[dict], train_started: float) -> dict[str, float]:
     return out
 
 
+def check_remote_tables(data: Storage) -> None:
+    """The CSVs of a data folder in remote storage, checked as the config check does a local
+    one's (preflight.check_tables): a bad row is ConfigError, exit 2, before any tile is made."""
+    import tempfile
+
+    from orchard import ConfigError
+    from workloads.flower.data import TABLES, TableError, check_tables
+
+    with tempfile.TemporaryDirectory(prefix="orchard-flower-csv-") as tmp:
+        for name in TABLES:
+            if data.exists(name):
+                (Path(tmp) / name).write_bytes(data.read_bytes(name))
+        try:
+            check_tables(Path(tmp))
+        except TableError as exc:  # named by its URI, not the copy read here
+            raise ConfigError("flower.data_dir", str(exc).replace(tmp, data.uri.rstrip("/"))) from None
+
+
 def enough_tiles_per_worker(cfg: dict, train_tiles: int) -> None:
     """Refuse (ConfigError: the run FAILED, one line, exit 2) before Ray Train starts when the
     bin-sampled training tiles give a worker less than one batch."""
@@ -128,7 +148,7 @@ def run_train(cfg: dict, ctx) -> dict[str, float]:
     """The whole train run on the driver; returns the final metrics."""
     from orchard.strategies import launch
     from workloads.flower.model import FlowerCounterCNN, count_parameters
-    from workloads.flower.train import MODEL_FILE, load_model, train_loop
+    from workloads.flower.train import MODEL_FILE, load_model, raise_if_diverged, train_loop
 
     f = cfg["flower"]
     started = time.time()
@@ -142,19 +162,26 @@ def run_train(cfg: dict, ctx) -> dict[str, float]:
     data_dir = data.uri
     # [2] region-of-interest crop + tiling as parallel Ray tasks (3.3.1); reused when present:
     #     the synthetic field's tiles are keyed by its content, so other runs and nodes share them
+    #     A photo that cannot be read is skipped and counted (data/skipped_*, skipped.csv); too
+    #     many of them end the run here, one line naming the first (flower.max_skipped_fraction)
     tile_store = data.child(f"tiles-{f['tile_size']}") if not f["data_dir"] else run_storage
     tiles_hit = tile_store.ready("tiles")
     if not tiles_hit:
+        if f["data_dir"] and not data.is_local:  # a local folder's CSVs were checked before Ray started
+            check_remote_tables(data)
+        max_pixels = f["max_image_pixels"]
         if tile_store.is_local:
-            prepare_tiles(data, tile_store.local_path, f["tile_size"], f["roi"])
+            prepare_tiles(data, tile_store.local_path, f["tile_size"], f["roi"], max_pixels=max_pixels)
         else:
             import tempfile
 
             with tempfile.TemporaryDirectory(prefix="orchard-tiles-") as tmp:
-                prepare_tiles(data, tmp, f["tile_size"], f["roi"])
+                prepare_tiles(data, tmp, f["tile_size"], f["roi"], max_pixels=max_pixels)
                 tile_store.upload(Path(tmp) / "tiles", "tiles")
     tiles = TileSet(tile_store.child("tiles").localize())
     print(f"flower: tiles {'read from' if tiles_hit else 'made and kept in'} {tile_store.child('tiles')}", flush=True)
+    skipped.report(ctx, tiles.skipped, "flower")
+    enough_photos(cfg, tiles.skipped, tiles.photos + len(tiles.skipped))
     # [3] bin sampling (4.1.1): equal tiles per count bin, seeded 70/30 split
     train_idx, test_idx, bin_sizes = bin_sample(tiles.counts, f["bins"], f["train_fraction"], cfg["seed"])
     ctx.log_params({"flower.resolved_data_dir": str(data_dir), "flower.tiles_total": len(tiles),
@@ -209,7 +236,12 @@ def run_train(cfg: dict, ctx) -> dict[str, float]:
     # Train restores its latest checkpoint, and new checkpoints join it there.
     storage = train_storage(cfg, f["resume"]) if f.get("resume") else run_storage.child("train")
     run_storage.write_text(TRAIN_STORAGE_NOTE, storage.uri)  # a resume of this run finds it
-    launch(train_loop, loop_config, cfg, ctx, name="flower", storage_path=storage.uri)
+    try:
+        launch(train_loop, loop_config, cfg, ctx, name="flower", storage_path=storage.uri)
+    except Exception:
+        raise_if_diverged(run_storage, storage, ctx)  # a worker raised Diverged: that, not Train's error
+        raise
+    raise_if_diverged(run_storage, storage, ctx)  # a worker diverged, the group Train restarted ended at once
     metrics = {"time/train_wall_s": time.time() - train_started, "time/prepare_s": prepared_s}
     # the workers' summaries and the model come back through storage, never a driver path
     summaries = [run_storage.read_json(f"workers/{name}") for name in run_storage.list("workers")

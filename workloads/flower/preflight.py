@@ -1,8 +1,11 @@
 """Settings that would only fail late (inside a Ray task or a Train worker), refused before Ray
 starts with one line naming the keys to change (``orchard.ConfigError``, exit 2).
 
+- the CSVs of ``flower.data_dir`` (points.csv, roi.csv, distractors.csv) hold what their format
+  says: a bad row is named by file and line (``data.TableError``);
 - the tile must fit the field: the synthetic frame, ``flower.roi``, or every image's region of
-  interest in ``flower.data_dir`` (read from the image headers);
+  interest in ``flower.data_dir`` (read from the image headers; a photo whose header cannot be
+  read is left to the tiling step to skip and count, unless too many are: ``enough_photos``);
 - the tiles there must give every worker at least one batch (an upper bound here, before any
   tile exists; the driver checks the bin-sampled count again before Train starts);
 - precision and GPU settings that NCCL or the parameter servers cannot run.
@@ -59,35 +62,67 @@ def synthetic_tiles(cfg: dict) -> int:
 
 
 def data_dir_tiles(cfg: dict) -> int | None:
-    """Tiles the user's images will make (their headers only); refuses an image whose region of
-    interest is smaller than a tile. None for a folder in remote storage (not read here)."""
+    """Tiles the user's images will make (their headers only); refuses a bad CSV row, too many
+    unreadable photos and an image whose region of interest is smaller than a tile. None for a
+    folder in remote storage (not read here: the driver checks its CSVs, ``check_tables``)."""
     from orchard.storage import is_uri
 
     f = cfg["flower"]
     if is_uri(f["data_dir"]):
         return None
-    from PIL import Image
-
-    from workloads.flower.data import list_images, read_table, region_of_interest
+    from orchard.skipped import SkippedFile
+    from workloads.flower.data import PhotoError, list_images, photo_size, read_table, region_of_interest
 
     root, tile = Path(f["data_dir"]), f["tile_size"]
+    check_tables(root)
     rois = read_table(root / "roi.csv")
-    total = 0
-    for name in list_images(root):
-        with Image.open(root / "images" / name) as image:
-            width, height = image.size
+    names = list_images(root)
+    if not names:
+        raise ConfigError("flower.data_dir", f"a folder whose images/ holds field photos; none in {root / 'images'}")
+    total, unreadable = 0, []
+    for name in names:
+        try:
+            width, height = photo_size(root / "images" / name, f["max_image_pixels"])
+        except PhotoError as exc:  # skipped and counted by the tiling step (data.tile_images)
+            unreadable.append(SkippedFile(name, exc.kind, str(exc)))
+            continue
         window = f["roi"]
         key = "flower.roi" if window is not None else "flower.tile_size"
         if window is None and name in rois:
             r = rois[name][0]
-            window = [int(r["x"]), int(r["y"]), int(r["width"]), int(r["height"])]
+            window = [r["x"], r["y"], r["width"], r["height"]]
         try:
             _, _, w, h = region_of_interest((height, width), tile, window)
         except ValueError as exc:
             fix = "a window of whole tiles inside every image" if key == "flower.roi" else "a smaller tile"
             raise ConfigError(key, f"{fix}: {name}: {exc}") from None
         total += (w // tile) * (h // tile)
+    enough_photos(cfg, unreadable, len(names))
     return total
+
+
+def check_tables(root) -> None:
+    """The data folder's CSVs, whole: a bad row is one line naming the file, the line and what
+    was expected (ConfigError on ``flower.data_dir``). ``root``: a local folder."""
+    from workloads.flower.data import TableError
+    from workloads.flower.data import check_tables as read_all
+
+    try:
+        read_all(Path(root))
+    except TableError as exc:
+        raise ConfigError("flower.data_dir", str(exc)) from None
+
+
+def enough_photos(cfg: dict, skipped: list, total: int) -> None:
+    """Refuse (ConfigError on ``flower.data_dir``, one line naming the first bad photo and the
+    count) when none of the ``total`` photos, or too few (``flower.max_skipped_fraction``), can
+    be read; ``skipped``: ``orchard.skipped.SkippedFile`` rows."""
+    from orchard.skipped import too_many_skipped
+
+    problem = too_many_skipped(skipped, total, cfg["flower"]["max_skipped_fraction"],
+                               "flower.max_skipped_fraction", f"photos in {cfg['flower']['data_dir']}/images")
+    if problem:
+        raise ConfigError("flower.data_dir", problem)
 
 
 def check_tiles_per_worker(cfg: dict, total: int, where: str) -> None:

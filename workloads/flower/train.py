@@ -22,10 +22,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from orchard import divergence
+from orchard.errors import Diverged
 from workloads.flower.data import TileSet
 from workloads.flower.model import FlowerCounterCNN, euclidean_loss
 
 MODEL_FILE = "model.pt"
+DIVERGED_FILE = "diverged.json"  # in the run storage: where training went non-finite (orchard/divergence.py)
 
 
 def _profile_step(run_step, trace_path: Path) -> None:
@@ -129,6 +132,25 @@ def train_step(forward, replica, precision, x: torch.Tensor, target: torch.Tenso
     sums.add_(torch.stack([loss.detach(), count_error]))
 
 
+def raise_if_diverged(run_storage, train_store, ctx) -> None:
+    """On the driver, after Ray Train returned or raised: a worker's ``diverged`` record becomes
+    the run's ``Diverged`` (``train/diverged_at_step`` logged), its ``checkpoint`` saying whether
+    Ray Train kept one (of finite weights: none other is ever reported) to resume from."""
+    if not run_storage.exists(DIVERGED_FILE):
+        return
+    err = Diverged(**run_storage.read_json(DIVERGED_FILE))
+    err.checkpoint = any(name.startswith("checkpoint_") for name in train_store.list("flower"))
+    divergence.log(ctx, err)
+    raise err
+
+
+def lr_advice(config: dict) -> dict:
+    """What a diverged run's line names: the optimizer's lr, and fp32 when autocast is on."""
+    precision = config.get("precision", "fp32")
+    return {"key": "flower.optimizer.lr", "value": float(config["optimizer"]["lr"]),
+            "hint": f"use flower.precision=fp32 (now {precision})" if precision != "fp32" else ""}
+
+
 def loader_threads(config: dict, device: torch.device) -> int:
     """flower.loader_threads, or (null) the worker's CPUs but one on a GPU (the step needs the
     CPU only to launch kernels), and one on a CPU (torch's own threads do the step there)."""
@@ -140,7 +162,22 @@ def loader_threads(config: dict, device: torch.device) -> int:
 
 
 def train_loop(config: dict) -> None:
-    """Ray Train worker entry point; config = the loop config of `driver.run_train` + ctx, strategy (+ ps_group)."""
+    """Ray Train worker entry point; config = the loop config of `driver.run_train` + ctx, strategy (+ ps_group).
+
+    A worker that sees the run diverge (``Diverged``) writes where to the run storage and raises,
+    which ends its whole group (peers may wait in an all-reduce); the group Ray Train starts again
+    reads that record and ends at once, and the driver raises it again (``raise_if_diverged``)."""
+    run_storage = config["run_storage"]  # orchard.storage.Storage: this run's folder in storage
+    if run_storage.exists(DIVERGED_FILE):
+        return  # started again after a worker saw the run diverge: nothing to train
+    try:
+        _train(config, run_storage)
+    except Diverged as err:
+        run_storage.write_json(DIVERGED_FILE, err.fields())
+        raise
+
+
+def _train(config: dict, run_storage) -> None:
     from orchard.strategies import worker
     from workloads.flower.loader import TileLoader, load_density_targets
     from workloads.flower.precision import Precision, compiled, prepare_model
@@ -150,7 +187,6 @@ def train_loop(config: dict) -> None:
     # [1] who am I: rank, world size, device
     env = worker.env(config)
     torch.set_num_threads(max(1, int(config["strategy"].get("cpus_per_worker", 1))))
-    run_storage = config["run_storage"]  # orchard.storage.Storage: this run's folder in storage
 
     # [2] this worker's shard of the training tiles (4.4.5: N shards for N workers), held in RAM
     #     with its density targets (made once, beside the tile cache in storage: loader.py)
@@ -191,6 +227,7 @@ def train_loop(config: dict) -> None:
     global_step = first_epoch * steps_per_epoch
     steps_run, steps_s, first_step_at = 0, 0.0, None
     epochs = int(config["epochs"])
+    advice = lr_advice(config)
     for epoch in range(first_epoch, epochs):
         # [4] a new shuffle of this worker's shard every epoch, `prefetch` batches made ahead
         shuffled = np.random.default_rng((config["seed"], epoch, env.rank)).permutation(len(shard))
@@ -225,6 +262,8 @@ def train_loop(config: dict) -> None:
             #     the read waits for the window's last step)
             loss_sum, mae_sum = sums.tolist()
             sums.zero_()
+            # every rank checks its own loss: the first NaN/inf stops the run (orchard/divergence.py)
+            divergence.check({"loss": loss_sum}, epoch=epoch + 1, step=global_step, **advice)
             now = time.perf_counter()
             images_per_s = in_window * len(x) / max(now - tick, 1e-9)
             steps_s += now - tick
@@ -249,6 +288,8 @@ def train_loop(config: dict) -> None:
         # [7] checkpoint every `checkpoint_every` epochs and after the last one (every rank reports)
         last = epoch == epochs - 1
         if last or (epoch + 1) % int(config["checkpoint_every"]) == 0:
+            # the last update may have left non-finite weights: never a checkpoint of them
+            divergence.check_weights(replica.module.parameters(), epoch=epoch + 1, step=global_step, **advice)
             state = {**replica.state_dict(), "precision": precision.state_dict()}
             worker.save_checkpoint(state, {"train/epoch_loss": epoch_loss / max(epoch_steps, 1)}, epoch)
         if env.rank == 0:

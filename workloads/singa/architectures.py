@@ -68,6 +68,9 @@ class GroupActor:
             self.group.set_params(self.client.pull())
         return self.group.evaluate()
 
+    def first_non_finite(self) -> tuple[int, str, float] | None:
+        return self.group.first_non_finite
+
     def stats(self) -> dict:
         return {**self.group.stats(), "comm_bytes": self.bytes, "comm_s": self.comm_s, "pushes": self.pushes,
                 "pushed_names": self.pushed_names}
@@ -283,6 +286,12 @@ class Architecture:
 
     def evaluate(self) -> dict:
         return ray.get(self.actors[0].evaluate.remote(pull=bool(self.ps_groups)))
+
+    def first_non_finite(self) -> tuple[int, str, float] | None:
+        """The earliest ``(step, metric, value)`` of any group whose training loss went NaN or
+        inf (steps counted from this machine's start), or None: one call per group, per round."""
+        found = [tuple(f) for f in ray.get([a.first_non_finite.remote() for a in self.actors]) if f]
+        return min(found) if found else None
 
     def params(self) -> dict:
         if self.ps_groups:

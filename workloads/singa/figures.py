@@ -60,6 +60,18 @@ def learning_curves_figure(series: dict[str, tuple[list[int], list[float]]], tit
     return fig
 
 
+def tsne_problem(features: np.ndarray) -> str | None:
+    """Why t-SNE cannot embed ``features`` (N, ...), or None: scikit-learn raises on NaN or inf,
+    and on features equal for every sample (a net that collapsed under a too-high lr) its
+    Barnes-Hut tree ends the whole process with a segmentation fault."""
+    flat = features.reshape(len(features), -1)
+    if not np.isfinite(flat).all():
+        return "are not all finite"
+    if not (flat.max(axis=0) > flat.min(axis=0)).any():
+        return "are the same for every image (the net collapsed: a lower singa.lr may help)"
+    return None
+
+
 def tsne_figure(features: np.ndarray, labels: np.ndarray, title: str, seed: int = 0):
     """(N, D) features and (N,) class ids -> a matplotlib figure of the 2-d t-SNE embedding,
     one colour per class."""

@@ -14,6 +14,9 @@ import ray
 import torch
 import yaml
 
+from orchard import divergence
+from orchard.divergence import check_weights, word
+from orchard.errors import Diverged
 from workloads.singa.figures import log_architecture_comparison, log_learning_curves
 from workloads.singa.layers.base import import_layer_modules
 from workloads.singa.settings import (
@@ -60,14 +63,16 @@ def run_app(cfg: dict, ctx) -> dict[str, float]:
         spec = group_spec(cfg, app, stage_train, arch, layers=stage["layers"], algorithm="cd")
         spec["initial_params"] = initial
         out = fit(spec, arch, cfg, ctx, epochs, target=None, prefix=f"pretrain{i + 1}/",
-                  start_epoch=_start(resumed, i), saver=saver.for_stage(i, initial))
+                  start_epoch=_start(resumed, i), saver=saver.for_stage(i, initial),
+                  lr=_lr_advice(cfg, arch, stage_train["updater"], pretrain_stage=i))
         initial = {**(initial or {}), **out["params"]}
         final.update({k: v for k, v in out["final"].items() if "recon_error" in k})
     # [2] BP training (or fine-tuning from the RBM weights)
     spec = group_spec(cfg, app, train, arch)
     spec["initial_params"] = initial
     out = fit(spec, arch, cfg, ctx, int(train["epochs"]), target=train.get("target_accuracy"),
-              start_epoch=_start(resumed, len(pretrain)), saver=saver.for_stage(len(pretrain), initial))
+              start_epoch=_start(resumed, len(pretrain)), saver=saver.for_stage(len(pretrain), initial),
+              lr=_lr_advice(cfg, arch, train["updater"]))
     final.update(out["final"])
     from workloads.singa.predict import log_model
     log_model(ctx, spec, out["params"])  # the MLflow Model: artifact model/ (docs/models.md)
@@ -119,6 +124,27 @@ def load_checkpoint(source) -> dict:
     return {**meta, "params": params}
 
 
+def _finite(params: dict, epoch: int, step: int, lr: dict | None) -> dict:
+    """``params`` if every array is finite, else ``Diverged``: a checkpoint never holds NaN."""
+    check_weights(params.values(), epoch=epoch, step=step, **(lr or {}))
+    return params
+
+
+def _lr_advice(cfg: dict, arch: dict, updater: dict, pretrain_stage: int | None = None) -> dict:
+    """The config key that sets the learning rate a diverged stage ran with, and its value:
+    ``singa.lr``; on servers with their own rule (async_ps's AdaGrad) that rule (lr and all); a CD
+    pre-training stage's lr lives in the net file, named in the hint."""
+    if pretrain_stage is not None:
+        where = cfg["singa"].get("net") or f"conf/singa/apps/{cfg['singa']['app']}.yaml"
+        return {"key": None, "hint": f"lower pretrain[{pretrain_stage}].updater.lr in {where} "
+                                     f"(now {float(updater.get('lr', 0.01)):g})"}
+    server = arch.get("server_updater") if arch["name"] in ("sync_ps", "async_ps", "replicated") else None
+    if server:  # a dict key: given whole, e.g. singa.cluster.server_updater={name:adagrad,lr:0.001}
+        rule = ",".join(f"{k}:{v}" for k, v in server.items())
+        return {"key": "singa.cluster.server_updater", "value": f"{{{rule}}}"}
+    return {"key": "singa.lr", "value": float(updater.get("lr", 0.01))}
+
+
 def _start(resumed: dict | None, stage: int) -> int:
     """The epoch a stage starts from: the checkpoint's for the stage it was in, else 0."""
     return int(resumed["epoch"]) if resumed is not None and resumed["stage"] == stage else 0
@@ -142,9 +168,11 @@ def _rename(metrics: dict[str, float], split: str) -> dict[str, float]:
 
 
 def fit(spec: dict, arch: dict, cfg: dict, ctx, epochs: int, target: float | None, prefix: str = "",
-        start_epoch: int = 0, saver=None) -> dict:
+        start_epoch: int = 0, saver=None, lr: dict | None = None) -> dict:
     """Run epochs ``start_epoch + 1 .. epochs`` of ``spec`` under ``arch``; evaluate after every
-    epoch; ``saver(epoch, epochs, params_fn)`` checkpoints."""
+    epoch; ``saver(epoch, epochs, params_fn)`` checkpoints.  A NaN or infinite training loss (or
+    non-finite weights at a checkpoint) raises ``Diverged`` naming ``lr`` (``_lr_advice``): the
+    last checkpoint stays the last finite one (orchard/divergence.py)."""
     from workloads.singa.architectures import Architecture
 
     machine = Architecture(arch, spec, _cpus_per_group(cfg, arch))
@@ -168,6 +196,12 @@ def fit(spec: dict, arch: dict, cfg: dict, ctx, epochs: int, target: float | Non
             t0 = time.perf_counter()
             train_metrics = machine.run_steps(steps)
             train_s += time.perf_counter() - t0
+            # [diverged?] the groups watched every step's loss; the first NaN/inf ends the run here
+            bad = machine.first_non_finite()
+            if bad is not None:
+                step = first + bad[0]  # of this stage, counted from its start
+                name = next(iter(_rename({bad[1]: 0}, "train")))[len("train/"):] if "/" in bad[1] else bad[1]
+                raise Diverged(prefix + name, word(bad[2]), math.ceil(step / spe), step, **(lr or {}))
             before, done = done, done + steps
             if done // spe == before // spe and done < total:
                 continue
@@ -183,11 +217,15 @@ def fit(spec: dict, arch: dict, cfg: dict, ctx, epochs: int, target: float | Non
             ctx.log_metrics({prefix + k: v for k, v in metrics.items()}, step=epoch)
             ctx.progress(epoch, epochs, desc=f"{prefix}epoch {epoch}/{epochs}", **{"img/s": rate})
             if saver is not None:
-                saver(epoch, epochs, machine.params)
+                saver(epoch, epochs, lambda: _finite(machine.params(), epoch, done, lr))
         if not last_eval:  # resumed after its last epoch: nothing left to train, still report
             last_eval = _rename(machine.evaluate(), "test")
         stats = machine.stats()
         params = machine.params()
+    except Diverged as err:  # recorded, and whether a checkpoint (of finite weights) is there to resume
+        err.checkpoint = saver is not None and saver.storage.exists(CHECKPOINT_NAME)
+        divergence.log(ctx, err)
+        raise
     finally:
         machine.shutdown()
     # the partition of the data this stage saw, as numbers beside its accuracy (the param
@@ -256,7 +294,7 @@ def tsne_figures(spec: dict, params: dict, layers: list[str], samples: int, ctx)
     """Appendix A: one t-SNE figure per layer for ``samples`` test images; returns each layer's
     neighbourhood purity (how well its features cluster by class)."""
     from orchard.figures import pyplot
-    from workloads.singa.figures import tsne_figure
+    from workloads.singa.figures import tsne_figure, tsne_problem
     from workloads.singa.tsne import neighbourhood_purity
 
     net, data = _local_net(spec, params)
@@ -266,6 +304,10 @@ def tsne_figures(spec: dict, params: dict, layers: list[str], samples: int, ctx)
         labels = labels.argmax(1)
     plt, out = pyplot(), {}
     for name, f in feats.items():
+        problem = tsne_problem(f)
+        if problem is not None:  # a line instead of a figure (or a crash: see tsne_problem)
+            print(f"singa: no t-SNE figure of {name}: its features {problem}", flush=True)
+            continue
         out[f"tsne/{name}_purity"] = neighbourhood_purity(f, labels)
         fig = tsne_figure(f, labels, f"t-SNE of {name} ({len(f)} test samples; 10-NN class purity "
                           f"{out[f'tsne/{name}_purity']:.2f})", seed=spec["seed"])

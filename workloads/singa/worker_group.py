@@ -14,6 +14,7 @@ import time
 import numpy as np
 import torch
 
+from orchard.divergence import non_finite
 from workloads.singa.apps import load_dataset
 from workloads.singa.apps.augment import deform
 from workloads.singa.layers.base import import_layer_modules
@@ -58,6 +59,9 @@ class WorkerGroup:
         self.step = 0
         self._order = None
         self._compute_s = 0.0
+        # (step, metric, value) of the first step whose loss metrics were NaN or inf (1-based,
+        # this group's count): the driver stops the run there (orchard/divergence.py)
+        self.first_non_finite: tuple[int, str, float] | None = None
 
     # -- data -------------------------------------------------------------------------------
     def next_batch(self) -> dict[str, torch.Tensor]:
@@ -88,6 +92,10 @@ class WorkerGroup:
         else:
             metrics = self.net.train_bp(batch)
         self._compute_s += time.perf_counter() - t0
+        if self.first_non_finite is None:
+            bad = non_finite(metrics)
+            if bad is not None:
+                self.first_non_finite = (self.step + 1, *bad)
         return metrics
 
     def local_step(self) -> dict[str, float]:

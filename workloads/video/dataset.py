@@ -77,18 +77,37 @@ def _scan_folder(root: Path) -> Layout:
     return Layout(rows, classes, "folders")
 
 
+_MANIFEST = "rows path,label[,split]: a video file, its class name, and train, val or test"
+
+
 def _scan_manifest(csv_path: Path) -> Layout:
+    """The rows of a manifest CSV, checked whole: a row without a path or a label, or with an
+    unknown split, is a LayoutError naming the file and its line (the config check: exit 2)."""
     rows = []
-    with open(csv_path, newline="") as fh:
-        reader = csv.DictReader(fh)
-        if not {"path", "label"} <= set(reader.fieldnames or ()):
-            raise LayoutError(f"{csv_path}: a manifest needs the columns path,label[,split]; "
-                              f"found {','.join(reader.fieldnames or ())}")
-        for rec in reader:
-            p = Path(rec["path"])
-            p = p if p.is_absolute() else csv_path.parent / p
-            split = (rec.get("split") or "").strip().lower() or None
-            rows.append((str(p), rec["label"], {"test": "val"}.get(split, split)))
+    try:
+        with open(csv_path, newline="", encoding="utf-8-sig") as fh:
+            reader = csv.DictReader(fh)
+            header = [h.strip() for h in reader.fieldnames or ()]
+            if not {"path", "label"} <= set(header):
+                raise LayoutError(f"{csv_path}: a manifest needs the columns path,label[,split]; "
+                                  f"found {','.join(header) or 'no header'}")
+            reader.fieldnames = header
+            for rec in reader:
+                path, label = (rec.get("path") or "").strip(), (rec.get("label") or "").strip()
+                missing = [k for k, v in (("path", path), ("label", label)) if not v]
+                if missing:
+                    raise LayoutError(f"{csv_path} line {reader.line_num}: no {' and no '.join(missing)} "
+                                      f"(expected {_MANIFEST})")
+                split = (rec.get("split") or "").strip().lower() or None
+                if split not in (None, "train", "val", "test"):
+                    raise LayoutError(f"{csv_path} line {reader.line_num}: split {split!r} (expected {_MANIFEST})")
+                p = Path(path)
+                p = p if p.is_absolute() else csv_path.parent / p
+                rows.append((str(p), label, {"test": "val"}.get(split, split)))
+    except UnicodeDecodeError:
+        raise LayoutError(f"{csv_path}: not a CSV table in UTF-8 text (expected {_MANIFEST})") from None
+    except csv.Error as exc:
+        raise LayoutError(f"{csv_path}: not a CSV table ({exc}; expected {_MANIFEST})") from None
     return Layout(rows, sorted({r[1] for r in rows}), "manifest")
 
 

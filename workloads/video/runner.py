@@ -253,6 +253,8 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
             for epoch in range(first_epoch, epochs):
                 while len(done.get(epoch, {})) < len(streams):
                     item = _next_result(results, runs, feeder)
+                    if "diverged" in item:   # a stream's loss or weights went non-finite: the run ends
+                        raise _diverged(item, run_storage, ctx)
                     done.setdefault(item["epoch"], {})[item["stream"]] = item
                 for s, item in done[epoch].items():
                     states[s], steps[s] = item["state"], int(item["steps"])
@@ -459,7 +461,24 @@ def _next_result(results, runs: dict, feeder) -> dict:
             if fut.done():
                 fut.result()   # raises the run's error, if it failed
         if all(fut.done() for fut in runs.values()):
-            raise RuntimeError("the streams' training ended before handing over every epoch")
+            try:   # handed over just before its run ended (a stream that diverged)
+                return results.get(block=False)
+            except Empty:
+                raise RuntimeError("the streams' training ended before handing over every epoch") from None
+
+
+def _diverged(item: dict, run_storage, ctx):
+    """The run's ``Diverged`` from a stream's hand-over (train.py), ``train/diverged_at_step``
+    logged; its ``checkpoint`` says whether an epoch's checkpoint (all finite) is there to resume."""
+    from orchard import divergence
+    from orchard.errors import Diverged
+
+    from .checkpoint import CHECKPOINT_NAME
+
+    err = Diverged(**item["diverged"])
+    err.checkpoint = run_storage.exists(CHECKPOINT_NAME)
+    divergence.log(ctx, err)
+    return err
 
 
 def _merge_stats(total: dict, window: dict) -> None:

@@ -14,7 +14,8 @@ import time
 
 import numpy as np
 
-from orchard import background
+from orchard import background, divergence
+from orchard.errors import Diverged
 
 
 def stream_channels(feature: str, stack: int, options: dict, size: int) -> int:
@@ -25,7 +26,23 @@ def stream_channels(feature: str, stack: int, options: dict, size: int) -> int:
 
 
 def train_loop(config: dict) -> None:
-    """Every epoch of one stream on one Ray Train worker (the model never sees the strategy)."""
+    """Every epoch of one stream on one Ray Train worker (the model never sees the strategy).
+
+    A worker that sees its stream diverge (a NaN or infinite loss, or weights at an epoch's end:
+    ``orchard.divergence``) hands ``{"stream", "diverged"}`` to the driver, which ends the run
+    (``runner._diverged``), and returns: no checkpoint of it, and no retries of Ray Train."""
+    from ray.exceptions import RayActorError
+
+    try:
+        _train(config)
+    except Diverged as err:
+        try:
+            config["results"].put({"stream": config["stream"], "diverged": err.fields()})
+        except RayActorError:
+            return   # the driver already stopped the run and shut its queues down
+
+
+def _train(config: dict) -> None:
     import torch
     from ray.exceptions import RayActorError
     from torch import nn
@@ -53,6 +70,7 @@ def train_loop(config: dict) -> None:
     stream, ctx = config["stream"], config["ctx"]
     queue, results = config["queues"][env.rank], config["results"]
     loss_fn = nn.CrossEntropyLoss()
+    advice = {"key": "video.optimizer.lr", "value": float(config["optimizer"]["lr"])}
 
     for epoch in range(first_epoch, config["epochs"]):
         replica.model.train()
@@ -88,10 +106,12 @@ def train_loop(config: dict) -> None:
             # [4] per-stream metrics
             seen += len(y)
             correct += int((logits.argmax(1) == y).sum())
-            loss_sum += loss.item() * len(y)
+            value = loss.item()
+            loss_sum += value * len(y)
             step += 1
+            divergence.check({f"{stream} loss": value}, epoch=epoch + 1, step=step, **advice)
             if env.rank == 0:
-                ctx.log_metrics({f"train/{stream}_loss": loss.item()}, step=step)
+                ctx.log_metrics({f"train/{stream}_loss": value}, step=step)
         elapsed = time.perf_counter() - t0
         totals = torch.tensor([seen, correct, loss_sum, wait_s / max(elapsed, 1e-9)], dtype=torch.float64)
         if env.world_size > 1:
@@ -103,7 +123,9 @@ def train_loop(config: dict) -> None:
                    f"pipeline/{stream}_trainer_wait_fraction": wait_sum / env.world_size,
                    f"train/{stream}_top1": correct_all / max(seen_all, 1),
                    f"throughput/{stream}_clips_per_s": seen_all / max(elapsed, 1e-9)}
-        # [5] rank 0 hands the epoch's state to the driver; every rank reports a checkpoint
+        # [5] rank 0 hands the epoch's state to the driver; every rank reports a checkpoint (of
+        #     finite weights only: the last update of the epoch may have left them NaN)
+        divergence.check_weights(replica.module.parameters(), epoch=epoch + 1, step=step, **advice)
         state = replica.state_dict()
         if env.rank == 0:
             ctx.log_metrics(metrics, step=epoch)

@@ -1,0 +1,61 @@
+"""The one finiteness check of every training loop (orchard/divergence.py), the ``Diverged`` line
+it raises, and what the summary offers after it (no plain ``resume`` into the same divergence)."""
+from __future__ import annotations
+
+import json
+import math
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from orchard import divergence
+from orchard.errors import Diverged
+
+
+def test_a_nan_loss_raises_one_line_naming_where_and_the_key_to_lower():
+    with pytest.raises(Diverged) as caught:
+        divergence.check({"loss": float("nan")}, epoch=3, step=12, key="singa.lr", value=1e30)
+    assert str(caught.value) == "loss is NaN at epoch 3 step 12: lower singa.lr (now 1e+30)"
+    assert (caught.value.step, caught.value.key) == (12, "singa.lr")
+    with pytest.raises(Diverged, match=r"^temporal loss is inf at epoch 1 step 2: lower video.optimizer.lr "
+                                       r"\(now 0.002\) or use flower.precision=fp32$"):
+        divergence.check({"temporal loss": math.inf}, epoch=1, step=2, key="video.optimizer.lr", value=0.002,
+                         hint="use flower.precision=fp32")
+    divergence.check({"loss": 1e30, "accuracy": 0.5}, epoch=1, step=1, key="singa.lr")  # large is still finite
+
+
+def test_weights_are_checked_as_numpy_arrays_and_torch_tensors():
+    assert divergence.all_finite([np.ones(3), torch.zeros(2, 2)])
+    assert not divergence.all_finite([np.ones(3), torch.tensor([1.0, float("inf")])])
+    assert not divergence.all_finite({"w": np.array([np.nan])}.values())
+    model = torch.nn.Linear(2, 2)
+    divergence.check_weights(model.parameters(), epoch=1, step=4, key="flower.optimizer.lr", value=1.0)
+    with torch.no_grad():
+        model.weight[0, 0] = float("nan")
+    with pytest.raises(Diverged, match="^weights are NaN or inf at epoch 1 step 4: lower flower.optimizer.lr"):
+        divergence.check_weights(model.parameters(), epoch=1, step=4, key="flower.optimizer.lr", value=1.0)
+
+
+def test_diverged_crosses_processes_whole():
+    """Ray pickles it between a worker and the driver; flower's workers hand it over as JSON."""
+    err = Diverged("loss", "NaN", 2, 7, "flower.optimizer.lr", 1e30, checkpoint=True)
+    for again in (pickle.loads(pickle.dumps(err)), Diverged(**json.loads(json.dumps(err.fields())))):
+        assert str(again) == str(err) and again.fields() == err.fields()
+
+
+@pytest.mark.parametrize("checkpoint,resumes,want", [
+    (True, None, "resume:    with a lower singa.lr: python -m orchard resume RUN singa.lr=..."),
+    (False, "OLD", "resume:    with a lower singa.lr: python -m orchard resume OLD singa.lr=..."),
+    (False, None, "again:     with a lower singa.lr (no checkpoint before it diverged): "
+                  "python -m orchard workload=singa debug=smoke singa.lr=..."),
+])
+def test_the_summary_offers_to_go_on_only_with_a_new_value_for_the_key(checkpoint, resumes, want):
+    from orchard.lifecycle import _diverged_hint
+    from workloads import singa
+
+    cfg = {"_overrides": ["workload=singa", "debug=smoke", "singa.lr=1e30"], "tracking": {"uri": "sqlite:///mlflow.db"},
+           **({"_resumes": resumes} if resumes else {})}
+    err = Diverged("loss", "NaN", 1, 3, "singa.lr", 1e30, checkpoint=checkpoint)
+    assert _diverged_hint(cfg, singa, "RUN", err) == [want]
