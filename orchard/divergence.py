@@ -68,4 +68,18 @@ def check_weights(tensors: Iterable, *, epoch: int, step: int, key: str | None, 
 def log(ctx, err: Diverged) -> None:
     """Record ``train/diverged_at_step`` (at that step) in the run, and the line as a tag."""
     ctx.log_metrics({METRIC: float(err.step)}, step=err.step)
-    ctx.set_tags({"orchard.diverged": str(err)})
+    ctx.set_tags({TAG: str(err), **({KEY_TAG: err.key} if err.key else {})})
+
+
+TAG, KEY_TAG = "orchard.diverged", "orchard.diverged_key"
+
+
+def resume_guard(tags: dict, overrides: list[str]) -> str | None:
+    """Why ``resume`` of a run with these tags and these extra overrides would diverge again
+    (None: it may go on): a diverged run goes on only with a new value for its key."""
+    if TAG not in tags:
+        return None
+    key = tags.get(KEY_TAG)
+    if key and not any(o.split("=", 1)[0].lstrip("+~") == key for o in overrides):
+        return f"a new value for {key}: the run diverged ({tags[TAG]}); python -m orchard resume <id> {key}=..."
+    return None

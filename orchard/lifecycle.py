@@ -556,6 +556,11 @@ def _resume_config(run_id: str, uri: str, extra: list[str]):
                   if old.info.status == "RUNNING" and "orchard.pid" in tags else "")
         raise ConfigError("run id", f"a KILLED or FAILED run; {run_id} is {old.info.status}{driver}")
     tags = old.data.tags
+    from orchard import divergence
+
+    same_again = divergence.resume_guard(tags, extra)
+    if same_again:
+        raise ConfigError("run id", same_again)
     if "orchard.overrides" in tags:
         overrides = json.loads(tags["orchard.overrides"])
     else:  # runs from before the overrides tag: the recorded command

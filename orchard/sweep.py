@@ -175,8 +175,9 @@ class MetricFeed:
         if self.sink is None:
             return
         if ray.get(self.sink.stop_requested.remote(), timeout=60):
-            # the scheduler stopped this trial (StopWhole): Tune abandons this thread, so the Ray
-            # Train run it started would train on, holding its CPUs; abort it from here
+            # the scheduler stopped this trial (StopWhole) and Tune abandons this thread: were
+            # this actor to live on, the Ray Train run it started would train on, holding its
+            # CPUs; abort it from here (only this process holds its controller's handle)
             from orchard.strategies.launch import abort_train_runs
 
             abort_train_runs(started_by=ray.get_runtime_context().get_actor_id())
@@ -267,6 +268,18 @@ def _trial_stopper(parent: "_Parent", scheduler: str, metric: str, signals_befor
     reason = STOPPED_EARLY.format(scheduler=scheduler.upper(), metric=metric)
 
     class StopWhole(tune.Callback):
+        def on_step_begin(self, iteration, trials, **info):
+            # Tune kills a stopped trial's actor, and its Ray Train controller with it, just
+            # after on_trial_complete: their worker group's reservation is freed here, before
+            # the next trial's workers ask for those CPUs (launch.free_orphaned_placement_groups)
+            import time
+
+            from orchard.strategies.launch import free_orphaned_placement_groups
+
+            if time.monotonic() - getattr(self, "_swept", 0.0) >= 1.0:
+                self._swept = time.monotonic()
+                free_orphaned_placement_groups()
+
         def on_trial_complete(self, iteration, trials, trial, **info):
             import ray
 

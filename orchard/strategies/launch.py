@@ -44,7 +44,9 @@ def abort_train_runs(started_by=None) -> int:
     ``abort`` is what Ray Train's own Ctrl-C handler calls (it ends the worker group and the
     controller, and frees its placement group; checkpoints already in storage stay). Controllers
     run in this driver's job; found through the GCS actor table, as ``fit()`` keeps their handles
-    to itself. ``started_by`` (an actor handle, a sweep's trial): only the runs that actor started."""
+    to itself, so only a process that started a controller holds a handle to it (asking Ray for
+    another's aborts the process): call it in the process that started the runs. ``started_by``
+    (the id of the calling actor, a sweep's trial): only the runs that actor started."""
     import ray
     from ray._private import state
 
@@ -53,7 +55,7 @@ def abort_train_runs(started_by=None) -> int:
         alive = state.actors(job_id=job, actor_state_name="ALIVE")
         owner = None
         if started_by is not None:  # the trial actor's address: its controllers' owner address
-            info = state.actors(actor_id=started_by._actor_id.hex())
+            info = state.actors(actor_id=started_by)
             owner = (info["Address"]["IPAddress"], info["Address"]["Port"])
         core = ray._private.worker.global_worker.core_worker
         handles = [core.get_actor_handle(ray.ActorID.from_hex(actor_id)) for actor_id, info in alive.items()
@@ -64,6 +66,38 @@ def abort_train_runs(started_by=None) -> int:
         return len(handles)
     except Exception:  # noqa: BLE001 - a Ray Client driver, or Ray already gone: nothing to abort here
         return 0
+
+
+def free_orphaned_placement_groups() -> int:
+    """Remove the placement groups whose creating actor has died; how many.
+
+    Ray keeps a placement group until its creator *and* its job are gone. Ray Train's controller
+    (an actor) creates its worker group's; when a sweep's scheduler stops a trial, Tune kills the
+    trial's actor and the controller with it, and the group stays reserved for the whole sweep
+    (the driver's job lives on), so the next trial's workers waited for CPUs nobody used. Ray
+    Train's own ``PlacementGroupCleaner`` would remove it, but it asks the state API, which needs
+    the dashboard that the embedded Ray runs without. The GCS table says who created each
+    group and whether that actor is dead: a non-detached group whose creator actor died serves
+    nobody. Groups the driver made (Tune's trial groups: no creator actor) are left alone."""
+    import ray
+    from ray._private import state
+    from ray.core.generated import gcs_pb2
+    from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+    nil = ray.ActorID.nil().binary()
+    job = ray.JobID.from_hex(ray.get_runtime_context().get_job_id()).binary()  # this driver's, not a neighbour's
+    freed = 0
+    for raw in state.state._connect_and_get_accessor().get_placement_group_table():
+        group = gcs_pb2.PlacementGroupTableData.FromString(raw)
+        if (group.is_detached or group.creator_job_id != job or not group.creator_actor_dead
+                or group.creator_actor_id in (b"", nil) or group.state == gcs_pb2.PlacementGroupTableData.REMOVED):
+            continue
+        try:
+            remove_placement_group(PlacementGroup(ray.PlacementGroupID(group.placement_group_id)))
+            freed += 1
+        except Exception:  # noqa: BLE001 - removed meanwhile
+            pass
+    return freed
 
 
 class WorkersDidNotStart(RuntimeError):

@@ -59,3 +59,14 @@ def test_the_summary_offers_to_go_on_only_with_a_new_value_for_the_key(checkpoin
            **({"_resumes": resumes} if resumes else {})}
     err = Diverged("loss", "NaN", 1, 3, "singa.lr", 1e30, checkpoint=checkpoint)
     assert _diverged_hint(cfg, singa, "RUN", err) == [want]
+
+
+def test_resume_of_a_diverged_run_needs_a_new_value_for_its_key():
+    from orchard.divergence import resume_guard
+
+    tags = {"orchard.diverged": "loss is NaN at epoch 1 step 3: lower singa.lr (now 1e+30)",
+            "orchard.diverged_key": "singa.lr"}
+    refused = resume_guard(tags, ["tracking.uri=sqlite:///x.db"])
+    assert refused and "singa.lr" in refused and "resume <id> singa.lr=" in refused
+    assert resume_guard(tags, ["singa.lr=0.01"]) is None
+    assert resume_guard({}, []) is None  # a run that did not diverge

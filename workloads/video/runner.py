@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from orchard import skipped
+
 log = logging.getLogger(__name__)
 
 
@@ -178,7 +180,10 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
     classes, num_classes = index.classes, len(index.classes)
     ctx.log_params({"video.root_used": storage_uri or root, "video.classes": ",".join(classes), "video.layout": index.layout})
     ctx.log_dict({"files": index.skipped, "kinds": index.skipped_kinds}, "tables/skipped_files.json")
-    skipped_by_kind = {f"data/skipped_files/{k}": float(n) for k, n in index.skipped_counts().items()}
+    # the bad-data policy shared by the workloads (orchard/skipped.py): named, counted by kind, skipped.csv
+    set_aside = [skipped.SkippedFile(Path(p).name, index.skipped_kinds.get(p, "unreadable"), r)
+                 for p, r in index.skipped.items()]
+    skipped_by_kind = {k: v for k, v in skipped.report(ctx, set_aside, "video").items() if k != "data/skipped_files"}
     ctx.log_metrics({"data/videos": len(index.paths), "data/train_videos": len(train_ids),
                      "data/val_videos": len(val_ids), "data/skipped_files": len(index.skipped),
                      "data/index_reused": index.index_reused,

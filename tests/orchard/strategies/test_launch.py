@@ -72,3 +72,47 @@ def test_dead_worker_is_replaced_and_training_resumes_from_checkpoint(ray_sessio
     assert marker.exists()  # the worker really died once
     assert result.error is None and result.metrics["epoch"] == 2
     assert result.checkpoint is not None
+
+
+def test_a_placement_group_whose_creator_actor_died_is_freed_and_the_drivers_are_kept(ray_session):
+    """What Tune leaves when its scheduler stops a trial: the trial's Ray Train controller (an
+    actor) dies with the trial, and Ray keeps its worker group's reservation while the job lives."""
+    import time
+
+    import ray
+    from ray.util import placement_group_table
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    from orchard.strategies.launch import free_orphaned_placement_groups
+
+    @ray.remote(num_cpus=0)
+    class Controller:
+        def reserve(self):
+            group = placement_group([{"CPU": 1}])
+            ray.get(group.ready(), timeout=60)
+            return group.id.hex()
+
+    ours = placement_group([{"CPU": 0.5}])  # the driver's own (Tune's trial groups): never touched
+    ray.get(ours.ready(), timeout=60)
+    controller = Controller.remote()
+    orphan = ray.get(controller.reserve.remote())
+    ray.kill(controller)
+    deadline = time.time() + 60
+    while placement_group_table()[orphan]["state"] != "CREATED" or not _creator_dead(orphan):
+        assert time.time() < deadline
+        time.sleep(0.2)
+    assert free_orphaned_placement_groups() == 1
+    assert placement_group_table()[orphan]["state"] == "REMOVED"
+    assert placement_group_table()[ours.id.hex()]["state"] == "CREATED"
+    remove_placement_group(ours)
+
+
+def _creator_dead(group_hex: str) -> bool:
+    from ray._private import state
+    from ray.core.generated import gcs_pb2
+
+    for raw in state.state._connect_and_get_accessor().get_placement_group_table():
+        group = gcs_pb2.PlacementGroupTableData.FromString(raw)
+        if group.placement_group_id.hex() == group_hex:
+            return group.creator_actor_dead
+    return False

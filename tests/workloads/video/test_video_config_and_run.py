@@ -168,7 +168,7 @@ def test_real_clips_and_a_user_extractor_train_twice_to_the_same_metrics_the_sec
     # the four non-videos are skipped and counted by kind, in MLflow and in the summary
     assert m1["data/skipped_files"] == 4
     for kind in ("image", "unreadable", "audio_only", "single_frame"):
-        assert m1[f"data/skipped_files/{kind}"] == 1 and first.metrics[f"data/skipped_files/{kind}"] == 1
+        assert m1[f"data/skipped/{kind}"] == 1 and first.metrics[f"data/skipped/{kind}"] == 1
     # the user's extractor fed the temporal stream
     assert "pipeline/motion_mask_items_per_s" in m1 and "val/temporal_top1" in m1
     # reproducible: every validation metric to the printed digits
