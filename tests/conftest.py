@@ -153,3 +153,38 @@ def cli_run(tmp_path_factory):
         return done[key]
 
     return _run
+
+
+@pytest.fixture(scope="module")
+def s3_env():
+    """A moto S3 server on 127.0.0.1 with a bucket ``orchard`` (an S3-compatible store on loopback);
+    yields the AWS_* variables that point pyarrow at it."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    pytest.importorskip("moto.server", reason="moto[server] is not installed: no S3-compatible server to test on")
+    import pyarrow.fs as pafs
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.time() < deadline, "moto did not start"
+                time.sleep(0.2)
+        pafs.S3FileSystem(endpoint_override=f"127.0.0.1:{port}", scheme="http", access_key="test",
+                          secret_key="test", region="us-east-1", allow_bucket_creation=True).create_dir("orchard")
+        yield {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "test",
+               "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

@@ -2,11 +2,6 @@
 server on 127.0.0.1), read from Ray tasks through storage and cached once per node."""
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
-import time
-
 import pytest
 
 from orchard.storage import Storage, run_kept
@@ -47,35 +42,6 @@ def test_a_storage_travels_into_a_ray_task_as_its_uri(ray_session, tmp_path):
         return s.read_text("a/b.txt")
 
     assert ray_session.get(read.remote(store)) == "hello"
-
-
-@pytest.fixture(scope="module")
-def s3_env():
-    """A moto S3 server on 127.0.0.1 with a bucket ``orchard``; yields the AWS_* variables."""
-    pytest.importorskip("moto.server", reason="moto[server] is not installed: no S3-compatible server to test on")
-    import pyarrow.fs as pafs
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.time() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.time() < deadline, "moto did not start"
-                time.sleep(0.2)
-        pafs.S3FileSystem(endpoint_override=f"127.0.0.1:{port}", scheme="http", access_key="test",
-                          secret_key="test", region="us-east-1", allow_bucket_creation=True).create_dir("orchard")
-        yield {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "test",
-               "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 def test_s3_folder_upload_ready_and_one_copy_per_node(s3_env, monkeypatch, tmp_path):

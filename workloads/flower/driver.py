@@ -91,9 +91,10 @@ def throughput_stats(worker_files: list, warmup_steps: int) -> dict[str, float]:
            "throughput/mean_images_per_s": float(np.mean(steady)) if steady.size else float("nan"),
            "throughput/std_images_per_s": float(np.std(steady)) if steady.size else float("nan"),
            "throughput/var_images_per_s": float(np.var(steady)) if steady.size else float("nan"),
-           "train/workers": float(len(summaries)),
-           # > 0 when a worker died and the group resumed from a checkpoint (FailureConfig)
-           "train/resumed_from_epoch": float(max(s["first_epoch"] for s in summaries))}
+           "train/workers": float(len(summaries))}
+    first_epoch = max(s["first_epoch"] for s in summaries)
+    if first_epoch > 0:  # the group went on from a checkpoint (a resume, or a worker died: FailureConfig)
+        out["train/resumed_from_epoch"] = float(first_epoch)  # a fresh run has no such metric
     for s in summaries:
         out[f"time/w{s['rank']}_completion_s"] = s["completion_s"]
         util = s.get("gpu_util") or []

@@ -400,7 +400,7 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
               "memory/spilled_mb": sum(v for k, v in whole_run.items() if k.endswith("_spilled_mb")),
               **whole_training, **_wait_fractions(history_waits),
               "time/total_s": time.perf_counter() - t_start, "train/epochs_run": float(epochs_run),
-              "train/resumed_from_epoch": float(first_epoch),
+              **({"train/resumed_from_epoch": float(first_epoch)} if first_epoch else {}),  # only a resumed run
               **({"time/to_target_s": time_to_target} if time_to_target is not None else {}),
               "alloc/shifts_applied": float(shifts_applied), "alloc/shift_wait_s": shift_wait_s,
               **{f"time/{phase}_s": sec for phase, sec in phase_s.items()}, "val/chance_top1": 1.0 / num_classes,

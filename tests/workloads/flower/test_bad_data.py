@@ -226,42 +226,9 @@ def test_the_cli_refuses_a_bad_points_row_with_exit_2_and_no_traceback(data, tmp
     assert not (tmp_path / "out" / "logs").exists()  # refused before the console moved to a log: before Ray
 
 
-@pytest.fixture
-def s3_env(monkeypatch):
-    """A moto S3 server on 127.0.0.1 with a bucket ``orchard``, its AWS_* variables set (as in
-    tests/orchard/test_storage.py)."""
-    pytest.importorskip("moto.server", reason="moto[server] is not installed: no S3-compatible server to test on")
-    import socket
-    import time
-
-    import pyarrow.fs as pafs
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.time() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.time() < deadline, "moto did not start"
-                time.sleep(0.2)
-        pafs.S3FileSystem(endpoint_override=f"127.0.0.1:{port}", scheme="http", access_key="test",
-                          secret_key="test", region="us-east-1", allow_bucket_creation=True).create_dir("orchard")
-        for key, value in {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "test",
-                           "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}.items():
-            monkeypatch.setenv(key, value)
-        yield
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-
-
-def test_csvs_in_remote_storage_are_checked_before_tiling_and_named_by_uri(data, s3_env):
+def test_csvs_in_remote_storage_are_checked_before_tiling_and_named_by_uri(data, s3_env, monkeypatch):
+    for key, value in s3_env.items():  # the moto server of tests/conftest.py
+        monkeypatch.setenv(key, value)
     from orchard.storage import Storage
     from workloads.flower.driver import check_remote_tables
 
