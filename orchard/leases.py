@@ -34,16 +34,24 @@ class LeaseHeld(Exception):
     def __init__(self, what: str, holder: dict):
         self.holder = holder
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(holder.get("since", 0))))
-        beat = time.time() - float(holder.get("beat", 0))
+        beat = time.time() - float(holder.get("beat", 0))  # this host's clock: a few seconds of skew show here only
         super().__init__(f"{what} is already driven by pid {holder.get('pid')} on {holder.get('host')} "
                          f"since {since} (heartbeat {max(beat, 0):.0f} s ago); wait for it to end or stop it")
 
 
-def _record(token: str, what: str, since: float) -> dict:
+def _record(token: str, what: str, since: float, offset_s: float = 0.0) -> dict:
     me = runs.driver_tags()
     return {"token": token, "what": what, "host": me["orchard.host"], "boot_id": me["orchard.boot_id"],
-            "pid": me["orchard.pid"], "pid_start": me["orchard.pid_start"], "since": f"{since:.0f}",
-            "beat": f"{time.time():.0f}"}
+            "pid_ns": me["orchard.pid_ns"], "pid": me["orchard.pid"], "pid_start": me["orchard.pid_start"],
+            "since": f"{since:.0f}", "beat": f"{time.time() + offset_s:.0f}"}  # the beat on the store's clock
+
+
+def _offset(client) -> float:
+    """The store's clock minus this host's (runs.store_clock_offset); 0 if it cannot be asked."""
+    try:
+        return runs.store_clock_offset(client.tracking_uri)
+    except OSError:
+        return 0.0
 
 
 def read(client, run_id: str) -> dict | None:
@@ -55,12 +63,14 @@ def read(client, run_id: str) -> dict | None:
         return None
 
 
-def alive(holder: dict) -> bool:
-    """The holder's driver may still be working (the reaper's rule, orchard/runs.py)."""
+def alive(holder: dict, now: float | None = None) -> bool:
+    """The holder's driver may still be working (the reaper's rule, orchard/runs.py); ``now``:
+    the store's time, the clock beats are written on."""
     tags = {"orchard.host": holder.get("host"), "orchard.boot_id": holder.get("boot_id"),
             "orchard.pid": holder.get("pid"), "orchard.pid_start": holder.get("pid_start"),
-            runs.TAG_HEARTBEAT: holder.get("beat", "0")}
-    return runs.why_lost(tags) is None
+            runs.TAG_HEARTBEAT: holder.get("beat", "0"),
+            **({"orchard.pid_ns": holder["pid_ns"]} if "pid_ns" in holder else {})}
+    return runs.why_lost(tags, now) is None
 
 
 class Lease:
@@ -70,11 +80,12 @@ class Lease:
         self.client, self.run_id, self.what = client, run_id, what
         self.token = uuid.uuid4().hex
         self._since = time.time()
+        self._offset = _offset(client)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, args=(interval_s,), name="orchard-lease", daemon=True)
 
     def _write(self) -> None:
-        self.client.set_tag(self.run_id, TAG, json.dumps(_record(self.token, self.what, self._since)))
+        self.client.set_tag(self.run_id, TAG, json.dumps(_record(self.token, self.what, self._since, self._offset)))
 
     def _beat(self, interval_s: float) -> None:
         while not self._stop.wait(interval_s):
@@ -100,7 +111,7 @@ def take(client, run_id: str, what: str, settle_s: float = SETTLE_S) -> Lease:
     """Hold the lease on ``run_id`` for ``what`` (a phrase: "the resume of run 1a2b"); raises
     ``LeaseHeld`` naming the holder while someone alive holds it."""
     holder = read(client, run_id)
-    if holder is not None and alive(holder):
+    if holder is not None and alive(holder, time.time() + _offset(client)):
         raise LeaseHeld(what, holder)
     if holder is not None:
         say(f"orchard: taking over {what} from pid {holder.get('pid')} on {holder.get('host')}, "
