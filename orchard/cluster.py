@@ -71,7 +71,19 @@ def connect(cluster: dict) -> bool:
             **common,
         )
         pinned(ray.get_runtime_context().gcs_address)
+    _private_token()
     return True
+
+
+def _private_token() -> None:
+    """Ray writes its auth token world-readable (0644); whoever reads it can run code on the
+    cluster: only its owner may."""
+    token = Path.home() / ".ray" / "auth_token"
+    try:
+        if token.is_file() and token.stat().st_uid == os.getuid() and token.stat().st_mode & 0o077:
+            token.chmod(0o600)
+    except OSError:
+        pass
 
 
 def worker_env(cluster: dict) -> dict:

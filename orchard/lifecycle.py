@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchard import config as config_lib
-from orchard import background, console, interrupts, registry
+from orchard import background, console, interrupts, redact, registry
 from orchard.console import say
 from orchard.errors import ConfigError, Diverged
 from orchard.outcome import Outcome
@@ -61,6 +61,7 @@ def prepare(overrides: list[str]):
 def preflight(cfg: dict) -> None:
     """Everything that can be checked before Ray starts and a run opens; raises ConfigError."""
     _check_output_dir(cfg["output_dir"])
+    _check_ray_auth(cfg["cluster"])
     if cfg["cluster"]["mode"] == "remote":  # first: a 5 s probe, before a store is created or migrated
         _check_cluster_address(cfg["cluster"]["address"])
     from orchard import storage
@@ -71,6 +72,16 @@ def preflight(cfg: dict) -> None:
         from orchard.tracking import check_store
 
         check_store(cfg["tracking"]["uri"])
+
+
+def _check_ray_auth(cluster: dict) -> None:
+    """Ray listens on every interface, even embedded, and runs whatever code reaches its ports:
+    its token is the door (on by default in Ray 2.60). An environment that turns it off gets one
+    line instead of an open port, unless ``cluster.allow_unauthenticated=true`` says it is meant
+    (an isolated network)."""
+    if os.environ.get("RAY_AUTH_MODE", "").strip().lower() == "disabled" and not cluster.get("allow_unauthenticated"):
+        raise ConfigError("cluster.allow_unauthenticated", "true to run Ray without its token (RAY_AUTH_MODE=disabled "
+                          "is set: Ray's ports, open on every interface, would run anyone's code); or unset RAY_AUTH_MODE")
 
 
 def _check_fresh_run_folder(cfg: dict) -> None:
@@ -194,7 +205,7 @@ def main(cfg: dict, module, print_cfg: bool = False) -> int:
     try:
         preflight(cfg)
     except ConfigError as err:
-        say(f"orchard: bad config: {err}", file=sys.stderr)
+        say(f"orchard: bad config: {redact.text(err)}", file=sys.stderr)
         return 2
     open_console(cfg)
     return execute(cfg, module).exit_code
@@ -210,7 +221,7 @@ def open_console(cfg: dict) -> None:
     choices = cfg.get("_choices") or {}
     picked = " ".join(f"{g}={choices[g]}" for g in ("workload", "strategy", "cluster", "tracking", "sweep",
                                                       "experiment", "debug") if choices.get(g))
-    own = [o for o in cfg.get("_overrides", []) if o.split("=", 1)[0].lstrip("+~") not in choices]
+    own = [redact.override(o) for o in cfg.get("_overrides", []) if o.split("=", 1)[0].lstrip("+~") not in choices]
     say(f"orchard: {picked or cfg['workload']['name']}" + (f"  {' '.join(own)}" if own else "") + where)
 
 
@@ -257,8 +268,8 @@ def run_one(cfg: dict, module, parent_run_id: str | None = None, on_metrics=None
     # Opening is atomic for signals: a run either does not exist or is closed with its status.
     with interrupts.deferred(reraise=True):
         if tcfg["enabled"]:
-            extra = {"orchard.overrides": json.dumps(cfg.get("_overrides", []))}
-            if registry.user_config_dirs():  # --config-dir: resume composes with the same folders
+            extra = {"orchard.overrides": json.dumps(redact.overrides(cfg.get("_overrides", [])))}
+            if registry.user_config_dirs():  # --config-dir: resume names them (it never adds them by itself)
                 extra["orchard.config_dirs"] = json.dumps(registry.user_config_dirs())
             if cfg.get("_resumes"):
                 extra["orchard.resumes"] = cfg["_resumes"]
@@ -303,7 +314,7 @@ def run_one(cfg: dict, module, parent_run_id: str | None = None, on_metrics=None
         say(f"orchard: {cfg['workload']['name']} diverged: {error}" + (f" (run {run_id} marked FAILED)" if tracked else ""),
             file=sys.stderr)
     elif error is not None:
-        say(f"orchard: {cfg['workload']['name']} failed: {type(error).__name__}: {_one_line(error)}", file=sys.stderr)
+        say(f"orchard: {cfg['workload']['name']} failed: {type(error).__name__}: {redact.text(_one_line(error))}", file=sys.stderr)
         if tracked:
             say(f"orchard: run {run_id} marked FAILED; traceback in its artifact error.txt", file=sys.stderr)
     if not quiet:
@@ -381,9 +392,9 @@ def write_hydra_folder(cfg: dict, run_dir: Path) -> None:
 
     folder = run_dir / ".hydra"
     folder.mkdir(parents=True, exist_ok=True)
-    plain = {k: v for k, v in cfg.items() if not k.startswith("_")}
+    plain = redact.config({k: v for k, v in cfg.items() if not k.startswith("_")})
     (folder / "config.yaml").write_text(yaml.safe_dump(plain, sort_keys=False))
-    (folder / "overrides.yaml").write_text(yaml.safe_dump(list(cfg.get("_overrides", []))))
+    (folder / "overrides.yaml").write_text(yaml.safe_dump(redact.overrides(cfg.get("_overrides", []))))
 
 
 def _close(live: _Live | None, tracked, heartbeat, status: str, error, metrics: dict, t_start: float,
@@ -456,7 +467,7 @@ def _print_summary(cfg: dict, module, name: str, tracked, status: str, run_dir: 
         figures = _figure_names(tracked)
         if figures:
             footer.append(f"figures:   {', '.join(figures)} (artifacts figures/)")
-        footer.append(f"view:      {tracking.ui_command(tracked.tracking_uri)}")
+        footer.append(f"view:      {redact.text(tracking.ui_command(tracked.tracking_uri))}")
         if isinstance(error, Diverged):  # the same config would diverge again: not without a change
             footer.extend(_diverged_hint(cfg, module, tracked.run_id, error))
         elif status in ("KILLED", "FAILED") and hasattr(module, "resume"):
@@ -492,12 +503,12 @@ def _tracking_address(uri: str) -> str:
     command that serves it."""
     from orchard import tracking
 
-    return uri if uri.startswith(("http://", "https://")) else f"{uri} (view: {tracking.ui_command(uri)})"
+    return redact.text(uri if uri.startswith(("http://", "https://")) else f"{uri} (view: {tracking.ui_command(uri)})")
 
 
 def _uri_arg(cfg: dict) -> str:
     uri = cfg["tracking"]["uri"]
-    return "" if uri == "sqlite:///mlflow.db" else f" tracking.uri={uri}"
+    return "" if uri == "sqlite:///mlflow.db" else f" tracking.uri={redact.text(uri)}"
 
 
 # --------------------------------------------------------------------------- resume
@@ -535,6 +546,29 @@ def _lease(cfg: dict):
         raise ConfigError("run id", str(held)) from None
 
 
+# What a resume never takes from the store (whoever can write a tag there could plant it): code
+# that would run on the resumer's machine or cluster. The command line gives it again, or not.
+NOT_FROM_THE_STORE = ("cluster.runtime_env", "hydra.", "singa.layer_modules", "video.extractor_modules")
+
+
+def _trusted(recorded: list[str], extra: list[str], config_dirs: list[str]) -> tuple[list[str], list[str]]:
+    """The recorded overrides a resume re-runs, and what it leaves out: masked secrets
+    (orchard/redact.py), keys that name code or environments (``NOT_FROM_THE_STORE``) and config
+    folders, unless the user passes the key (or ``--config-dir``) again."""
+    given = {o.split("=", 1)[0].lstrip("+~") for o in extra}
+    kept, dropped = [], []
+    for item in recorded:
+        key = item.split("=", 1)[0].lstrip("+~")
+        if key in given:
+            continue  # the command line's value wins
+        if redact.MASK in item or key.startswith(NOT_FROM_THE_STORE):
+            dropped.append(key)
+        else:
+            kept.append(item)
+    dropped += [f"--config-dir {folder}" for folder in config_dirs if folder not in registry.user_config_dirs()]
+    return kept, dropped
+
+
 def _resume_config(run_id: str, uri: str, extra: list[str]):
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
@@ -565,10 +599,12 @@ def _resume_config(run_id: str, uri: str, extra: list[str]):
         overrides = json.loads(tags["orchard.overrides"])
     else:  # runs from before the overrides tag: the recorded command
         overrides = shlex.split(tags.get("orchard.command", ""))[3:]
-    overrides = [o for o in overrides if not o.startswith("tracking.uri=")] + [f"tracking.uri={uri}"]
-    overrides += [o for o in extra if not o.startswith("tracking.uri=")]
-    for folder in json.loads(tags.get("orchard.config_dirs", "[]")):
-        registry.add_config_dir(folder)
+    overrides = [o for o in overrides if not o.startswith("tracking.uri=")]
+    overrides, dropped = _trusted(overrides, extra, json.loads(tags.get("orchard.config_dirs", "[]")))
+    if dropped:
+        say(f"orchard: not taken from the store: {', '.join(dropped)}; pass what you want again after the run id "
+            "(key=value, --config-dir DIR)", file=sys.stderr)
+    overrides += [f"tracking.uri={uri}"] + [o for o in extra if not o.startswith("tracking.uri=")]
     cfg, module = prepare(overrides)
     from orchard import storage
 

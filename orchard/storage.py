@@ -183,16 +183,21 @@ class Storage:
         return self.exists(rel) if self.is_local else self.complete(rel)
 
     def download(self, rel: str, local_dir: str | Path) -> Path:
-        """Copy the folder ``rel`` into ``local_dir`` (created); returns ``local_dir``."""
+        """Copy the folder ``rel`` into ``local_dir`` (created); returns ``local_dir``.
+
+        Object keys come from whoever can write the bucket: a key that would land outside
+        ``local_dir`` (``..``, an absolute key, a link already in the folder) is refused with
+        ``UnsafeKey`` before anything is written."""
         import pyarrow.fs as pafs
 
         fs, path = self._fs_path(rel)
         local_dir = Path(local_dir)
         local_dir.mkdir(parents=True, exist_ok=True)
-        for info in fs.get_file_info(pafs.FileSelector(path, recursive=True)):
-            if info.type != pafs.FileType.File:
-                continue
-            target = local_dir / info.path[len(path):].lstrip("/")
+        files = [info for info in fs.get_file_info(pafs.FileSelector(path, recursive=True))
+                 if info.type == pafs.FileType.File]
+        targets = [inside(local_dir, info.path[len(path):].lstrip("/"), f"{self.uri}/{rel}".rstrip("/"))
+                   for info in files]
+        for info, target in zip(files, targets):
             target.parent.mkdir(parents=True, exist_ok=True)
             with fs.open_input_stream(info.path) as src, open(target, "wb") as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
@@ -210,7 +215,11 @@ class Storage:
         if target.is_dir():
             return target
         partial = target.with_name(f"{key}.tmp-{uuid.uuid4().hex[:8]}")
-        self.download(rel, partial)
+        try:
+            self.download(rel, partial)
+        except BaseException:  # a refused key, a lost connection: no half folder stays behind
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
         try:
             partial.rename(target)
         except OSError:  # another task on this node finished first: use its copy
@@ -223,7 +232,7 @@ class Storage:
         so ``<stem>_depth.png`` and ``<stem>_labels.png`` keep their common stem)."""
         if self.is_local:
             return self.local_path / rel
-        target = node_cache_dir() / hashlib.sha1(self.uri.encode()).hexdigest()[:16] / str(rel).strip("/")
+        target = inside(node_cache_dir() / hashlib.sha1(self.uri.encode()).hexdigest()[:16], str(rel).strip("/"), self.uri)
         if not target.is_file():
             target.parent.mkdir(parents=True, exist_ok=True)
             partial = target.with_name(f"{target.name}.tmp-{uuid.uuid4().hex[:8]}")
@@ -236,6 +245,20 @@ class Storage:
         """``RunConfig(storage_path=...)``: a local folder or the URI (Ray Train and Tune open
         it with pyarrow, on every node, with the same AWS environment variables)."""
         return self.uri
+
+
+class UnsafeKey(ValueError):
+    """An object key that would be written outside the folder it is downloaded into."""
+
+
+def inside(folder: Path, key: str, source: str) -> Path:
+    """``folder / key``, refused (``UnsafeKey``, naming the key) unless it resolves inside
+    ``folder``: no ``..``, no absolute key, no link leading out."""
+    root = folder.resolve()
+    target = (folder / key).resolve()
+    if not key or Path(key).is_absolute() or ".." in Path(key).parts or not target.is_relative_to(root):
+        raise UnsafeKey(f"{source}: object {key!r} would be written outside {folder}; refused")
+    return folder / key
 
 
 def is_uri(path) -> bool:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from orchard import config as config_lib
-from orchard import interrupts
+from orchard import interrupts, redact
 from orchard.console import say
 from orchard.errors import ConfigError
 from orchard.outcome import Outcome
@@ -437,7 +437,7 @@ class _Parent:
                     if lease is not None:  # a parent whose Tune state was never saved: a new one replaces it
                         lease.release()
                     tags = {"orchard.sweep": cfg["sweep"]["name"], "orchard.sweep_key": key,
-                            "orchard.sweep_dir": str(folder), "orchard.overrides": json.dumps(cfg.get("_overrides", [])),
+                            "orchard.sweep_dir": str(folder), "orchard.overrides": json.dumps(redact.overrides(cfg.get("_overrides", []))),
                             "orchard.sweep.trial_resources": need.describe(), "orchard.sweep.concurrent_trials": str(concurrent)}
                     tracked = tracking.open_run(cfg, cfg.get("run_name") or f"sweep-{key}", extra_tags=tags)
                     lease = leases.take(tracked.client(), tracked.run_id, what, settle_s=0)  # new: nobody races for it

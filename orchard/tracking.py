@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchard import config as config_lib
+from orchard import redact
 from orchard.runs import driver_tags
 
 # Config keys that are bookkeeping rather than knobs; kept out of the run's params.
@@ -248,7 +249,7 @@ def open_run(cfg: dict, run_name: str, parent_run_id: str | None = None, extra_t
         "mlflow.runName": run_name,
         "orchard.workload": cfg["workload"]["name"],
         "orchard.strategy": cfg["strategy"]["name"],
-        "orchard.command": "python -m orchard " + " ".join(cfg.get("_overrides", [])),
+        "orchard.command": "python -m orchard " + " ".join(redact.overrides(cfg.get("_overrides", []))),
         "mlflow.source.git.commit": git_commit(),
         "mlflow.source.name": "orchard",
         **_versions(),
@@ -259,7 +260,8 @@ def open_run(cfg: dict, run_name: str, parent_run_id: str | None = None, extra_t
         tags["mlflow.parentRunId"] = parent_run_id
     run = retried(client.create_run, exp_id, run_name=run_name, tags=tags)
     run_id = run.info.run_id
-    plain = {k: v for k, v in cfg.items() if k not in _NOT_PARAMS and not k.startswith("_")}
+    # what everyone who reads the store sees: secrets masked (orchard/redact.py); the run has the real ones
+    plain = redact.config({k: v for k, v in cfg.items() if k not in _NOT_PARAMS and not k.startswith("_")})
     params = [Param(k, str(v)[:6000]) for k, v in sorted(config_lib.flatten(plain).items())]
     for i in range(0, len(params), 100):
         retried(client.log_batch, run_id, params=params[i:i + 100])

@@ -91,3 +91,26 @@ def test_single_files_by_uri_keep_their_stem_side_by_side_on_the_node(s3_env, mo
     folder.write_bytes("000001_labels.png", b"l")
     depth, labels = folder.local_copy("000001_depth.png"), folder.local_copy("000001_labels.png")
     assert depth.parent == labels.parent and depth.read_bytes() == b"d" and labels.read_bytes() == b"l"
+
+
+def test_an_object_key_that_leads_out_of_the_folder_is_refused_and_leaves_nothing(s3_env, monkeypatch, tmp_path):
+    """Whoever can write the shared bucket must not write files outside the node cache of
+    everyone who reads from it: a planted ``..`` key is refused, naming it; no half copy stays."""
+    from orchard.storage import UnsafeKey
+
+    for key, value in s3_env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("ORCHARD_NODE_CACHE", str(tmp_path / "cache"))
+    shared = Storage("s3://orchard/trust")
+    shared.write_text("tiles/a.txt", "fine")
+    import boto3  # a key as a teammate's (or an attacker's) S3 client writes it, unnormalized
+
+    boto3.client("s3", endpoint_url=s3_env["AWS_ENDPOINT_URL"], aws_access_key_id="test", aws_secret_access_key="test",
+                 region_name="us-east-1").put_object(Bucket="orchard", Key="trust/tiles/../../escaped/PWNED.txt",
+                                                     Body=b"planted")
+    with pytest.raises(UnsafeKey, match=r"\.\./\.\./escaped/PWNED\.txt"):
+        shared.localize("tiles")
+    assert not list(tmp_path.rglob("PWNED.txt"))
+    assert not [p for p in (tmp_path / "cache").rglob("*") if ".tmp-" in p.name]  # no half copy left
+    with pytest.raises(UnsafeKey):
+        shared.local_copy("../../escaped/PWNED.txt")
