@@ -36,7 +36,7 @@ def test_a_config_is_masked_in_a_copy_the_run_keeps_the_real_values():
 def test_a_secret_on_the_command_line_reaches_no_store_file_log_or_console(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     done = subprocess.run([sys.executable, "-m", "orchard", "workload=singa", "singa.arch=local", "debug=smoke",
-                           f"cluster.runtime_env.env_vars={{MY_API_TOKEN: {MARK}}}", f"tracking.uri={uri}",
+                           f"+cluster.runtime_env.env_vars={{MY_API_TOKEN: {MARK}}}", f"tracking.uri={uri}",
                            f"output_dir={tmp_path}/out"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
                           env={**__import__("os").environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
