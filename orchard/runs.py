@@ -154,6 +154,8 @@ class Heartbeat:
             run = retried(self.client.get_run, self.run_id)
             if not run.data.tags.get(TAG_ERROR, "").startswith(LOST_REASON):
                 return
+            if by_beat and run.info.status == "RUNNING":
+                return  # a reaper between its two writes (reason, then status): the next beat sees both
             if run.info.status != "RUNNING":
                 retried(self.client.update_run, self.run_id, status="RUNNING")
             retried(self.client.delete_tag, self.run_id, TAG_ERROR)
