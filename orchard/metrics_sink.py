@@ -33,8 +33,8 @@ MAX_FLUSH_WAIT_S = 30.0  # the flush timer's longest backoff while the store ref
 
 
 def sink_name(run_key: str) -> str:
-    """A run's sink is a named actor, so operators, fault tests and the sweep (a trial its
-    scheduler stopped) can find it: ``orchard-sink-<run id>``."""
+    """A run's sink is a named actor, so operators and the fault tests can find it:
+    ``orchard-sink-<run id>``."""
     return f"orchard-sink-{run_key}"
 DROPPED, SPILLED = "sink/dropped_metrics", "sink/spilled_metrics"
 
@@ -171,15 +171,6 @@ class MetricsSink:
     def progress(self, report: dict) -> None:
         with self._lock:
             self._progress = report
-
-    @ray.method(concurrency_group="read")
-    def request_stop(self) -> None:
-        """The run should stop (its sweep's scheduler cut the trial); read by ``stop_requested``."""
-        self._stop_requested = True
-
-    @ray.method(concurrency_group="read")
-    def stop_requested(self) -> bool:
-        return getattr(self, "_stop_requested", False)
 
     @ray.method(concurrency_group="write")
     def watch(self, key: str) -> None:

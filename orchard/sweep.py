@@ -174,15 +174,6 @@ class MetricFeed:
 
         if self.sink is None:
             return
-        if ray.get(self.sink.stop_requested.remote(), timeout=60):
-            # the scheduler stopped this trial (StopWhole) and Tune abandons this thread: were
-            # this actor to live on, the Ray Train run it started would train on, holding its
-            # CPUs; abort it from here (only this process holds its controller's handle)
-            from orchard.strategies.launch import abort_train_runs
-
-            abort_train_runs(started_by=ray.get_runtime_context().get_actor_id())
-            self._stop.set()
-            return
         with self.lock:
             for step, value in ray.get(self.sink.logged_since.remote(self.metric, self.seen), timeout=60):
                 self.seen += 1
@@ -253,15 +244,13 @@ def _make_trainable(base: dict, module_name: str, parent_run_id: str | None, met
 def _trial_stopper(parent: "_Parent", scheduler: str, metric: str, signals_before: int):
     """A Tune callback: a trial the scheduler stops is stopped whole, at once.
 
-    Tune stops a function trainable by abandoning its thread (``session.finish(timeout=0)``):
-    the Ray Train run that thread started trains on, holding its placement group's CPUs, so the
-    next trial's workers waited for them (forever, before ``cluster.worker_start_timeout_s``),
-    and its MLflow run stayed RUNNING beside the next trial's. Here the stopped trial's Train
-    runs are aborted (which frees their placement group) and its run is closed KILLED with the
-    scheduler's reason; the trial's own close then leaves that status (``STOPPED_TAG``)."""
+    Tune kills a stopped trial's actor, and with it the Ray Train controller it started; Ray
+    keeps that controller's worker-group placement group while the sweep's job lives, so the next
+    trial's workers waited for its CPUs (forever, before ``cluster.worker_start_timeout_s``), and
+    the trial's MLflow run stayed RUNNING beside the next trial's. Here such groups are freed
+    (``on_step_begin``) and the stopped trial's run is closed KILLED with the scheduler's reason
+    (``on_trial_complete``); the trial's own close then leaves that status (``STOPPED_TAG``)."""
     from ray import tune
-
-    from orchard.metrics_sink import sink_name
 
     # Tune saves its callbacks with the experiment (a resumed sweep gets them back): plain values only
     uri = parent.tracked.tracking_uri if parent.tracked else None
@@ -281,18 +270,10 @@ def _trial_stopper(parent: "_Parent", scheduler: str, metric: str, signals_befor
                 free_orphaned_placement_groups()
 
         def on_trial_complete(self, iteration, trials, trial, **info):
-            import ray
-
             result = trial.last_result or {}
             run_id = result.get("run_id")
-            if FINAL in result or not run_id:
-                return  # it finished: nothing runs on
-            try:  # the trial's metric feed aborts its Train runs: only its process holds their handles
-                ray.get_actor(sink_name(run_id)).request_stop.remote()
-            except ValueError:  # its sink is gone: so is the run
-                pass
-            if uri is None or interrupts.received[signals_before:]:
-                return  # an interrupted sweep closes its trials itself (close_children)
+            if FINAL in result or not run_id or uri is None or interrupts.received[signals_before:]:
+                return  # it finished; or an interrupted sweep closes its trials itself (close_children)
             from mlflow.tracking import MlflowClient
 
             client = MlflowClient(uri)

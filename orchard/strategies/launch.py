@@ -36,7 +36,7 @@ def fit_off_main_thread(trainer):
     return background.call(trainer.fit, name="orchard-train-fit")
 
 
-def abort_train_runs(started_by=None) -> int:
+def abort_train_runs() -> int:
     """Abort the Ray Train runs this driver started that are still going; how many.
 
     For a run that is stopping (interrupted or failed): Ray Train's controller would otherwise
@@ -45,22 +45,16 @@ def abort_train_runs(started_by=None) -> int:
     controller, and frees its placement group; checkpoints already in storage stay). Controllers
     run in this driver's job; found through the GCS actor table, as ``fit()`` keeps their handles
     to itself, so only a process that started a controller holds a handle to it (asking Ray for
-    another's aborts the process): call it in the process that started the runs. ``started_by``
-    (the id of the calling actor, a sweep's trial): only the runs that actor started."""
+    another's aborts the process): call it in the process that started the runs."""
     import ray
     from ray._private import state
 
     try:
         job = ray.JobID.from_hex(ray.get_runtime_context().get_job_id())
         alive = state.actors(job_id=job, actor_state_name="ALIVE")
-        owner = None
-        if started_by is not None:  # the trial actor's address: its controllers' owner address
-            info = state.actors(actor_id=started_by)
-            owner = (info["Address"]["IPAddress"], info["Address"]["Port"])
         core = ray._private.worker.global_worker.core_worker
         handles = [core.get_actor_handle(ray.ActorID.from_hex(actor_id)) for actor_id, info in alive.items()
-                   if info.get("ActorClassName", "").endswith("TrainController")
-                   and (owner is None or (info["OwnerAddress"]["IPAddress"], info["OwnerAddress"]["Port"]) == owner)]
+                   if info.get("ActorClassName", "").endswith("TrainController")]
         for handle in handles:
             handle.abort.remote()   # it exits: fit() raises in its thread, which then returns
         return len(handles)
