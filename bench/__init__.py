@@ -17,6 +17,7 @@ BENCHES = {
     "forest": ("bench.forest_vs_peers", "full"),
     "video": ("bench.video_pipeline", "full"),
     "flower": ("bench.flower_strategies", "full"),
+    "flower_loader": ("bench.flower_loader", "full"),
 }
 # benches that need more than the development machine: run by name only
 EXTRA_BENCHES = {

@@ -71,6 +71,11 @@ def main(argv: list[str] | None = None) -> int:
         doc = Path(args.doc) if args.doc else (out / "benchmarks.md" if args.smoke else Path(__file__).parents[1] / "docs" / "benchmarks.md")
         render(out, doc)
         print(f"bench: wrote {doc}")
+        if not args.smoke:  # the figures quoted in README and docs/ follow the results files
+            from bench.doc_figures import render_all
+
+            for path in render_all():
+                print(f"bench: updated the figures in {path}")
     return 1 if failed else 0
 
 

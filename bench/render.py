@@ -11,6 +11,8 @@ from pathlib import Path
 
 from bench import BENCHES
 
+NOTES = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "notes"
+
 TITLES = {
     "overhead": "orchard's own overhead (time to first step, metrics API)",
     "singa": "singa: layer engine vs torch autograd; architectures",
@@ -19,6 +21,7 @@ TITLES = {
     "video_shift": "video: worker shifting applied vs logged only (time to a target top-1)",
     "video": "video: decode and feature stages vs plain PyAV loops",
     "flower": "flower: ring and parameter servers vs plain PyTorch DDP",
+    "flower_loader": "flower: the tile loader vs torch DataLoader; CNN inference vs the blob counter",
 }
 
 
@@ -59,20 +62,43 @@ def quality(q: dict | None) -> str:
                         for k, v in q.items()))
 
 
+def spread_ratios(row: dict) -> tuple[float, float]:
+    """orchard's worst and best ratio over the two sides' min-max spreads."""
+    o, p = row["orchard"], row["peer"]
+    if row["higher_is_better"]:
+        return o["min"] / p["max"], o["max"] / p["min"]
+    return p["min"] / o["max"], p["max"] / o["min"]
+
+
+def decided(row: dict) -> str:
+    """'met' or 'not met' only on >= 3 repeats whose whole min-max spread is on one side of the
+    target; otherwise 'not decided' and why (one repeat decides nothing on a machine whose speed
+    drifts ~1.5x through a day)."""
+    n = len(row["orchard"]["values"])
+    if n < 3:
+        return f"not decided (n={n})"
+    t = row["target"]
+    if "min_ratio" in t and row.get("peer") and row["peer"].get("values"):
+        worst, best = spread_ratios(row)
+        if worst < t["min_ratio"] <= best:
+            return f"not decided (spread {fmt(worst)}x-{fmt(best)}x crosses {fmt(t['min_ratio'])}x)"
+    return "met" if row["target_met"] else "not met"
+
+
 def verdict(row: dict, result: dict) -> str:
     t = row.get("target")
     if row["status"] != "ok":
         if t and row.get("target_met") is not None and not result["smoke"] and not result["load"]["loaded"]:
             # a peer stopped on the bench's time limit: its bound can still be decided
-            return f"{row['status']}; {t['text']}: {'met' if row['target_met'] else 'not met'}"
+            return f"{row['status']}; {t['text']}: {decided(row)}"
         return row["status"]
     if result["smoke"]:
         return "smoke size: not a result"
     if result["load"]["loaded"]:
         return "loaded"
-    if not t:
+    if not t or row.get("target_met") is None:
         return "-"
-    return f"{t['text']}: {'met' if row['target_met'] else 'not met'}"
+    return f"{t['text']}: {decided(row)}"
 
 
 def machine_line(m: dict) -> str:
@@ -94,7 +120,11 @@ def load_line(result: dict) -> str:
 def bench_section(name: str, result: dict | None) -> list[str]:
     title = TITLES.get(name, name)
     if result is None:
-        return [f"## {title}", "", f"Not measured yet (run: `python -m bench {name}`).", ""]
+        note = NOTES / f"{name}.json"
+        kept = (f" Its last figures, from a run whose provenance cannot be traced, are kept as a note "
+                f"(`docs/benchmarks/notes/{name}.json`, quoted only as a note in the workload's benchmark page)."
+                if note.exists() else "")
+        return [f"## {title}", "", f"Not measured from a clean tree yet (run: `python -m bench {name}`).{kept}", ""]
     lines = [f"## {title}", ""]
     if result.get("error"):
         lines += [f"The last run failed: {md(result['error'])} (run: `{result['rerun']}`).", ""]
@@ -137,8 +167,13 @@ accuracy or output equality stands beside its time, so a faster-but-wrong row is
 1-minute load average was above half the cores or more than half the cores were busy over 3 s, or when
 processes outside the bench's own process tree used more than half the cores over any 30 s window while it
 ran (the bench's own work raises the load average by itself, so the load average during a run cannot tell). A loaded run's rows never
-say "met"; neither do smoke runs. Re-measure on an idle machine: `python -m bench` (all benches) or
-`python -m bench <name>`; then `python -m bench --render`. Scaling beyond these machines: [scaling](scaling.md).
+say "met"; neither do smoke runs. A target is "met" or "not met" only over at least 3 repeats whose whole
+min-max spread lies on one side of it (the worst case of the two sides' spreads for a ratio); otherwise
+the row says "not decided" and why: this machine's speed drifts ~1.5x through a day. Re-measure on an idle machine: `python -m bench` (all benches) or
+`python -m bench <name>`; then `python -m bench --render`, which also rewrites every figure that README and
+docs/ quote from a results file (a marker pair `<!-- fig FILE "ROW" FIELD -->value<!-- /fig -->`, bench/doc_figures.py;
+a test fails when a quoted figure differs from its file, or when a results file names a commit outside this
+history or a tree with uncommitted changes). Scaling beyond these machines: [scaling](scaling.md).
 """
 
 

@@ -9,21 +9,24 @@ import sys
 
 from orchard import config as config_lib
 from orchard import console, interrupts, lifecycle
+from orchard import flags as flag_lib
 from orchard.console import say
 from orchard.errors import ConfigError
 
 USAGE = """usage: python -m orchard workload=<name> [strategy=<name>] [group=option ...] [key=value ...]
        python -m orchard workload=<name> sweep=<name>          Ray Tune search, one MLflow run per trial
        python -m orchard --multirun workload=<name> key=a,b     Hydra multirun over a plain grid
-       python -m orchard workload=<name> --cfg [job|hydra|all]  print the composed config and exit
-       python -m orchard workload=<name> --info                 config search path, choices and groups
+       python -m orchard workload=<name> --cfg [job|hydra|all] [--resolve] [-p PACKAGE]   print the config and exit
+       python -m orchard workload=<name> --info [searchpath|defaults|config|...]   search path, choices and groups
+       python -m orchard --hydra-help | --version | -sc install=bash|zsh   Hydra's flags / versions / tab completion
        python -m orchard resume <run id> [tracking.uri=...]     continue a KILLED or FAILED run from its checkpoint
        python -m orchard runs reap|list [tracking.uri=...]      close runs whose driver died (SIGKILL, OOM) / list open runs
 
 options:
   --config-dir DIR, -cd DIR   your own config groups beside orchard's (DIR/experiment/mine.yaml -> experiment=mine)
   -v, --verbose               Ray's, Ray Train's and torch's own lines on the console (same as verbose=true)
-  hydra.run.dir=DIR           the run's folder (default <output_dir>/<workload>/<run id>)
+  hydra.run.dir=DIR           the run's folder (default <output_dir>/<workload>/<run id>; a multirun's jobs too)
+  (--hydra-help lists every Hydra flag and what it does here)
 
 exit codes: 0 finished, 1 failed, 2 bad config or unreachable store/cluster, 130 Ctrl-C, 143 SIGTERM
 
@@ -34,7 +37,6 @@ examples:
   python -m orchard workload=flower strategy=ps strategy.mode=async strategy.num_servers=2
   python -m orchard workload=forest debug=smoke tracking=none
 """
-CFG_PARTS = ("job", "hydra", "all")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -42,6 +44,13 @@ def main(argv: list[str] | None = None) -> None:
     try:
         with interrupts.raising():  # from the first instant: Ctrl-C while composing is 130 too
             _dispatch(argv)
+        _flush_stdout()
+    except SystemExit:
+        _flush_stdout()
+        raise
+    except BrokenPipeError:  # `--info | head`: the reader has gone; nothing is wrong here
+        _stdout_to_devnull()
+        sys.exit(BROKEN_PIPE_EXIT)
     except KeyboardInterrupt as exc:
         say(f"orchard: {exc or 'interrupted'}", file=sys.stderr)
         sys.exit(interrupts.exit_code(exc))
@@ -54,8 +63,27 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1)
 
 
+BROKEN_PIPE_EXIT = 141  # 128 + SIGPIPE: what a reader that stops early leaves any Unix tool with
+
+
+def _flush_stdout() -> None:
+    """Flush now, so a closed pipe is met here and not as Python's "Exception ignored" at exit."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _stdout_to_devnull()
+        sys.exit(BROKEN_PIPE_EXIT)
+
+
+def _stdout_to_devnull() -> None:
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())  # what is still buffered goes nowhere, quietly
+
+
 def _take_options(argv: list[str]) -> list[str]:
-    """Hydra's own flags orchard honours: ``--config-dir``/``-cd`` and ``-v``; the rest passes on."""
+    """``--config-dir``/``-cd`` and ``-v``, wherever they are (``resume`` takes them too)."""
     rest: list[str] = []
     args = iter(argv)
     for arg in args:
@@ -87,67 +115,58 @@ def _add_config_dir(flag: str, folder: str) -> None:
 def _dispatch(argv: list[str]) -> None:
     try:
         argv = _take_options(argv)
+        if argv and argv[0] in ("runs", "resume"):
+            sys.exit(_maintenance(argv))
+        flags = flag_lib.parse(argv)
     except ConfigError as err:
         say(f"orchard: bad config: {err}", file=sys.stderr)
         sys.exit(2)
-    if any(a in ("-h", "--help") for a in argv):
-        groups = "\n".join(f"  {g:<11} {', '.join(config_lib.group_options(g)) or '-'}" for g in config_lib.GROUPS)
-        say(USAGE.format(groups=groups))
-        sys.exit(0)
-    if argv and argv[0] == "runs":
-        from orchard import runs
-
-        sys.exit(runs.main(argv[1:]))
-    if argv and argv[0] == "resume":
-        if len(argv) < 2 or "=" in argv[1]:
-            say("usage: python -m orchard resume <run id> [tracking.uri=...]", file=sys.stderr)
-            sys.exit(2)
-        sys.exit(lifecycle.resume(argv[1], argv[2:]))
-    if any(a in ("-m", "--multirun") for a in argv):
+    if flags.shows:
+        sys.exit(_show(flags))
+    if flags.multirun:
         from orchard.multirun import run_multirun
 
-        sys.exit(run_multirun([a for a in argv if a not in ("-m", "--multirun")]))
-    print_cfg, info, overrides = None, False, []
-    for i, arg in enumerate(argv):
-        if arg == "--cfg":  # Hydra's `--cfg job|hydra|all` (job when no word follows)
-            print_cfg = argv[i + 1] if i + 1 < len(argv) and argv[i + 1] in CFG_PARTS else "job"
-        elif i and argv[i - 1] == "--cfg" and arg in CFG_PARTS:
-            continue
-        elif arg == "--info":
-            info = True
-        else:
-            overrides.append(arg)
+        sys.exit(run_multirun(flags.overrides, console=True))
     try:
-        if print_cfg or info:
-            sys.exit(_show(overrides, print_cfg, info))
-        cfg, module = lifecycle.prepare(overrides)
+        cfg, module = lifecycle.prepare(flags.overrides)
     except ConfigError as err:
         say(f"orchard: bad config: {err}", file=sys.stderr)
         sys.exit(2)
     sys.exit(lifecycle.main(cfg, module))
 
 
-def _show(overrides: list[str], part: str | None, info: bool) -> int:
-    """``--cfg job|hydra|all`` and ``--info``: what Hydra would show for this composition."""
-    import yaml
+def _maintenance(argv: list[str]) -> int:
+    if argv[0] == "runs":
+        from orchard import runs
 
-    from orchard import registry
+        return runs.main(argv[1:])
+    if len(argv) < 2 or "=" in argv[1]:
+        say("usage: python -m orchard resume <run id> [tracking.uri=...]", file=sys.stderr)
+        return 2
+    return lifecycle.resume(argv[1], argv[2:])
 
-    if info:
-        cfg = config_lib.compose(overrides, return_hydra=True)
-        say("config search path:")
-        for folder in [str(config_lib.conf_dir()), *registry.extra_config_dirs()]:
-            say(f"  {folder}")
-        say("choices:")
-        for group, option in (cfg.get("_choices") or {}).items():
-            say(f"  {group}: {option}")
-        say("groups:")
-        for group in config_lib.GROUPS:
-            say(f"  {group}: {', '.join(config_lib.group_options(group)) or '-'}")
-        say(f"overrides: {' '.join(overrides) or '-'}")
-    if part in ("job", "all"):
-        cfg, _ = lifecycle.prepare(overrides)
-        say(yaml.safe_dump({k: v for k, v in cfg.items() if not k.startswith("_")}, sort_keys=False))
-    if part in ("hydra", "all"):
-        say(yaml.safe_dump({"hydra": config_lib.hydra_node(overrides)}, sort_keys=False))
+
+def _show(flags) -> int:
+    """The flags that print and exit (nothing starts): a bad key is still one line, exit 2."""
+    from orchard import completion, show
+
+    try:
+        if flags.help:
+            groups = "\n".join(f"  {g:<11} {', '.join(config_lib.group_options(g)) or '-'}" for g in config_lib.GROUPS)
+            say(USAGE.format(groups=groups))
+        elif flags.hydra_help:
+            say(flag_lib.hydra_help())
+        elif flags.version:
+            say(show.version())
+        elif flags.completion:
+            verb, shell = flags.completion
+            say(completion.query() if verb == "query" else completion.script(verb, shell).rstrip("\n"))
+        else:
+            if flags.info:
+                show.show_info(flags.overrides, flags.info)
+            if flags.cfg:
+                show.show_cfg(flags.overrides, flags.cfg, flags.resolve, flags.package)
+    except ConfigError as err:
+        say(f"orchard: bad config: {err}", file=sys.stderr)
+        return 2
     return 0

@@ -4,14 +4,20 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
+import stat
 import sys
+import tempfile
 from pathlib import Path
 
-from orchard import ray_logging
+from orchard import ray_logging, ray_private
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-# what a Ray Client job ships as py_modules (connect): the packages its workers import
-SHIPPED_MODULES = [str(REPO_ROOT / "orchard"), str(REPO_ROOT / "workloads")]
+# What a cluster=remote job ships, an allow-list (docs/cluster.md "Security"): these folders of the
+# checkout, plus the packages of workloads registered from outside it, and in them only files
+# of these kinds. Never the rest of the checkout: a .env, mlflow.db, outputs/, a key file.
+SHIPPED_FOLDERS = ("orchard", "workloads", "conf")
+SHIPPED_FILES = ("*.py", "*.yaml", "*.yml")
 LIBRARY_LOG_LEVELS = ray_logging.LEVELS
 
 
@@ -21,9 +27,7 @@ def connect(cluster: dict) -> bool:
 
     if ray.is_initialized():  # tests and notebooks start Ray once and reuse it
         return False
-    from ray._private import auto_init_hook
-
-    auto_init_hook.enable_auto_connect = os.environ.get("RAY_ENABLE_AUTO_CONNECT", "") != "0"  # undo shutdown()
+    ray_private.set_auto_connect(os.environ.get("RAY_ENABLE_AUTO_CONNECT", "") != "0")  # undo shutdown()
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
     # Ray Train V2 prints deprecation notices for APIs orchard does not use.
     os.environ.setdefault("RAY_TRAIN_ENABLE_V2_MIGRATION_WARNINGS", "0")
@@ -34,31 +38,34 @@ def connect(cluster: dict) -> bool:
     common = dict(logging_level=logging.WARNING, log_to_driver=cluster.get("log_to_driver", True))
     if cluster["mode"] == "remote":
         client = str(cluster["address"]).startswith("ray://")
-        if not runtime_env.get("working_dir") and not runtime_env.get("py_modules"):
-            if client:
-                # Ray Client: ship the packages as py_modules, not the checkout as working_dir. The
-                # client server on the head runs with a working_dir copy as its current directory,
-                # and torch's oneMKL aborts the server if that folder is gone when torch is first
-                # imported there (docs/cluster.md); py_modules leave its current directory alone.
-                runtime_env["py_modules"] = list(SHIPPED_MODULES)
-            else:
-                # Ship this checkout so the cluster's workers import the same orchard and workloads.
-                runtime_env["working_dir"] = str(REPO_ROOT)
-            # Only code and configs travel: virtualenvs, run outputs and data stay behind
-            # (Ray refuses a working_dir over a few hundred MB).
-            runtime_env.setdefault("excludes", [".git", ".venv*", "venv", "build", "outputs", "mlruns", "mlartifacts",
-                                                "*.db", "multirun", "*.mp4", "*.png", "*.npz", "*.pt"])
-        where = ("shipped" if runtime_env.get("working_dir") == str(REPO_ROOT)
-                 else "modules" if runtime_env.get("py_modules") == SHIPPED_MODULES
-                 else "foreign")
-        runtime_env = ray_logging.quiet(level, runtime_env, where)
-        info = ray.init(address=cluster["address"], runtime_env=runtime_env or None, **common)
+        with contextlib.ExitStack() as cleanup:
+            where = "foreign"  # a working_dir or py_modules of the user's own: used as given
+            if not runtime_env.get("working_dir") and not runtime_env.get("py_modules"):
+                folder = cleanup.enter_context(tempfile.TemporaryDirectory(prefix="ship-", dir=private_tmp()))
+                shipped = ship(REPO_ROOT, outside_packages(), Path(folder))
+                if client:
+                    # Ray Client: ship the packages as py_modules, not a working_dir. The client
+                    # server on the head runs with a working_dir copy as its current directory,
+                    # and torch's oneMKL aborts the server if that folder is gone when torch is
+                    # first imported there (docs/cluster.md); py_modules leave it alone.
+                    runtime_env["py_modules"] = [str(p) for p in shipped if p.name != "conf"]
+                    where = "modules"
+                else:
+                    # the workers run in (and import from) the allow-listed copy of the checkout
+                    runtime_env["working_dir"] = folder
+                    where = "shipped"
+            runtime_env = ray_logging.quiet(level, runtime_env, where)
+            # ray.init packs and uploads the copy: it may go once init returns
+            info = ray.init(address=cluster["address"], runtime_env=runtime_env or None, **common)
         _print_addresses(cluster["address"], info)
         return True
     prepare_local_env()
     runtime_env = ray_logging.quiet(level, runtime_env, "local")
     with _ray_in_own_process_group(), _own_address() as pinned:
         ray.init(
+            # Ray's session folder (logs, sockets, spilled objects) in this user's private
+            # folder: Ray makes its default /tmp/ray writable by every user of the machine
+            _temp_dir=str(private_tmp() / "ray"),
             # "local": always a new embedded Ray. Without it ray.init() attaches to whatever cluster
             # /tmp/ray/ray_current_cluster names (another run's, a test's), and fails or shares it.
             address="local",
@@ -110,14 +117,12 @@ def _own_address():
     Ray started later by this process picks its own."""
     import socket
 
-    from ray._private import services
-
     saved = {k: os.environ.get(k) for k in ("RAY_ADDRESS", "RAY_GCS_SERVER_PORT")}
     with socket.socket() as probe:  # a free port now; Ray binds it a moment later
         probe.bind(("", 0))
         port = probe.getsockname()[1]
     os.environ["RAY_GCS_SERVER_PORT"] = str(port)
-    os.environ["RAY_ADDRESS"] = f"{services.get_node_ip_address()}:{port}"
+    os.environ["RAY_ADDRESS"] = f"{ray_private.node_ip_address()}:{port}"
     actual: list[str] = []
     try:
         yield actual.append
@@ -152,23 +157,8 @@ def _ray_in_own_process_group():
     driver gets the signal; it closes the run and stops Ray itself. Nothing is left behind if the
     driver dies: Ray starts them with the kernel's parent-death signal (``fate_share``), which is
     also when Ray itself puts its children in a new group (on Windows, ``ConsolePopen``)."""
-    from ray._private import services, utils
-
-    if not sys.platform.startswith("linux") or not utils.detect_fate_sharing_support():
+    with ray_private.ray_children_in_their_own_group():
         yield
-        return
-    popen = services.ConsolePopen
-
-    class OwnGroupPopen(popen):
-        def __init__(self, *args, **kwargs):
-            kwargs.setdefault("process_group", 0)
-            super().__init__(*args, **kwargs)
-
-    services.ConsolePopen = OwnGroupPopen
-    try:
-        yield
-    finally:
-        services.ConsolePopen = popen
 
 
 def _print_addresses(address: str, info) -> None:
@@ -183,9 +173,82 @@ def _print_addresses(address: str, info) -> None:
 
 def prepare_local_env() -> None:
     """Local workers inherit this environment: let them import what the driver imports
-    (workloads/, and test workloads when the driver is pytest)."""
+    (workloads/, and test workloads when the driver is pytest), and keep their caches out of
+    the source tree and away from other users: the node cache in this user's private folder,
+    numba's compiled kernels (forest) in ``$XDG_CACHE_HOME/orchard/numba``, not beside the
+    sources in ``__pycache__``. A value already in the environment wins."""
     paths = [str(REPO_ROOT), os.getcwd()] + os.environ.get("PYTHONPATH", "").split(os.pathsep)
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p))
+    os.environ.setdefault("ORCHARD_NODE_CACHE", str(private_tmp() / "node-cache"))
+    cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    os.environ.setdefault("NUMBA_CACHE_DIR", str(cache_home / "orchard" / "numba"))
+    numba = sys.modules.get("numba")
+    if numba is not None and not getattr(numba.config, "CACHE_DIR", ""):  # imported before: tell it too
+        numba.config.CACHE_DIR = os.environ["NUMBA_CACHE_DIR"]
+
+
+def private_tmp() -> Path:
+    """This user's own folder in the system temp folder (``orchard-<uid>``, 0700): Ray's session
+    folder, the node cache, the shipped copy of the checkout. A folder of that name that is not
+    ours (made by another user to read or plant our files) is not used: a fresh one is."""
+    path = Path(tempfile.gettempdir()) / f"orchard-{os.getuid()}"
+    try:
+        path.mkdir(mode=0o700, exist_ok=True)
+        st = path.lstat()
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
+            if st.st_mode & 0o077:
+                path.chmod(0o700)
+            return path
+    except OSError:
+        pass
+    global _FALLBACK_TMP
+    if _FALLBACK_TMP is None:
+        _FALLBACK_TMP = Path(tempfile.mkdtemp(prefix=f"orchard-{os.getuid()}-"))
+        print(f"orchard: {path} is not this user's own folder; using {_FALLBACK_TMP}", file=sys.stderr)
+    return _FALLBACK_TMP
+
+
+_FALLBACK_TMP: Path | None = None
+
+
+def outside_packages() -> list[Path]:
+    """The top-level packages of workloads registered from outside this checkout (their
+    workers import them): a registered module's package folder, if it is one."""
+    import importlib.util
+
+    from orchard import registry
+
+    found = []
+    for module in registry.module_names():
+        top = module.split(".", 1)[0]
+        if top in SHIPPED_FOLDERS:
+            continue
+        try:
+            spec = importlib.util.find_spec(top)
+        except (ImportError, ValueError):
+            continue
+        for location in (spec.submodule_search_locations or []) if spec else []:
+            if Path(location).is_dir() and Path(location) not in found:
+                found.append(Path(location))
+    return found
+
+
+def ship(root: Path, packages: list[Path], dest: Path) -> list[Path]:
+    """Copy what a remote job ships into ``dest``: ``SHIPPED_FOLDERS`` of ``root`` and
+    ``packages``, only files matching ``SHIPPED_FILES``; returns the copied top folders."""
+    import fnmatch
+
+    def not_shipped(folder: str, names: list[str]) -> set[str]:
+        def is_code(n: str) -> bool:
+            return os.path.isdir(os.path.join(folder, n)) or any(fnmatch.fnmatch(n, p) for p in SHIPPED_FILES)
+        return {n for n in names if n.startswith(".") or n == "__pycache__" or not is_code(n)}
+
+    copied = []
+    for source in [root / name for name in SHIPPED_FOLDERS] + list(packages):
+        if source.is_dir() and not (dest / source.name).exists():
+            shutil.copytree(source, dest / source.name, ignore=not_shipped, symlinks=False)
+            copied.append(dest / source.name)
+    return copied
 
 
 def shutdown() -> None:
@@ -198,10 +261,9 @@ def shutdown() -> None:
     import gc
 
     import ray
-    from ray._private import auto_init_hook
 
     gc.collect()
     ray.shutdown()
-    auto_init_hook.enable_auto_connect = False
+    ray_private.set_auto_connect(False)
     while _PINNED:  # the Ray that RAY_ADDRESS named is gone
         _restore("RAY_ADDRESS", _PINNED.pop())

@@ -5,14 +5,12 @@ container, so Ray, Tune, MLflow and workers never import Hydra.
 """
 from __future__ import annotations
 
-import difflib
 import os
-import re
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from orchard import registry
-from orchard.cluster import LIBRARY_LOG_LEVELS
+from orchard import config_errors, registry
 from orchard.errors import ConfigError
 
 GROUPS = ("workload", "strategy", "cluster", "tracking", "sweep", "experiment", "debug")
@@ -39,69 +37,137 @@ def searchpath_override() -> list[str]:
     return ["hydra.searchpath=[" + ",".join(f"file://{d}" for d in extra) + "]"] if extra else []
 
 
+RUN_ID = "<run id>"  # what ${orchard.run_id:} stands for until the run opens: then its MLflow run id
+# Hydra's launchers and sweepers: orchard runs a multirun's jobs itself (orchard/multirun.py)
+NOT_USED = ("hydra/launcher", "hydra/sweeper", "hydra.launcher", "hydra.sweeper")
+
+
 def compose(overrides: Iterable[str] = (), return_hydra: bool = False) -> dict:
     """Compose ``conf/config.yaml`` with command-line style overrides into a plain dict.
 
-    Raises ``ConfigError`` (one line) for unknown keys, unknown group options and bad values.
+    With ``return_hydra`` it also carries ``_choices`` (group -> option), ``_hydra`` (the
+    ``hydra`` node, unresolved, as ``.hydra/hydra.yaml`` keeps it) and ``_run_dir`` (the run's
+    folder: ``hydra.run.dir``, or ``hydra.sweep.dir``/``subdir`` for a multirun's job, resolved,
+    with ``RUN_ID`` where the run id goes).  Raises ``ConfigError`` (one line) for unknown keys,
+    unknown group options and bad values (orchard/config_errors.py).
     """
     import yaml
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import (
-        ConfigCompositionException,
-        MissingConfigException,
-        OverrideParseException,
-    )
+    from hydra.errors import ConfigCompositionException, MissingConfigException
+    from hydra.types import RunMode
     from omegaconf import OmegaConf, open_dict
     from omegaconf.errors import OmegaConfBaseException
 
     overrides = [*overrides, *searchpath_override()]
-    GlobalHydra.instance().clear()
+    parsed = config_errors.parse(overrides)
+    for override in parsed:
+        if override.is_sweep_override():
+            raise ConfigError(override.key_or_group, f"one value in a single run; {override.input_line!r} is a sweep: "
+                              "add --multirun (a list is [a,b], a string with a comma is quoted: 'a,b')")
+        if override.key_or_group.startswith(NOT_USED):
+            raise ConfigError(override.key_or_group, "left as it is: orchard runs a multirun's jobs one after another in "
+                              "one Ray session; for a search use sweep=<name> (Ray Tune, docs/sweeps.md)")
     try:
-        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-            cfg = hydra_compose("config", overrides=overrides, return_hydra_config=return_hydra)
-            choices = dict(cfg.hydra.runtime.choices) if return_hydra else None
-            run_dir = (OmegaConf.select(cfg, "hydra.run.dir")
-                       if return_hydra and any(o.startswith("hydra.run.dir=") for o in overrides) else None)
-            if return_hydra:
-                with open_dict(cfg):
-                    del cfg["hydra"]
+        with hydra_context():
+            cfg = compose_node(overrides)
+            hydra = cfg.hydra
+            if hydra.job.chdir:
+                raise ConfigError("hydra.job.chdir", "false: orchard never changes the working directory "
+                                  "(the run's folder is hydra.run.dir; relative paths are the current folder's)")
+            multirun = hydra.mode == RunMode.MULTIRUN
+            run_dir = (f"{hydra.sweep.dir}/{hydra.sweep.subdir}" if multirun else hydra.run.dir) if return_hydra else None
+            node = OmegaConf.to_container(hydra, resolve=False, enum_to_str=True) if return_hydra else None
+            choices = {k: v for k, v in hydra.runtime.choices.items() if not k.startswith("hydra")}
+            with open_dict(cfg):
+                del cfg["hydra"]
             plain = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except MissingConfigException as exc:
-        raise _missing_option(str(exc)) from None
+        raise config_errors.missing_config(exc, group_options) from None
     except ConfigCompositionException as exc:
-        raise _composition_error(exc) from None
-    except OverrideParseException as exc:
-        raise ConfigError("overrides", f"cannot parse: {str(exc).splitlines()[0]}") from None
+        raise _composition_error(exc, parsed) from None
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or "config"
         raise ConfigError(str(key), str(exc).splitlines()[0]) from None
     except yaml.YAMLError as exc:
         raise _yaml_error(exc) from None
-    finally:
-        GlobalHydra.instance().clear()
-    if choices is not None:
-        plain["_choices"] = {k: v for k, v in choices.items() if not k.startswith("hydra")}
-    if run_dir:  # hydra.run.dir=DIR names the run's folder, as in a @hydra.main app
+    if return_hydra:
+        plain["_choices"] = choices
+        plain["_hydra"] = node
         plain["_run_dir"] = str(run_dir)
     return plain
 
 
-def hydra_node(overrides: Iterable[str]) -> dict:
-    """The ``hydra`` part of a composition (``--cfg hydra``), unresolved as Hydra prints it."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+def _register_resolvers() -> None:
     from omegaconf import OmegaConf
 
+    if not OmegaConf.has_resolver("orchard.run_id"):
+        OmegaConf.register_new_resolver("orchard.run_id", lambda: RUN_ID)
+
+
+@contextmanager
+def hydra_context():
+    """Hydra initialized on orchard's ``conf/`` (job name ``orchard``), cleared again after."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    _register_resolvers()
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-            cfg = hydra_compose("config", overrides=[*overrides, *searchpath_override()], return_hydra_config=True)
-            return OmegaConf.to_container(cfg.hydra, resolve=False)
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3", job_name="orchard"):
+            yield GlobalHydra.instance()
     finally:
         GlobalHydra.instance().clear()
+
+
+def compose_node(overrides: list[str]):
+    """Hydra's composition (a DictConfig with its ``hydra`` node), inside ``hydra_context``."""
+    from hydra import compose as hydra_compose
+
+    return hydra_compose("config", overrides=overrides, return_hydra_config=True)
+
+
+def _composition_error(exc, parsed: list) -> ConfigError:
+    """Hydra could not compose: say which override, from structured information only."""
+    from hydra.errors import ConfigCompositionException, MissingConfigException
+    from omegaconf import OmegaConf
+
+    found = config_errors.from_omegaconf(exc.__cause__)
+    if found is not None:  # a value the key does not take (its OmegaConf error names the key)
+        return found
+    dirs = [conf_dir(), *map(Path, registry.extra_config_dirs())]
+    groups = [o for o in parsed if config_errors.is_group(o, dirs)]
+    given = {o.key_or_group for o in groups}
+    for group in config_errors.required_groups(conf_dir() / "config.yaml"):
+        if group not in given:
+            return ConfigError(group, f"required: {group}=<one of {', '.join(group_options(group))}>")
+    try:  # the config the group overrides make: every key override is checked against it
+        with hydra_context():
+            # (hydra.* keys too: hydra.searchpath finds registered workloads' groups)
+            base_overrides = [o.input_line for o in parsed if o in groups or o.key_or_group.startswith("hydra.")]
+            base = OmegaConf.to_container(compose_node(base_overrides), resolve=False)
+        base.pop("hydra", None)  # Hydra's own node: not among the keys a hint offers
+    except MissingConfigException as again:
+        return config_errors.missing_config(again, group_options)
+    except ConfigCompositionException:
+        for override in groups:
+            if override.key_or_group not in GROUPS and not override.key_or_group.startswith("hydra/"):
+                return ConfigError(override.key_or_group, f"a group in the defaults list ({', '.join(GROUPS)}); "
+                                   f"to add one that is not: +{override.input_line}")
+        return ConfigError("config", str(exc).strip().splitlines()[0])
+    unknown = config_errors.unknown_key_name(exc.__cause__)
+    if unknown:
+        return config_errors.unknown_key(unknown, base)
+    keys = [o for o in parsed if o not in groups]
+    return config_errors.locate(keys, base) or ConfigError("config", str(exc).strip().splitlines()[0])
+
+
+def unresolved(overrides: Iterable[str]) -> dict:
+    """The whole composition (its ``hydra`` node too) as ``--cfg`` prints it: interpolations as
+    written.  Call ``compose`` first: errors here are Hydra's own."""
+    from omegaconf import OmegaConf
+
+    with hydra_context():
+        cfg = compose_node([*overrides, *searchpath_override()])
+        return OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)
 
 
 def _yaml_error(exc) -> ConfigError:
@@ -113,81 +179,9 @@ def _yaml_error(exc) -> ConfigError:
     return ConfigError(f"{mark.name}:{mark.line + 1}", f"valid YAML; {problem} (line {mark.line + 1}, column {mark.column + 1})")
 
 
-def _missing_option(message: str) -> ConfigError:
-    m = re.search(r"Could not find '([\w/]+)/([^']*)'", message)
-    if m:
-        group, value = m.group(1), m.group(2)
-        return ConfigError(group, f"one of {', '.join(group_options(group))}; got {value!r}")
-    m = re.search(r"You must specify '(\w+)'", message)
-    if m:
-        group = m.group(1)
-        return ConfigError(group, f"required: {group}=<one of {', '.join(group_options(group))}>")
-    return ConfigError("config", message.splitlines()[0])
-
-
-def _composition_error(exc: Exception) -> ConfigError:
-    message = str(exc)
-    if "You must specify" in message:
-        return _missing_option(message)
-    m = re.search(r"Could not override '([^']+)'", message)
-    cause = exc.__cause__
-    if m:
-        key = m.group(1)
-        if cause is not None and "not in struct" in str(cause):
-            return ConfigError(key, "no such config key" + _did_you_mean(key) + f" (to add a new key on purpose: +{key}=...)")
-        if cause is not None:
-            return ConfigError(key, str(cause).splitlines()[0])
-        return ConfigError(key, message.splitlines()[-1])
-    m = re.search(r"Could not append to config. An item is already at '([^']+)'", message)
-    if m:
-        return ConfigError(m.group(1), "already exists; drop the leading '+' to override it")
-    if cause is not None:
-        return ConfigError(str(getattr(cause, "full_key", "config") or "config"), str(cause).splitlines()[0])
-    return ConfigError("config", message.splitlines()[0])
-
-
-def _did_you_mean(key: str) -> str:
-    """Suggest the closest existing key to a typo'd one, using the default composition."""
-    try:
-        parent, _, leaf = key.rpartition(".")
-        known = _known_keys(parent)
-    except Exception:  # a suggestion is a courtesy; never let it hide the real error
-        return ""
-    close = difflib.get_close_matches(leaf, known, n=1)
-    if close:
-        return f"; did you mean {parent + '.' if parent else ''}{close[0]}?"
-    if known:
-        return f"; keys here: {', '.join(sorted(known)[:12])}"
-    return ""
-
-
-_LAST_CFG: dict | None = None
-
-
-def _known_keys(parent: str) -> list[str]:
-    node: Any = _LAST_CFG or {}
-    for part in filter(None, parent.split(".")):
-        node = node.get(part, {}) if isinstance(node, dict) else {}
-    return list(node) if isinstance(node, dict) else []
-
-
 def compose_with_hints(overrides: Iterable[str]) -> dict:
-    """``compose`` that can name the closest key when an override has a typo."""
-    global _LAST_CFG
-    overrides = list(overrides)
-    try:
-        return compose(overrides, return_hydra=True)
-    except ConfigError as err:
-        if "no such config key" not in err.allowed:
-            raise
-        # Compose again without the bad key so the hint can list the keys that do exist.
-        good = [o for o in overrides if not o.lstrip("+~").startswith(err.key + "=")]
-        try:
-            _LAST_CFG = compose(good)
-        except ConfigError:
-            raise err from None
-        raise ConfigError(err.key, "no such config key" + _did_you_mean(err.key)
-                          + f" (to add a new key on purpose: +{err.key}=...)") from None
+    """``compose`` with everything a run needs from Hydra (choices, the hydra node, its folder)."""
+    return compose(list(overrides), return_hydra=True)
 
 
 # --------------------------------------------------------------------------- validation helpers
@@ -253,33 +247,21 @@ def validate(cfg: dict, module) -> None:
     strategies = tuple(module.STRATEGIES)
     require(cfg, "strategy.name", lambda v: v in strategies,
             f"one of {', '.join(strategies)} for workload={name} (choose with strategy=<name>)")
-    require_positive(cfg, "strategy.num_workers", integer=True)
-    require(cfg, "strategy.cpus_per_worker", lambda v: v >= 0, "a number >= 0")
-    require(cfg, "strategy.gpus_per_worker", lambda v: v >= 0, "a number >= 0")
-    require(cfg, "strategy.max_failures", lambda v: isinstance(v, int) and v >= -1, "an integer >= -1 (-1: retry forever)")
-    if cfg["strategy"]["name"] == "ps":
-        require_positive(cfg, "strategy.num_servers", integer=True)
-        require_choice(cfg, "strategy.mode", ("sync", "async"))
-        if "async_average" in cfg["strategy"]:
-            require(cfg, "strategy.async_average", lambda v: isinstance(v, bool), "true or false")
-    require_choice(cfg, "cluster.mode", ("local", "remote"))
-    if "ray_log_level" in cfg["cluster"]:
+    from orchard import schema
+
+    if "ray_log_level" in cfg["cluster"]:  # written in any case on the command line; Ray's names are upper case
         cfg["cluster"]["ray_log_level"] = str(cfg["cluster"]["ray_log_level"]).upper()
-        require_choice(cfg, "cluster.ray_log_level", LIBRARY_LOG_LEVELS)
-    if cfg["cluster"].get("worker_start_timeout_s") is not None:
-        require_positive(cfg, "cluster.worker_start_timeout_s")
+    schema.check(schema.Core, cfg)  # types and ranges (orchard/schema.py)
+    if cfg["strategy"]["name"] == "ps":
+        schema.check(schema.ParameterServers, cfg["strategy"], "strategy")
     if cfg["cluster"]["mode"] == "remote":
         require(cfg, "cluster.address", lambda v: v == "auto" or str(v).startswith(("ray://", "http")) or ":" in str(v),
                 "auto, ray://host:10001 or host:6379")
-    require_choice(cfg, "progress", ("auto", "always", "never"))
     from orchard.models import validate_mode
 
     validate_mode(cfg)  # mode / model / input (docs/models.md)
-    require_choice(cfg, "verbose", (True, False))
     if cfg["tracking"]["enabled"]:
-        require(cfg, "tracking.uri", lambda v: bool(re.match(r"^(sqlite|http|https|file|postgresql|mysql|databricks)[:+]", str(v))),
-                "an MLflow tracking URI such as sqlite:///mlflow.db or http://127.0.0.1:5000")
-        require_positive(cfg, "tracking.sample_interval_s")
+        schema.check(schema.Tracking, cfg["tracking"], "tracking")
     validate_fn = getattr(module, "validate", None)
     if validate_fn is not None:
         validate_fn(cfg)

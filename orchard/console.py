@@ -11,40 +11,102 @@ Each run opened by this process gets its part of the log (from the process start
 run, so Ray's start-up is in it) as ``orchard.log`` in its run folder and as an MLflow artifact.
 ``verbose=true`` (``-v``) leaves the descriptors alone: everything shows on the terminal as it
 comes and no log file is written.
+
+The log rotates by size: past ``max_bytes`` it is renamed ``<name>.1`` (older ones shift to
+``.2`` ... ``.<backups>``, the oldest removed) and descriptors 1 and 2 move to a fresh file, so a
+process's logs take at most ``(backups + 1) x max_bytes`` of disk, and a run's part (copied into
+its folder and the store) at most as much. A log the disk refuses to write never fails a run.
 """
 from __future__ import annotations
 
 import builtins
 import os
 import sys
+import threading
 import time
 from pathlib import Path
+
+LOG_MAX_BYTES = 64 * 2**20   # a log file past this rotates (64 MiB)
+LOG_BACKUPS = 3              # rotated files kept beside the live one
 
 _terminal: dict = {}       # "out"/"err" -> text streams on the saved terminal descriptors
 _log = None                # the log file (text, line-buffered), while quiet
 _log_path: Path | None = None
 _runs_started = 0          # the first run's log part starts at the process start
+_rotation = {"max_bytes": LOG_MAX_BYTES, "backups": LOG_BACKUPS}
+_starts: list[int] = [0]   # offsets (since the process start) at which the kept files begin: .N ... .1, live
+_rotating = threading.Lock()
+_stop_watch = threading.Event()
 
 
-def quiet(log_dir: Path) -> Path:
-    """Send this process's descriptors 1 and 2 to ``<log_dir>/orchard-<time>-<pid>.log``; returns its path."""
-    global _log, _log_path
+def quiet(log_dir: Path, max_bytes: int | None = None, backups: int | None = None) -> Path:
+    """Send this process's descriptors 1 and 2 to ``<log_dir>/orchard-<time>-<pid>.log``, rotated
+    past ``max_bytes`` with ``backups`` older files kept; returns its path."""
+    global _log_path
     if _log is not None:
         return _log_path
+    _rotation["max_bytes"] = int(max_bytes or LOG_MAX_BYTES)
+    _rotation["backups"] = max(0, int(LOG_BACKUPS if backups is None else backups))
     log_dir.mkdir(parents=True, exist_ok=True)
     path = log_dir / f"orchard-{time.strftime('%y%m%d-%H%M%S')}-{os.getpid()}.log"
     sys.stdout.flush()
     sys.stderr.flush()
     _terminal["out"] = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8", errors="replace")
     _terminal["err"] = os.fdopen(os.dup(2), "w", buffering=1, encoding="utf-8", errors="replace")
+    _log_path = path
+    _point_descriptors_at(path)
+    # Ray's and torch's lines reach the file without passing here: a watcher rotates for them too
+    threading.Thread(target=_watch_size, name="orchard-log-rotation", daemon=True).start()
+    return path
+
+
+def _point_descriptors_at(path: Path) -> None:
+    global _log
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+    old = _log
     # the log is opened a second time for orchard's own lines: O_APPEND keeps both writers whole
     _log = open(path, "a", buffering=1, encoding="utf-8", errors="replace")
-    _log_path = path
-    return path
+    if old is not None:
+        old.close()
+
+
+def _watch_size() -> None:
+    while not _stop_watch.wait(2.0):
+        rotate_if_full()
+
+
+def _rotated(n: int) -> Path:
+    return _log_path.with_name(f"{_log_path.name}.{n}")
+
+
+def rotate_if_full() -> bool:
+    """Rotate the log when it has reached ``max_bytes`` (see the module's docstring); True if it did."""
+    if _log_path is None:
+        return False
+    with _rotating:
+        try:
+            size = _log_path.stat().st_size
+            if size < _rotation["max_bytes"]:
+                return False
+            sys.stdout.flush()
+            sys.stderr.flush()
+            backups = _rotation["backups"]
+            if backups == 0:
+                _log_path.unlink()
+            else:
+                for n in range(backups - 1, 0, -1):
+                    if _rotated(n).exists():
+                        os.replace(_rotated(n), _rotated(n + 1))
+                os.replace(_log_path, _rotated(1))
+            _point_descriptors_at(_log_path)
+        except OSError:  # a full or read-only disk: keep writing where we are
+            return False
+        _starts.append(_starts[-1] + size)
+        del _starts[:-(backups + 1)]
+        return True
 
 
 def active() -> bool:
@@ -72,7 +134,10 @@ def say(*args, file=None, sep: str = " ", end: str = "\n", flush: bool = True) -
     stream.write(text)
     stream.flush()
     if stream in _terminal.values():
-        _log.write(text)
+        try:
+            _log.write(text)
+        except (OSError, ValueError):  # a full disk (or a log being rotated): the terminal has the line
+            pass
 
 
 def mark_run_start() -> int:
@@ -83,18 +148,30 @@ def mark_run_start() -> int:
         return 0
     sys.stdout.flush()
     sys.stderr.flush()
-    return _log_path.stat().st_size
+    with _rotating:
+        return _starts[-1] + _log_path.stat().st_size
 
 
 def copy_run_part(start: int, dest: Path) -> Path | None:
-    """Write the log from ``start`` to now into ``dest``; None when not quiet."""
+    """Write the log from ``start`` (an offset ``mark_run_start`` gave) to now into ``dest``, across
+    the rotated files still kept (a line says where older ones were removed); None when not quiet."""
     if _log_path is None:
         return None
     sys.stdout.flush()
     sys.stderr.flush()
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with open(_log_path, "rb") as src, open(dest, "wb") as out:
-        src.seek(start)
-        while chunk := src.read(1 << 20):
-            out.write(chunk)
+    with _rotating:
+        files = [_rotated(n) for n in range(len(_starts) - 1, 0, -1)] + [_log_path]
+        segments = list(zip(_starts, files))
+    with open(dest, "wb") as out:
+        if start < segments[0][0]:
+            out.write(f"[orchard: {segments[0][0] - start} bytes of this run's log were rotated away]\n".encode())
+        for begin, path in segments:
+            try:
+                with open(path, "rb") as src:
+                    src.seek(max(0, start - begin))
+                    while chunk := src.read(1 << 20):
+                        out.write(chunk)
+            except FileNotFoundError:  # rotated away while we copied
+                continue
     return dest

@@ -11,15 +11,22 @@ heartbeat older than ``runs.LOST_AFTER_S``) is taken over, with a line saying so
 MLflow has no compare-and-set, so taking is write-then-verify: write our token, wait
 ``SETTLE_S`` (longer than a tag write takes), read it back; of two takers at the same instant
 only the last writer still finds its own token, and the other backs off.
+
+Without a store (a sweep with ``tracking=none``) the lease is an exclusive lock on a file in the
+sweep's own folder (``take_local``): the kernel holds it while the driver lives, so it needs no
+heartbeat and is never stale, but it guards this machine's folder only. A ``resume`` always has
+a store: it reads the run from it.
 """
 from __future__ import annotations
 
 import json
+import os
 import socket
 import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 
 from orchard import runs
 from orchard.console import say
@@ -34,9 +41,12 @@ class LeaseHeld(Exception):
     def __init__(self, what: str, holder: dict):
         self.holder = holder
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(holder.get("since", 0))))
-        beat = time.time() - float(holder.get("beat", 0))  # this host's clock: a few seconds of skew show here only
+        beat = ""
+        if "beat" in holder:  # a local lock (take_local) has none: the kernel keeps it while its process lives
+            ago = time.time() - float(holder["beat"])  # this host's clock: a few seconds of skew show here only
+            beat = f" (heartbeat {max(ago, 0):.0f} s ago)"
         super().__init__(f"{what} is already driven by pid {holder.get('pid')} on {holder.get('host')} "
-                         f"since {since} (heartbeat {max(beat, 0):.0f} s ago); wait for it to end or stop it")
+                         f"since {since}{beat}; wait for it to end or stop it")
 
 
 def _record(token: str, what: str, since: float, offset_s: float = 0.0) -> dict:
@@ -124,3 +134,45 @@ def take(client, run_id: str, what: str, settle_s: float = SETTLE_S) -> Lease:
         raise LeaseHeld(what, holder or {"host": socket.gethostname(), "pid": "?"})
     lease._thread.start()
     return lease
+
+
+class LocalLease:
+    """A lease held as an exclusive lock on a file of this machine (``take_local``)."""
+
+    def __init__(self, lock):
+        self._lock = lock
+
+    def release(self) -> None:
+        # the files stay: unlinking the lock while a second taker has it open would give two locks
+        if self._lock is not None:
+            self._lock.release()  # closing the file drops the kernel's lock
+            self._lock = None
+
+
+def take_local(folder: Path, what: str) -> LocalLease:
+    """The lease of work whose state is a folder of this machine, without a tracking store
+    (a sweep with ``tracking=none``): an exclusive lock (``filelock``, the kernel's ``flock``) on
+    ``<folder>/.orchard.lease``. The kernel drops it when its process dies, so there is no
+    heartbeat and nothing to take over; ``.orchard.lease.json`` beside it names the holder for the
+    refusal. It guards one machine: two machines sharing a bucket need the store's lease
+    (``take``). Raises ``LeaseHeld`` naming the live holder."""
+    from filelock import FileLock, Timeout
+
+    path = Path(folder) / ".orchard.lease"
+    holder_file = path.with_name(path.name + ".json")
+    lock = FileLock(path, mode=0o600)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        try:
+            holder = json.loads(holder_file.read_text() or "{}")
+        except (OSError, ValueError):  # the holder is writing it this instant
+            holder = {}
+        raise LeaseHeld(what, holder or {"host": socket.gethostname(), "pid": "?"}) from None
+    me = runs.driver_tags()
+    record = json.dumps({"what": what, "host": me["orchard.host"], "pid": me["orchard.pid"],
+                         "since": f"{time.time():.0f}"})
+    tmp = holder_file.with_name(f"{holder_file.name}.tmp-{os.getpid()}")
+    tmp.write_text(record)
+    os.replace(tmp, holder_file)  # a refused taker never reads half a record
+    return LocalLease(lock)

@@ -88,8 +88,8 @@ def _check_fresh_run_folder(cfg: dict) -> None:
     """A new run never trains on from another run's checkpoints by accident: a folder the user
     named (``hydra.run.dir``) that an earlier run already trained in is refused, not shared
     (Ray Train would restore whatever its storage holds). Only ``resume`` continues a run."""
-    if not cfg.get("_run_dir") or cfg.get("_resumes"):
-        return
+    if not cfg.get("_run_dir") or config_lib.RUN_ID in cfg["_run_dir"] or cfg.get("_resumes"):
+        return  # a folder named by the run's own id is new by construction
     from orchard.storage import Storage
 
     kept = Storage.for_run(cfg, Path(cfg["_run_dir"]).resolve())
@@ -216,7 +216,9 @@ def open_console(cfg: dict) -> None:
     one line first, and where everything else goes."""
     where = ""
     if not cfg.get("verbose"):
-        log = console.quiet(Path(cfg["output_dir"]).resolve() / "logs")
+        logs = cfg.get("logs") or {}
+        log = console.quiet(Path(cfg["output_dir"]).resolve() / "logs", max_bytes=int(logs.get("max_mb", 64) * 2**20),
+                            backups=logs.get("backups"))
         where = f"  (Ray, Train, torch lines: {log}; verbose=true or -v shows them here)"
     choices = cfg.get("_choices") or {}
     picked = " ".join(f"{g}={choices[g]}" for g in ("workload", "strategy", "cluster", "tracking", "sweep",
@@ -281,9 +283,7 @@ def run_one(cfg: dict, module, parent_run_id: str | None = None, on_metrics=None
                 say(f"orchard: MLflow run {tracked.run_id} at {_tracking_address(tracked.tracking_uri)}")
     run_id = tracked.run_id if tracked else None
     status, error, metrics, exit_code = "FINISHED", None, {}, 0
-    run_dir = (Path(cfg["_run_dir"]) if cfg.get("_run_dir") and parent_run_id is None  # not a sweep trial's
-               # untracked: the name's timestamp is per second, so a suffix keeps two runs apart
-               else Path(cfg["output_dir"]) / cfg["workload"]["name"] / (run_id or f"{name}-{uuid.uuid4().hex[:6]}")).resolve()
+    run_dir = _run_folder(cfg, run_id, name, trial=parent_run_id is not None)
     live = None
     signals_before = len(interrupts.received)
     log_start = console.mark_run_start()
@@ -293,6 +293,7 @@ def run_one(cfg: dict, module, parent_run_id: str | None = None, on_metrics=None
             live.ctx.set_tags({"orchard.run_dir": str(run_dir)})
         write_hydra_folder(cfg, run_dir)
         metrics = _run_workload(cfg, module, live, quiet)
+        _record_headline(cfg, module, tracked, metrics)
     except KeyboardInterrupt as exc:  # a plain one (a library re-raised it): Ctrl-C
         error = interrupts.as_interrupted(exc, since=signals_before)
         status, exit_code = "KILLED", error.exit_code
@@ -320,6 +321,17 @@ def run_one(cfg: dict, module, parent_run_id: str | None = None, on_metrics=None
     if not quiet:
         _print_summary(cfg, module, name, tracked, status, run_dir, metrics, error)
     return Outcome(exit_code, run_id, metrics, None if error is None else f"{type(error).__name__}: {error}")
+
+
+def _run_folder(cfg: dict, run_id: str | None, name: str, trial: bool = False) -> Path:
+    """The run's folder: ``hydra.run.dir`` (a multirun's job: ``hydra.sweep.dir``/``subdir``),
+    ``<output_dir>/<workload>/<run id>`` unless the user named another; a sweep trial's is always that."""
+    # untracked: the name's timestamp is per second, so a suffix keeps two runs apart
+    folder_name = run_id or f"{name}-{uuid.uuid4().hex[:6]}"
+    template = cfg.get("_run_dir")
+    if trial or not template:
+        return (Path(cfg["output_dir"]) / cfg["workload"]["name"] / folder_name).resolve()
+    return Path(template.replace(config_lib.RUN_ID, folder_name)).resolve()
 
 
 def _one_line(error: BaseException) -> str:
@@ -367,7 +379,7 @@ def _start_run_services(cfg: dict, tracked, run_id: str | None, run_dir: Path, o
     # The sink lives on the driver's node: a sqlite store is a file only this machine sees.
     here = ray.get_runtime_context().get_node_id()
     sink = MetricsSink.options(name=sink_name(run_id or run_dir.name), scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote(
-        uri, run_id, tcfg.get("flush_interval_s", 1.0))
+        uri, run_id, tcfg.get("flush_interval_s", 1.0), max_series=tcfg.get("max_series_points", 10_000))
     ctx = RunContext(sink, run_id, str(run_dir), cfg["workload"]["name"], cfg["strategy"]["name"], uri)
     ctx._on_metrics = on_metrics
     live = _Live(ctx, sink, [])
@@ -385,16 +397,41 @@ def _run_workload(cfg: dict, module, live: _Live, quiet: bool) -> dict:
         return dict(module.run(plain, live.ctx) or {})
 
 
+def _record_headline(cfg: dict, module, tracked, metrics: dict) -> None:
+    """The workload's headline figure as ``headline/<name>`` (logged with the final metrics) and
+    its headline line at the end of the run's description, for the MLflow UI's runs table."""
+    from orchard import summary
+
+    metrics.update(summary.headline_metrics(module, metrics))
+    if tracked:
+        try:
+            summary.note_result(tracked.client(), tracked.run_id, module, cfg, metrics)
+        except Exception as exc:  # a description is no reason to fail a run that trained
+            say(f"orchard: the run's description was not updated: {str(exc).splitlines()[0][:200]}", file=sys.stderr)
+
+
 def write_hydra_folder(cfg: dict, run_dir: Path) -> None:
-    """``<run>/.hydra/config.yaml`` and ``overrides.yaml``, as a ``@hydra.main`` app leaves them:
-    the composed config (what ran) and the command-line overrides (what the user typed)."""
+    """``<run>/.hydra/config.yaml``, ``hydra.yaml`` and ``overrides.yaml``, as a ``@hydra.main``
+    app leaves them: the composed config (what ran), Hydra's own node with this run's folder and
+    mode, and the command-line overrides (what the user typed)."""
+    import copy
+
     import yaml
 
     folder = run_dir / ".hydra"
     folder.mkdir(parents=True, exist_ok=True)
     plain = redact.config({k: v for k, v in cfg.items() if not k.startswith("_")})
+    typed = redact.overrides(cfg.get("_overrides", []))
     (folder / "config.yaml").write_text(yaml.safe_dump(plain, sort_keys=False))
-    (folder / "overrides.yaml").write_text(yaml.safe_dump(redact.overrides(cfg.get("_overrides", []))))
+    (folder / "overrides.yaml").write_text(yaml.safe_dump(typed))
+    hydra = copy.deepcopy(cfg.get("_hydra") or {})
+    hydra.setdefault("runtime", {})["output_dir"] = str(run_dir)
+    hydra["mode"] = hydra.get("mode") or "RUN"
+    hydra.setdefault("overrides", {})["task"] = typed
+    job = hydra.setdefault("job", {})  # Hydra's own copy of the overrides, joined: masked the same way
+    excluded = set(((job.get("config") or {}).get("override_dirname") or {}).get("exclude_keys") or [])
+    job["override_dirname"] = ",".join(sorted(o for o in typed if o.split("=", 1)[0].lstrip("+~") not in excluded))
+    (folder / "hydra.yaml").write_text(yaml.safe_dump({"hydra": redact.config(hydra)}, sort_keys=False))
 
 
 def _close(live: _Live | None, tracked, heartbeat, status: str, error, metrics: dict, t_start: float,
@@ -467,11 +504,11 @@ def _print_summary(cfg: dict, module, name: str, tracked, status: str, run_dir: 
         figures = _figure_names(tracked)
         if figures:
             footer.append(f"figures:   {', '.join(figures)} (artifacts figures/)")
-        footer.append(f"view:      {redact.text(tracking.ui_command(tracked.tracking_uri))}")
         if isinstance(error, Diverged):  # the same config would diverge again: not without a change
             footer.extend(_diverged_hint(cfg, module, tracked.run_id, error))
         elif status in ("KILLED", "FAILED") and hasattr(module, "resume"):
             footer.append(f"resume:    python -m orchard resume {tracked.run_id}" + _uri_arg(cfg))
+        footer.extend(summary.view_lines(tracked.tracking_uri, tracked.experiment_id, tracked.run_id))  # last: the run's page
     say(summary.render(title, summary.headline(module, cfg, metrics), metrics, footer))
 
 

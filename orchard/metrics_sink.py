@@ -14,6 +14,12 @@ A busy store (a lock, a database briefly away) keeps metrics buffered and flushe
 with backoff; a metric MLflow refuses for what it is (an invalid name or value) is dropped
 alone, never retried, and counted in ``sink/dropped_metrics``.  The buffer holds at most
 ``max_pending`` metrics; past that the oldest go, counted in ``sink/spilled_metrics``.
+
+Memory stays bounded for a run of any length: the series kept in memory (resource samples, for
+the run's mean/std; a watched metric, for a sweep's poller) hold at most ``max_series`` points
+per key. A resource series past that is thinned (every second point kept, so its mean and spread
+stay those of the whole run); a watched metric drops its oldest points (a poller reads within
+seconds). The store keeps every point either way.
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ from orchard.tracking import first_line, quiet_store_logs, refused, retried
 MAX_BATCH = 900  # MLflow's log_batch takes at most 1000 metrics per call
 MAX_PENDING = 100_000  # metrics buffered while the store is away (~25 MB); past it the oldest are spilled
 MAX_FLUSH_WAIT_S = 30.0  # the flush timer's longest backoff while the store refuses
+MAX_SERIES = 10_000  # points per in-memory series (~5.5 h of resource samples every 2 s); the store keeps all
 
 
 def sink_name(run_key: str) -> str:
@@ -46,8 +53,9 @@ class MetricsSink:
     """Buffers metrics and writes them to one MLflow run every ``flush_interval_s`` seconds."""
 
     def __init__(self, tracking_uri: str | None, run_id: str | None, flush_interval_s: float = 1.0,
-                 max_pending: int = MAX_PENDING):
+                 max_pending: int = MAX_PENDING, max_series: int = MAX_SERIES):
         self._run_id = run_id
+        self._max_series = max(2, int(max_series))
         self._client = None
         if tracking_uri and run_id:
             from mlflow.tracking import MlflowClient
@@ -62,7 +70,8 @@ class MetricsSink:
         self._progress: dict = {}
         self._last_step: dict[str, int] = {}
         self._gpus: dict[str, set[int]] = {}
-        self._watched: dict[str, list[tuple[int, float]]] = {}  # key -> every (step, value), for pollers
+        self._watched: dict[str, list[tuple[int, float]]] = {}  # key -> its latest (step, value)s, for pollers
+        self._watched_dropped: dict[str, int] = {}              # key -> how many of its oldest went (bound)
         self._max_pending = max_pending
         self._lost = {DROPPED: 0, SPILLED: 0}  # totals for the run; a restarted sink goes on from the store's
         self._lost_sent = dict(self._lost)     # the totals already handed to a flush
@@ -85,12 +94,29 @@ class MetricsSink:
                 self._last[key] = value
                 self._last_step[key] = max(int(step or 0), self._last_step.get(key, 0))
                 if keep_series:
-                    self._series.setdefault(key, []).append(value)
+                    self._keep(key, value)
                 if key in self._watched:
-                    self._watched[key].append((int(step or 0), value))
+                    self._watch_point(key, (int(step or 0), value))
                 if self._client is not None:
                     self._pending.append(Metric(key, value, timestamp_ms, int(step or 0)))
             self._spill()
+
+    def _keep(self, key: str, value: float) -> None:
+        """Append to a resource series; past ``max_series`` points, thin it to every second one."""
+        series = self._series.setdefault(key, [])
+        series.append(value)
+        if len(series) > self._max_series:
+            self._series[key] = series[::2]
+
+    def _watch_point(self, key: str, point: tuple[int, float]) -> None:
+        """Append to a watched metric; past ``max_series`` points its oldest go (counted, so
+        ``logged_since`` indices stay those of every point logged)."""
+        points = self._watched[key]
+        points.append(point)
+        extra = len(points) - self._max_series
+        if extra > 0:
+            del points[:extra]
+            self._watched_dropped[key] = self._watched_dropped.get(key, 0) + extra
 
     @ray.method(concurrency_group="write")
     def log_final(self, metrics: dict[str, float], timestamp_ms: int) -> None:
@@ -124,7 +150,8 @@ class MetricsSink:
             history = retried(self._client.get_metric_history, self._run_id, key)
             self._last_step[key] = max((m.step for m in history), default=0)
             if key.startswith("system/"):
-                self._series[key] = [m.value for m in sorted(history, key=lambda m: (m.step, m.timestamp))]
+                for m in sorted(history, key=lambda m: (m.step, m.timestamp)):
+                    self._keep(key, m.value)
 
     @ray.method(concurrency_group="write")
     def log_params(self, params: dict) -> None:
@@ -188,8 +215,10 @@ class MetricsSink:
                 # a restarted sink forgot its watch list: what reached the store is the history
                 history = sorted(retried(self._client.get_metric_history, self._run_id, key),
                                  key=lambda m: (m.step, m.timestamp))
-                self._watched[key] = [(int(m.step), float(m.value)) for m in history]
-            return list(self._watched.get(key, ()))[start:]
+                self._watched[key] = []
+                for m in history:
+                    self._watch_point(key, (int(m.step), float(m.value)))
+            return list(self._watched.get(key, ()))[max(0, start - self._watched_dropped.get(key, 0)):]
 
     @ray.method(concurrency_group="read")
     def get_progress(self) -> dict:

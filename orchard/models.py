@@ -1,19 +1,23 @@
 """Trained models as MLflow Models, and what ``mode=predict`` shares across the four workloads.
 
-Training ends with one call, ``save_model(ctx, workload, write)``: the workload writes an MLflow
-Model into ``<run folder>/model`` (flower: MLflow's PyTorch flavour; forest, video, singa: a
-``pyfunc`` whose ``loader_module`` is the workload's ``predict.py``), and it is logged to the run
-as the artifact folder ``model``, so ``mlflow.pyfunc.load_model("runs:/<id>/model")`` works in a
-fresh process without Ray.  Parameters are ``.npz`` arrays or ``torch`` state dicts (flower:
-a ``torch.export`` program), never a pickle of our objects; every model's ``MLmodel`` metadata
-names its workload (``orchard_workload``), so a model of another workload is refused (exit 2).
+Training ends with one call, ``save_model(ctx, workload, write)`` (orchard/logged_models.py): the
+workload writes an MLflow Model into ``<run folder>/model`` (flower: MLflow's PyTorch flavour;
+forest, video, singa: a ``pyfunc`` whose ``loader_module`` is the workload's ``predict.py``, with
+the workload's package in its ``code/`` and its requirements pinned: ``save_pyfunc``), logged
+through MLflow's own ``Model.log`` as the run's output, a LoggedModel named ``model``, so
+``mlflow.pyfunc.load_model("runs:/<id>/model")`` works in a fresh process without Ray, and in a
+fresh environment built from the model's ``requirements.txt`` without orchard.  Parameters are
+``.npz`` arrays or ``torch`` state dicts (flower: a ``torch.export`` program), never a pickle of
+our objects; every model's ``MLmodel`` metadata names its workload (``orchard_workload``), so a
+model of another workload is refused (exit 2).
 
 ``python -m orchard workload=<w> mode=predict model=<runs:/... | models:/name/version | path>
 input=<file or folder>`` resolves the model (``resolve_model``), then the workload's predict.py
-runs ``predict_files``: a Ray Data ``map_batches`` over the input files with an actor pool that
-holds the model (streamed: memory stays bounded whatever the folder's size), a progress line with
-items/s, files that cannot be read skipped and counted with the reason (``skipped.csv``), results
-written to ``<run folder>/predictions`` and logged as the artifact folder ``predictions``.
+runs ``predict_files``: the model is recorded as the run's input, then a Ray Data
+``map_batches`` over the input files with an actor pool that holds the model (streamed: memory
+stays bounded whatever the folder's size), a progress line with items/s, files that cannot be
+read skipped and counted with the reason (``skipped.csv``), results written to
+``<run folder>/predictions`` and logged as the artifact folder ``predictions``.
 """
 from __future__ import annotations
 
@@ -26,9 +30,11 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from orchard.errors import ConfigError
+# writing and logging a model (orchard/logged_models.py); the workloads' predict.py import these from here
+from orchard.logged_models import (MODEL_DIR, free_dims, pip_requirements, record_model_input,  # noqa: F401
+                                   save_model, save_pyfunc)
 
-MODEL_DIR = "model"                 # in a run folder and among a run's artifacts
-PREDICTIONS_DIR = "predictions"     # likewise, for a predict run
+PREDICTIONS_DIR = "predictions"     # in a predict run's folder and among its artifacts
 MODES = ("train", "predict")
 MODEL_SCHEMES = ("runs:/", "models:/")
 
@@ -48,90 +54,6 @@ def validate_mode(cfg: dict) -> None:
     require_path(cfg, "input", allow_none=False)
     if cfg.get("sweep"):
         raise ConfigError("sweep", "null with mode=predict (a sweep trains)")
-
-
-def pip_requirements() -> list[str]:
-    """Pinned requirements of a logged model; given explicitly, so MLflow does not spend
-    seconds inferring them (and so the local ``+cpu`` label of torch is dropped)."""
-    import mlflow
-    import numpy
-    import torch
-
-    return [f"mlflow=={mlflow.__version__}", f"torch=={torch.__version__.split('+')[0]}",
-            f"numpy=={numpy.__version__}", "opencv-python-headless", "orchard"]
-
-
-# --------------------------------------------------------------------------- logging a model
-def save_model(ctx, workload: str, write: Callable[[Path, dict], None], extra_metadata: dict | None = None) -> Path:
-    """Write the run's MLflow Model to ``<run folder>/model`` with ``write(path, metadata)``
-    (which calls ``mlflow.<flavour>.save_model(path, ..., metadata=metadata)``), then log it
-    as the run's artifact folder ``model``.  Returns the local model folder."""
-    path = Path(ctx.run_dir) / MODEL_DIR
-    if (path / "MLmodel").is_file():  # an earlier save of this run's model (mlflow writes only into a new folder)
-        shutil.rmtree(path)
-    elif path.exists():  # something of the user's in a folder they named (hydra.run.dir): never deleted
-        path = Path(ctx.run_dir) / f"{MODEL_DIR}-{ctx.run_id or os.getpid()}"
-    metadata = {"orchard_workload": workload, "orchard_run_id": ctx.run_id or "", **(extra_metadata or {})}
-    write(path, metadata)
-    if ctx.run_id and ctx.tracking_uri:
-        from mlflow.tracking import MlflowClient
-
-        client = MlflowClient(ctx.tracking_uri)
-        client.log_artifacts(ctx.run_id, str(path), MODEL_DIR)
-        ctx.set_tags({"orchard.model_uri": f"runs:/{ctx.run_id}/{MODEL_DIR}",
-                      "orchard.logged_model": _logged_model(client, ctx.run_id, workload, path)})
-    return path
-
-
-def _logged_model(client, run_id: str, workload: str, path: Path) -> str:
-    """The same model as an MLflow 3 LoggedModel of the run (the UI's Models tab,
-    ``mlflow.search_logged_models``, ``models:/<model id>``); returns its URI."""
-    from mlflow.entities import LoggedModelStatus
-
-    experiment_id = client.get_run(run_id).info.experiment_id
-    # not named like the run's model/ folder: MLflow 3.17 then lists that folder through the
-    # LoggedModel, with the *global* tracking URI, and a client on another store fails
-    model = client.create_logged_model(experiment_id, name=f"orchard-{workload}", source_run_id=run_id,
-                                       tags={"orchard.workload": workload})
-    try:
-        client.log_model_artifacts(model.model_id, str(path))
-    except Exception:
-        client.finalize_logged_model(model.model_id, LoggedModelStatus.FAILED)
-        raise
-    client.finalize_logged_model(model.model_id, LoggedModelStatus.READY)
-    return f"models:/{model.model_id}"
-
-
-def save_pyfunc(path: Path, metadata: dict, loader_module: str, data_path: Path, input_example, output_example,
-                free_inputs: Iterable[int] = (0,), free_outputs: Iterable[int] = (0,)) -> None:
-    """A pickle-free pyfunc model: ``loader_module._load_pyfunc(<data folder>)`` rebuilds it
-    from plain files (npz, json, torch state dicts).  The signature is inferred from the
-    example input and output, with the dimensions that hold a count or an image size left free (-1): the
-    example's shape is a count or an image size (``free_inputs``/``free_outputs``), so new
-    inputs of another size pass the schema."""
-    import mlflow
-    from mlflow.models import infer_signature
-
-    signature = free_dims(infer_signature(input_example, output_example), free_inputs, free_outputs)
-    mlflow.pyfunc.save_model(str(path), loader_module=loader_module, data_path=str(data_path),
-                             signature=signature, input_example=input_example,
-                             pip_requirements=pip_requirements(), metadata=metadata)
-
-
-def free_dims(signature, inputs: Iterable[int] = (), outputs: Iterable[int] = ()):
-    """A copy of a tensor signature with the given dimensions (of the first input / output)
-    made free (-1): images and videos of any size."""
-    from mlflow.models import ModelSignature
-    from mlflow.types.schema import Schema, TensorSpec
-
-    def loosen(schema, dims):
-        spec = schema.inputs[0]
-        shape = list(spec.shape)
-        for d in dims:
-            shape[d] = -1
-        return Schema([TensorSpec(spec.type, tuple(shape), spec.name)])
-
-    return ModelSignature(loosen(signature.inputs, inputs), loosen(signature.outputs, outputs))
 
 
 # --------------------------------------------------------------------------- resolving model=
@@ -173,6 +95,23 @@ def resolve_model(spec: str, workload: str, tracking_uri: str | None, scratch: P
 
 
 # --------------------------------------------------------------------------- inputs and outputs
+def trusted_modules(model_dir: Path, settings_file: str, key: str, given, config_key: str) -> None:
+    """Refuse a model that would import modules the user did not name. A model's settings list
+    the Python modules its loader imports (a user's layers, extractors); importing runs their
+    code, and a model comes from a store or bucket teammates can write. So predict imports only
+    modules the user names too (``config_key`` on the command line or in their config): one line
+    naming them otherwise, exit 2, before anything is loaded."""
+    import json
+
+    found = sorted(Path(model_dir).rglob(settings_file))
+    named = (json.loads(found[0].read_text()).get(key) or []) if found else []
+    untrusted = sorted(set(map(str, named)) - set(map(str, given or [])))
+    if untrusted:
+        listed = ",".join(untrusted)
+        raise ConfigError(config_key, f"the model imports {listed} when it loads, which runs their code; "
+                                      f"to trust them name them yourself: {config_key}=[{listed}]")
+
+
 def input_files(path: str | os.PathLike, suffixes: Iterable[str]) -> list[Path]:
     """The file itself, or the files directly in the folder whose suffix is one of ``suffixes``
     (case-insensitive), sorted by name.  Hidden files are left out."""
@@ -210,6 +149,7 @@ def predict_files(files: list[Path], predictor: type, args: dict, ctx, storage, 
     import ray
 
     ray.data.DataContext.get_current().enable_progress_bars = False
+    record_model_input(ctx, model_dir)
     total = len(files)
     staging = storage.child(STAGING_DIR)
     started = time.perf_counter()
@@ -428,10 +368,21 @@ def register(model_uri: str, name: str, tracking_uri: str, tags: dict | None = N
     except Exception:
         client.create_registered_model(name)
     run_id = model_uri.split("/")[1] if model_uri.startswith("runs:/") else None
-    source = client.get_run(run_id).info.artifact_uri + "/" + MODEL_DIR if run_id else model_uri
-    version = client.create_model_version(name, source, run_id=run_id,
+    model_id = _run_model_id(client, run_id) if run_id else None
+    if model_id:   # the run's LoggedModel: the version links to it (the UI's model page)
+        source = f"models:/{model_id}"
+    else:          # a run that logged its model as an artifact folder (before orchard used Model.log)
+        source = client.get_run(run_id).info.artifact_uri + "/" + MODEL_DIR if run_id else model_uri
+    version = client.create_model_version(name, source, run_id=run_id, model_id=model_id,
                                           tags={k: str(v)[:5000] for k, v in (tags or {}).items()})
     return f"models:/{name}/{version.version}"
+
+
+def _run_model_id(client, run_id: str) -> str | None:
+    """The id of the LoggedModel a run logged as its output, if any."""
+    outputs = client.get_run(run_id).outputs
+    models = outputs.model_outputs if outputs else []
+    return models[-1].model_id if models else None
 
 
 def register_best(tracking_uri: str, name: str, best: dict, metric: str, parent_run_id: str | None = None) -> str:

@@ -1,66 +1,93 @@
-"""``python -m orchard --multirun workload=<name> key=a,b`` through Hydra's own sweeper.
+"""``python -m orchard --multirun workload=<name> key=a,b``: Hydra's sweep syntax, orchard's jobs.
 
-Each job is a full orchard run through ``orchard.lifecycle`` (validated, checked, tracked);
-Ray is started once and reused.  Ctrl-C or SIGTERM ends the job under way as KILLED and stops
-the multirun (exit 130/143); the jobs not yet started are not run.
+The overrides are parsed by Hydra's ``OverridesParser`` and expanded as Hydra's basic sweeper
+does (``a,b``, ``range(...)``, ``choice(...)``, ``glob(...)``: every combination, in the order
+given).  Every job's config is composed and checked before anything starts, so a bad key is one
+line and exit 2 whichever job has it.  Each job is then a full orchard run through
+``orchard.lifecycle``, in the folder ``hydra.sweep.dir``/``hydra.sweep.subdir`` names
+(``<output_dir>/<workload>/<run id>``, beside single runs); Ray is started once and reused.
+Ctrl-C or SIGTERM ends the job under way as KILLED and stops the multirun (exit 130/143); the
+jobs not yet started are not run.
 """
 from __future__ import annotations
 
+import itertools
 import sys
 
 from orchard import config as config_lib
-from orchard import interrupts, lifecycle
+from orchard import config_errors, interrupts, lifecycle
 from orchard.console import say
 from orchard.errors import ConfigError
 
 
-def run_multirun(overrides: list[str]) -> int:
-    import hydra
-    from omegaconf import DictConfig
+def expand(overrides: list[str]) -> list[list[str]]:
+    """The jobs of a multirun: one list of plain overrides per combination of the sweeps."""
+    with config_lib.hydra_context() as hydra:  # glob(...) lists a group's options through Hydra
+        parsed = config_errors.parse(overrides, hydra.config_loader())
+        axes: dict[str, list[str]] = {}  # a key given twice: the last one counts, as in Hydra
+        for override in parsed:
+            key = override.get_key_element()
+            if not override.is_sweep_override():
+                axes[key] = [override.input_line]
+            elif override.is_discrete_sweep():
+                axes[key] = [f"{key}={value}" for value in override.sweep_string_iterator()]
+            else:
+                raise ConfigError(override.key_or_group, "a list of values under --multirun (a,b | range(...) | "
+                                  "choice(...) | glob(...)); for interval(...) use a Ray Tune search: sweep=<name>")
+    return [list(job) for job in itertools.product(*axes.values())]
 
+
+def prepare_jobs(overrides: list[str]) -> list[tuple[dict, object]]:
+    """Every job composed and validated (nothing started); raises ConfigError."""
+    jobs = expand(overrides)
+    prepared = []
+    for num, job in enumerate(jobs):
+        # hydra.mode and hydra.job.num as Hydra sets them for a job: its folder is hydra.sweep.*
+        cfg, module = lifecycle.prepare([*job, "hydra.mode=MULTIRUN", f"hydra.job.num={num}"])
+        cfg["_overrides"] = job  # what the user typed, for this job (resume, overrides.yaml)
+        prepared.append((cfg, module))
+    return prepared
+
+
+def run_multirun(overrides: list[str], console: bool = False) -> int:
+    """Run every job; the exit code is the worst job's (an interrupted job's stops the rest).
+
+    ``console``: the CLI's terminal shows orchard's lines only, as for a single run (tests that
+    call this in-process keep theirs)."""
     from orchard import cluster
 
+    try:
+        jobs = prepare_jobs(overrides)
+    except ConfigError as err:
+        say(f"orchard: bad config: {err}", file=sys.stderr)
+        return 2
     failures: list[int] = []
-    started: list[bool] = []
-    stopped: list[int] = []  # an interrupted job's exit code: the jobs after it are skipped
-
-    @hydra.main(config_path=str(config_lib.conf_dir()), config_name="config", version_base="1.3")
-    def job(cfg: DictConfig) -> None:
-        from hydra.core.hydra_config import HydraConfig
-
-        if stopped:
-            return
-        job_overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("hydra.")]
-        try:
-            plain, module = lifecycle.prepare(job_overrides)
-            lifecycle.preflight(plain)
-        except ConfigError as err:
-            say(f"orchard: bad config: {err}", file=sys.stderr)
-            failures.append(2)
-            return
-        if cluster.connect(plain["cluster"]):
-            started.append(True)
-            interrupts.install()  # ray.init put its own SIGTERM handler in place
-        lifecycle.reap_lost_runs(plain)
-        outcome = lifecycle.run_one(plain, module)
-        if outcome.exit_code:
-            failures.append(outcome.exit_code)
-        if outcome.exit_code > 128:
-            stopped.append(outcome.exit_code)
-
-    overrides = [*overrides, *config_lib.searchpath_override()]
-    sys.argv = [sys.argv[0], "--multirun", *overrides, "hydra.job.chdir=false"]
+    started = False
     try:
         with interrupts.raising():
-            job()
+            for num, (cfg, module) in enumerate(jobs):
+                try:
+                    lifecycle.preflight(cfg)
+                except ConfigError as err:
+                    say(f"orchard: bad config: {err}", file=sys.stderr)
+                    failures.append(2)
+                    continue
+                say(f"orchard: multirun job {num + 1}/{len(jobs)}" + ("" if console else f": {' '.join(cfg['_overrides'])}"))
+                if console:  # the job's config in one line; Ray's, Train's and torch's lines to the log
+                    lifecycle.open_console(cfg)
+                if cluster.connect(cfg["cluster"]):
+                    started = True
+                    interrupts.install()  # ray.init put its own SIGTERM handler in place
+                lifecycle.reap_lost_runs(cfg)
+                outcome = lifecycle.run_one(cfg, module)
+                if outcome.exit_code > 128:
+                    return outcome.exit_code
+                if outcome.exit_code:
+                    failures.append(outcome.exit_code)
     except KeyboardInterrupt as exc:  # between jobs
         return interrupts.exit_code(exc)
-    except SystemExit as exc:  # Hydra exits on its own errors (e.g. a bad sweep override)
-        failures.append(exc.code if isinstance(exc.code, int) and exc.code else 2)
     finally:
         if started:  # leave a Ray session that someone else started (tests, notebooks) running
             with interrupts.deferred():
                 cluster.shutdown()
-    if stopped:
-        return stopped[0]
     return max(failures) if failures else 0

@@ -24,18 +24,17 @@ import os
 import sys
 from pathlib import Path
 
+from orchard.ray_private import (TOKEN_SETUP_LOGGER, TRAIN_CHATTY_LOGGERS, TRAIN_PG_CLEANER_LOGGER,
+                                 reconfigure_data_logging)
+
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 RAY_DATA_LOGGING = Path(__file__).resolve().parent / "ray_data_logging.yaml"
 LEVEL_ENV = "ORCHARD_RAY_LOG_LEVEL"
 SETUP_HOOK = "orchard.ray_logging.install_filters"
 
 # Loggers whose INFO records are chatter for an orchard user.
-CHATTY = ("ray.train.v2._internal.execution.context",
-          "ray.train.v2._internal.execution.worker_group.worker_group",
-          "ray.train.v2._internal.execution.controller.controller",
-          "ray.train.torch.config",
-          "ray.train.torch.train_loop_utils")
-PG_CLEANER = "ray.train.v2._internal.execution.controller.placement_group_cleaner"
+CHATTY = (*TRAIN_CHATTY_LOGGERS, "ray.train.torch.config", "ray.train.torch.train_loop_utils")
+PG_CLEANER = TRAIN_PG_CLEANER_LOGGER
 
 
 class _MinLevel(logging.Filter):
@@ -60,7 +59,7 @@ class _NoTokenAuthNotice(logging.Filter):
         return "Token authentication is enabled" not in record.getMessage()
 
 
-TOKEN_SETUP = "ray._private.authentication.authentication_token_setup"
+TOKEN_SETUP = TOKEN_SETUP_LOGGER
 
 
 def _chatty_loggers() -> list[str]:
@@ -102,9 +101,7 @@ def quiet(level: str, runtime_env: dict, where: str) -> dict:
         if "ray.data" in sys.modules:
             # ray.data configured its logger when it was first imported: apply ours now.
             with contextlib.suppress(Exception):
-                from ray.data._internal.logging import configure_logging
-
-                configure_logging()
+                reconfigure_data_logging()
     install_filters()
     out = dict(runtime_env)
     if where != "foreign":

@@ -59,6 +59,12 @@ def names() -> list[str]:
     return sorted(_WORKLOADS)
 
 
+def module_names() -> list[str]:
+    """The Python module of every registered workload (what a cluster must be shipped)."""
+    _load_entry_points()
+    return sorted(set(_WORKLOADS.values()))
+
+
 def extra_config_dirs() -> list[str]:
     _load_entry_points()
     return list(_CONFIG_DIRS)

@@ -2,10 +2,13 @@
 memory through NVML (nvidia-ml-py).  The thesis reports GPU utilization as mean/std per worker
 (Table 5.3), so each series is kept and summarized at the end of the run.
 
-Series keys, all under MLflow's ``system/`` prefix: ``system/<node>/cpu_pct``,
-``system/<node>/mem_pct``, ``system/<node>/gpu<i>/util_pct``, ``system/<node>/gpu<i>/mem_pct``;
-summaries add ``_mean`` and ``_std`` per series plus run-level ``system/cpu_pct_mean|std`` and
-``system/gpu_util_pct_mean|std``.  Only the GPUs that the run's workers hold are sampled
+Series keys, all under MLflow's ``system/`` prefix: ``system/<node>/cpu_pct`` (the whole machine,
+every user), ``system/<node>/run_cpu_pct`` (the run's own processes only: the driver's process tree,
+which holds an embedded Ray's raylet and every worker it started; on the driver's node only, since
+a shared cluster's other nodes run other jobs' workers too), ``system/<node>/mem_pct``,
+``system/<node>/gpu<i>/util_pct``, ``system/<node>/gpu<i>/mem_pct``; summaries add ``_mean`` and
+``_std`` per series plus run-level ``system/cpu_pct_mean|std``, ``system/run_cpu_pct_mean|std`` and
+``system/gpu_util_pct_mean|std``. Both CPU figures are percent of all the node's cores.  Only the GPUs that the run's workers hold are sampled
 (``RunContext.claim_gpus``, called by every Train worker): a node's other GPUs belong to
 other jobs, and NVML itself ignores CUDA_VISIBLE_DEVICES.
 """
@@ -42,7 +45,29 @@ class NvmlReader:
         return out
 
 
-def sample_once(node: str, nvml: NvmlReader, gpu_ids=None) -> dict[str, float]:
+class RunCpu:
+    """Percent of the node's cores the run's own process tree used since the last reading."""
+
+    def __init__(self, root_pid: int):
+        import os
+        import time
+
+        import psutil
+
+        from orchard.process_cpu import OwnCpu
+
+        self.cores, self.clock = os.cpu_count() or 1, time.monotonic
+        self.own = OwnCpu(psutil.Process(root_pid))
+        self.last_s, self.last_t = self.own.sample(), self.clock()
+
+    def read(self) -> float:
+        used, now = self.own.sample(), self.clock()
+        pct = 100.0 * (used - self.last_s) / max(now - self.last_t, 1e-6) / self.cores
+        self.last_s, self.last_t = used, now
+        return min(100.0, max(0.0, pct))
+
+
+def sample_once(node: str, nvml: NvmlReader, gpu_ids=None, run_cpu: RunCpu | None = None) -> dict[str, float]:
     """One sample of this machine: ``{series_key: value}``; GPUs limited to ``gpu_ids`` if given."""
     import psutil
 
@@ -50,6 +75,8 @@ def sample_once(node: str, nvml: NvmlReader, gpu_ids=None) -> dict[str, float]:
         f"system/{node}/cpu_pct": psutil.cpu_percent(interval=None),
         f"system/{node}/mem_pct": psutil.virtual_memory().percent,
     }
+    if run_cpu is not None:
+        sample[f"system/{node}/run_cpu_pct"] = run_cpu.read()
     for i, gpu in enumerate(nvml.read()):
         if gpu_ids is not None and i not in gpu_ids:
             continue
@@ -62,13 +89,20 @@ def sample_once(node: str, nvml: NvmlReader, gpu_ids=None) -> dict[str, float]:
 class ResourceSampler:
     """Samples its node every ``interval_s`` seconds into the run's context."""
 
-    def __init__(self, ctx, node: str, interval_s: float, nvml: Any = None):
+    def __init__(self, ctx, node: str, interval_s: float, nvml: Any = None, run_root: tuple | None = None):
         import psutil
 
         psutil.cpu_percent(interval=None)  # the first reading is meaningless; prime it
         self.ctx, self.node, self.interval = ctx, node, interval_s
         self.nvml = NvmlReader(nvml)
         self.node_id = ray.get_runtime_context().get_node_id()
+        # run_root: (driver node id, driver pid): the run's own CPU is read where the driver runs
+        self.run_cpu = None
+        if run_root and run_root[0] == self.node_id:
+            try:
+                self.run_cpu = RunCpu(run_root[1])
+            except psutil.Error:  # the driver is not visible from here (another PID namespace)
+                self.run_cpu = None
         self.step = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -80,7 +114,7 @@ class ResourceSampler:
 
     def sample(self) -> dict[str, float]:
         claimed = ray.get(self.ctx._sink.claimed_gpus.remote(self.node_id)) if self.nvml.handles else []
-        values = sample_once(self.node, self.nvml, set(claimed))
+        values = sample_once(self.node, self.nvml, set(claimed), self.run_cpu)
         self.ctx.log_metrics(values, step=self.step, keep_series=True)
         self.step += 1
         return values
@@ -103,20 +137,25 @@ def node_names() -> dict[str, str]:
 
 
 def start_samplers(ctx, interval_s: float, nvml: Any = None) -> list:
-    """One sampler actor pinned to each alive node of the cluster."""
+    """One sampler actor pinned to each alive node of the cluster; the driver's node's sampler
+    also reads the run's own CPU (the driver's process tree)."""
+    import os
+
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    run_root = (ray.get_runtime_context().get_node_id(), os.getpid())
     samplers = []
     for node_id, name in node_names().items():
         strategy = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
-        samplers.append(ResourceSampler.options(scheduling_strategy=strategy).remote(ctx, name, interval_s, nvml))
+        samplers.append(ResourceSampler.options(scheduling_strategy=strategy).remote(ctx, name, interval_s, nvml,
+                                                                                      run_root))
     return samplers
 
 
 def summarize(series: dict[str, list[float]]) -> dict[str, float]:
     """Mean and std of each series, plus run-level CPU and GPU figures across nodes/GPUs."""
     out: dict[str, float] = {}
-    pooled: dict[str, list[float]] = {"system/cpu_pct": [], "system/mem_pct": [],
+    pooled: dict[str, list[float]] = {"system/cpu_pct": [], "system/run_cpu_pct": [], "system/mem_pct": [],
                                       "system/gpu_util_pct": [], "system/gpu_mem_pct": []}
     for key, values in series.items():
         if not values:

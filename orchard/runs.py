@@ -285,7 +285,12 @@ def main(argv: list[str]) -> int:
         print(f"orchard: closed {len(closed)} run(s) whose driver was lost" + (": " + ", ".join(closed) if closed else ""))
         return 0
     now = store_now(client.tracking_uri)
-    for run in open_runs(client):
+    running = open_runs(client)
+    if not running:  # an empty listing would look like a command that did nothing
+        from orchard import redact
+
+        print(f"orchard: no RUNNING runs in {redact.text(uri)}; finished, failed and killed runs are in the MLflow UI")
+    for run in running:
         tags = run.data.tags
         state = why_lost(tags, now) or f"alive (pid {tags.get('orchard.pid', '?')} on {tags.get('orchard.host', '?')})"
         print(f"{run.info.run_id}  {tags.get('mlflow.runName', '')}  {state}")

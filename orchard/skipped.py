@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -43,7 +44,9 @@ def to_csv(skipped: Iterable[SkippedFile]) -> str:
 
 
 def write_csv(skipped: Iterable[SkippedFile], path: str | Path) -> Path:
-    Path(path).write_text(to_csv(skipped))
+    from orchard.storage import write_atomic
+
+    write_atomic(path, to_csv(skipped).encode())   # a reader (resume, a tile cache) never sees half of it
     return Path(path)
 
 
@@ -71,11 +74,80 @@ def report(ctx, skipped: list[SkippedFile], workload: str, step: int | None = No
         say(f"{workload}: skipped {s.file} ({s.kind}): {s.reason}", file=sys.stderr)
     if len(skipped) > SHOWN:
         say(f"{workload}: ... and {len(skipped) - SHOWN} more skipped (the run's {SKIPPED_CSV})", file=sys.stderr)
+    return record(ctx, skipped, step)
+
+
+def record(ctx, skipped: list[SkippedFile], step: int | None = None) -> dict[str, float]:
+    """``report`` without the terminal lines (the caller has printed them): ``skipped.csv`` and
+    the metrics."""
     if skipped:
         ctx.log_text(to_csv(skipped), SKIPPED_CSV)
     counted = metrics(skipped)
     ctx.log_metrics(counted, step=step)
     return counted
+
+
+def kind_of(exc: BaseException) -> str:
+    """The kind of a file that could not be used, from the error reading it raised: its own
+    ``kind`` where the reader gave one (flower's PhotoError, video's BadVideo, forest's BadPair),
+    else ``missing`` (gone, or a link to nothing), ``unreadable`` (permissions, I/O),
+    ``not_file`` (a folder), ``too_large`` (PIL's decompression-bomb guard) or ``corrupt``."""
+    kind = getattr(exc, "kind", None)
+    if isinstance(kind, str) and kind:
+        return kind
+    if type(exc).__name__ == "DecompressionBombError":
+        return "too_large"
+    if isinstance(exc, FileNotFoundError):
+        return "missing"
+    if isinstance(exc, IsADirectoryError):
+        return "not_file"
+    if isinstance(exc, OSError):
+        return "unreadable"
+    return "corrupt"
+
+
+# --------------------------------------------------------------------------- mode=predict inputs
+def listed_inputs(path: str | Path, suffixes: Iterable[str]) -> list[Path]:
+    """What a user put in an input folder, as ``orchard.models.input_files`` lists it (the file
+    itself, or the folder's non-hidden entries with one of ``suffixes``, by name) but with the
+    entries it cannot use kept: links to nothing, unreadable files, folders named like files.
+    ``readable`` then sets those aside, counted, instead of dropping them unseen."""
+    path = Path(os.path.expanduser(str(path)))
+    if not path.is_dir():
+        return [path]
+    wanted = {s.lower() for s in suffixes}
+    return sorted(p for p in path.iterdir() if not p.name.startswith(".")
+                  and (not wanted or p.suffix.lower() in wanted) and (p.is_file() or p.is_symlink()))
+
+
+def readable(paths: Iterable[Path]) -> tuple[list[Path], list[SkippedFile]]:
+    """Split inputs into the files that can be opened for reading and the rest (with their kind
+    and reason), before any is staged or predicted: one unreadable file never stops a predict."""
+    good, bad = [], []
+    for p in paths:
+        try:
+            with open(p, "rb"):
+                pass
+            if not Path(p).is_file():
+                raise IsADirectoryError(f"not a regular file: {p}")
+            good.append(Path(p))
+        except OSError as exc:
+            reason = "a link to nothing" if Path(p).is_symlink() and not Path(p).exists() else one_line(exc)
+            bad.append(SkippedFile(Path(p).name, kind_of(exc), reason))
+    return good, bad
+
+
+def as_rows(skipped: Iterable[SkippedFile], folder: str | Path) -> list[dict]:
+    """Inputs set aside before predicting, as rows of ``orchard.models.predict_files`` (``path``,
+    ``error``, ``kind``), so the predictions table lists them with the rest of the skipped."""
+    return [{"path": str(Path(folder) / s.file), "error": s.reason, "kind": s.kind} for s in skipped]
+
+
+def from_rows(rows: Iterable[dict]) -> list[SkippedFile]:
+    """The skipped inputs of a predict run: rows whose ``error`` is set (``kind`` if the
+    predictor gave one)."""
+    return [SkippedFile(Path(str(r["path"])).name, str(r.get("kind") or "unreadable"), str(r["error"]))
+            for r in rows if r.get("error")]
 
 
 def too_many_skipped(skipped: list[SkippedFile], total: int, max_fraction: float, limit_key: str,

@@ -17,15 +17,23 @@ Layout under the root (the same on a folder and in a bucket)::
 A ``Storage`` is a small picklable value (a URI): pass it into Ray tasks, actors and Train
 workers, never a driver path.  Workers that need files as files (memory maps, video decoders)
 call ``localize()``, which copies a folder once per node into a node-local cache (a local root
-is used in place: no copy).
+is used in place: no copy). That cache is bounded (``storage.node_cache_max_gb``): the least
+recently used copies go first (``evict_node_cache``).
+
+Every local file is written whole (``write_atomic``: a temporary name, fsync, rename), so a kill
+or a full disk never leaves half a checkpoint for ``resume`` or ``mode=predict`` to read; a write
+the disk refuses raises ``StorageFull``, one line naming the file (docs/runs.md, "Bounds").
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import os
 import re
 import shutil
+import socket
 import tempfile
 import uuid
 from pathlib import Path
@@ -38,7 +46,7 @@ def _is_uri(text: str) -> bool:
 class Storage:
     """A folder in the run's storage: ``Storage(uri).child("a", "b")``; files are named relative."""
 
-    def __init__(self, uri: str | os.PathLike):
+    def __init__(self, uri: str | os.PathLike, node_cache_max_bytes: int | None = None):
         text = str(uri)
         if text.startswith("file://"):
             text = text[len("file://"):]
@@ -46,13 +54,18 @@ class Storage:
             text = str(Path(os.path.expanduser(text)).resolve())
         self.uri = text.rstrip("/") or "/"
         self._fs = None
+        # the node cache's bound (storage.node_cache_max_gb): carried by the value, so the Ray
+        # workers that call localize() apply the run's bound, not a default of their own
+        self.node_cache_max_bytes = int(node_cache_max_bytes) if node_cache_max_bytes else NODE_CACHE_MAX_BYTES
 
     # ------------------------------------------------------------------ construction
     @classmethod
     def root(cls, cfg: dict) -> "Storage":
         """``storage.uri``, or ``output_dir`` when it is unset (the one-machine default)."""
-        uri = (cfg.get("storage") or {}).get("uri")
-        return cls(uri or cfg["output_dir"])
+        section = cfg.get("storage") or {}
+        max_gb = section.get("node_cache_max_gb")
+        return cls(section.get("uri") or cfg["output_dir"],
+                   int(float(max_gb) * 2**30) if max_gb is not None else None)
 
     @classmethod
     def for_run(cls, cfg: dict, run_dir) -> "Storage":
@@ -61,10 +74,13 @@ class Storage:
         return cls.root(cfg).child(cfg["workload"]["name"], run_key(cfg, run_dir))
 
     def child(self, *parts: str) -> "Storage":
-        return Storage(self._join(*parts))
+        return Storage(self._join(*parts), self.node_cache_max_bytes)
 
     def __getstate__(self):
-        return {"uri": self.uri, "_fs": None}
+        return {"uri": self.uri, "_fs": None, "node_cache_max_bytes": self.node_cache_max_bytes}
+
+    def __setstate__(self, state):
+        self.__dict__.update({"node_cache_max_bytes": NODE_CACHE_MAX_BYTES, **state})
 
     def __repr__(self) -> str:
         return f"Storage({self.uri!r})"
@@ -122,17 +138,17 @@ class Storage:
         """Write a whole file; readers see the old file or the new one, never half of it
         (object stores publish an object whole; a local file is renamed into place)."""
         fs, path = self._fs_path(rel)
-        parent = path.rsplit("/", 1)[0]
-        if parent:
-            fs.create_dir(parent, recursive=True)
         if self.is_local:
-            partial = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-            with fs.open_output_stream(partial) as f:
-                f.write(data)
-            os.replace(partial, path)
-        else:
+            write_atomic(Path(path), data)
+            return
+        parent = path.rsplit("/", 1)[0]
+        try:
+            if parent:
+                fs.create_dir(parent, recursive=True)
             with fs.open_output_stream(path) as f:
                 f.write(data)
+        except OSError as exc:
+            raise _as_full(exc, f"{self.uri}/{str(rel).strip('/')}") from None
 
     def read_text(self, rel: str) -> str:
         return self.read_bytes(rel).decode()
@@ -213,17 +229,21 @@ class Storage:
         key = hashlib.sha1(uri.encode()).hexdigest()[:16]
         target = node_cache_dir() / key
         if target.is_dir():
+            _touch(target)
             return target
-        partial = target.with_name(f"{key}.tmp-{uuid.uuid4().hex[:8]}")
+        partial = target.with_name(partial_name(key))
         try:
             self.download(rel, partial)
-        except BaseException:  # a refused key, a lost connection: no half folder stays behind
+        except BaseException as exc:  # a refused key, a lost connection, a full disk: no half folder stays behind
             shutil.rmtree(partial, ignore_errors=True)
+            if isinstance(exc, OSError):
+                raise _as_full(exc, str(target)) from None
             raise
         try:
             partial.rename(target)
         except OSError:  # another task on this node finished first: use its copy
             shutil.rmtree(partial, ignore_errors=True)
+        _cache_grew(_size(target), self.node_cache_max_bytes, target)
         return target
 
     def local_copy(self, rel: str) -> Path:
@@ -232,12 +252,15 @@ class Storage:
         so ``<stem>_depth.png`` and ``<stem>_labels.png`` keep their common stem)."""
         if self.is_local:
             return self.local_path / rel
-        target = inside(node_cache_dir() / hashlib.sha1(self.uri.encode()).hexdigest()[:16], str(rel).strip("/"), self.uri)
-        if not target.is_file():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            partial = target.with_name(f"{target.name}.tmp-{uuid.uuid4().hex[:8]}")
-            partial.write_bytes(self.read_bytes(rel))
-            os.replace(partial, target)
+        entry = node_cache_dir() / hashlib.sha1(self.uri.encode()).hexdigest()[:16]
+        target = inside(entry, str(rel).strip("/"), self.uri)
+        if target.is_file():
+            _touch(entry)
+            return target
+        data = self.read_bytes(rel)
+        write_atomic(target, data)
+        _touch(entry)
+        _cache_grew(len(data), self.node_cache_max_bytes, entry)
         return target
 
     # ------------------------------------------------------------------ Ray Train / Tune
@@ -292,12 +315,204 @@ def file_exists(path) -> bool:
     return folder.exists(name)
 
 
+# --------------------------------------------------------------------------- writes that survive
+class StorageFull(OSError):
+    """A write refused for want of space (disk full, a quota, a file-size limit). Its text is one
+    line naming the file; the previous version of the file is kept and no partial file stays."""
+
+    def __init__(self, code: int, path: str):
+        self.line = f"no space left to write {path} ({os.strerror(code)}); its previous version is kept"
+        super().__init__(self.line)
+        self.errno, self.filename = code, path
+
+    def __str__(self) -> str:  # OSError's own would be "[Errno 28] None: <path>"
+        return self.line
+
+    def __reduce__(self):  # whole across Ray's process boundaries
+        return StorageFull, (self.errno, self.filename)
+
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _as_full(exc: BaseException, path: str) -> BaseException:
+    """``StorageFull`` naming ``path`` for a no-space error (pyarrow's remote errors say so only in
+    their text), else ``exc`` itself."""
+    if isinstance(exc, StorageFull):
+        return exc
+    code = getattr(exc, "errno", None)
+    if code in _NO_SPACE:
+        return StorageFull(code, path)
+    if "No space left on device" in str(exc):
+        return StorageFull(errno.ENOSPC, path)
+    return exc
+
+
+_HOST = socket.gethostname().replace("-", "_")
+
+
+def partial_name(name: str) -> str:
+    """The temporary name a file or folder is written under before it is renamed into place: it
+    names this host and process, so ``clean_partials`` can tell a dead writer's leftovers from a
+    live writer's work."""
+    return f"{name}.tmp-{_HOST}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+_PARTIAL = re.compile(r"(?P<name>.+)\.tmp-(?P<host>[^-]+)-(?P<pid>\d+)-[0-9a-f]{6}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def clean_partials(folder: Path, name: str | None = None) -> int:
+    """Remove what killed writers on this host left in ``folder`` (of the file ``name``, or all):
+    partial files and folders whose process is gone. Returns how many went."""
+    removed = 0
+    try:
+        entries = list(Path(folder).iterdir())
+    except OSError:
+        return 0
+    for entry in entries:
+        m = _PARTIAL.fullmatch(entry.name)
+        if not m or m["host"] != _HOST or (name is not None and m["name"] != name) or _alive(int(m["pid"])):
+            continue
+        with contextlib.suppress(OSError):
+            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+            removed += 1
+    return removed
+
+
+def write_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Write a whole local file so that a reader sees the old file or the new one, never half:
+    written under a temporary name in the same folder, fsynced, renamed into place, the folder
+    fsynced (so the rename survives a power loss). A write that fails (a full disk: ``StorageFull``
+    naming the file; anything else: as raised) leaves the previous version and no partial file;
+    a writer killed mid-write leaves one, removed by the next write of that file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(partial_name(path.name))
+    try:
+        with open(partial, "xb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(partial, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            partial.unlink()
+        if isinstance(exc, OSError):
+            raise _as_full(exc, str(path)) from None
+        raise
+    _fsync_folder(path.parent)
+    clean_partials(path.parent, path.name)
+
+
+def _fsync_folder(folder: Path) -> None:
+    with contextlib.suppress(OSError):  # some file systems refuse to open a folder: nothing to sync there
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+# --------------------------------------------------------------------------- the node cache
+NODE_CACHE_MAX_BYTES = 20 * 2**30   # storage.node_cache_max_gb's default (20 GiB)
+_node_cache_cleaned: set[Path] = set()
+_evicted_bytes = 0
+
+
 def node_cache_dir() -> Path:
-    """This node's cache of folders copied from remote storage (``ORCHARD_NODE_CACHE`` or the
-    system temp folder)."""
-    root = Path(os.environ.get("ORCHARD_NODE_CACHE") or Path(tempfile.gettempdir()) / "orchard-node-cache")
+    """This node's cache of folders copied from remote storage (``ORCHARD_NODE_CACHE``, or
+    ``node-cache`` in this user's own 0700 temp folder, so another user of the node can neither
+    read the copies nor plant one). The first use in a process removes the partial copies that
+    killed processes of this host left there."""
+    from orchard.cluster import private_tmp
+
+    root = Path(os.environ.get("ORCHARD_NODE_CACHE") or private_tmp() / "node-cache")
     root.mkdir(parents=True, exist_ok=True)
+    if root not in _node_cache_cleaned:
+        _node_cache_cleaned.add(root)
+        clean_partials(root)
     return root
+
+
+def _touch(entry: Path) -> None:
+    """Mark a cache entry used now: eviction goes by last use (the entry's mtime)."""
+    with contextlib.suppress(OSError):
+        os.utime(entry)
+
+
+def _size(entry: Path) -> int:
+    """Bytes under a cache entry (a file or a folder); 0 for one removed meanwhile."""
+    if not entry.is_dir():
+        try:
+            return entry.stat().st_size
+        except OSError:
+            return 0
+    total = 0
+    for dirpath, _, files in os.walk(entry):
+        for f in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, f)).st_size
+    return total
+
+
+def evict_node_cache(max_bytes: int, keep: Path | None = None, root: Path | None = None) -> int:
+    """Hold the node cache under ``max_bytes``: remove whole entries, least recently used first,
+    never ``keep`` (the entry just used) nor partial copies still being written. Returns the bytes
+    removed (also summed in ``evicted_bytes()``). Eviction holds an exclusive lock on
+    ``<cache>/.lock`` so two processes never remove one entry twice."""
+    from filelock import FileLock
+
+    global _evicted_bytes
+    root = root or node_cache_dir()
+    with FileLock(root / ".lock"):
+        entries = []
+        for entry in root.iterdir():
+            if entry.name.startswith(".") or _PARTIAL.fullmatch(entry.name) or ".tmp-" in entry.name:
+                continue
+            with contextlib.suppress(OSError):
+                entries.append((entry.stat().st_mtime_ns, _size(entry), entry))
+        total = sum(size for _, size, _ in entries)
+        removed = 0
+        for _, size, entry in sorted(entries, key=lambda e: e[0]):
+            if total <= max_bytes:
+                break
+            if keep is not None and entry == Path(keep):
+                continue
+            shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+            total -= size
+            removed += size
+    _evicted_bytes += removed
+    _cache_held[root] = total
+    return removed
+
+
+_cache_held: dict[Path, int] = {}   # cache root -> this process's estimate of the bytes it holds
+
+
+def _cache_grew(added: int, max_bytes: int, entry: Path) -> None:
+    """Count what a copy added; the cache is walked (and evicted) only when this process's
+    estimate says it may be over its bound, not at every copy (forest copies files one by one)."""
+    root = node_cache_dir()
+    if root not in _cache_held:   # first copy of this process: the truth, once
+        _cache_held[root] = sum(_size(e) for e in root.iterdir() if not e.name.startswith(".")) - added
+    _cache_held[root] += added
+    if _cache_held[root] > max_bytes:
+        evict_node_cache(max_bytes, keep=entry, root=root)   # sets the estimate to what it left
+
+
+def evicted_bytes() -> int:
+    """Bytes this process removed from its node cache (metric ``cache/evicted_bytes``)."""
+    return _evicted_bytes
 
 
 def run_key(cfg: dict, run_dir) -> str:

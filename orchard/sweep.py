@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from orchard import config as config_lib
-from orchard import interrupts, redact
+from orchard import interrupts, redact, sweep_seal
 from orchard.console import say
 from orchard.errors import ConfigError
 from orchard.outcome import Outcome
@@ -325,7 +325,13 @@ def run_sweep(cfg: dict, module, run_one: Callable) -> Outcome:
     except LeaseHeld as held:  # the same sweep, live elsewhere: touch nothing of it
         say(f"orchard: {held}", file=sys.stderr)
         return Outcome(2, None, {}, str(held))
-    resuming = tune.Tuner.can_restore(str(exp_path))  # read after the lease: the state is ours now
+    except sweep_seal.Unsealed as why:  # never unpickle what this user's driver did not write
+        line = (f"sweep {key}: Tune's saved state in {exp_path} {why}; orchard does not unpickle state it did "
+                f"not seal (docs/sweeps.md): delete that folder to start this sweep afresh")
+        say(f"orchard: {line}", file=sys.stderr)
+        return Outcome(2, None, {}, line)
+    sealed = parent.sealed  # checked under the lease: None for a new sweep
+    resuming = sealed is not None
     metric, mode = s["metric"], s["mode"]
     trainable = tune.with_resources(_make_trainable(copy.deepcopy(cfg), module.__name__, parent.run_id, metric, run_one),
                                     need.factory())
@@ -345,15 +351,18 @@ def run_sweep(cfg: dict, module, run_one: Callable) -> Outcome:
             run_config=tune.RunConfig(name="tune", storage_path=exp_path.rsplit("/", 1)[0], verbose=0,
                                       callbacks=[stopper]),
         )
+        sealed = {"tuner.pkl": sweep_seal.digest(_state(cfg).read_bytes("tuner.pkl"))}  # written just now, by us
     grid, second_signal = None, None
     try:
         grid = tuner.fit()  # Tune's own SIGINT handler stops it gracefully; it then returns
     except KeyboardInterrupt as exc:  # a second Ctrl-C, once Tune gave SIGINT back
         second_signal = exc
     trials = list(grid._experiment_analysis.trials) if grid is not None else []
+    staging = _staging(trials)
+    _seal(cfg, sealed, staging)
     # Once stopped, Tune marks the trials it cut TERMINATED in memory; the state it saved just
     # before says RUNNING (or PENDING) for them.
-    unfinished = [tid for tid, status in _saved_statuses(exp_path).items() if status not in ("TERMINATED", "ERROR")]
+    unfinished = [tid for tid, status in _saved_statuses(staging).items() if status not in ("TERMINATED", "ERROR")]
     signals = interrupts.received[signals_before:]
     interrupted = second_signal is not None or bool(signals) or bool(unfinished)
     # [4] close what the trials left open, then the parent
@@ -386,8 +395,9 @@ def run_sweep(cfg: dict, module, run_one: Callable) -> Outcome:
 class _Parent:
     """The sweep's MLflow run (none with ``tracking=none``), kept across resumes by its key."""
 
-    def __init__(self, tracked, heartbeat, lease=None):
+    def __init__(self, tracked, heartbeat, lease=None, sealed: dict | None = None):
         self.tracked, self.heartbeat, self.lease = tracked, heartbeat, lease
+        self.sealed = sealed  # the saved Tune state's sealed files (sweep_seal); None: nothing to resume
         self.run_id = tracked.run_id if tracked else None
         self.client = tracked.client() if tracked else None
 
@@ -396,23 +406,28 @@ class _Parent:
         """The parent run, with the sweep's lease (orchard/leases.py): the same sweep already
         driven by a live process, on this machine or another, raises ``LeaseHeld`` before
         anything is touched. On this machine a file lock makes "read the state, open the
-        parent, take the lease" one step for two commands started together."""
+        parent, take the lease" one step for two commands started together. Saved Tune state
+        that fails its seal raises ``sweep_seal.Unsealed``, also before anything is touched.
+        With ``tracking=none`` there is no store to hold the lease: a lock on the sweep's
+        folder holds it (``leases.take_local``: this machine only)."""
         from filelock import FileLock
 
         from orchard import leases, tracking
         from orchard.runs import Heartbeat
 
+        what = f"sweep {key}"
         if not cfg["tracking"]["enabled"]:
-            return cls(None, None)
+            lease = leases.take_local(folder, what)
+            return cls(None, None, lease, _checked(restorable, cfg, lease))
         state_file = folder / "orchard_sweep.json"
         uri = tracking.resolve_uri(cfg["tracking"]["uri"])
-        what = f"sweep {key}"
         with FileLock(str(folder / ".orchard_sweep.lock"), timeout=120):
             previous = json.loads(state_file.read_text()).get("parent_run_id") if state_file.exists() else None
             lease = None
             if previous and _exists(previous, uri):
                 lease = leases.take(tracking.TrackedRun(previous, "", uri).client(), previous, what)
-            tracked = _reopen(previous, uri) if lease is not None and tune_can_restore(cfg) else None
+            sealed = _checked(restorable, cfg, lease)  # read after the lease: the state is ours now
+            tracked = _reopen(previous, uri) if lease is not None and sealed is not None else None
             with interrupts.deferred(reraise=True):  # a parent run either exists with its state file, or not at all
                 if tracked is None:
                     if lease is not None:  # a parent whose Tune state was never saved: a new one replaces it
@@ -424,7 +439,7 @@ class _Parent:
                     lease = leases.take(tracked.client(), tracked.run_id, what, settle_s=0)  # new: nobody races for it
                     state_file.write_text(json.dumps({"parent_run_id": tracked.run_id, "key": key}))
                 heartbeat = Heartbeat(tracked.client(), tracked.run_id)
-        return cls(tracked, heartbeat, lease)
+        return cls(tracked, heartbeat, lease, sealed)
 
     def close_children(self, trials: list, scheduler: str, metric: str, interrupted: bool) -> None:
         """Every child run still RUNNING is closed KILLED, with why: cut by the scheduler, or the
@@ -489,11 +504,58 @@ def _exists(run_id: str, uri: str) -> bool:
         return False
 
 
-def tune_can_restore(cfg: dict) -> bool:
-    """Tune saved this sweep's experiment state: the same command resumes it."""
+def _state(cfg: dict):
+    """Tune's experiment folder as a ``Storage``."""
+    from orchard.storage import Storage
+
+    return Storage(tune_path(cfg))
+
+
+def restorable(cfg: dict) -> dict | None:
+    """The sealed files of this sweep's saved Tune state, checked (orchard/sweep_seal.py), or
+    None when Tune saved none; raises ``sweep_seal.Unsealed`` for state this user did not seal.
+    Only a file's presence is asked before the check: Tune's ``can_restore`` reads no content."""
     from ray import tune
 
-    return tune.Tuner.can_restore(str(tune_path(cfg)))
+    if not tune.Tuner.can_restore(str(tune_path(cfg))):
+        return None
+    return sweep_seal.verify(_state(cfg))
+
+
+def _checked(check: Callable, cfg: dict, lease):
+    """``check(cfg)``, giving the lease back if it raises (the sweep then touches nothing)."""
+    try:
+        return check(cfg)
+    except BaseException:
+        if lease is not None:
+            lease.release()
+        raise
+
+
+def _staging(trials: list) -> Path | None:
+    """Tune's local copy of the experiment folder, written by this driver alone: what it uploads
+    to storage (Ray's ``experiment_driver_staging_path``); None without trials."""
+    try:
+        return Path(trials[0].storage.experiment_driver_staging_path) if trials else None
+    except Exception:
+        return None
+
+
+def _seal(cfg: dict, sealed: dict | None, staging: Path | None) -> None:
+    """Seal what this driver wrote: the files sealed before (those still there: Tune may remove
+    some, never add one this way), ``tuner.pkl``, and Tune's staging copy."""
+    if staging is None or not staging.is_dir():
+        say("orchard: the sweep's Tune state could not be sealed (no staging copy): the same command "
+            "will not resume it", file=sys.stderr)
+        return
+    state = _state(cfg)
+    try:
+        present = set(sweep_seal.stored_names(state))
+        files = {rel: d for rel, d in (sealed or {}).items() if rel in present}
+        sweep_seal.seal(state, {**files, **sweep_seal.local_digests(staging)})
+    except (OSError, sweep_seal.Unsealed) as exc:
+        say(f"orchard: the sweep's Tune state could not be sealed ({exc}): the same command will not "
+            "resume it", file=sys.stderr)
 
 
 def _reopen(run_id: str | None, uri: str):
@@ -525,14 +587,16 @@ def _reopen(run_id: str | None, uri: str):
     return tracking.TrackedRun(run_id, run.info.experiment_id, uri)
 
 
-def _saved_statuses(exp_path: Path) -> dict[str, str]:
-    """Trial id -> status in the experiment state Tune saved last (``{}`` if none could be read)."""
-    from ray.tune import ExperimentAnalysis
-
+def _saved_statuses(staging: Path | None) -> dict[str, str]:
+    """Trial id -> status in the experiment state Tune saved last (``{}`` if none could be read).
+    Read from this driver's own staging copy with plain ``json``: Ray's ``ExperimentAnalysis``
+    would unpickle the trials it holds."""
     try:
-        return {t.trial_id: t.status for t in ExperimentAnalysis(str(exp_path)).trials}
+        newest = max(staging.glob("experiment_state-*.json"), key=lambda p: p.stat().st_mtime)
+        states = [json.loads(entry[0]) for entry in json.loads(newest.read_text())["trial_data"]]
+        return {str(t["trial_id"]): str(t["status"]) for t in states}
     except Exception as exc:
-        say(f"orchard: could not read the sweep's saved state: {exc}", file=sys.stderr)
+        say(f"orchard: could not read the sweep's saved state: {type(exc).__name__}: {exc}", file=sys.stderr)
         return {}
 
 

@@ -1,6 +1,8 @@
 """MLflow run lifecycle on the driver: experiment, run, params, tags, config artifact, status.
 
-Metrics during the run go through ``MetricsSink``; this module opens and closes the run.
+Metrics during the run go through ``MetricsSink``; this module opens and closes the run.  The
+experiment is tagged as model training, so the MLflow UI opens it on its runs table (MLflow 3
+shows an experiment without a kind in its GenAI view: traces, judges, prompts).
 """
 from __future__ import annotations
 
@@ -17,6 +19,11 @@ from pathlib import Path
 from orchard import config as config_lib
 from orchard import redact
 from orchard.runs import driver_tags
+
+# The experiment tag MLflow 3's UI reads to pick an experiment's view, and the value of its
+# "Model training" view; MLflow names no constant for either in its Python package.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+TRAINING_KIND = "custom_model_development"
 
 # Config keys that are bookkeeping rather than knobs; kept out of the run's params.
 _NOT_PARAMS = ("_choices",)
@@ -62,12 +69,14 @@ def git_commit() -> str:
 
 
 def _versions() -> dict[str, str]:
+    """``<package>.version`` tags; MLflow's own is ``orchard.mlflow_version``, since ``mlflow.*``
+    is MLflow's namespace (each logged model also records it in its MLmodel)."""
     import importlib.metadata as md
 
     out = {}
     for pkg in ("ray", "torch", "mlflow", "numpy"):
         try:
-            out[f"{pkg}.version"] = md.version(pkg)
+            out["orchard.mlflow_version" if pkg == "mlflow" else f"{pkg}.version"] = md.version(pkg)
         except md.PackageNotFoundError:
             pass
     return out
@@ -177,13 +186,21 @@ def check_store(uri: str, timeout_s: float = 10.0, create: bool = True,
     from mlflow.tracking import MlflowClient
 
     quiet_store_logs()
-    try:
-        with store_lock(uri):
-            MlflowClient(uri).search_experiments(max_results=1)  # creates and migrates the store once
-    except Exception as exc:
-        if transient(exc):  # locked by another process while MLflow waited its own 20 s
-            raise ConfigError("tracking.uri", _locked(path, lock_wait_s)) from None
-        raise
+    deadline = time.monotonic() + 30.0
+    while True:
+        try:
+            with store_lock(uri):
+                MlflowClient(uri).search_experiments(max_results=1)  # creates and migrates the store once
+            return
+        except Exception as exc:
+            if transient(exc):  # locked by another process while MLflow waited its own 20 s
+                raise ConfigError("tracking.uri", _locked(path, lock_wait_s)) from None
+            # A process that is not orchard (a notebook's MlflowClient, a watcher) creating the same
+            # fresh store at this moment, outside orchard's lock: MLflow's migration then finds its
+            # tables half made ("table ... already exists"). The other one finishes it: wait, retry.
+            if "already exists" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
 
 
 def _probe_write(path: Path, lock_wait_s: float) -> None:
@@ -219,15 +236,20 @@ def first_line(exc: BaseException) -> str:
 
 
 def ensure_experiment(client, name: str, artifact_location: str | None) -> str:
+    """The experiment's id, created if needed, tagged as model training unless the user gave it
+    another kind (the MLflow UI then opens it on its runs, not on GenAI traces)."""
     with store_lock(client.tracking_uri):
         exp = retried(client.get_experiment_by_name, name)
         if exp is not None:
+            if EXPERIMENT_KIND_TAG not in exp.tags:  # an experiment made before, or by hand
+                retried(client.set_experiment_tag, exp.experiment_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)
             return exp.experiment_id
         location = None
         if artifact_location:
             location = artifact_location if "://" in artifact_location else Path(artifact_location).resolve().as_uri()
         try:
-            return retried(client.create_experiment, name, artifact_location=location)
+            return retried(client.create_experiment, name, artifact_location=location,
+                           tags={EXPERIMENT_KIND_TAG: TRAINING_KIND})
         except Exception:  # created meanwhile by a process on another machine (server stores)
             exp = client.get_experiment_by_name(name)
             if exp is None:
@@ -236,9 +258,13 @@ def ensure_experiment(client, name: str, artifact_location: str | None) -> str:
 
 
 def open_run(cfg: dict, run_name: str, parent_run_id: str | None = None, extra_tags: dict | None = None) -> TrackedRun:
-    """Create the MLflow run: params = flattened config, tags, and ``config.yaml`` artifact."""
+    """Create the MLflow run: params = flattened config, tags, its description (what the run
+    is, in one line), its data as a dataset input, and the ``config.yaml`` artifact."""
     from mlflow.entities import Param, RunTag
     from mlflow.tracking import MlflowClient
+    from mlflow.utils.mlflow_tags import MLFLOW_GIT_COMMIT, MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NOTE, MLFLOW_SOURCE_NAME
+
+    from orchard import datasets, summary
 
     tcfg = cfg["tracking"]
     uri = resolve_uri(tcfg["uri"])
@@ -246,27 +272,31 @@ def open_run(cfg: dict, run_name: str, parent_run_id: str | None = None, extra_t
     experiment = tcfg.get("experiment") or cfg["workload"]["name"]
     exp_id = ensure_experiment(client, experiment, tcfg.get("artifact_location"))
     tags = {
-        "mlflow.runName": run_name,
         "orchard.workload": cfg["workload"]["name"],
         "orchard.strategy": cfg["strategy"]["name"],
         "orchard.command": "python -m orchard " + " ".join(redact.overrides(cfg.get("_overrides", []))),
-        "mlflow.source.git.commit": git_commit(),
-        "mlflow.source.name": "orchard",
+        MLFLOW_GIT_COMMIT: git_commit(),
+        MLFLOW_SOURCE_NAME: "orchard",
         **_versions(),
         **driver_tags(),
         **(extra_tags or {}),
     }
     if parent_run_id:
-        tags["mlflow.parentRunId"] = parent_run_id
-    run = retried(client.create_run, exp_id, run_name=run_name, tags=tags)
-    run_id = run.info.run_id
+        tags[MLFLOW_PARENT_RUN_ID] = parent_run_id
     # what everyone who reads the store sees: secrets masked (orchard/redact.py); the run has the real ones
     plain = redact.config({k: v for k, v in cfg.items() if k not in _NOT_PARAMS and not k.startswith("_")})
-    params = [Param(k, str(v)[:6000]) for k, v in sorted(config_lib.flatten(plain).items())]
+    flat = {k: str(v)[:6000] for k, v in config_lib.flatten(plain).items()}
+    parent_params = retried(client.get_run, parent_run_id).data.params if parent_run_id else None
+    tags[MLFLOW_RUN_NOTE] = summary.description(cfg, summary.trial_values(flat, parent_params))
+    run = retried(client.create_run, exp_id, run_name=run_name, tags=tags)
+    run_id = run.info.run_id
+    params = [Param(k, v) for k, v in sorted(flat.items())]
     for i in range(0, len(params), 100):
         retried(client.log_batch, run_id, params=params[i:i + 100])
-    retried(client.log_batch, run_id, tags=[RunTag(k, str(v)) for k, v in tags.items() if k != "mlflow.runName"])
+    retried(client.log_batch, run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
     log_config(client, run_id, plain)
+    if cfg.get("mode", "train") == "train":
+        datasets.log_training_data(client, run_id, cfg)
     return TrackedRun(run_id, exp_id, uri)
 
 
@@ -294,11 +324,25 @@ def close_run(run: TrackedRun, status: str, error: BaseException | None = None) 
         retried(client.set_terminated, run.run_id, status=status)
 
 
+UI_PORT = 5000   # MLflow's own default for `mlflow ui`
+# MLflow 3.17's UI picks its GenAI or its "Model training" layout from a per-browser setting
+# (GenAI unless the user switched) or this URL parameter; the experiment's kind tag alone does
+# not switch it (seen in headless Chromium), so orchard's links ask for model training.
+UI_TRAINING_VIEW = "workflowType=machine_learning"
+
+
 def ui_command(uri: str) -> str:
     """The command that opens the MLflow UI on this store (bound to localhost)."""
     if uri.startswith(("http://", "https://")):
         return f"open {uri}"
-    return f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000"
+    return f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port {UI_PORT}"
+
+
+def run_url(uri: str, experiment_id: str, run_id: str) -> str:
+    """The run's page in the MLflow UI: on the tracking server itself, or on the ``mlflow ui``
+    that ``ui_command`` starts."""
+    base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else f"http://127.0.0.1:{UI_PORT}"
+    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}?{UI_TRAINING_VIEW}"
 
 
 def in_notebook_or_tty() -> bool:

@@ -1,42 +1,59 @@
-"""Screenshots of orchard's runs in the MLflow UI, taken by a real headless Chromium.
+"""orchard's runs in the MLflow UI, opened by a real headless Chromium: checked, and photographed.
 
-Starts ``mlflow ui`` on 127.0.0.1 on a free port against a tracking store, opens pages in
-headless Chromium (Debian's ``chromium``: ``apt-get install chromium``) and saves PNGs:
+Starts ``mlflow ui`` on 127.0.0.1 on a free port against a tracking store and opens its pages
+with Chromium's own ``--dump-dom`` and ``--screenshot`` (Debian's ``chromium``:
+``apt-get install chromium``; no driver library, no DevTools client). It checks, in the page
+as the browser drew it, that
 
-  run_charts.png      the charts (model metrics) tab of one run, searched for ``--run-chart-filter``
-  run_artifacts.png   the same run's artifacts tab, showing one of its figures
-  compare_flower.png  MLflow's "Compare runs" page for the newest finished flower runs with
-                      strategy=ring and strategy=ps (run details, parameters, metrics side by side)
-  compare_flower_charts.png  the flower experiment's chart view filtered to those two runs, its
-                      charts searched for ``--chart-filter`` (throughput): one line per run
-                      (what README shows)
+  * the experiment, opened as orchard's summary links it, shows its runs table (MLflow's "Model
+    training" view), not the GenAI overview of traces, and its Dataset column names the run's data;
+  * the run's page lists its logged model and its dataset;
 
-Usage (3.5 min measured on a busy 2-core machine: the UI's start, then ~25 s per page):
+(MLflow 3.17's UI picks GenAI or Model training per browser, GenAI unless switched, or from the
+``workflowType`` URL parameter that orchard's links carry: orchard/tracking.py, ``run_url``)
+
+and saves the pictures docs/ shows:
+
+  mlflow_experiment.png      the experiment as the UI opens it: runs, their Dataset column
+  mlflow_run.png             one run's page: description, Logged models, Datasets, parameters, metrics
+  mlflow_compare_flower.png  "Compare runs" for the newest flower strategy=ring and strategy=ps runs
+
+Usage (about 2 min on a busy 2-core machine: the UI's start, then ~15 s per page):
   python -m orchard workload=flower strategy=ring debug=smoke
   python -m orchard workload=flower strategy=ps debug=smoke
-  python scripts/mlflow_ui_screenshots.py [--store sqlite:///mlflow.db] [--out docs/images] \\
-      [--run RUN_ID] [--figure figures/density_maps.png] [--compare RUN_A RUN_B]
+  python scripts/mlflow_ui_screenshots.py [--store sqlite:///mlflow.db] [--out docs/images] [--run RUN_ID]
 
-Without ``--run`` the newest finished flower ring run is shown; without ``--compare``, the newest
-finished ring and ps flower runs. Look at the pictures: spinners or a grey skeleton mean the page
-had not drawn within ``--wait-s`` seconds (a busy machine needs more).
+Exit 0 when the pages show what they should, 1 (with what is missing) when not, 2 when there is
+no browser or no run. Look at the pictures: a grey skeleton means the page had not drawn within
+``--budget-ms`` of the browser's virtual time (a busy machine needs more).
 """
 from __future__ import annotations
 
 import argparse
-import asyncio
-import base64
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.parse
 import urllib.request
 from pathlib import Path
+
+# Flags measured to render the MLflow UI headless here (../shared/GROUND.md); the virtual time
+# budget lets the single-page app fetch and draw before the dump or the shot.
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--no-first-run")
+# What only the GenAI overview shows (an experiment without the model-training kind opens there).
+GENAI_MARKS = ("Detect Issues in Your Traces", "Judges", "Agent versions")
+# The MLflow Assistant's side panel (px at the right of every page): cropped off the pictures.
+ASSISTANT_PANEL_PX = 560
+
+
+def find_chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
 
 def free_port() -> int:
@@ -50,7 +67,7 @@ def start_ui(store: str, port: int) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", store,
                              "--host", "127.0.0.1", "--port", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 120
+    deadline = time.time() + 300   # ~15 s on an idle box; minutes on a loaded one
     while time.time() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"mlflow ui exited with {proc.returncode}")
@@ -60,86 +77,64 @@ def start_ui(store: str, port: int) -> subprocess.Popen:
                     return proc
         except OSError:
             time.sleep(1)
-    proc.terminate()
-    raise RuntimeError("mlflow ui did not answer /health within 120 s")
+    stop_ui(proc)
+    raise RuntimeError("mlflow ui did not answer /health within 300 s")
 
 
-# Run in the page once it has drawn: close the assistant side panel (room for the charts) and,
-# where there is one, type CHART_FILTER into the chart search box (a React input: set the value
-# through the native setter, then announce it).
-TIDY_JS = """(() => {
-  for (const b of document.querySelectorAll('button[aria-label="Close"]')) {
-    if (b.closest('div') && /Assistant/.test(b.closest('div').parentElement.innerText || '')) { b.click(); break; }
-  }
-  const box = [...document.querySelectorAll('input')].find(i => /Search metric charts/i.test(i.placeholder || ''));
-  if (box && FILTER) {
-    Object.getOwnPropertyDescriptor(HTMLInputElement.prototype, 'value').set.call(box, FILTER);
-    box.dispatchEvent(new Event('input', {bubbles: true}));
-  }
-})()"""
+def stop_ui(proc: subprocess.Popen) -> None:
+    """The UI and the server workers it started (its process group): asked, then made, to stop."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:   # a busy machine: the server was still answering
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
 
 
-def screenshot(chromium: str, url: str, out: Path, size: tuple[int, int], wait_s: float,
-               chart_filter: str = "") -> None:
-    """One page as a PNG, through the DevTools protocol: load it, wait ``wait_s`` seconds of real
-    time (the UI fetches metric histories and draws its charts after the page has loaded; a
-    one-shot ``--screenshot`` takes them as spinners), then capture."""
-    js = TIDY_JS.replace("FILTER", json.dumps(chart_filter), 2)
-    asyncio.run(_capture(chromium, url, out, size, wait_s, js))
-    print(f"saved {out}  ({url})")
+def open_page(chromium: str, url: str, png: Path | None = None, size: tuple[int, int] = (1400, 1000),
+              budget_ms: int = 20000, assistant: bool = True) -> str:
+    """The page as Chromium drew it: its DOM as text, and a screenshot into ``png`` if given
+    (without the assistant's side panel, on the pages that have one)."""
+    def run(*action: str) -> str:
+        with tempfile.TemporaryDirectory() as profile:
+            out = subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
+                                  f"--window-size={size[0]},{size[1]}", f"--virtual-time-budget={budget_ms}",
+                                  *action, url], capture_output=True, text=True, timeout=900)  # a loaded box: minutes
+        return out.stdout
+
+    if png is not None:
+        png.parent.mkdir(parents=True, exist_ok=True)
+        run(f"--screenshot={png.resolve()}")
+        if assistant:
+            _crop_right(png, ASSISTANT_PANEL_PX)
+        print(f"saved {png}  ({url})")
+    return run("--dump-dom")
 
 
-async def _capture(chromium: str, url: str, out: Path, size: tuple[int, int], wait_s: float, js: str) -> None:
-    import aiohttp  # an MLflow dependency
+def _crop_right(png: Path, px: int) -> None:
+    from PIL import Image
 
-    port = free_port()
-    with tempfile.TemporaryDirectory() as profile:
-        browser = subprocess.Popen([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                                    "--disable-background-networking", "--disable-component-update",
-                                    "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
-                                    "--remote-debugging-address=127.0.0.1", f"--remote-debugging-port={port}",
-                                    f"--window-size={size[0]},{size[1]}", "about:blank"],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        try:
-            async with aiohttp.ClientSession() as http:
-                pages = []
-                for _ in range(120):  # the DevTools endpoint answers a second or two after start
-                    try:
-                        async with http.get(f"http://127.0.0.1:{port}/json/list") as r:
-                            pages = [t for t in await r.json() if t.get("type") == "page"]
-                        if pages:
-                            break
-                    except aiohttp.ClientError:
-                        pass
-                    await asyncio.sleep(0.5)
-                if not pages:
-                    raise RuntimeError("chromium's DevTools endpoint did not answer")
-                async with http.ws_connect(pages[0]["webSocketDebuggerUrl"], max_msg_size=0) as ws:
-                    ids = iter(range(1, 1 << 30))
+    with Image.open(png) as image:
+        kept = image.crop((0, 0, image.width - px, image.height))
+    kept.save(png)
 
-                    async def call(method: str, **params):
-                        i = next(ids)
-                        await ws.send_json({"id": i, "method": method, "params": params})
-                        async for msg in ws:
-                            reply = json.loads(msg.data)
-                            if reply.get("id") == i:
-                                if "error" in reply:
-                                    raise RuntimeError(f"{method}: {reply['error']}")
-                                return reply.get("result", {})
-                        raise RuntimeError("chromium closed the DevTools connection")
 
-                    await call("Page.enable")
-                    await call("Emulation.setDeviceMetricsOverride", width=size[0], height=size[1],
-                               deviceScaleFactor=1, mobile=False)
-                    await call("Page.navigate", url=url)
-                    await asyncio.sleep(wait_s)
-                    await call("Runtime.evaluate", expression=js)
-                    await asyncio.sleep(min(10.0, wait_s / 2))  # the filtered charts redraw
-                    shot = await call("Page.captureScreenshot", format="png")
-                    out.write_bytes(base64.b64decode(shot["data"]))
-        finally:
-            os.killpg(browser.pid, 15)
-            browser.wait(timeout=30)
+def check_experiment_page(dom: str, dataset: str) -> list[str]:
+    """What is wrong with the experiment's landing page (empty: nothing)."""
+    bad = [f"the experiment opened on the GenAI overview ({mark!r})" for mark in GENAI_MARKS if mark in dom]
+    if dataset not in dom:
+        bad.append(f"the runs table does not name the dataset {dataset!r}")
+    return bad
+
+
+def check_run_page(dom: str, model: str, dataset: str) -> list[str]:
+    """What is wrong with a run's page: it must list its logged model and its dataset."""
+    bad = []
+    if "Logged models" not in dom or f">{model}<" not in dom:
+        bad.append(f"the run page does not list its logged model {model!r}")
+    if dataset not in dom:
+        bad.append(f"the run page does not list its dataset {dataset!r}")
+    return bad
 
 
 def newest_flower_runs(client) -> dict[str, object]:
@@ -154,56 +149,63 @@ def newest_flower_runs(client) -> dict[str, object]:
     return found
 
 
+def visit(store: str, run_id: str, chromium: str, out: Path | None = None, compare: list[str] | None = None,
+          budget_ms: int = 20000) -> list[str]:
+    """Open the UI on ``store`` and check the run's experiment and page (screenshots into ``out``
+    when given); returns what is wrong."""
+    from mlflow.tracking import MlflowClient
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from orchard.tracking import UI_TRAINING_VIEW
+
+    client = MlflowClient(store)
+    run = client.get_run(run_id)
+    exp = run.info.experiment_id
+    dataset = run.inputs.dataset_inputs[0].dataset.name if run.inputs and run.inputs.dataset_inputs else "(no dataset)"
+    model_ids = [m.model_id for m in (run.outputs.model_outputs if run.outputs else [])]
+    model = client.get_logged_model(model_ids[-1]).name if model_ids else "(no model)"
+    port = free_port()
+    ui = start_ui(store, port)
+    base = f"http://127.0.0.1:{port}/#"
+    shot = (lambda name: out / name) if out else (lambda name: None)
+    try:
+        bad = check_experiment_page(open_page(chromium, f"{base}/experiments/{exp}?{UI_TRAINING_VIEW}",
+                                              shot("mlflow_experiment.png"), (2160, 520), budget_ms), dataset)
+        bad += check_run_page(open_page(chromium, f"{base}/experiments/{exp}/runs/{run_id}?{UI_TRAINING_VIEW}",
+                                        shot("mlflow_run.png"), (2200, 1850), budget_ms), model, dataset)
+        if compare and out:
+            exps = sorted({client.get_run(r).info.experiment_id for r in compare})
+            open_page(chromium, f"{base}/compare-runs?runs={json.dumps(compare)}&experiments={json.dumps(exps)}"
+                      f"&{UI_TRAINING_VIEW}", out / "mlflow_compare_flower.png", (1400, 1400), budget_ms, assistant=False)
+    finally:
+        stop_ui(ui)
+    return bad
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--store", default=os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db"))
     ap.add_argument("--out", default="docs/images")
-    ap.add_argument("--run", help="run id for the charts and artifacts shots (default: newest flower ring run)")
-    ap.add_argument("--figure", default="figures/density_maps.png", help="artifact opened in the artifacts shot")
+    ap.add_argument("--run", help="the run to open (default: the newest finished flower ring run)")
     ap.add_argument("--compare", nargs=2, metavar=("RUN_A", "RUN_B"), help="default: newest flower ring and ps runs")
-    ap.add_argument("--chromium", default=shutil.which("chromium") or shutil.which("chromium-browser"))
-    ap.add_argument("--run-chart-filter", default="train/", help="chart search in the run's charts shot")
-    ap.add_argument("--chart-filter", default="throughput/",
-                    help="chart search in the comparison's chart view (default: the throughput charts)")
-    ap.add_argument("--wait-s", type=float, default=20.0, help="seconds each page gets to draw before the shot")
+    ap.add_argument("--chromium", default=find_chromium())
+    ap.add_argument("--budget-ms", type=int, default=20000, help="browser virtual time each page gets to draw")
     args = ap.parse_args(argv)
     if not args.chromium:
         print("no chromium on PATH: apt-get install chromium (or pass --chromium PATH)", file=sys.stderr)
         return 2
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(args.store)
-    flower = newest_flower_runs(client)
+    flower = newest_flower_runs(MlflowClient(args.store))
     run_id = args.run or (flower["ring"].info.run_id if "ring" in flower else None)
-    pair = args.compare or ([flower["ring"].info.run_id, flower["ps"].info.run_id]
-                            if {"ring", "ps"} <= set(flower) else None)
-    if run_id is None and pair is None:
-        print(f"no finished flower runs in {args.store}: run the two commands in this script's docstring",
-              file=sys.stderr)
+    pair = args.compare or ([flower["ring"].info.run_id, flower["ps"].info.run_id] if {"ring", "ps"} <= set(flower) else None)
+    if run_id is None:
+        print(f"no finished flower ring run in {args.store}: run the commands in this script's docstring", file=sys.stderr)
         return 2
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    ui = start_ui(args.store, port)
-    base = f"http://127.0.0.1:{port}/#"
-    try:
-        if run_id:
-            exp = client.get_run(run_id).info.experiment_id
-            screenshot(args.chromium, f"{base}/experiments/{exp}/runs/{run_id}/model-metrics",
-                       out / "run_charts.png", (1400, 1000), args.wait_s, args.run_chart_filter)
-            screenshot(args.chromium, f"{base}/experiments/{exp}/runs/{run_id}/artifacts/{args.figure}",
-                       out / "run_artifacts.png", (1400, 1000), args.wait_s)
-        if pair:
-            exps = sorted({client.get_run(r).info.experiment_id for r in pair})
-            screenshot(args.chromium, f"{base}/compare-runs?runs={json.dumps(pair)}&experiments={json.dumps(exps)}",
-                       out / "compare_flower.png", (1400, 1400), args.wait_s)
-            both = urllib.parse.quote("attributes.run_id IN (" + ", ".join(f"'{r}'" for r in pair) + ")")
-            screenshot(args.chromium, f"{base}/experiments/{exps[0]}/runs?compareRunsMode=CHART&searchFilter={both}",
-                       out / "compare_flower_charts.png", (1600, 1100), args.wait_s, args.chart_filter)
-    finally:
-        os.killpg(ui.pid, 15)  # the UI and the gunicorn/uvicorn workers it started
-        ui.wait(timeout=30)
-    return 0
+    bad = visit(args.store, run_id, args.chromium, Path(args.out), pair, args.budget_ms)
+    for line in bad:
+        print(f"mlflow ui: {line}", file=sys.stderr)
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

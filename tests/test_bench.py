@@ -69,7 +69,7 @@ def test_render_marks_a_loaded_run_and_never_says_met(tmp_path):
     assert "ring >= 0.95x plain DDP: met" in singa and "1.20x" in singa
     assert "120 images/s (119-121, n=3), orchard ring" in singa and "test MAE 0.52" in singa
     for name in set(BENCHES) - {"flower", "singa"}:
-        assert f"Not measured yet (run: `python -m bench {name}`)" in text
+        assert f"Not measured from a clean tree yet (run: `python -m bench {name}`)" in text
 
 
 def test_render_smoke_and_missing_peer_rows(tmp_path):
@@ -109,7 +109,7 @@ sys.stdin.readline()
 def test_cpu_of_a_process_that_left_the_tree_stays_ours():
     import psutil
 
-    from bench.machine import OwnCpu
+    from orchard.process_cpu import OwnCpu
 
     child = subprocess.Popen([sys.executable, "-c", ORPHAN], stdin=subprocess.PIPE, text=True)
     own = OwnCpu(psutil.Process(child.pid))  # the child's tree: the test's own CPU is not in it

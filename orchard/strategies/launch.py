@@ -7,12 +7,17 @@ so they outlive a worker-group restart.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Callable
 
 
 def _wrap(train_loop: Callable[[dict], None]) -> Callable[[dict], None]:
     def loop(config: dict) -> None:
+        from orchard.strategies import worker
+
+        # where rank 0 notes each start of the group (worker.load_checkpoint; node_loss.py)
+        worker._RECOVERY.update(log=config.get("recovery_log"), ctx=config["ctx"])
         config["ctx"].claim_gpus()  # the run's GPU figures cover exactly the workers' GPUs
         try:
             train_loop(config)
@@ -46,20 +51,20 @@ def abort_train_runs() -> int:
     run in this driver's job; found through the GCS actor table, as ``fit()`` keeps their handles
     to itself, so only a process that started a controller holds a handle to it (asking Ray for
     another's aborts the process): call it in the process that started the runs."""
-    import ray
-    from ray._private import state
-
     try:
-        job = ray.JobID.from_hex(ray.get_runtime_context().get_job_id())
-        alive = state.actors(job_id=job, actor_state_name="ALIVE")
-        core = ray._private.worker.global_worker.core_worker
-        handles = [core.get_actor_handle(ray.ActorID.from_hex(actor_id)) for actor_id, info in alive.items()
-                   if info.get("ActorClassName", "").endswith("TrainController")]
+        handles = _train_controllers()
         for handle in handles:
             handle.abort.remote()   # it exits: fit() raises in its thread, which then returns
         return len(handles)
     except Exception:  # noqa: BLE001 - a Ray Client driver, or Ray already gone: nothing to abort here
         return 0
+
+
+def _train_controllers() -> list:
+    """Handles of the Ray Train controllers this driver's job runs (the GCS actor table)."""
+    from orchard import ray_private
+
+    return ray_private.live_actor_handles("TrainController")
 
 
 def free_orphaned_placement_groups() -> int:
@@ -74,15 +79,15 @@ def free_orphaned_placement_groups() -> int:
     group and whether that actor is dead: a non-detached group whose creator actor died serves
     nobody. Groups the driver made (Tune's trial groups: no creator actor) are left alone."""
     import ray
-    from ray._private import state
     from ray.core.generated import gcs_pb2
     from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+    from orchard import ray_private
 
     nil = ray.ActorID.nil().binary()
     job = ray.JobID.from_hex(ray.get_runtime_context().get_job_id()).binary()  # this driver's, not a neighbour's
     freed = 0
-    for raw in state.state._connect_and_get_accessor().get_placement_group_table():
-        group = gcs_pb2.PlacementGroupTableData.FromString(raw)
+    for group in ray_private.placement_group_table():
         if (group.is_detached or group.creator_job_id != job or not group.creator_actor_dead
                 or group.creator_actor_id in (b"", nil) or group.state == gcs_pb2.PlacementGroupTableData.REMOVED):
             continue
@@ -98,17 +103,19 @@ class WorkersDidNotStart(RuntimeError):
     """Ray Train's worker group did not get its resources within the bound: what it asked for
     and what the cluster has, in one line."""
 
-    def __init__(self, num_workers: int, per_worker: dict):
+    def __init__(self, num_workers: int, per_worker: dict, nodes_lost: int = 0):
         import ray
 
         bound = os.environ.get("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "60")
+        # after a lost node the bound is how long the run waited for a replacement
+        lost = f" after losing {nodes_lost} node{'s' if nodes_lost != 1 else ''}" if nodes_lost else ""
         ask = ", ".join(f"{v:g} {k}" for k, v in per_worker.items())
         try:
             free, total = ray.available_resources(), ray.cluster_resources()
             have = ", ".join(f"{free.get(k, 0):g} of {total.get(k, 0):g} {k} free" for k in per_worker)
         except Exception:  # noqa: BLE001 - Ray already stopping: the request alone still says it
             have = "unknown"
-        super().__init__(f"{num_workers} Ray Train workers ({ask} each) did not start within {float(bound):g} s "
+        super().__init__(f"{num_workers} Ray Train workers ({ask} each) did not start{lost} within {float(bound):g} s "
                          f"(cluster.worker_start_timeout_s); the cluster has {have}")
 
 
@@ -144,11 +151,14 @@ def launch(train_loop: Callable[[dict], None], loop_config: dict, cfg: dict, ctx
     the same path and name resumes from the latest checkpoint.  Returns the Ray Train Result.
     """
     import ray.train
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    from orchard.strategies import node_loss
+
     strategy = cfg["strategy"]
-    config = {**loop_config, "ctx": ctx, "strategy": strategy}
+    recovery = node_loss.recovery_log()
+    config = {**loop_config, "ctx": ctx, "strategy": strategy, "recovery_log": recovery}
     group = None
     if strategy["name"] == "ps":
         from orchard.strategies.ps import PSGroup
@@ -170,19 +180,25 @@ def launch(train_loop: Callable[[dict], None], loop_config: dict, cfg: dict, ctx
                       "process group uses gloo (NCCL needs one GPU per worker)", stacklevel=2)
         backend = "gloo"
     torch_config = TorchConfig(backend=None if backend == "auto" else backend)
+    scaling = _scaling(strategy, use_gpu, resources)
+    elastic = isinstance(scaling.num_workers, tuple)
+    states = node_loss.controller_states(recovery) if elastic else None
     trainer = TorchTrainer(
         _wrap(train_loop),
         train_loop_config=config,
         torch_config=torch_config,
-        scaling_config=ScalingConfig(num_workers=strategy["num_workers"], use_gpu=use_gpu,
-                                     resources_per_worker=resources),
+        scaling_config=scaling,
         run_config=RunConfig(
             name=name,
             # a folder or a URI (s3://...): every node opens it itself (orchard/storage.py)
             storage_path=_storage_path(storage_path, cfg, ctx),
-            # a worker group that cannot start within cluster.worker_start_timeout_s (the job's
-            # RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S, orchard/cluster.py) ends the run: Ray Train
-            # would otherwise retry the start forever (controller_failure_limit -1), a hang
+            callbacks=[states] if states is not None else None,
+            # A worker that dies, or a node lost under one, restarts the group from the last
+            # checkpoint (max_failures); the restarted group waits for its resources (a
+            # replacement node) up to cluster.worker_start_timeout_s (the job's
+            # RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S, orchard/cluster.py), then the run ends in
+            # one line: a group that cannot start is never retried (controller_failure_limit 0),
+            # which Ray Train would otherwise do forever (-1), a hang
             failure_config=FailureConfig(max_failures=strategy.get("max_failures", 0), controller_failure_limit=0),
             checkpoint_config=CheckpointConfig(num_to_keep=2),
             # cluster.ray_log_level (orchard/cluster.py): Train's per-report INFO lines off the console
@@ -191,14 +207,59 @@ def launch(train_loop: Callable[[dict], None], loop_config: dict, cfg: dict, ctx
         datasets=datasets,
         **({"dataset_config": dataset_config} if dataset_config is not None else {}),
     )
+    watch = node_loss.NodeWatch(ctx)
+    # an elastic group waits for its minimum without Ray's start bound: orchard keeps it
+    bound = node_loss.StartBound(recovery, _start_bound_s()) if states is not None else None
+    needed = min(scaling.num_workers) if elastic else scaling.num_workers
     try:
-        return fit_off_main_thread(trainer)
-    except Exception as exc:
-        if _start_timed_out(exc):
-            raise WorkersDidNotStart(strategy["num_workers"], resources) from exc
-        raise
+        try:
+            with watch, (bound or contextlib.nullcontext()):
+                result = fit_off_main_thread(trainer)
+        except Exception as exc:
+            if _start_timed_out(exc) or (bound is not None and bound.expired):
+                raise WorkersDidNotStart(needed, resources, watch.nodes_lost) from exc
+            raise
+        if bound is not None and bound.expired:  # aborted: fit() may return rather than raise
+            raise WorkersDidNotStart(needed, resources, watch.nodes_lost)
+        return result
     finally:
+        _log_recovery(ctx, watch, recovery)
         if group is not None:
             ctx.log_metrics({f"comm/ps_{k}": v for k, v in group.stats().items()})
             ctx.flush()
             group.shutdown()
+
+
+def _scaling(strategy: dict, use_gpu: bool, resources: dict):
+    """Ray Train's ScalingConfig: ``strategy.num_workers`` workers, or with
+    ``strategy.min_workers`` below it an elastic group (Ray 2.60's ``num_workers=(min, max)``):
+    it starts once ``min_workers`` fit, goes on with the workers left after a lost node instead
+    of waiting for a replacement, and grows back when one joins, looking every
+    ``strategy.resize_every_s`` s (each resize restarts the group from the last checkpoint)."""
+    from ray.train import ScalingConfig
+
+    most, least = int(strategy["num_workers"]), strategy.get("min_workers")
+    if not least or int(least) >= most:
+        return ScalingConfig(num_workers=most, use_gpu=use_gpu, resources_per_worker=resources)
+    return ScalingConfig(num_workers=(int(least), most), use_gpu=use_gpu, resources_per_worker=resources,
+                         elastic_resize_monitor_interval_s=float(strategy.get("resize_every_s") or 60.0))
+
+
+def _start_bound_s() -> float:
+    """cluster.worker_start_timeout_s, as the job's environment carries it (orchard/cluster.py)."""
+    return float(os.environ.get("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "60"))
+
+
+def _log_recovery(ctx, watch, recovery) -> None:
+    """The run's node-loss figures (node_loss.train_metrics), then the log actor ends."""
+    import ray
+
+    from orchard.strategies import node_loss
+
+    try:
+        starts = ray.get(recovery.read.remote(), timeout=30)
+        ctx.log_metrics(node_loss.train_metrics(watch, starts))
+        ctx.flush()
+        ray.kill(recovery)
+    except Exception:  # noqa: BLE001 - Ray already stopping (an interrupt): nothing more to record
+        pass

@@ -76,7 +76,8 @@ class ParameterServer:
         # async_average: each push moves the parameters 1/num_workers as far (the learning rate
         # is scaled, so it holds for scale-free rules such as Adam too): a round of pushes then
         # moves them as far as one sync step, and the rate does not grow with the worker count.
-        self.async_lr_scale = 1.0 / num_workers if (async_average and mode == "async") else 1.0
+        self.async_average = bool(async_average and mode == "async")
+        self.async_lr_scale = 1.0 / num_workers if self.async_average else 1.0
         self.params: dict[str, np.ndarray] | None = None
         self.flat: np.ndarray | None = None          # self.params are views into it
         self.layout: ShardLayout | None = None
@@ -88,6 +89,18 @@ class ParameterServer:
         self.updates = 0
         self.bytes_in = 0
         self.bytes_out = 0
+
+    async def begin(self, num_workers: int) -> bool:
+        """A worker group (re)started with ``num_workers`` workers: half-finished sync steps of
+        the group before it are dropped (their pushers are gone), and the barrier counts the
+        new group. The parameters stay; a checkpoint restore (load_state) replaces them."""
+        self.num_workers = int(num_workers)
+        self.async_lr_scale = 1.0 / self.num_workers if self.async_average else 1.0
+        self.pending.clear()
+        for event in self.done.values():
+            event.set()
+        self.done.clear()
+        return self.params is not None
 
     async def initialize(self, params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """First caller sets the parameters; every caller gets the same values back."""
@@ -193,8 +206,15 @@ class PSGroup:
         if mode not in ("sync", "async"):
             raise ValueError(f"mode must be sync or async, got {mode!r}")
         optimizer = optimizer or {"name": "sgd", "lr": 0.01}
-        servers = [ParameterServer.options(num_cpus=cpus_per_server).remote(num_workers, mode, optimizer,
-                                                                            async_average=async_average)
+        # A server whose node is lost comes back on another (max_restarts), empty: the workers'
+        # group fails with it (calls are not retried), and the group Ray Train restarts fills the
+        # servers again from its checkpoint (PSReplica), so no shard of parameters is ever lost.
+        options = dict(num_cpus=cpus_per_server, max_restarts=-1, max_task_retries=0)
+        if ray.util.get_current_placement_group() is None:
+            # shards on different nodes: their traffic shares the links, and a lost node takes
+            # one shard, not all. Inside a sweep trial they stay in the trial's placement group.
+            options["scheduling_strategy"] = "SPREAD"
+        servers = [ParameterServer.options(**options).remote(num_workers, mode, optimizer, async_average=async_average)
                    for _ in range(num_servers)]
         group = cls(servers, num_workers, mode)
         if params is not None:
@@ -217,6 +237,19 @@ class PSGroup:
         self._assign(params)
         refs = [s.initialize.remote(p) for s, p in zip(self.servers, self.split(params))]
         return _merge(ray.get(refs))
+
+    def begin(self, num_workers: int, wait_s: float = 120.0) -> None:
+        """Tell every shard a new worker group of ``num_workers`` starts (ParameterServer.begin).
+        A shard still coming back from a lost node is waited for, up to ``wait_s``."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                ray.get([s.begin.remote(num_workers) for s in self.servers])
+                return
+            except ray.exceptions.ActorUnavailableError:  # restarting after its node was lost
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1.0)
 
     def state(self) -> dict:
         return {"shards": ray.get([s.state.remote() for s in self.servers])}

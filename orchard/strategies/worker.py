@@ -91,7 +91,14 @@ class PSReplica:
         self.client = PSClient(self.group, self.env.rank)
         self.steps = 0
         self.bytes = 0
-        # Every worker starts from the same parameters: the first to arrive sets them.
+        # A (re)started group: rank 0 resets the servers' barrier to this group's size before
+        # anyone pushes (a group restarted after a lost node may be smaller, and the steps of
+        # the group before it never completed).
+        if self.env.rank == 0:
+            self.group.begin(self.env.world_size)
+        _barrier()
+        # Every worker starts from the same parameters: the first to arrive sets them (servers
+        # that came back empty from a lost node too; a checkpoint then replaces them).
         self._copy_in(self.client.initialize(_params_numpy(model)))
 
     def _copy_in(self, params: dict[str, np.ndarray]) -> None:
@@ -152,16 +159,42 @@ def save_checkpoint(state: dict, metrics: dict, epoch: int) -> None:
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
 
 
+# set by the launcher in each worker process (launch._wrap): where rank 0 notes that its group
+# started and from which epoch (orchard/strategies/node_loss.py), and the run's context
+_RECOVERY: dict = {}
+
+
 def load_checkpoint():
-    """``(state, epoch)`` of the latest checkpoint of this run, or ``None`` on a fresh start."""
+    """``(state, epoch)`` of the latest checkpoint of this run, or ``None`` on a fresh start.
+
+    Every worker group calls this once as it starts, so rank 0 notes here that training goes
+    on, and from which epoch: after a lost node, that is when the loss stopped costing time
+    (``train/lost_s``, ``train/restarts``; ``train/group_workers`` and ``train/resumed_from_epoch``
+    at step = the start's number)."""
     import ray.train
 
     ckpt = ray.train.get_checkpoint()
-    if ckpt is None:
-        return None
-    with ckpt.as_directory() as folder:
-        data = torch.load(Path(folder) / CHECKPOINT_FILE, weights_only=True, map_location="cpu")
-    return data["state"], int(data["epoch"])
+    restored = None
+    if ckpt is not None:
+        with ckpt.as_directory() as folder:
+            data = torch.load(Path(folder) / CHECKPOINT_FILE, weights_only=True, map_location="cpu")
+        restored = data["state"], int(data["epoch"])
+    _note_start(None if restored is None else restored[1])
+    return restored
+
+
+def _note_start(epoch: int | None) -> None:
+    log, ctx = _RECOVERY.get("log"), _RECOVERY.get("ctx")
+    if log is None or env().rank != 0:
+        return
+    import time
+
+    import ray
+
+    starts = ray.get(log.started.remote(env().world_size, epoch, time.time()))
+    if ctx is not None:  # each group's size (elastic groups shrink and grow) and where it went on from
+        ctx.log_metrics({"train/group_workers": env().world_size,
+                         **({"train/resumed_from_epoch": epoch + 1} if epoch is not None else {})}, step=starts)
 
 
 def _barrier() -> None:

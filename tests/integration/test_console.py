@@ -48,10 +48,30 @@ def test_a_smoke_run_prints_only_orchards_lines_with_the_headline_first(cli_run,
     # everything else is in the run's log: in its folder and beside its metrics in MLflow
     assert (run.run_dir / "orchard.log").stat().st_size > 0
     assert "orchard.log" in run.artifacts()
-    # the run folder holds what a @hydra.main app's holds
+    # the run folder, <output_dir>/<workload>/<run id>, holds what a @hydra.main app's holds
+    assert run.run_dir.name == run.run_id and run.run_dir.parent.name == workload
     config = yaml.safe_load((run.run_dir / ".hydra" / "config.yaml").read_text())
     assert config["workload"]["name"] == workload and config["smoke"] is True
     assert "debug=smoke" in yaml.safe_load((run.run_dir / ".hydra" / "overrides.yaml").read_text())
+    hydra = yaml.safe_load((run.run_dir / ".hydra" / "hydra.yaml").read_text())["hydra"]
+    assert hydra["runtime"]["output_dir"] == str(run.run_dir) and hydra["mode"] == "RUN"
+    assert hydra["runtime"]["choices"]["workload"] == workload and "debug=smoke" in hydra["overrides"]["task"]
+    if workload == "flower":  # README's console example shows the lines a real run prints, in their order
+        assert summary_labels(readme_console_example()) == summary_labels(lines), \
+            "README's console example no longer matches the console: paste a fresh one"
+
+
+def summary_labels(lines: list[str]) -> list[str]:
+    """The labels of the summary's lines ('speed', 'time', 'view', ...), from its title on."""
+    import re
+
+    title = next(i for i, line in enumerate(lines) if re.match(r"orchard \w+/\w+: ", line))
+    return [m[1] for line in lines[title + 1:] if (m := re.match(r"([a-zA-Z][a-zA-Z ]*?):\s", line))]
+
+
+def readme_console_example() -> list[str]:
+    text = (REPO / "README.md").read_text().split("### What the console shows", 1)[1]
+    return text.split("```text\n", 1)[1].split("```", 1)[0].splitlines()
 
 
 def test_config_dir_adds_the_users_own_experiment(tmp_path):
@@ -92,3 +112,5 @@ def test_hydra_run_dir_names_the_run_folder(run_orchard, tmp_path):
     folder = Path(res.run.data.tags["orchard.run_dir"])
     assert folder.parent == tmp_path / "mine" and folder.name.isdigit()
     assert (folder / ".hydra" / "config.yaml").is_file()
+    hydra = yaml.safe_load((folder / ".hydra" / "hydra.yaml").read_text())["hydra"]
+    assert hydra["run"]["dir"] == f"{tmp_path}/mine/${{now:%Y}}" and hydra["runtime"]["output_dir"] == str(folder)

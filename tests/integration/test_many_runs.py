@@ -43,20 +43,36 @@ def _children(uri: str) -> list:
 
 
 def test_a_flower_sweep_beside_runs_with_their_own_ray_runs_one_trial_at_a_time_and_finishes(tmp_path):
-    """The shipped flower sweep (4 trials, ASHA, one at a time on 2 cores) while two singa runs,
-    each with its own embedded Ray, start and stop beside it. A trial ASHA stops must give its
-    CPUs back at once (its Ray Train run aborted) and its MLflow run must close then, so the next
-    trial's workers start and MLflow never shows two trials RUNNING."""
+    """The shipped flower sweep (4 trials, ASHA, one at a time on 2 cores) while a singa and a
+    video run (Ray Train, like flower), each with its own embedded Ray, start and stop beside it,
+    and the same sweep command is started a second time. A trial ASHA stops must give its CPUs
+    back at once (its Ray Train run aborted) and its MLflow run must close then, so the next
+    trial's workers start and MLflow never shows two trials RUNNING; the second command is
+    refused, naming the first, and touches nothing. Folded in, at no extra run: the singa run's
+    workload returns a metric name MLflow refuses (bad_metric_workload.py): dropped and counted
+    alone, the final metrics arrive."""
+    from orchard.metrics_sink import DROPPED
+    from tests.integration import bad_metric_workload
+
     uri = _store(f"sqlite:///{tmp_path}/sweep.db")
-    sweep = _start(orchard("workload=flower", "sweep=flower_lr", "debug=smoke", f"tracking.uri={uri}",
-                           f"output_dir={tmp_path}/sweep"), tmp_path, tmp_path / "sweep.log")
+    sweep_args = orchard("workload=flower", "sweep=flower_lr", "debug=smoke", f"tracking.uri={uri}",
+                         f"output_dir={tmp_path}/sweep")
+    sweep = _start(sweep_args, tmp_path, tmp_path / "sweep.log")
     most_running, deadline = 0, time.time() + 1500
+    plain = [[sys.executable, "-c", bad_metric_workload.BOOTSTRAP, "workload=singa", "singa.arch=local", "debug=smoke"],
+             orchard("workload=video", "debug=smoke")]
     try:
-        for i in range(2):  # plain runs come and go while the sweep trains
-            plain = subprocess.run(orchard("workload=singa", "singa.arch=local", "debug=smoke",
-                                           f"tracking.uri=sqlite:///{tmp_path}/plain{i}.db", f"output_dir={tmp_path}/p{i}"),
-                                   cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=600)
-            assert plain.returncode == 0, plain.stdout[-2000:] + plain.stderr[-2000:]
+        while not any(r.info.status == "RUNNING" for r in _children(uri)):  # the sweep holds its lease
+            assert sweep.poll() is None and time.time() < deadline, (tmp_path / "sweep.log").read_text()[-3000:]
+            time.sleep(1)
+        twice = subprocess.run(sweep_args, cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=600)
+        assert twice.returncode == 2 and f"already driven by pid {sweep.pid}" in twice.stderr, \
+            twice.stdout[-2000:] + twice.stderr[-2000:]
+        for i, args in enumerate(plain):  # plain runs come and go while the sweep trains
+            store = f"tracking.uri=sqlite:///{tmp_path}/plain{i}.db"
+            done = subprocess.run([*args, store, f"output_dir={tmp_path}/p{i}"], cwd=tmp_path, env=env(),
+                                  capture_output=True, text=True, timeout=600)
+            assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
         while sweep.poll() is None:
             assert time.time() < deadline, "the sweep did not end within 25 minutes"
             most_running = max(most_running, sum(r.info.status == "RUNNING" for r in _children(uri)))
@@ -72,6 +88,9 @@ def test_a_flower_sweep_beside_runs_with_their_own_ray_runs_one_trial_at_a_time_
     for r in children:  # finished, or stopped by ASHA and closed saying so; none starved
         assert r.info.status == "FINISHED" or "scheduler" in r.data.tags.get("orchard.error", ""), \
             (r.info.status, r.data.tags.get("orchard.error"), out[-3000:])
+    (singa,) = runs(f"sqlite:///{tmp_path}/plain0.db")
+    assert singa.info.status == "FINISHED" and "test/accuracy" in singa.data.metrics
+    assert singa.data.metrics[DROPPED] == 1 and bad_metric_workload.BAD not in singa.data.metrics
 
 
 def test_runs_in_folders_of_one_name_under_two_parents_never_share_checkpoints(tmp_path):

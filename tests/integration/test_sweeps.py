@@ -44,6 +44,11 @@ def test_shipped_sweep_runs_to_the_end_at_smoke(sweep, ray_session, tracking_uri
     assert [c.info.status for c in children] == ["FINISHED"]
     assert s["metric"] in children[0].data.metrics
     assert parent.data.tags["best_run_id"] == children[0].info.run_id
+    # the trial trains on the sweep's data (one dataset), says what it was given, and has its headline
+    digests = {r.inputs.dataset_inputs[0].dataset.digest for r in (parent, children[0])}
+    assert len(digests) == 1
+    assert " · trial " in children[0].data.tags["mlflow.note.content"]
+    assert any(k.startswith("headline/") for k in children[0].data.metrics)
     if sweep == "flower_lr":  # ASHA's time axis: one val/mae per epoch, reported by the Train workers
         history = client.get_metric_history(children[0].info.run_id, "val/mae")
         assert len(history) == cfg["flower"]["epochs"] and len({m.step for m in history}) == len(history)

@@ -75,3 +75,47 @@ def test_an_embedded_ray_is_found_by_its_own_address_beside_other_ray_instances(
     assert seen["worker"]["timeout"] == "77.0"  # cluster.worker_start_timeout_s reaches Train's controller
     assert seen["after"] is None and seen["port_var"] is None  # nothing left pointing at a stopped Ray
     assert os.environ.get("RAY_GCS_SERVER_PORT") is None
+
+
+def test_a_remote_job_ships_an_allow_list_of_the_checkout_not_its_secrets(tmp_path):
+    """cluster=remote ships orchard/, workloads/, conf/ and outside workloads' packages, code and
+    configs only: a .env, the MLflow store, run outputs and key files stay on the driver."""
+    from orchard.cluster import ship
+
+    root, mine = tmp_path / "checkout", tmp_path / "elsewhere" / "mypkg"
+    files = ["orchard/cli.py", "orchard/.env", "orchard/__pycache__/cli.cpython-311.pyc", "workloads/a/run.py",
+             "workloads/a/id_rsa", "conf/config.yaml", ".env", "mlflow.db", "mlflow.db.lock", "outputs/run/log.txt",
+             "notes/secret.key"]
+    for rel in files:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("x")
+    (mine / "conf").mkdir(parents=True)
+    (mine / "__init__.py").write_text("")
+    (mine / "conf" / "tiny.yaml").write_text("")
+    (mine / "token.json").write_text("{}")
+    dest = tmp_path / "ship"
+    dest.mkdir()
+    ship(root, [mine], dest)
+    shipped = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file())
+    assert shipped == ["conf/config.yaml", "mypkg/__init__.py", "mypkg/conf/tiny.yaml", "orchard/cli.py",
+                       "workloads/a/run.py"]
+
+
+def test_embedded_ray_and_local_caches_live_in_a_private_folder_of_the_user(tmp_path, monkeypatch):
+    """Ray's session folder and the node cache go to <tmp>/orchard-<uid> (0700), numba's cache
+    to the user's cache folder: not to a folder every user of the machine can write."""
+    import os
+
+    from orchard import cluster
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    for var in ("ORCHARD_NODE_CACHE", "NUMBA_CACHE_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    own = cluster.private_tmp()
+    assert own == tmp_path / f"orchard-{os.getuid()}" and own.stat().st_mode & 0o777 == 0o700
+    own.chmod(0o777)  # loosened by someone: tightened again before use
+    assert cluster.private_tmp().stat().st_mode & 0o777 == 0o700
+    cluster.prepare_local_env()
+    assert os.environ["ORCHARD_NODE_CACHE"] == str(own / "node-cache")
+    assert os.environ["NUMBA_CACHE_DIR"] == str(tmp_path / "cache" / "orchard" / "numba")

@@ -57,6 +57,18 @@ def test_config_is_plain_containers():
     (["workload=tiny", "strategy=nope"], "strategy", "ps, ring, tasks"),
     (["workload=flower", "strategy=tasks"], "strategy.name", "ring, ps"),
     (["workload=tiny", "tracking.uri=nonsense"], "tracking.uri", "sqlite:///mlflow.db"),
+    (["workload=tiny", "logs.max_mb=0"], "logs.max_mb", "positive number of MiB"),
+    (["workload=tiny", "tracking.max_series_points=1"], "tracking.max_series_points", "integer >= 2"),
+    (["workload=flower", "flower.lrr=0.1"], "flower.lrr", "did you mean flower.optimizer.lr?"),
+    (["workload=tiny", "+seed=1"], "seed", "already exists; drop the leading '+'"),
+    (["workload=tiny", "~nope"], "nope", "no such config key to delete"),
+    (["workload=tiny", "experiment=nope"], "experiment", "one of "),
+    (["workload=tiny", "tiny.lr=[0.1"], "tiny.lr", "Hydra's grammar"),
+    (["workload=tiny", "tiny.lr=0.1,0.2"], "tiny.lr", "add --multirun"),
+    (["workload=tiny", "hydra/launcher=basic"], "hydra/launcher", "sweep=<name>"),
+    # the core's schema (orchard/schema.py) is strict: a quoted number is not a number
+    (["workload=tiny", "strategy.num_workers='2'"], "strategy.num_workers", "a positive integer, got '2'"),
+    (["workload=tiny", "cluster.worker_start_timeout_s=0"], "cluster.worker_start_timeout_s", "a positive number"),
 ])
 def test_bad_config_is_one_clear_error_before_ray(overrides, key, fragment, monkeypatch, capsys):
     import ray
@@ -71,6 +83,26 @@ def test_bad_config_is_one_clear_error_before_ray(overrides, key, fragment, monk
     assert code.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"orchard: bad config: {key}:")
+
+
+def test_config_errors_come_from_hydras_data_not_its_wording(monkeypatch):
+    """Hydra rewording every composition message changes none of orchard's lines: they come from
+    the parsed overrides, the exception types and the keys OmegaConf names (orchard/config_errors.py)."""
+    from hydra import errors
+
+    cases = [["workload=tiny", "tiny.lrr=1"], ["workload=nope"], [], ["workload=tiny", "+seed=1"],
+             ["workload=tiny", "~nope"], ["workload=tiny", "strategy=nope"], ["workload=tiny", "tiny.lr=abc,"]]
+    before = []
+    for overrides in cases:
+        with pytest.raises(ConfigError) as err:
+            prepare(overrides)
+        before.append(str(err.value))
+    for name in ("ConfigCompositionException", "MissingConfigException", "OverrideParseException"):
+        monkeypatch.setattr(getattr(errors, name), "__str__", lambda self: "Hydra words this differently now")
+    for overrides, line in zip(cases, before):
+        with pytest.raises(ConfigError) as err:
+            prepare(overrides)
+        assert str(err.value) == line
 
 
 def test_unknown_workload_lists_choices_and_exits_2_from_the_shell():

@@ -49,3 +49,15 @@ def test_of_two_takers_at_once_only_the_last_writer_keeps_it(run, monkeypatch):
     with pytest.raises(leases.LeaseHeld):
         leases.take(client, run_id, "sweep k")
     assert leases.read(client, run_id)["token"] == rival.token
+
+
+def test_without_a_store_the_lease_is_a_lock_on_the_folder_that_names_its_holder(tmp_path):
+    """tracking=none: the same sweep twice on one machine is refused naming the first driver; the
+    lock goes with its holder (released, or its process gone), so the next one takes it."""
+    import os
+
+    first = leases.take_local(tmp_path, "sweep s-1")
+    with pytest.raises(leases.LeaseHeld, match=f"sweep s-1 is already driven by pid {os.getpid()} on "):
+        leases.take_local(tmp_path, "sweep s-1")
+    first.release()
+    leases.take_local(tmp_path, "sweep s-1").release()

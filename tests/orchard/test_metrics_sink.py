@@ -70,3 +70,23 @@ def test_log_metrics_refuses_a_bad_name_with_one_line_naming_it_and_sends_nothin
     ctx.log_metrics({"train/loss": 3.0, "time/epoch_s": 0.5}, step=1)
     ctx.flush()  # in order after the calls before it
     assert ctx.last_values() == {"train/loss": 3.0, "time/epoch_s": 0.5}  # the refused calls sent nothing
+
+
+def test_the_in_memory_series_are_bounded_and_keep_the_runs_summary_and_the_pollers_place(ray_session):
+    """A long run's resource series and a sweep's watched metric hold at most ``max_series`` points
+    in the sink: the resource series is thinned (its mean stays the run's), the watched metric
+    drops its oldest points and a poller that has read them all goes on where it was."""
+    import ray
+
+    from orchard.metrics_sink import MetricsSink
+
+    sink = MetricsSink.remote(None, None, 3600.0, max_series=8)
+    ray.get(sink.watch.remote("val/loss"))
+    for step in range(100):
+        ray.get(sink.log_metrics.remote({"system/node0/cpu_pct": float(step % 10)}, step, step, keep_series=True))
+        ray.get(sink.log_metrics.remote({"val/loss": float(step)}, step, step))
+    series = ray.get(sink.series.remote("system/"))["system/node0/cpu_pct"]
+    watched = ray.get(sink.logged_since.remote("val/loss", 95))
+    ray.kill(sink)
+    assert len(series) <= 8 and set(series) <= set(range(10))
+    assert watched == [(s, float(s)) for s in range(95, 100)]   # indices count every point logged

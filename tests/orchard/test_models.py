@@ -151,8 +151,9 @@ def test_register_best_puts_the_trials_model_in_the_registry_with_its_metric_and
 
 @pytest.mark.slow
 def test_a_training_run_logs_an_mlflow_logged_model_too(cli_run, tmp_path):
-    """MLflow 3's LoggedModel (the UI's Models tab, search_logged_models, models:/<id>): the same
-    model as the run's model/ artifact, downloadable and owned by the workload."""
+    """MLflow 3's LoggedModel (the UI's Models tab, search_logged_models, models:/<id>): the run's
+    model, logged through MLflow's own Model.log, reachable as runs:/<id>/model and models:/<id>,
+    downloadable and owned by the workload."""
     import mlflow
 
     from orchard.models import resolve_model
@@ -165,8 +166,15 @@ def test_a_training_run_logs_an_mlflow_logged_model_too(cli_run, tmp_path):
     assert len(mine) == 1 and str(mine[0].status).endswith("READY"), mine
     uri = run.run.data.tags["orchard.logged_model"]
     assert uri == f"models:/{mine[0].model_id}"
-    # the run's model/ folder still lists through a client on this store (not the global one)
-    assert any(a.path.endswith("MLmodel") for a in run.client.list_artifacts(run.run_id, "model"))
+    assert mine[0].name == "model" and [o.model_id for o in run.run.outputs.model_outputs] == [mine[0].model_id]
+    # runs:/<id>/model lists through the LoggedModel (MLflow 3.17 resolves it on its *current* store)
+    mlflow.set_tracking_uri(run.uri)
+    listed = mlflow.artifacts.list_artifacts(artifact_uri=f"runs:/{run.run_id}/model", tracking_uri=run.uri)
+    assert any(a.path.endswith("MLmodel") for a in listed)
+    # the run folder's copy names the LoggedModel (a predict run given that folder records it as input)
+    from orchard.logged_models import model_id_of
+
+    assert model_id_of(run.run_dir / "model") == mine[0].model_id
     local, meta = resolve_model(uri, "singa", run.uri, tmp_path / "dl")
     assert (local / "MLmodel").is_file() and meta["orchard_workload"] == "singa"
 
@@ -221,3 +229,21 @@ def test_predict_files_actors_read_staged_copies_never_the_drivers_paths(ray_ses
     for i in range(3):   # written on the actor's node, sent back, written here
         assert (out / "notes" / f"a{i}.txt").read_text() == f"ok input{i} ['a{i}.truth', 'a{i}.txt']"
     assert not store.exists(models.STAGING_DIR)
+
+
+def test_predict_imports_only_the_modules_the_user_names_not_those_a_model_names(tmp_path):
+    """A model from a shared store that names modules to import (a teammate's layers) would run
+    their code in whoever predicts with it: refused in one line unless the user names them too."""
+    import json
+
+    from orchard.errors import ConfigError
+    from orchard.models import trusted_modules
+
+    (tmp_path / "model" / "net").mkdir(parents=True)
+    (tmp_path / "model" / "net" / "net.json").write_text(json.dumps({"layer_modules": ["evil.layers"]}))
+    with pytest.raises(ConfigError) as refused:
+        trusted_modules(tmp_path / "model", "net.json", "layer_modules", [], "singa.layer_modules")
+    assert refused.value.key == "singa.layer_modules" and "singa.layer_modules=[evil.layers]" in str(refused.value)
+    trusted_modules(tmp_path / "model", "net.json", "layer_modules", ["evil.layers"], "singa.layer_modules")
+    (tmp_path / "model" / "net" / "net.json").write_text(json.dumps({"layer_modules": []}))
+    trusted_modules(tmp_path / "model", "net.json", "layer_modules", [], "singa.layer_modules")

@@ -87,3 +87,31 @@ def test_metrics_the_store_refused_are_written_by_a_later_flush(ray_session, tmp
     history = client.get_metric_history(run_id, "loss")
     assert sorted(m.step for m in history) == [0, 1, 2, 3, 4]
     ray.kill(sink)
+
+
+def test_the_runs_own_cpu_counts_its_process_tree_and_not_a_busy_neighbour():
+    """``run_cpu_pct`` reads the driver's process tree only: a CPU-bound process outside the tree
+    (another user's sweep on the same machine) shows in the machine's ``cpu_pct``, not in it."""
+    import subprocess
+    import sys
+    import time
+
+    from orchard.resources import RunCpu
+
+    spin = [sys.executable, "-c", "import sys; sys.stdout.write('go\\n'); sys.stdout.flush()\nwhile True: pass"]
+    idle = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    busy = subprocess.Popen(spin, stdout=subprocess.PIPE, text=True)
+    try:
+        assert busy.stdout.readline() == "go\n"  # spinning from here on
+        ours, neighbour = RunCpu(idle.pid), RunCpu(busy.pid)
+        readings, deadline = [], time.time() + 120
+        while not readings or max(r[1] for r in readings) < 5.0:  # until the spinner has shown
+            assert time.time() < deadline, "the spinning neighbour never showed in 120 s"
+            time.sleep(0.2)
+            readings.append((ours.read(), neighbour.read()))
+        assert max(r[0] for r in readings) < 5.0  # the idle tree stays idle beside it
+    finally:
+        busy.kill()
+        idle.kill()
+        busy.wait()
+        idle.wait()

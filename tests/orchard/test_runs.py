@@ -40,13 +40,15 @@ def test_runs_without_a_heartbeat_are_never_touched():
     assert runs.why_lost({"mlflow.runName": "someone else's"}) is None
 
 
-def test_reap_closes_only_lost_runs_and_the_cli_reports_them(tmp_path):
+def test_reap_closes_only_lost_runs_and_the_cli_reports_them(tmp_path, capsys):
     from mlflow.tracking import MlflowClient
 
     from orchard.tracking import check_store
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     check_store(uri)
+    assert runs.main(["list", f"tracking.uri={uri}"]) == 0  # `runs list` on a store with no open run says so
+    assert capsys.readouterr().out.startswith(f"orchard: no RUNNING runs in {uri};")
     client = MlflowClient(uri)
     exp = client.create_experiment("lost")
     alive = client.create_run(exp, tags=runs.driver_tags()).info.run_id

@@ -114,3 +114,31 @@ def test_an_object_key_that_leads_out_of_the_folder_is_refused_and_leaves_nothin
     assert not [p for p in (tmp_path / "cache").rglob("*") if ".tmp-" in p.name]  # no half copy left
     with pytest.raises(UnsafeKey):
         shared.local_copy("../../escaped/PWNED.txt")
+
+
+def test_copies_from_a_bucket_stay_under_the_node_cache_bound(s3_env, monkeypatch, tmp_path):
+    """Three 40 kB folders localized from S3 (a real moto server) under a 100 kB bound: the least
+    recently used copy goes, the one just read again stays, and the removed bytes are counted."""
+    import os
+
+    from orchard import storage
+    from orchard.storage import evicted_bytes
+
+    for key, value in s3_env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("ORCHARD_NODE_CACHE", str(tmp_path / "node"))
+    monkeypatch.setattr(storage, "_cache_held", {})
+    store = Storage("s3://orchard/test-node-cache", node_cache_max_bytes=100_000)
+    for name in ("a", "b", "c"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "tiles.npy").write_bytes(name.encode() * 40_000)
+        store.upload(tmp_path / name, name)
+    before = evicted_bytes()
+    a, b = store.localize("a"), store.localize("b")
+    os.utime(a, (1, 1))                       # a: used long ago
+    os.utime(b, (2, 2))
+    assert store.localize("a") == a           # a hit refreshes a: b is now the least recently used
+    c = store.localize("c")                   # 120 kB > 100 kB: one copy must go
+    assert a.is_dir() and c.is_dir() and not b.exists()
+    assert evicted_bytes() - before >= 40_000
+    assert (store.localize("b") / "tiles.npy").read_bytes() == b"b" * 40_000   # copied again on demand

@@ -9,10 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from orchard import sweep_seal
 from orchard.errors import ConfigError
 from orchard.lifecycle import execute, preflight, prepare
 from orchard.placement import HEAD, Resources, bundles
+from orchard.storage import Storage
 from orchard.sweep import identity_overrides, sweep_key
+from orchard.tracking import check_store
 from tests.tiny_workload.cli import tiny_cli, tiny_cli_env
 
 SHIPPED = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "conf" / "sweep").glob("*.yaml"))
@@ -131,11 +134,21 @@ def tiny_sweep(ray_session, tracking_uri, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_same_command_resumes_another_command_starts_a_new_sweep(tiny_sweep, tracking_uri):
+def test_same_command_resumes_another_command_starts_a_new_sweep(tiny_sweep, tracking_uri, tmp_path):
     from mlflow.tracking import MlflowClient
 
     first, out1 = tiny_sweep("tiny.steps=5")
+    # a pickle planted beside the saved Tune state (a teammate who can write the bucket): the
+    # same command refuses to unpickle any of it, in one line, and touches nothing
+    (planted,) = [d / "planted.pkl" for d in (tmp_path / "out" / "sweeps").glob("*/tune")]
+    planted.write_bytes(b"cos\nsystem\n(S'touch pwned'\ntR.")
+    refused, _ = tiny_sweep("tiny.steps=5")
+    assert refused.exit_code == 2 and refused.run_id is None
+    assert "did not write: planted.pkl" in refused.error and "does not unpickle" in refused.error, refused.error
+    assert MlflowClient(tracking_uri).get_run(first.run_id).info.status == "FINISHED"  # not reopened
+    planted.unlink()
     again, out2 = tiny_sweep("tiny.steps=5")
+    assert sweep_seal.verify(Storage(planted.parent))  # the resumed session sealed what it wrote too
     other, out3 = tiny_sweep("tiny.steps=6")
     assert first.exit_code == again.exit_code == other.exit_code == 0
     assert "starting" in out1 and "resuming" in out2 and "starting" in out3
@@ -175,6 +188,7 @@ def test_interrupted_sweep_exits_130_and_resumes_where_it_stopped(tmp_path):
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
+    check_store(uri)  # created once, before this test's client polls it beside the sweep (docs/runs.md)
     args = tiny_cli("workload=tiny", "sweep=tiny_grid", "sweep.max_concurrent_trials=1", THREE_LRS,
                     "tiny.steps=40", "tiny.sleep_s=0.05", "tracking.system_metrics=false",
                     f"tracking.uri={uri}", f"output_dir={tmp_path}/out", "cluster.num_cpus=2")
@@ -223,6 +237,7 @@ def test_sigterm_of_a_sweep_exits_143_with_parent_and_running_trial_killed(tmp_p
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
+    check_store(uri)  # created once, before this test's client polls it beside the sweep (docs/runs.md)
     args = tiny_cli("workload=tiny", "sweep=tiny_grid", "sweep.max_concurrent_trials=1", TWO_LRS, "tiny.steps=100",
                     "tiny.sleep_s=0.1", "tracking.system_metrics=false", f"tracking.uri={uri}",
                     f"output_dir={tmp_path}/out", "cluster.num_cpus=2")

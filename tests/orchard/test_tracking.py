@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.tiny_workload.cli import tiny_cli, tiny_cli_env
 
@@ -24,6 +25,7 @@ def test_finished_run_holds_everything(run_orchard):
     tags = run.data.tags
     assert tags["orchard.workload"] == "tiny" and tags["ray.version"] and tags["torch.version"]
     assert "mlflow.source.git.commit" in tags
+    assert tags["orchard.mlflow_version"] and "mlflow.version" not in tags   # mlflow.* is MLflow's own
     # metrics from the driver and from a Ray task, every step
     assert len(res.history("train/loss")) == 30
     assert len(res.history("worker/loss")) == 30
@@ -116,6 +118,15 @@ def test_hydra_multirun_runs_each_grid_point(ray_session, tracking_uri, tracking
                               "attributes.run_name = 'multirun-test'")
     assert sorted(r.data.params["tiny.steps"] for r in runs) == ["7", "9"]
     assert all(r.info.status == "FINISHED" for r in runs)
+    # one layout for single runs and multirun jobs: <output_dir>/<workload>/<run id>/.hydra/, nothing in the cwd
+    assert not (tmp_path / "multirun").exists() and not list(tmp_path.glob("*.log"))
+    for run in runs:
+        folder = tmp_path / "out" / "tiny" / run.info.run_id
+        assert run.data.tags["orchard.run_dir"] == str(folder)
+        assert sorted(p.name for p in (folder / ".hydra").iterdir()) == ["config.yaml", "hydra.yaml", "overrides.yaml"]
+        hydra = yaml.safe_load((folder / ".hydra" / "hydra.yaml").read_text())["hydra"]
+        assert hydra["mode"] == "MULTIRUN" and hydra["runtime"]["output_dir"] == str(folder)
+        assert f"tiny.steps={run.data.params['tiny.steps']}" in hydra["overrides"]["task"]
 
 
 @pytest.mark.slow

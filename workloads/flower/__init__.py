@@ -113,6 +113,21 @@ def headline(cfg: dict, metrics: dict) -> list[str]:
     return [f"count MAE: CNN {cnn:.3g} vs blob counter {blob:.3g} ({cnn / blob:.2f}x, {verdict})"]
 
 
+def headline_metric(metrics: dict) -> tuple[str, float]:
+    """The one figure runs are compared by (``headline/count_mae``): the CNN's test count MAE."""
+    return "count_mae", metrics["test/mae"]
+
+
+def dataset(cfg: dict) -> dict:
+    """What a train run learns from, for its MLflow dataset input (orchard/datasets.py)."""
+    f = cfg["flower"]
+    if f["data_dir"]:
+        return {"name": f"field photos {Path(f['data_dir']).name}", "path": f["data_dir"]}
+    syn = f["synthetic"]
+    return {"name": f"synthetic field {syn['num_images']}x{syn['width']}x{syn['height']}",
+            "generator": "workloads.flower.synthetic_field", "settings": {**syn, "seed": cfg["seed"]}}
+
+
 def run(cfg: dict, ctx) -> dict[str, float]:
     """Train and evaluate (mode=train) or count flowers in new images (mode=predict)."""
     if cfg["mode"] == "predict":

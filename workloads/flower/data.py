@@ -20,13 +20,14 @@ from __future__ import annotations
 import contextlib
 import csv
 import math
-import os
 import shutil
 from collections import defaultdict
 from pathlib import Path
 
 import cv2
 import numpy as np
+
+from orchard.storage import partial_name
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
 KIND_PRIORITY = ("glare", "roadside", "shadow")  # a tile touching several is tagged by the first
@@ -385,31 +386,69 @@ def prepare_tiles(data_dir: str | Path, out_dir: str | Path, tile_size: int, roi
     if not names:
         raise FileNotFoundError(f"no images under {data_dir}/images")
     groups = [names[i:i + images_per_task] for i in range(0, len(names), images_per_task)]
-    if parallel:
-        import ray
-
-        task = ray.remote(num_cpus=1)(tile_images)
-        results = ray.get([task.remote(data_dir if hasattr(data_dir, "localize") else str(data_dir), g, tile_size, roi,
-                                       max_pixels) for g in groups])
-    else:
-        results = [tile_images(data_dir, g, tile_size, roi, max_pixels) for g in groups]
     cache = Path(out_dir) / "tiles"
-    partial = cache.with_name(f"tiles.tmp-{os.getpid()}")
+    partial = cache.with_name(partial_name("tiles"))
     partial.mkdir(parents=True, exist_ok=True)
-    np.save(partial / "images.npy", np.concatenate([r[0] for r in results]))
-    for name, header, column in (("index.csv", ("tile", "image", "row", "col", "count", "kind"), 1),
-                                 ("points.csv", ("tile", "x", "y"), 2)):
-        with open(partial / name, "w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(header)
-            for r in results:
-                writer.writerows(r[column])
-    skip_log.write_csv([s for r in results for s in r[3]], partial / skip_log.SKIPPED_CSV)
+    index_rows, point_rows, skipped = [], [], []
+    tiles_held = 0
+    try:
+        # the tiles stream to disk one group at a time, in order: the driver never holds them all
+        with open(partial / "images.raw", "wb") as raw:
+            for tiles, index, points, left_out in _tiled_groups(data_dir, groups, tile_size, roi, max_pixels, parallel):
+                raw.write(np.ascontiguousarray(tiles, np.uint8).tobytes())
+                tiles_held += len(tiles)
+                index_rows += index
+                point_rows += points
+                skipped += left_out
+        _raw_to_npy(partial / "images.raw", partial / "images.npy", (tiles_held, tile_size, tile_size, 3))
+        for name, header, rows in (("index.csv", ("tile", "image", "row", "col", "count", "kind"), index_rows),
+                                   ("points.csv", ("tile", "x", "y"), point_rows)):
+            with open(partial / name, "w", newline="") as f:
+                writer = csv.writer(f)
+                writer.writerow(header)
+                writer.writerows(rows)
+        skip_log.write_csv(skipped, partial / skip_log.SKIPPED_CSV)
+    except BaseException:  # a failed task, a full disk: no half cache folder stays behind
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
     try:
         partial.rename(cache)  # atomic: runs sharing a synthetic field never see half a cache
     except OSError:
         shutil.rmtree(partial, ignore_errors=True)  # another run wrote it first
     return cache
+
+
+def _tiled_groups(data_dir, groups: list[list[str]], tile_size: int, roi, max_pixels, parallel: bool):
+    """``tile_images`` of each group, in order, one at a time: Ray tasks run them in parallel, and
+    the driver fetches one group's tiles, lets the caller write them, then drops them."""
+    if not parallel:
+        for g in groups:
+            yield tile_images(data_dir, g, tile_size, roi, max_pixels)
+        return
+    import ray
+
+    task = ray.remote(num_cpus=1)(tile_images)
+    source = data_dir if hasattr(data_dir, "localize") else str(data_dir)
+    refs = [task.remote(source, g, tile_size, roi, max_pixels) for g in groups]
+    while refs:
+        yield ray.get(refs.pop(0))   # popped: the object store lets the group go once it is written
+
+
+def _raw_to_npy(raw: Path, npy: Path, shape: tuple[int, ...]) -> None:
+    """The uint8 bytes of ``raw`` as the ``.npy`` array of ``shape``: read straight into a memory
+    map of the new file (the page cache, not this process's heap), then ``raw`` removed."""
+    if shape[0] == 0:
+        np.save(npy, np.zeros(shape, np.uint8))
+    else:
+        out = np.lib.format.open_memmap(npy, mode="w+", dtype=np.uint8, shape=shape)
+        view, pos = memoryview(out.reshape(-1)), 0
+        with open(raw, "rb", buffering=0) as f:
+            while pos < len(view) and (got := f.readinto(view[pos:pos + (1 << 24)])):
+                pos += got
+        view.release()
+        out.flush()
+        del out
+    raw.unlink()
 
 
 class TileSet:

@@ -18,31 +18,47 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from workloads.flower.data import IMAGE_SUFFIXES, read_rgb
+from workloads.flower.data import DEFAULT_MAX_PIXELS, IMAGE_SUFFIXES, PhotoError, photo_size, read_rgb
 
 STATE_FILE = "model.pt"
 
 
+BAND_BYTES = 64 * 2**20   # tiles of one band of tile rows held at once by count_image (64 MiB)
+
+
 def count_image(model, rgb: np.ndarray, tile_size: int, scale: float, batch_size: int = 64,
-                device=None) -> np.ndarray:
+                device=None, band_bytes: int = BAND_BYTES) -> np.ndarray:
     """Density map (H, W) in flowers per pixel for an RGB uint8 image (H, W, 3) of any size;
-    its tiles are counted in batches of ``batch_size`` on ``device`` (default: the model's)."""
+    its tiles are counted in batches of ``batch_size`` on ``device`` (default: the model's).
+
+    The image is cut a band of tile rows at a time (at most ``band_bytes`` of tiles), so beyond
+    the photo and its density map memory does not grow with the photo's size; each tile is
+    counted on its own, so the map is the one the whole image cut at once gives."""
     import torch
 
     from workloads.flower.evaluate import predict_density
 
     height, width = rgb.shape[:2]
-    pad_h, pad_w = -height % tile_size, -width % tile_size
+    rows, cols = -(-height // tile_size), -(-width // tile_size)
     # Reflection keeps field texture at the edge (black padding would look like shadow);
     # the padded area is cropped away before counting.
     mode = cv2.BORDER_REFLECT_101 if min(height, width) > 1 else cv2.BORDER_REPLICATE
-    padded = cv2.copyMakeBorder(rgb, 0, pad_h, 0, pad_w, mode)
-    rows, cols = padded.shape[0] // tile_size, padded.shape[1] // tile_size
-    tiles = padded.reshape(rows, tile_size, cols, tile_size, 3).swapaxes(1, 2).reshape(-1, tile_size, tile_size, 3)
-    with torch.inference_mode():
-        maps, _ = predict_density(model, tiles, scale, batch_size, device)
-    stitched = maps.reshape(rows, cols, tile_size, tile_size).swapaxes(1, 2).reshape(rows * tile_size, cols * tile_size)
-    return stitched[:height, :width]
+    band_rows = max(1, band_bytes // max(1, cols * tile_size * tile_size * 3))
+    density = np.empty((height, width), np.float32)
+    for r0 in range(0, rows, band_rows):
+        r1 = min(rows, r0 + band_rows)
+        # the band's rows of the padded image: rows past the bottom edge reflected as the whole
+        # image's padding reflects them
+        wanted = [cv2.borderInterpolate(y, height, mode) for y in range(r0 * tile_size, r1 * tile_size)]
+        band = cv2.copyMakeBorder(np.ascontiguousarray(rgb[wanted]), 0, 0, 0, cols * tile_size - width, mode)
+        tiles = band.reshape(r1 - r0, tile_size, cols, tile_size, 3).swapaxes(1, 2).reshape(-1, tile_size, tile_size, 3)
+        with torch.inference_mode():
+            maps, _ = predict_density(model, tiles, scale, batch_size, device)
+        stitched = maps.reshape(r1 - r0, cols, tile_size, tile_size).swapaxes(1, 2).reshape(
+            (r1 - r0) * tile_size, cols * tile_size)
+        top = r0 * tile_size
+        density[top:min(height, r1 * tile_size)] = stitched[:min(height, r1 * tile_size) - top, :width]
+    return density
 
 
 def density_png(density: np.ndarray) -> np.ndarray:
@@ -52,15 +68,24 @@ def density_png(density: np.ndarray) -> np.ndarray:
     return cv2.applyColorMap((unit * 255).astype(np.uint8), cv2.COLORMAP_JET)
 
 
-def read_image(path: Path) -> np.ndarray:
-    """RGB uint8 (H, W, 3); ValueError (the reason) for a file that is not a colour image."""
+def read_image(path: Path, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> np.ndarray:
+    """RGB uint8 (H, W, 3); PhotoError (its kind and reason) for a file that is not a colour
+    image, or whose header says it is over ``max_pixels`` (``flower.max_image_pixels``: refused
+    before a pixel is decoded, as training does)."""
+    kind = "corrupt"
+    try:
+        photo_size(path, max_pixels)
+    except PhotoError as exc:
+        if exc.kind == "too_large":
+            raise
+        kind = exc.kind   # cv2 below may still read what PIL cannot; if not, this is why
     bgr = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
     if bgr is None:
-        raise ValueError("not a readable image (corrupt or not an image)")
+        raise PhotoError(kind, "not a readable image (corrupt or not an image)")
     if bgr.dtype != np.uint8:
-        raise ValueError(f"{bgr.dtype} pixels; a field photograph is 8-bit")
+        raise PhotoError("not_8bit", f"{bgr.dtype} pixels; a field photograph is 8-bit")
     if bgr.ndim == 2 or bgr.shape[2] not in (3, 4):
-        raise ValueError(f"{1 if bgr.ndim == 2 else bgr.shape[2]} channel(s); a field photograph is RGB")
+        raise PhotoError("not_rgb", f"{1 if bgr.ndim == 2 else bgr.shape[2]} channel(s); a field photograph is RGB")
     return read_rgb(path)
 
 
@@ -104,7 +129,8 @@ def state_file(model_dir: Path) -> Path:
 class Predictor:
     """Ray Data actor: holds the model, counts a batch of image paths, writes density PNGs."""
 
-    def __init__(self, model_dir: str, out_dir: str, tile_size: int, batch_size: int = 64, device: str = "auto"):
+    def __init__(self, model_dir: str, out_dir: str, tile_size: int, batch_size: int = 64, device: str = "auto",
+                 max_pixels: int | None = DEFAULT_MAX_PIXELS):
         import torch
 
         from workloads.flower.train import load_model
@@ -114,20 +140,23 @@ class Predictor:
         device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
         self.model, self.scale = load_model(state_file(Path(model_dir)), device)
         self.tile, self.out, self.batch = int(tile_size), Path(out_dir), int(batch_size)
+        self.max_pixels = max_pixels
 
     def __call__(self, batch: dict) -> dict:
-        cols = {"path": [], "error": [], "width": [], "height": [], "count": []}
+        from orchard.skipped import kind_of
+
+        cols = {"path": [], "error": [], "kind": [], "width": [], "height": [], "count": []}
         for path in batch["path"]:
             path = Path(str(path))
             try:
-                rgb = read_image(path)
+                rgb = read_image(path, self.max_pixels)
                 density = count_image(self.model, rgb, self.tile, self.scale, self.batch)
                 cv2.imwrite(str(self.out / "density" / f"{path.stem}.png"), density_png(density))
-                values = ("", rgb.shape[1], rgb.shape[0], round(float(density.sum()), 3))
-            except Exception as exc:  # one bad file never stops the run: skipped and counted
-                values = (str(exc).splitlines()[0][:200] or type(exc).__name__, 0, 0, 0.0)
+                values = ("", "", rgb.shape[1], rgb.shape[0], round(float(density.sum()), 3))
+            except Exception as exc:  # one bad file never stops the run: skipped and counted by kind
+                values = (str(exc).splitlines()[0][:200] or type(exc).__name__, kind_of(exc), 0, 0, 0.0)
             cols["path"].append(str(path))
-            for key, value in zip(("error", "width", "height", "count"), values):
+            for key, value in zip(("error", "kind", "width", "height", "count"), values):
                 cols[key].append(value)
         return {k: np.asarray(v) for k, v in cols.items()}
 
@@ -149,24 +178,26 @@ def run_predict(cfg: dict, ctx) -> dict[str, float]:
     ``model``; predictions.csv, density PNGs, skipped.csv; images/s."""
     import ray
 
-    from orchard import models
+    from orchard import models, skipped
     from orchard.storage import Storage
 
     model_dir, meta = models.resolve_model(cfg["model"], "flower", ctx.tracking_uri, Path(ctx.run_dir) / "model_in")
     source = Path(cfg["input"]).expanduser()
     if source.is_dir() and (source / "images").is_dir():
         source = source / "images"
-    files = models.input_files(source, IMAGE_SUFFIXES)
+    files, unusable = skipped.readable(skipped.listed_inputs(source, IMAGE_SUFFIXES))
     out = models.output_dir(ctx)
     (out / "density").mkdir(exist_ok=True)
     started = time.perf_counter()
     device = cfg["flower"]["eval_device"]
     rows = models.predict_files(files, Predictor, {"tile_size": int(meta.get("tile_size", 64)),
                                                    "batch_size": int(cfg["flower"]["eval_batch_size"]),
-                                                   "device": device},
+                                                   "device": device, "max_pixels": cfg["flower"].get("max_image_pixels")},
                                 ctx, Storage.for_run(cfg, ctx.run_dir), model_dir, out, desc="counting",
-                                num_gpus=predict_gpus(device, ray.cluster_resources().get("GPU", 0)))
+                                num_gpus=predict_gpus(device, ray.cluster_resources().get("GPU", 0))) if files else []
+    rows += skipped.as_rows(unusable, source if source.is_dir() else source.parent)
     elapsed = time.perf_counter() - started
+    skipped.record(ctx, skipped.from_rows(rows))   # data/skipped_files, data/skipped/<kind>, skipped.csv
     metrics = models.report(rows, ["path", "width", "height", "count"], ctx, out, "images", elapsed)
     good = [r for r in rows if not r["error"]]
     pixels = sum(int(r["width"]) * int(r["height"]) for r in good)

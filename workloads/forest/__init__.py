@@ -31,33 +31,13 @@ def _checkpoint_exists(path) -> bool:
 
 def validate(cfg: dict) -> None:
     """Check every `forest.*` knob before Ray starts; raises orchard.ConfigError."""
-    from orchard import ConfigError
-    from orchard.config import require, require_path, require_positive
+    from orchard import ConfigError, schema
+    from orchard.config import require, require_path
+
+    from .schema import Forest
 
     f = cfg["forest"]
-    for key in ("train_images", "test_images", "image_height", "image_width", "images_per_block",
-                "examples_per_image", "num_trees", "max_depth", "n_offsets", "n_thresholds",
-                "min_examples", "min_child_examples", "figure_images"):
-        require_positive(cfg, f"forest.{key}", integer=True)
-    for key in ("max_offset_m", "threshold_range_mm", "background_mm", "memory_budget_mb"):
-        require_positive(cfg, f"forest.{key}")
-    for key in ("image_fraction", "pixel_fraction"):
-        require(cfg, f"forest.{key}", lambda v: 0 < v <= 1, "a fraction in (0, 1]")
-    # the phase-2 kernel finds a response's bin by a six-step search over 64 (histogram_kernels.py)
-    require(cfg, "forest.n_thresholds", lambda v: v <= 63, "an integer from 1 to 63 (2.3 uses 50)")
-    require(cfg, "forest.unary_fraction", lambda v: 0 <= v <= 1, "a fraction in [0, 1]")
-    require(cfg, "forest.min_gain", lambda v: v >= 0, "a number >= 0")
-    require(cfg, "forest.small_round_example_features", lambda v: isinstance(v, (int, float)) and v >= 0,
-            "a number >= 0")
-    require(cfg, "forest.actor_cpus", lambda v: isinstance(v, (int, float)) and 0 <= v <= 64, "CPUs in [0, 64]")
-    for key in ("flip_prob", "compose_prob", "clutter_prob", "dropout"):
-        require(cfg, f"forest.preprocess.{key}", lambda v: 0 <= v <= 1, "a probability in [0, 1]")
-    require(cfg, "forest.preprocess.noise_sigma_mm", lambda v: v >= 0, "a number >= 0")
-    require(cfg, "forest.preprocess.clutter_objects", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0")
-    require(cfg, "forest.image_height", lambda v: v >= 16, "at least 16 pixels")
-    require(cfg, "forest.image_width", lambda v: v >= 16, "at least 16 pixels")
-    for degree in ("data_units", "features", "nodes"):
-        require_positive(cfg, f"forest.partitions.{degree}", integer=True)
+    schema.check(Forest, f, "forest")  # each key's type and range (workloads/forest/schema.py)
     for i, entry in enumerate(f.get("partitions_by_depth") or []):
         if not isinstance(entry, dict) or "from_depth" not in entry \
                 or not set(entry) <= {"from_depth", "data_units", "features", "nodes"} \
@@ -82,8 +62,6 @@ def validate(cfg: dict) -> None:
     if f.get("resume") is not None:
         require(cfg, "forest.resume", lambda v: _checkpoint_exists(resolve_checkpoint(v)),
                 f"a {CHECKPOINT_NAME} file or a run folder that holds one")
-    if f.get("stop_after_rounds") is not None:
-        require_positive(cfg, "forest.stop_after_rounds", integer=True)
 
 
 def _check_data_dir(f: dict) -> None:
@@ -140,6 +118,25 @@ def headline(cfg: dict, metrics: dict) -> list[str]:
     return [f"body-part labels: pixel accuracy {metrics['test/pixel_accuracy']:.3f}, "
             f"mean per-class accuracy {metrics['test/mean_class_accuracy']:.3f} "
             f"({cfg['forest']['num_trees']} trees, depth {metrics.get('train/max_depth_reached', 0):.0f})"]
+
+
+# What the logged model's loader (predict.py) imports: pinned in its requirements (orchard/logged_models.py).
+MODEL_IMPORTS = ("numba", "cv2")
+
+
+def headline_metric(metrics: dict) -> tuple[str, float]:
+    """The paper's figure of merit (``headline/mean_class_accuracy``) on held-out depth images."""
+    return "mean_class_accuracy", metrics["test/mean_class_accuracy"]
+
+
+def dataset(cfg: dict) -> dict:
+    """What a train run learns from, for its MLflow dataset input (orchard/datasets.py)."""
+    f = cfg["forest"]
+    if f["data_dir"]:
+        return {"name": f"depth pairs {str(f['data_dir']).rstrip('/').rsplit('/', 1)[-1]}", "path": f["data_dir"]}
+    keys = ("train_images", "test_images", "image_height", "image_width", "preprocess")
+    return {"name": f"synthetic avatars {f['train_images']}+{f['test_images']} {f['image_width']}x{f['image_height']}",
+            "generator": "workloads.forest.avatar", "settings": {**{k: f[k] for k in keys}, "seed": cfg["seed"]}}
 
 
 def run(cfg: dict, ctx) -> dict[str, float]:

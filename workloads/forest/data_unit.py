@@ -51,12 +51,15 @@ def build_block(stems: list[str], image_ids: list[int], block_id: int, seed: int
 
     A pair that cannot be read (corrupt, truncated, missing its label image, mismatched
     sizes, colours outside the palette) is skipped and named in block["skipped"]
-    [(stem, reason)]; a block whose every pair was skipped has no "depths".
+    (``orchard.skipped.SkippedFile``: the stem, its kind, the reason); a block whose every
+    pair was skipped has no "depths".
 
     With probability `compose_prob` a scene is composed with the next image of the
     block (cyclically), making a two-person scene. Randomness is a pure function of
     (seed, image id), so a block is reproducible wherever and whenever it is built.
     """
+    from orchard.skipped import SkippedFile, kind_of, one_line
+
     from .depth_png import preprocess, read_pair
 
     raw, skipped, kept_ids = [], [], []
@@ -64,8 +67,8 @@ def build_block(stems: list[str], image_ids: list[int], block_id: int, seed: int
         try:
             raw.append(read_pair(_local_stem(stem), palette))
             kept_ids.append(image_id)
-        except (OSError, ValueError) as exc:  # corrupt, truncated, mismatched: skip, counted
-            skipped.append((str(stem), str(exc).splitlines()[0][:200]))
+        except (OSError, ValueError) as exc:  # corrupt, truncated, mismatched: skip, counted by kind
+            skipped.append(SkippedFile(str(stem), kind_of(exc), one_line(exc)))
     image_ids = kept_ids
     if not raw:
         return {"block_id": block_id, "image_ids": np.zeros(0, np.int32), "skipped": skipped}
@@ -117,7 +120,7 @@ def build_blocks(stems: list[Path], images_per_block: int, seed: int, palette: n
                  preprocess_settings: dict, examples_per_image: int, keep_labels: bool,
                  first_block_id: int = 0, first_image_id: int = 0) -> tuple[list, list]:
     """Preprocess all PNG pairs in parallel Ray tasks; returns (ObjectRefs of the blocks,
-    ObjectRefs of their reports {"skipped": [(stem, reason)], "images", "examples"}).
+    ObjectRefs of their reports {"skipped": [SkippedFile], "images", "examples"}).
 
     The blocks stay in Ray's object store (spilled to disk if needed): the "large
     collection of data units, distributed evenly" that every round reads.

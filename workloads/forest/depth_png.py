@@ -40,21 +40,33 @@ def write_pair(stem: Path, depth_mm: np.ndarray, labels: np.ndarray, palette: np
         raise OSError(f"could not write {stem}_labels.png")
 
 
+class BadPair(ValueError):
+    """A PNG pair that cannot be used; ``kind`` is the key of ``data/skipped/<kind>``
+    (orchard/skipped.py): missing, unreadable, not_depth, size_mismatch, off_palette."""
+
+    def __init__(self, kind: str, reason: str):
+        super().__init__(reason)
+        self.kind = kind
+
+
 def read_pair(stem: Path, palette: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Read a PNG pair: depth (H, W) uint16 mm, labels (H, W) uint8 in 0..31.
 
-    Raises ValueError on a depth image that is not 16-bit single channel, on size
-    mismatch, or on a label colour that is not in the palette.
+    Raises BadPair (a ValueError with a kind) on a missing or undecodable file, a depth image
+    that is not 16-bit single channel, a size mismatch, or a label colour not in the palette.
     """
     depth = cv2.imread(f"{stem}_depth.png", cv2.IMREAD_UNCHANGED)
     bgr = cv2.imread(f"{stem}_labels.png", cv2.IMREAD_COLOR)
     if depth is None or bgr is None:
-        raise FileNotFoundError(f"missing or unreadable PNG pair {stem}_depth.png / _labels.png")
+        gone = [p for p in (f"{stem}_depth.png", f"{stem}_labels.png") if not Path(p).is_file()]
+        raise BadPair("missing" if gone else "unreadable",
+                      f"{Path(gone[0]).name} is missing" if gone
+                      else f"unreadable PNG pair {stem}_depth.png / _labels.png (corrupt or truncated)")
     if depth.dtype != np.uint16 or depth.ndim != 2:
-        raise ValueError(f"{stem}_depth.png: expected 16-bit single-channel depth, "
-                         f"got {depth.dtype} with shape {depth.shape}")
+        raise BadPair("not_depth", f"{stem}_depth.png: expected 16-bit single-channel depth, "
+                      f"got {depth.dtype} with shape {depth.shape}")
     if bgr.shape[:2] != depth.shape:
-        raise ValueError(f"{stem}: label image {bgr.shape[:2]} != depth image {depth.shape}")
+        raise BadPair("size_mismatch", f"{stem}: label image {bgr.shape[:2]} != depth image {depth.shape}")
     rgb = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB).astype(np.int32)
     packed = (rgb[..., 0] << 16) | (rgb[..., 1] << 8) | rgb[..., 2]
     keys = (palette[:, 0].astype(np.int32) << 16) | (palette[:, 1].astype(np.int32) << 8) \
@@ -64,7 +76,7 @@ def read_pair(stem: Path, palette: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     found = keys[order][pos] == packed
     if not found.all():
         bad = rgb[~found][0]
-        raise ValueError(f"{stem}_labels.png: colour {tuple(bad)} is not in the palette")
+        raise BadPair("off_palette", f"{stem}_labels.png: colour {tuple(bad)} is not in the palette")
     return depth, order[pos].astype(np.uint8)
 
 

@@ -21,12 +21,29 @@ import numpy as np
 from .shuffle import add_partial
 
 
+def _keep_a_current_folder() -> None:
+    """Move to the temp folder when this process's current folder is gone.
+
+    numba's compiler calls ``os.getcwd()``; an actor re-created after a lost node started in a
+    worker whose current folder (the job's working_dir copy) had been removed, and every
+    phase-3 call failed with FileNotFoundError (seen on a two-node cluster_utils.Cluster, where
+    the nodes share one session folder). The actor reads nothing relative to it."""
+    import os
+    import tempfile
+
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        os.chdir(tempfile.gettempdir())
+
+
 class HistogramActor:
     """Sums partial histograms for one node partition; computes their best splits."""
 
     def __init__(self):
         import numba
 
+        _keep_a_current_folder()
         # Several actors share the machine with the phase-2 tasks: one thread each.
         numba.set_num_threads(1)
         self.shape = None  # no batch yet (also after a restart): partials are ignored
@@ -65,6 +82,7 @@ class HistogramActor:
         see `histogram_kernels.best_splits`. {"parts": None} when it has no batch."""
         from .histogram_kernels import best_splits
 
+        _keep_a_current_folder()  # the folder may go after the actor started
         if self.shape is None:
             return {"parts": None}
         start = time.perf_counter()

@@ -123,8 +123,11 @@ class Predictor:
         from .inference import confusion_matrix
         from .body_parts import BACKGROUND
 
+        from orchard.skipped import kind_of
+
         n_conf = self.parts * self.parts
-        cols = {"path": [], "error": [], "width": [], "height": [], "labelled_pixels": [], "scored": [], "confusion": []}
+        cols = {"path": [], "error": [], "kind": [], "width": [], "height": [], "labelled_pixels": [], "scored": [],
+                "confusion": []}
         for path in batch["path"]:
             path = Path(str(path))
             confusion, scored = np.zeros(n_conf, np.int64), False
@@ -143,11 +146,11 @@ class Predictor:
                         scored = True
                     except (OSError, ValueError) as exc:  # labels unusable: the prediction stands, unscored
                         print(f"forest: {truth_path.name} not scored: {str(exc).splitlines()[0][:160]}", flush=True)
-                values = ("", depth.shape[1], depth.shape[0], int((labels != BACKGROUND).sum()))
-            except Exception as exc:  # one bad file never stops the run: skipped and counted
-                values = (str(exc).splitlines()[0][:200] or type(exc).__name__, 0, 0, 0)
+                values = ("", "", depth.shape[1], depth.shape[0], int((labels != BACKGROUND).sum()))
+            except Exception as exc:  # one bad file never stops the run: skipped and counted by kind
+                values = (str(exc).splitlines()[0][:200] or type(exc).__name__, kind_of(exc), 0, 0, 0)
             cols["path"].append(str(path))
-            for key, value in zip(("error", "width", "height", "labelled_pixels"), values):
+            for key, value in zip(("error", "kind", "width", "height", "labelled_pixels"), values):
                 cols[key].append(value)
             cols["scored"].append(scored)
             cols["confusion"].append(confusion)
@@ -156,27 +159,32 @@ class Predictor:
 
 def depth_files(folder) -> list[Path]:
     """PNGs of ``input`` that are not label images of a pair."""
-    from orchard.models import input_files
+    from orchard.skipped import listed_inputs
 
-    return [p for p in input_files(folder, (".png",)) if not p.name.endswith("_labels.png")]
+    # links to nothing and unreadable files are listed too: run_predict skips and counts them
+    return [p for p in listed_inputs(folder, (".png",)) if not p.name.endswith("_labels.png")]
 
 
 def run_predict(cfg: dict, ctx) -> dict[str, float]:
     """Label every depth PNG of ``input``; accuracy where ground-truth labels sit beside."""
-    from orchard import models
+    from orchard import models, skipped
     from orchard.storage import Storage
 
     from .body_parts import NUM_PARTS, PART_NAMES
     from .inference import accuracy_metrics
 
     model_dir, _ = models.resolve_model(cfg["model"], "forest", ctx.tracking_uri, Path(ctx.run_dir) / "model_in")
-    files = depth_files(cfg["input"])
+    source = Path(cfg["input"]).expanduser()
+    files, unusable = skipped.readable(depth_files(source))
     out = models.output_dir(ctx)
     (out / "labels").mkdir(exist_ok=True)
     started = time.perf_counter()
     rows = models.predict_files(files, Predictor, {}, ctx, Storage.for_run(cfg, ctx.run_dir), model_dir, out,
-                                companions=lambda p: [t for t in [truth_file(p)] if t is not None], desc="labelling")
+                                companions=lambda p: [t for t in [truth_file(p)] if t is not None],
+                                desc="labelling") if files else []
+    rows += skipped.as_rows(unusable, source if source.is_dir() else source.parent)
     elapsed = time.perf_counter() - started
+    skipped.record(ctx, skipped.from_rows(rows))   # data/skipped_files, data/skipped/<kind>, skipped.csv
     metrics = models.report(rows, ["path", "width", "height", "labelled_pixels", "scored"], ctx, out, "images", elapsed)
     good = [r for r in rows if not r["error"]]
     metrics["predict/pixels_per_s"] = sum(int(r["width"]) * int(r["height"]) for r in good) / max(elapsed, 1e-9)

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import ray
 
-from orchard import background
+from orchard import background, skipped
 
 from . import CHECKPOINT_NAME, resolve_checkpoint
 from .avatar import focal_length_px, render_dataset
@@ -62,15 +62,15 @@ def corpus(cfg: dict, run_dir: Path, palette: np.ndarray, parallelism: int):
 
 
 def checked_blocks(refs: list, report_refs: list, ctx, split: str) -> tuple[list, dict]:
-    """Keep the blocks that hold images; print one line per skipped pair (before phase 1).
-    Returns (block refs, {"skipped": n, "images": n, "examples": n})."""
+    """Keep the blocks that hold images (before phase 1). Returns (block refs, {"skipped":
+    [SkippedFile] named ``<split>/<stem>``, "images": n, "examples": n}); the caller reports
+    the skipped pairs (orchard/skipped.py)."""
+    from orchard.skipped import SkippedFile
+
     reports = ray.get(report_refs)
-    for report in reports:
-        for stem, reason in report["skipped"]:
-            print(f"forest: skipped {split} pair {stem}: {reason}", flush=True)
     kept = [ref for ref, report in zip(refs, reports) if report["images"]]
-    return kept, {k: sum(len(r[k]) if k == "skipped" else r[k] for r in reports)
-                  for k in ("skipped", "images", "examples")}
+    skipped = [SkippedFile(f"{split}/{Path(s.file).name}", s.kind, s.reason) for r in reports for s in r["skipped"]]
+    return kept, {"skipped": skipped, **{k: sum(r[k] for r in reports) for k in ("images", "examples")}}
 
 
 def initial_state(forest_cfg: dict, seed: int) -> dict:
@@ -114,7 +114,22 @@ def evaluate(trees, class_weights, test_refs, forest_cfg, palette, ctx, step: in
 
 
 def train_and_evaluate(cfg: dict, ctx) -> dict[str, float]:
-    """The workload's `run`: returns final metrics (`split/name`)."""
+    """The workload's `run`: returns final metrics (`split/name`).
+
+    A node lost meanwhile costs no result (docs/cluster.md, "Losing nodes"): Ray rebuilds its
+    data blocks from their lineage and retries its tasks, its histogram actors come back on the
+    nodes alive and the round redoes their share (rounds.py); the watch counts it."""
+    from orchard.strategies.node_loss import NodeWatch
+
+    round_ends: list[float] = []  # when each round finished: after a lost node, when training went on
+    with NodeWatch(ctx) as watch:
+        metrics = _train_and_evaluate(cfg, ctx, round_ends)
+    # a loss cost the time until the round it interrupted finished (that round redid its share)
+    return {**metrics, "cluster/nodes_lost": float(watch.nodes_lost), "cluster/nodes_joined": float(watch.joined),
+            "train/lost_s": watch.lost_s(round_ends)}
+
+
+def _train_and_evaluate(cfg: dict, ctx, round_ends: list) -> dict[str, float]:
     f, strategy, seed = cfg["forest"], cfg["strategy"], cfg["seed"]
     started = time.perf_counter()
     palette = palette_array(f["palette"])
@@ -129,9 +144,12 @@ def train_and_evaluate(cfg: dict, ctx) -> dict[str, float]:
     train_refs, train_reports = build_blocks(train_stems, f["images_per_block"], keep_labels=False, **common)
     test_refs, test_reports = build_blocks(test_stems, f["images_per_block"], keep_labels=True,
                                            first_block_id=1_000_000, first_image_id=1_000_000, **common)
-    # bad pairs are skipped and counted here, before phase 1 (one line each)
+    # bad pairs are skipped and counted here, before phase 1: one line each, data/skipped_files,
+    # data/skipped/<kind>, skipped.csv (orchard/skipped.py, as flower and video do)
     train_refs, train_data = checked_blocks(train_refs, train_reports, ctx, "training")
     test_refs, test_data = checked_blocks(test_refs, test_reports, ctx, "test")
+    skipped.report(ctx, train_data["skipped"] + test_data["skipped"], "forest", step=0)
+    train_data["skipped"], test_data["skipped"] = len(train_data["skipped"]), len(test_data["skipped"])
     ctx.log_metrics({"data/skipped_pairs": float(train_data["skipped"] + test_data["skipped"]),
                      "data/skipped_train_pairs": train_data["skipped"],
                      "data/train_images": train_data["images"], "data/train_examples": train_data["examples"],
@@ -151,6 +169,7 @@ def train_and_evaluate(cfg: dict, ctx) -> dict[str, float]:
     def on_round(tree_index, depth, metrics):
         step = tree_index * f["max_depth"] + depth
         history.append(metrics)
+        round_ends.append(time.time())
         ctx.log_metrics(metrics, step=step)
         ctx.progress(step + 1, total_rounds, desc=f"tree {tree_index + 1}/{f['num_trees']} depth {depth}",
                      **{"Mef/s": metrics["round/example_features_per_s"] / 1e6})
@@ -197,6 +216,7 @@ def train_and_evaluate(cfg: dict, ctx) -> dict[str, float]:
         "throughput/effective_parallelism": (
             sum(m["round/effective_parallelism"] * m["round/total_s"] for m in history)
             / max(sum(m["round/total_s"] for m in history), 1e-9)),
+        "train/restarts": float(runner.actor_replays),  # histogram actors' shares redone after a loss
         "time/data_s": data_s, "time/train_s": train_s,
         "time/total_s": time.perf_counter() - started,
     })

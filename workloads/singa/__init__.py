@@ -210,6 +210,32 @@ def headline(cfg: dict, metrics: dict) -> list[str]:
     return [f"test accuracy {acc:.3f} vs target {target:.2f} ({'met' if acc >= target else 'not met'}; {net})"]
 
 
+# What the logged model's loader (predict.py) imports: pinned in its requirements (orchard/logged_models.py).
+MODEL_IMPORTS = ("torch",)
+
+
+def headline_metric(metrics: dict) -> tuple[str, float]:
+    """Test accuracy (``headline/test_accuracy``); msae, which retrieves rather than classifies:
+    its mean average precision at 50, image to text (``headline/map_at_50_img2txt``)."""
+    if "test/accuracy" in metrics:
+        return "test_accuracy", metrics["test/accuracy"]
+    return "map_at_50_img2txt", metrics["test/map_at_50_img2txt"]
+
+
+def dataset(cfg: dict) -> dict:
+    """What a train run learns from, for its MLflow dataset input (orchard/datasets.py): the
+    files of ``singa.data_dir``, or a dataset a package ships or a loader makes (by its settings)."""
+    from workloads.singa.apps.dataset import DATASETS
+    from workloads.singa.settings import load_net
+
+    s = cfg["singa"]
+    data = s.get("data") or load_net(cfg).get("data")
+    if s.get("data_dir"):
+        return {"name": f"{data} {str(s['data_dir']).rstrip('/').rsplit('/', 1)[-1]}", "path": s["data_dir"]}
+    return {"name": f"{data}{' (smoke)' if cfg.get('smoke') else ''}", "generator": DATASETS.get(data, data),
+            "settings": {"data": data, "smoke": bool(cfg.get("smoke")), "seed": cfg["seed"]}}
+
+
 def run(cfg: dict, ctx) -> dict[str, float]:
     """Train ``singa.app`` under ``singa.arch`` (returns the final metrics), or, with
     mode=predict, classify files with a trained net (predict.py)."""

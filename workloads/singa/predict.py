@@ -179,7 +179,9 @@ class Predictor:
         self.out = Path(out_dir)
 
     def __call__(self, batch: dict) -> dict:
-        cols = {k: [] for k in ("path", "error", "samples", "labelled", "correct", "label", "confidence")}
+        from orchard.skipped import kind_of
+
+        cols = {k: [] for k in ("path", "error", "kind", "samples", "labelled", "correct", "label", "confidence")}
         for path in batch["path"]:
             path = Path(str(path))
             try:
@@ -193,12 +195,12 @@ class Predictor:
                         for i in range(len(x)):
                             w.writerow((i, int(pred[i]), round(float(probs[i, pred[i]]), 4),
                                         "" if y is None else int(y[i])))
-                values = ("", len(x), 0 if y is None else len(y), 0 if y is None else int((pred == y).sum()),
+                values = ("", "", len(x), 0 if y is None else len(y), 0 if y is None else int((pred == y).sum()),
                           int(pred[0]) if len(x) == 1 else -1, float(probs[0, pred[0]]) if len(x) == 1 else 0.0)
-            except Exception as exc:  # one bad file never stops the run: skipped and counted
-                values = (str(exc).splitlines()[0][:200] or type(exc).__name__, 0, 0, 0, -1, 0.0)
+            except Exception as exc:  # one bad file never stops the run: skipped and counted by kind
+                values = (str(exc).splitlines()[0][:200] or type(exc).__name__, kind_of(exc), 0, 0, 0, -1, 0.0)
             cols["path"].append(str(path))
-            for key, value in zip(("error", "samples", "labelled", "correct", "label", "confidence"), values):
+            for key, value in zip(("error", "kind", "samples", "labelled", "correct", "label", "confidence"), values):
                 cols[key].append(value)
         return {k: np.asarray(v) for k, v in cols.items()}
 
@@ -206,30 +208,34 @@ class Predictor:
 def sample_files(source) -> list[Path]:
     """Files of ``input`` (and of its numeric class folders); IDX label files and CIFAR's
     ``batches.meta`` are read beside what they label, not on their own."""
-    from orchard.models import input_files
+    from orchard.skipped import listed_inputs
 
     source = Path(source).expanduser()
-    files = input_files(source, ())
+    files = listed_inputs(source, ())   # links to nothing and unreadable files too: skipped and counted
     if source.is_dir():
         for sub in sorted(p for p in source.iterdir() if p.is_dir() and p.name.isdigit()):
-            files += input_files(sub, IMAGE_SUFFIXES)
+            files += listed_inputs(sub, IMAGE_SUFFIXES)
     return [p for p in files if "labels-idx1" not in p.name and "labels.idx1" not in p.name
             and p.name not in ("batches.meta", "readme.html")]
 
 
 def run_predict(cfg: dict, ctx) -> dict[str, float]:
     """Classify every sample of ``input``; accuracy over the samples with known labels."""
-    from orchard import models
+    from orchard import models, skipped
     from orchard.storage import Storage
 
     model_dir, _ = models.resolve_model(cfg["model"], "singa", ctx.tracking_uri, Path(ctx.run_dir) / "model_in")
-    files = sample_files(cfg["input"])
+    models.trusted_modules(model_dir, NET_FILE, "layer_modules", cfg["singa"].get("layer_modules"), "singa.layer_modules")
+    source = Path(cfg["input"]).expanduser()
+    files, unusable = skipped.readable(sample_files(source))
     out = models.output_dir(ctx)
     (out / "labels").mkdir(exist_ok=True)
     started = time.perf_counter()
     rows = models.predict_files(files, Predictor, {}, ctx, Storage.for_run(cfg, ctx.run_dir), model_dir, out,
-                                companions=idx_labels, desc="classifying", batch_size=16)
+                                companions=idx_labels, desc="classifying", batch_size=16) if files else []
+    rows += skipped.as_rows(unusable, source if source.is_dir() else source.parent)
     elapsed = time.perf_counter() - started
+    skipped.record(ctx, skipped.from_rows(rows))   # data/skipped_files, data/skipped/<kind>, skipped.csv
     metrics = models.report(rows, ["path", "samples", "label", "confidence", "labelled", "correct"], ctx, out,
                             "files", elapsed)
     good = [r for r in rows if not r["error"]]

@@ -162,6 +162,25 @@ def headline(cfg: dict, metrics: dict) -> list[str]:
     return [f"top-1: fused {fused[best]:.3f} ({best}) vs chance {metrics['val/chance_top1']:.3f}; streams alone: {streams}"]
 
 
+# What the logged model's loader (predict.py) imports: pinned in its requirements (orchard/logged_models.py).
+MODEL_IMPORTS = ("torch", "cv2")
+
+
+def headline_metric(metrics: dict) -> tuple[str, float]:
+    """The best fusion's validation top-1 (``headline/fused_top1``)."""
+    return "fused_top1", max(v for k, v in metrics.items() if k.startswith("val/agg_") and k.endswith("_top1"))
+
+
+def dataset(cfg: dict) -> dict:
+    """What a train run learns from, for its MLflow dataset input (orchard/datasets.py)."""
+    v = cfg["video"]
+    if v["root"]:
+        return {"name": f"videos {str(v['root']).rstrip('/').rsplit('/', 1)[-1]}", "path": v["root"]}
+    syn = v["synthetic"]
+    return {"name": f"synthetic videos {syn['num_classes']}x{syn['videos_per_class']} {syn['size']}px",
+            "generator": "workloads.video.synthetic_videos", "settings": {**syn, "seed": cfg["seed"]}}
+
+
 def run(cfg: dict, ctx) -> dict[str, float]:
     """Train and evaluate the two-stream pipeline (returns the final metrics), or, with
     mode=predict, classify videos and find their highlights with a trained model (predict.py)."""

@@ -14,8 +14,9 @@ hits, an edited one misses, and two runs over the same data share entries.
   ``output_dir``): persistent across runs, bounded at
   ``cache_max_mb`` with LRU eviction (a hit refreshes the entry's mtime, eviction removes
   the oldest mtimes first), safe for concurrent runs (entries are written to a temporary
-  file and renamed; eviction holds an exclusive ``flock``; a reader that loses an entry to
-  eviction counts a miss and recomputes). On remote storage (``s3://...``) the entries are
+  file, fsynced and renamed (``orchard.storage.write_atomic``); eviction holds an exclusive
+  ``flock``; a reader that loses an entry to eviction counts a miss and recomputes). A full
+  disk costs the entry it refused (not cached, no partial file), never the run. On remote storage (``s3://...``) the entries are
   objects every node reads and writes (orchard/storage.py), shared by the runs and nodes on
   that storage; there is no mtime to refresh nor lock to hold, so orchard does not evict
   there: bound the prefix with the store's own expiry rule (an S3 lifecycle rule).
@@ -89,12 +90,11 @@ def evict_lru(directory: str | os.PathLike, max_bytes: int, keep_fraction: float
     Runs under an exclusive lock on ``<directory>/.lock`` (one evictor at a time across
     processes). Returns ``(bytes held after, entries removed)``.
     """
-    import fcntl
+    from filelock import FileLock
 
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with FileLock(folder / ".lock"):
         entries = []
         for f in folder.glob("*/*.npz"):
             with contextlib.suppress(OSError):
@@ -127,7 +127,7 @@ class FeatureCache:
         self.reset_counters()
 
     def reset_counters(self) -> None:
-        self.hits = self.misses = self.evicted = 0
+        self.hits = self.misses = self.evicted = self.skipped_full = 0
         self.saved_s = 0.0
         self.bytes_written = 0
 
@@ -192,11 +192,13 @@ class FeatureCache:
                 # at start and whenever this process's estimate says full: the truth, under the lock
                 self._held, removed = evict_lru(self.directory, self.max_bytes - len(data))
                 self.evicted += removed
-            f = self._file(key)
-            f.parent.mkdir(parents=True, exist_ok=True)
-            tmp = f.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_bytes(data)
-            tmp.replace(f)  # atomic: readers never see half an entry
+            from orchard.storage import StorageFull, write_atomic
+
+            try:
+                write_atomic(self._file(key), data)  # readers never see half an entry, nor a full disk a partial one
+            except StorageFull:  # a cache is a shortcut: a full disk costs the entry, never the run
+                self.skipped_full += 1
+                return
             self._held += len(data)
         self.bytes_written += array.nbytes
 

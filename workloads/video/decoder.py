@@ -250,5 +250,10 @@ class PyAVDecoder:
 
     def decode_all(self, path: str) -> np.ndarray:
         """Every frame, sequentially, uint8 (T, H, W, 3); the reference for exactness."""
+        return np.stack(list(self.iter_frames(path)))
+
+    def iter_frames(self, path: str):
+        """Every frame, sequentially, one (H, W, 3) uint8 at a time: a long video never whole in memory."""
         with self._opened(path) as (container, stream):
-            return np.stack([self._resize(f.to_ndarray(format="rgb24")) for f in container.decode(stream)])
+            for f in container.decode(stream):
+                yield self._resize(f.to_ndarray(format="rgb24"))

@@ -21,7 +21,9 @@ from __future__ import annotations
 import contextlib
 import time
 
-from ray.data._internal.execution.execution_callback import ExecutionCallback
+from orchard.ray_private import data_execution_callback_class
+
+ExecutionCallback = data_execution_callback_class()  # Ray Data's only hook into a running dataset
 
 PROBE_KEY = "orchard.video.operator_probe"  # DataContext config: {"master": actor name, "stages": [...]}
 SAMPLE_S = 0.1

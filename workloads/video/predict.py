@@ -28,6 +28,7 @@ import numpy as np
 SETTINGS_FILE, ATTENTION_FILE = "video.json", "attention.pt"
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mkv", ".mov", ".webm", ".m4v", ".mpg", ".mpeg", ".ogv")
 TRUTH_FILE = "segments.csv"
+MAX_FRAMES_IN_MEMORY = 512   # video.inference.max_frames_in_memory's default: decoded frames predict holds per video
 
 
 class VideoModel:
@@ -104,19 +105,76 @@ class VideoModel:
     # -- whole videos ---------------------------------------------------------------------------
     def classify_video(self, frames: np.ndarray) -> dict:
         """Every frame of one video (T, H, W, 3) -> label, confidence, highlight segments."""
-        from .inference import classify_untrimmed, motion_energy, window_offsets
+        from .inference import window_offsets
 
         frames = self._resize(frames)
         offsets = window_offsets(len(frames), self.count, int(self.s["window_stride"]))
-        scores, feats = self.window_scores([self._clip(frames, o) for o in offsets])
+        scores, motion = self._score_windows([self._clip(frames, o) for o in offsets])
+        return self._verdict(offsets, scores, motion, len(frames))
+
+    def classify_frames(self, frames, length: int, max_frames: int) -> dict:
+        """One video's frames streamed in presentation order (``length`` of them, an iterable of
+        (H, W, 3)) -> what ``classify_video`` gives, holding at most ``max_frames`` decoded frames at
+        once (``video.inference.max_frames_in_memory``): the windows are scored a batch at a time
+        and each frame is let go once no window still to score needs it. Memory is independent of
+        the video's length. ``self.peak_frames`` says how many were held at most."""
+        from .inference import window_offsets
+
+        count, stride = self.count, int(self.s["window_stride"])
+        if length <= max(max_frames, count):   # short enough to hold whole (and the short-video rule)
+            held = self._resize(np.stack(list(frames)))
+            self.peak_frames = len(held)
+            return self.classify_video(held)
+        offsets = window_offsets(length, count, stride)
+        per_batch = max(1, (max_frames - count) // stride + 1)   # windows whose frames fit max_frames
+        held: list[np.ndarray] = []   # held[j] is frame first + j
+        first, todo, seen = 0, 0, 0
+        parts: list[tuple[dict, np.ndarray]] = []
+        self.peak_frames = 0
+
+        def score(upto: int) -> None:
+            nonlocal first, todo, held
+            batch = offsets[todo:upto]
+            parts.append(self._score_windows([np.stack(held[o - first:o - first + count]) for o in batch]))
+            todo = upto
+            keep_from = offsets[todo] if todo < len(offsets) else first + len(held)
+            held = held[keep_from - first:]
+            first = keep_from
+
+        for i, frame in enumerate(frames):
+            seen = i + 1
+            if i < first:   # between windows (a stride longer than a window): not needed
+                continue
+            held.append(self._resize(frame[None])[0])
+            self.peak_frames = max(self.peak_frames, len(held))
+            ready = todo
+            while ready < len(offsets) and ready - todo < per_batch and offsets[ready] + count <= i + 1:
+                ready += 1
+            if ready - todo == per_batch or (ready == len(offsets) and ready > todo):
+                score(ready)
+        if todo < len(offsets):
+            raise ValueError(f"truncated: decoded {seen} of {length} frames")
+        scores = {s: np.concatenate([p[0][s] for p in parts]) for s in parts[0][0]}
+        return self._verdict(offsets, scores, np.concatenate([p[1] for p in parts]), length)
+
+    def _score_windows(self, clips: list[np.ndarray]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Clips -> per stream (W, K) probabilities and the windows' motion energy (W,)."""
+        from .inference import motion_energy
+
+        scores, feats = self.window_scores(clips)
         temporal = next((spec["feature"] for spec in self.streams.values() if spec["feature"] != "rgb"), None)
         motion = motion_energy(temporal, feats[temporal], (self.s["extractor_options"].get(temporal) or {})
-                               | {"stack": int(self.s["stack"])}) if temporal else np.full(len(offsets), np.inf)
+                               | {"stack": int(self.s["stack"])}) if temporal else np.full(len(clips), np.inf)
+        return scores, motion
+
+    def _verdict(self, offsets: list[int], scores: dict[str, np.ndarray], motion: np.ndarray, length: int) -> dict:
+        from .inference import classify_untrimmed
+
         out = classify_untrimmed(scores, motion, self.s["method"], self.fitted, self.s["inference"], int(self.s["topk"]))
-        segments = merge_windows([o for o, k in zip(offsets, out["keep"]) if k], self.count, len(frames),
+        segments = merge_windows([o for o, k in zip(offsets, out["keep"]) if k], self.count, length,
                                  [c for c, k in zip(out["confidence"], out["keep"]) if k])
         return {"label": self.classes[out["label"]], "confidence": float(out["fused"][out["label"]]),
-                "frames": len(frames), "windows": len(offsets), "kept": int(out["keep"].sum()), "segments": segments}
+                "frames": length, "windows": len(offsets), "kept": int(out["keep"].sum()), "segments": segments}
 
 
 def merge_windows(offsets: list[int], count: int, length: int, confidence: list[float]) -> list[tuple[int, int, float]]:
@@ -290,29 +348,32 @@ def read_truth(path: Path) -> dict[str, list[tuple]]:
 class Predictor:
     """Ray Data actor: holds both streams and the fusion, classifies a batch of video files."""
 
-    def __init__(self, model_dir: str, out_dir: str):
+    def __init__(self, model_dir: str, out_dir: str, max_frames: int = MAX_FRAMES_IN_MEMORY):
         import torch
 
         torch.set_num_threads(1)
         self.model = _load_pyfunc(str(next(Path(model_dir).rglob(SETTINGS_FILE)).parent))
         self.out = Path(out_dir)
+        self.max_frames = int(max_frames)
 
     def __call__(self, batch: dict) -> dict:
+        from orchard.skipped import kind_of
+
         from .decoder import BadVideo, build_decoder
 
         dec = build_decoder("pyav", size=int(self.model.s["size"]), short_rule=self.model.s["short_rule"])
-        cols = {k: [] for k in ("path", "error", "label", "confidence", "frames", "windows", "kept", "segments")}
+        cols = {k: [] for k in ("path", "error", "kind", "label", "confidence", "frames", "windows", "kept", "segments")}
         for path in batch["path"]:
             path = str(path)
             try:
-                dec.index(path)  # a truncated or non-video file is refused here, with its kind
-                out = self.model.classify_video(dec.decode_all(path))
+                length = len(dec.index(path))  # a truncated or non-video file is refused here, with its kind
+                out = self.model.classify_frames(dec.iter_frames(path), length, self.max_frames)
                 segs = json.dumps([[s, e, round(c, 4)] for s, e, c in out["segments"]])
-                values = ("", out["label"], out["confidence"], out["frames"], out["windows"], out["kept"], segs)
-            except (BadVideo, Exception) as exc:  # one bad file never stops the run: skipped and counted
-                values = (str(exc).splitlines()[0][:200] or type(exc).__name__, "", 0.0, 0, 0, 0, "[]")
+                values = ("", "", out["label"], out["confidence"], out["frames"], out["windows"], out["kept"], segs)
+            except (BadVideo, Exception) as exc:  # one bad file never stops the run: skipped and counted by kind
+                values = (str(exc).splitlines()[0][:200] or type(exc).__name__, kind_of(exc), "", 0.0, 0, 0, 0, "[]")
             cols["path"].append(path)
-            for key, value in zip(("error", "label", "confidence", "frames", "windows", "kept", "segments"), values):
+            for key, value in zip(("error", "kind", "label", "confidence", "frames", "windows", "kept", "segments"), values):
                 cols[key].append(value)
         return {k: np.asarray(v) for k, v in cols.items()}
 
@@ -320,17 +381,22 @@ class Predictor:
 def run_predict(cfg: dict, ctx) -> dict[str, float]:
     """Classify every video of ``input``; highlight segments; tIoU and mAP@0.5 against
     ``segments.csv`` when the input folder has one."""
-    from orchard import models
+    from orchard import models, skipped
     from orchard.storage import Storage
 
     model_dir, _ = models.resolve_model(cfg["model"], "video", ctx.tracking_uri, Path(ctx.run_dir) / "model_in")
+    models.trusted_modules(model_dir, SETTINGS_FILE, "extractor_modules", cfg["video"].get("extractor_modules"),
+                           "video.extractor_modules")
     source = Path(cfg["input"]).expanduser()
-    files = [p for p in models.input_files(source, ()) if p.name != TRUTH_FILE]
+    files, unusable = skipped.readable(p for p in skipped.listed_inputs(source, ()) if p.name != TRUTH_FILE)
     out = models.output_dir(ctx)
     started = time.perf_counter()
-    rows = models.predict_files(files, Predictor, {}, ctx, Storage.for_run(cfg, ctx.run_dir), model_dir, out,
-                                desc="classifying", batch_size=2)
+    held = int(cfg["video"]["inference"].get("max_frames_in_memory") or MAX_FRAMES_IN_MEMORY)
+    rows = models.predict_files(files, Predictor, {"max_frames": held}, ctx, Storage.for_run(cfg, ctx.run_dir), model_dir, out,
+                                desc="classifying", batch_size=2) if files else []
+    rows += skipped.as_rows(unusable, source if source.is_dir() else source.parent)
     elapsed = time.perf_counter() - started
+    skipped.record(ctx, skipped.from_rows(rows))   # data/skipped_files, data/skipped/<kind>, skipped.csv
     metrics = models.report(rows, ["path", "label", "confidence", "frames", "kept", "segments"], ctx, out, "videos", elapsed)
     good = [r for r in rows if not r["error"]]
     metrics["predict/frames_per_s"] = sum(int(r["frames"]) for r in good) / max(elapsed, 1e-9)

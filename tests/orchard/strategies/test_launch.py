@@ -72,6 +72,8 @@ def test_dead_worker_is_replaced_and_training_resumes_from_checkpoint(ray_sessio
     assert marker.exists()  # the worker really died once
     assert result.error is None and result.metrics["epoch"] == 2
     assert result.checkpoint is not None
+    # one restart recorded; a dead worker is no lost node (node_loss.py)
+    assert last["train/restarts"] == 1 and last["cluster/nodes_lost"] == 0
 
 
 def test_a_placement_group_whose_creator_actor_died_is_freed_and_the_drivers_are_kept(ray_session):
@@ -116,3 +118,14 @@ def _creator_dead(group_hex: str) -> bool:
         if group.placement_group_id.hex() == group_hex:
             return group.creator_actor_dead
     return False
+
+
+@pytest.mark.slow
+def test_an_elastic_group_that_can_never_start_fails_in_one_line(ray_session, tmp_path, monkeypatch):
+    """Ray Train's elastic groups wait without a bound for their minimum (strategy.min_workers);
+    orchard keeps the start bound (cluster.worker_start_timeout_s) there too."""
+    monkeypatch.setenv("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "5")
+    from orchard.strategies.launch import WorkersDidNotStart
+
+    with pytest.raises(WorkersDidNotStart, match=r"^3 Ray Train workers \(1 CPU each\) did not start within 5 s"):
+        _run(ray_session, tmp_path, {"name": "ring", "num_workers": 4, "min_workers": 3})  # the session has 2 CPUs

@@ -95,3 +95,18 @@ def test_async_average_scales_each_push_by_the_worker_count(ray_session, average
     fresh = PSClient(group, 0).push_pull({"w": np.ones(3, np.float32)}, step=0)
     np.testing.assert_allclose(fresh["w"], 1.0 - expected)
     group.shutdown()
+
+
+def test_a_group_started_smaller_resizes_the_sync_barrier(ray_session):
+    """A worker group restarted with fewer workers (elastic, after a lost node) tells the servers
+    its size first: one worker's push then completes the step instead of waiting for a worker
+    that is gone, and the unfinished step of the group before is dropped."""
+    from orchard.strategies.ps import PSClient, PSGroup
+
+    group = PSGroup.create({"w": np.ones(3, np.float32)}, num_workers=2, mode="sync",
+                           optimizer={"name": "sgd", "lr": 0.5})
+    group.servers[0].push_pull.remote(np.ones(3, np.float32), None, 1, 7)  # half of step 7, then its pusher is lost
+    group.begin(1)
+    fresh = PSClient(group, 0).push_pull({"w": np.ones(3, np.float32)}, step=0)
+    np.testing.assert_allclose(fresh["w"], 0.5)  # one worker's gradient, applied once
+    group.shutdown()

@@ -98,3 +98,26 @@ def test_bin_sampling_takes_the_smallest_bin_size_from_every_bin_and_splits_70_3
     again = bin_sample(counts, bins, 0.7, seed=1)
     assert again[0].tolist() == train.tolist()
     assert bin_sample(counts, bins, 0.7, seed=2)[0].tolist() != train.tolist()
+
+
+def test_tiling_streams_tiles_to_disk_without_holding_them_all(tmp_path):
+    """The tile cache is written one image group at a time: the peak of what the tiling allocates
+    stays under the cache's own size (it held every tile twice before: the groups' and their
+    concatenation)."""
+    import tracemalloc
+
+    from workloads.flower.data import prepare_tiles
+
+    root = generate_field(tmp_path / "field", num_images=32, height=256, width=384, tile_size=64, seed=4)
+    tracemalloc.start()
+    try:
+        cache = prepare_tiles(root, tmp_path / "a", 64, None, images_per_task=1, parallel=False)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    tiles = TileSet(cache)
+    assert len(tiles) >= 32 * 10 and tiles.images.shape[1:] == (64, 64, 3)
+    assert peak < tiles.images.nbytes
+    assert not [p for p in tmp_path.joinpath("a").iterdir() if ".tmp-" in p.name]   # no partial cache left
+    whole = tile_images(str(root), [f"field_{i:04d}.png" for i in range(32)], 64, None)[0]
+    np.testing.assert_array_equal(tiles.images, whole)                             # the same tiles, in order

@@ -53,6 +53,8 @@ def test_smoke_run_records_the_thesis_metrics(smoke_runs, label):
     assert m["throughput/mean_images_per_s"] > 0
     assert m["throughput/var_images_per_s"] == pytest.approx(m["throughput/std_images_per_s"] ** 2, rel=1e-6)
     assert m["time/completion_s"] == max(m["time/w0_completion_s"], m["time/w1_completion_s"])
+    # the run's own processes' CPU (driver, raylet, Train workers) beside the whole machine's
+    assert 0 < m["system/run_cpu_pct_mean"] <= 100 and "system/cpu_pct_mean" in m
     losses = client.get_metric_history(run.info.run_id, "train/loss")
     assert len(losses) >= 2 and all(np.isfinite(h.value) for h in losses)
     assert client.get_metric_history(run.info.run_id, "throughput/w1_images_per_s")

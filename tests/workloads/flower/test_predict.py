@@ -33,7 +33,10 @@ def test_the_logged_model_predicts_in_a_fresh_process_without_ray(trained, field
 
     from workloads.flower.train import load_model
 
-    assert "model/MLmodel" in trained.artifacts("model")
+    import mlflow
+
+    listed = mlflow.artifacts.list_artifacts(artifact_uri=f"runs:/{trained.run_id}/model", tracking_uri=trained.uri)
+    assert "model/MLmodel" in [a.path for a in listed]   # the run's LoggedModel, named model
     rgb, _ = field_png
     tiles = np.ascontiguousarray(rgb[:64, :128].reshape(1, 64, 2, 64, 3).swapaxes(1, 2).reshape(2, 64, 64, 3))
     x = tiles.transpose(0, 3, 1, 2).astype(np.float32) / 255.0
@@ -61,10 +64,14 @@ def test_predict_counts_new_images_and_skips_a_bad_file(trained, field_png, tmp_
     folder.mkdir()
     cv2.imwrite(str(folder / "odd.png"), cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
     (folder / "notes.png").write_text("a text file named .png")
-    result = predict_cli(trained, "flower", f"runs:/{trained.run_id}/model", folder, tmp_path)
+    (folder / "gone.png").symlink_to(tmp_path / "moved_away.png")       # listed, then nothing to read
+    cv2.imwrite(str(folder / "big.png"), np.zeros((200, 300, 3), np.uint8))   # over the bound below
+    result = predict_cli(trained, "flower", f"runs:/{trained.run_id}/model", folder, tmp_path,
+                         "flower.max_image_pixels=50000")
     assert result.exit_code == 0, result.console[-3000:]
     assert "Traceback" not in result.console
     assert "skipped notes.png: not a readable image" in result.console
+    assert "skipped big.png: 300x200" in result.console and "flower.max_image_pixels=50000" in result.console
     with open(result.predictions / "predictions.csv") as f:
         rows = list(csv.DictReader(f))
     assert [(r["file"], r["width"], r["height"]) for r in rows] == [("odd.png", "201", "150")]
@@ -74,9 +81,12 @@ def test_predict_counts_new_images_and_skips_a_bad_file(trained, field_png, tmp_
     assert 0 <= float(rows[0]["count"]) < 10 * true_count
     assert cv2.imread(str(result.predictions / "density" / "odd.png")).shape == (150, 201, 3)
     with open(result.predictions / "skipped.csv") as f:
-        assert [r["file"] for r in csv.DictReader(f)] == ["notes.png"]
+        assert sorted(r["file"] for r in csv.DictReader(f)) == ["big.png", "gone.png", "notes.png"]
     m = result.metrics
-    assert m["predict/images"] == 1 and m["predict/skipped"] == 1 and m["predict/images_per_s"] > 0
+    assert m["predict/images"] == 1 and m["predict/skipped"] == 3 and m["predict/images_per_s"] > 0
+    # counted by kind, as training counts them (orchard/skipped.py)
+    assert m["data/skipped_files"] == 3 and m["data/skipped/missing"] == 1 and m["data/skipped/too_large"] == 1
+    assert "skipped.csv" in result.artifacts()
     assert {"predictions/predictions.csv", "predictions/skipped.csv", "predictions/density"} <= set(result.artifacts("predictions"))
 
 
@@ -109,3 +119,26 @@ def test_prediction_actors_ask_for_a_gpu_only_where_one_is_wanted_and_there():
     assert predict_gpus("auto", 1) == 1.0 and predict_gpus("cuda:0", 2) == 1.0
     with pytest.raises(ConfigError, match="flower.eval_device"):
         predict_gpus("cuda", 0)
+
+
+def test_a_photo_is_counted_a_band_of_tile_rows_at_a_time_as_if_cut_whole():
+    """``count_image`` holds one band of tiles at a time (``band_bytes``): the density map is the
+    one the whole photo padded and cut at once gives (reflected edges included)."""
+    import torch
+
+    from workloads.flower.evaluate import predict_density
+    from workloads.flower.model import FlowerCounterCNN
+    from workloads.flower.predict import count_image
+
+    torch.manual_seed(0)
+    model = FlowerCounterCNN().eval()
+    rgb = np.random.default_rng(7).integers(0, 255, (70, 45, 3), dtype=np.uint8)   # 3 x 2 tiles of 32, padded
+    padded = cv2.copyMakeBorder(rgb, 0, 26, 0, 19, cv2.BORDER_REFLECT_101)
+    tiles = padded.reshape(3, 32, 2, 32, 3).swapaxes(1, 2).reshape(-1, 32, 32, 3)
+    with torch.inference_mode():
+        maps, _ = predict_density(model, tiles, 100.0, 8, "cpu")
+    whole = maps.reshape(3, 2, 32, 32).swapaxes(1, 2).reshape(96, 64)[:70, :45]
+    one_row_a_band = count_image(model, rgb, 32, 100.0, batch_size=8, device="cpu", band_bytes=1)
+    assert one_row_a_band.shape == (70, 45)
+    np.testing.assert_allclose(one_row_a_band, whole, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(count_image(model, rgb, 32, 100.0, batch_size=8, device="cpu"), whole, rtol=1e-4, atol=1e-6)

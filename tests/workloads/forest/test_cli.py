@@ -50,7 +50,7 @@ def test_smoke_run_records_everything_and_resumes_identically(run_orchard):
     # per-part accuracy as metrics and a figure; the shuffle is counted; nothing was skipped
     parts = {k for k in m if k.startswith("test/class_acc/")}
     assert len(parts) >= 20 and 0 <= m["test/worst_class_accuracy"] <= m["test/mean_class_accuracy"]
-    assert m["data/skipped_pairs"] == 0 and m["train/shuffle_bytes"] > 0
+    assert m["data/skipped_pairs"] == 0 and m["data/skipped_files"] == 0 and m["train/shuffle_bytes"] > 0
     rounds = full.history("round/phase2_s")
     assert len(rounds) == 2 * 5                                     # trees x max_depth rounds
     for key in ("round/phase1_s", "round/phase3_s", "round/phase4_s", "round/frontier_size", "round/shuffle_bytes",
@@ -65,6 +65,10 @@ def test_smoke_run_records_everything_and_resumes_identically(run_orchard):
     crashed = run_orchard("workload=forest", "debug=smoke", "forest.stop_after_rounds=7")
     assert crashed.exit_code == 1 and crashed.run.info.status == "FAILED"
     crashed_dir = crashed.run.data.tags["orchard.run_dir"]
+    # every round's checkpoint went through storage.write_atomic: whole, and nothing half-written beside it
+    from pathlib import Path
+    assert not [p for d in (run_dir, crashed_dir) for p in Path(d).rglob("*.tmp-*")]
+    assert load_checkpoint(Path(crashed_dir) / forest.CHECKPOINT_NAME)["next_depth"] >= 1
     resumed = run_orchard("workload=forest", "debug=smoke", f"forest.resume={crashed_dir}")
     assert resumed.exit_code == 0, resumed.outcome
     assert len(resumed.history("round/phase2_s")) == 3              # only the missing rounds ran

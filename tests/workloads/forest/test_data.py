@@ -112,9 +112,10 @@ def test_corrupt_and_mismatched_pairs_are_skipped_and_named(tmp_path, compose):
                         "clutter_prob": 0.0, "clutter_objects": 0, "noise_sigma_mm": 0.0, "dropout": 0.0},
                         50, keep_labels=False)
     assert len(block["image_ids"]) == 3 and list(block["image_ids"]) == [0, 1, 2]
-    skipped = dict(block["skipped"])
+    skipped = {s.file: s for s in block["skipped"]}          # orchard.skipped.SkippedFile rows
     assert set(skipped) == {str(tmp_path / "broken"), str(tmp_path / "small")}
-    assert "!=" in skipped[str(tmp_path / "small")]          # the size mismatch is named
+    assert "!=" in skipped[str(tmp_path / "small")].reason   # the size mismatch is named
+    assert skipped[str(tmp_path / "small")].kind == "size_mismatch" and skipped[str(tmp_path / "broken")].kind == "unreadable"
 
 
 def test_a_folder_without_body_pixels_is_one_line_and_exit_2(tmp_path, capsys):

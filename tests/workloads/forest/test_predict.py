@@ -57,6 +57,11 @@ def test_predict_writes_label_pngs_scores_pairs_and_skips_a_corrupt_png(trained,
     assert result.exit_code == 0, result.console[-3000:]
     assert "Traceback" not in result.console
     assert "skipped broken_depth.png" in result.console and "skipped colour.png" in result.console
+    # the summary leads with what was predicted, not a training run's figures
+    assert "predicted: 2 images (" in result.console and "2 skipped (skipped.csv says why)" in result.console
+    # the predict run records the model it applied as its input (the run page's "Logged models")
+    inputs = result.client.get_run(result.run.info.run_id).inputs   # search_runs leaves model inputs out
+    assert [m.model_id for m in inputs.model_inputs] == [trained.run.outputs.model_outputs[0].model_id]
     with open(result.predictions / "predictions.csv") as f:
         rows = list(csv.DictReader(f))
     assert [r["file"] for r in rows] == [p.name for p in pairs] and all(r["scored"] == "True" for r in rows)
@@ -73,7 +78,7 @@ def test_predict_writes_label_pngs_scores_pairs_and_skips_a_corrupt_png(trained,
         correct += int((expected[body] == truth[body]).sum())
         total += int(body.sum())
     m = result.metrics
-    assert m["predict/images"] == 2 and m["predict/skipped"] == 2
+    assert m["predict/images"] == 2 and m["predict/skipped"] == 2 and m["data/skipped_files"] == 2
     assert m["predict/pixel_accuracy"] == pytest.approx(correct / total)
     assert 0 <= m["predict/mean_class_accuracy"] <= 1 and any(k.startswith("predict/class_acc/") for k in m)
 

@@ -44,6 +44,25 @@ def test_idx_reader_rejects_truncated_files(tmp_path):
         read_idx(tmp_path / "x")
 
 
+def test_a_gzip_bomb_idx_file_is_refused_without_decompressing_it_whole(tmp_path):
+    """The reader is bounded by the header's declared size: a file declaring more than the bound is
+    refused from its header; one whose data run past what it declares (a few MB of zeros behind a
+    4x3 header, ~6 kB gzipped) is refused after reading one byte past the declared size."""
+    import gzip
+    import struct
+
+    header = struct.pack(">HBB", 0, 0x08, 2) + struct.pack(">2I", 4, 3)
+    with gzip.open(tmp_path / "bomb-idx3-ubyte.gz", "wb") as f:
+        f.write(header + bytes(12) + bytes(8 * 2**20))
+    assert (tmp_path / "bomb-idx3-ubyte.gz").stat().st_size < 64 * 2**10
+    with pytest.raises(ValueError, match="holds more than 12 bytes"):
+        read_idx(tmp_path / "bomb-idx3-ubyte.gz")
+    write_idx(tmp_path / "big-idx3-ubyte.gz", np.zeros((40, 30), np.uint8))
+    with pytest.raises(ValueError, match="declares 1,200 bytes of data, more than the 1,000 allowed"):
+        read_idx(tmp_path / "big-idx3-ubyte.gz", max_bytes=1000)
+    assert read_idx(tmp_path / "big-idx3-ubyte.gz", max_bytes=1200).shape == (40, 30)
+
+
 def write_cifar(folder, batches=2, n=20):
     rng = np.random.default_rng(1)
     for name in [f"data_batch_{i + 1}" for i in range(batches)] + ["test_batch"]:

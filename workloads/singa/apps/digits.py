@@ -32,20 +32,37 @@ def load_digits_dataset(data_dir, seed: int, smoke: bool) -> Dataset:
                    {"pixel": pixels[test], "label": labels[test]}, {"num_classes": 10, "image_hw": (8, 8)})
 
 
-def read_idx(path: str | Path) -> np.ndarray:
-    """Read one IDX file (optionally .gz) into a uint8 array of its stated shape."""
+MAX_IDX_BYTES = 2 * 2**30   # the largest data an IDX file may declare (2 GiB; MNIST's train images: 47 MB)
+
+
+def read_idx(path: str | Path, max_bytes: int = MAX_IDX_BYTES) -> np.ndarray:
+    """Read one IDX file (optionally .gz) into a uint8 array of its stated shape.
+
+    Bounded by the declared size: the header is read first, a file declaring more than
+    ``max_bytes`` is refused, and at most the declared size (+1 byte, to see a file that holds
+    more) is decompressed, so a gzip bomb costs no more memory than an honest file of its header."""
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rb") as f:
-        raw = f.read()
-    zero, dtype_code, ndim = struct.unpack(">HBB", raw[:4])
-    if zero != 0 or dtype_code != 0x08:
-        raise ValueError(f"{path}: not an unsigned-byte IDX file (magic {raw[:4].hex()})")
-    dims = struct.unpack(f">{ndim}I", raw[4:4 + 4 * ndim])
-    data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
-    if data.size != int(np.prod(dims)):
-        raise ValueError(f"{path}: header says {dims}, file holds {data.size} bytes of data")
-    return data.reshape(dims)
+        magic = f.read(4)
+        if len(magic) < 4:
+            raise ValueError(f"{path}: not an unsigned-byte IDX file (magic {magic.hex()})")
+        zero, dtype_code, ndim = struct.unpack(">HBB", magic)
+        if zero != 0 or dtype_code != 0x08:
+            raise ValueError(f"{path}: not an unsigned-byte IDX file (magic {magic.hex()})")
+        header = f.read(4 * ndim)
+        if len(header) < 4 * ndim:
+            raise ValueError(f"{path}: header cut short ({len(header)} of {4 * ndim} bytes of dimensions)")
+        dims = struct.unpack(f">{ndim}I", header)
+        declared = int(np.prod(dims, dtype=np.int64))
+        if declared > max_bytes:
+            raise ValueError(f"{path}: header declares {declared:,} bytes of data, more than the "
+                             f"{max_bytes:,} allowed")
+        raw = f.read(declared + 1)
+    if len(raw) != declared:
+        held = f"more than {declared:,}" if len(raw) > declared else f"{len(raw):,}"
+        raise ValueError(f"{path}: header says {dims}, file holds {held} bytes of data")
+    return np.frombuffer(raw, dtype=np.uint8).reshape(dims)
 
 
 def write_idx(path: str | Path, array: np.ndarray) -> None:

@@ -1,0 +1,107 @@
+"""README's own timings, measured: a fresh clone, its install, its first command and its test suite.
+
+    python -m bench.quickstart_record                 # ~60 min: clone, .ci/run (install + tests), the flower run
+    python -m bench.quickstart_record --no-tests      # ~5 min: clone, install, the flower run
+    python -m bench.quickstart_record --from-log LOG --commit SHA   # record a finished `.ci/run` log
+
+Writes docs/records/quickstart.json (keys: install_s, first_command_s, tests_s, passed, skipped,
+failed, the commit, the load before and after). README's figures are markers over these keys
+(bench/doc_figures.py), so `python -m bench --render` carries a new record into the prose. Run it on
+an idle machine: the load is recorded beside the figures and a loaded record says so.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORD = ROOT / "docs" / "records" / "quickstart.json"
+FIRST_COMMAND = ["python", "-m", "orchard", "workload=flower", "strategy=ring"]
+SUMMARY = re.compile(r"=+ (?P<body>.*?) in (?P<secs>[\d.]+)s")
+
+
+def pytest_counts(log: str) -> dict:
+    """passed / skipped / failed and pytest's own seconds from the last summary line of a log."""
+    lines = [m for m in SUMMARY.finditer(log) if "passed" in m["body"] or "failed" in m["body"]]
+    if not lines:
+        raise SystemExit("quickstart_record: no pytest summary line in the log")
+    last = lines[-1]
+    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|skipped|failed|error)", last["body"])}
+    return {"passed": counts.get("passed", 0), "skipped": counts.get("skipped", 0),
+            "failed": counts.get("failed", 0) + counts.get("error", 0), "tests_s": float(last["secs"])}
+
+
+def timed(cmd: list[str], cwd: Path, env: dict, log) -> tuple[int, float]:
+    t0 = time.monotonic()
+    rc = subprocess.run(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+    return rc, time.monotonic() - t0
+
+
+def measure(tests: bool) -> dict:
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                            check=True).stdout.strip()
+    if subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                      text=True, check=True).stdout.strip():
+        raise SystemExit("quickstart_record: the tree has uncommitted changes; commit first (the record names a commit)")
+    out: dict = {"git_commit": commit, "git_dirty": False, "load_before": os.getloadavg()[0]}
+    with tempfile.TemporaryDirectory(prefix="orchard-quickstart-") as tmp:
+        clone = Path(tmp) / "orchard"
+        subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHONPATH"))}
+        env["CI"] = "true"
+        with open(Path(tmp) / "log", "w+") as log:
+            if tests:  # .ci/run: the README's install, then its test command
+                rc, total = timed(["bash", ".ci/run"], clone, env, log)
+                log.seek(0)
+                out.update(pytest_counts(log.read()), ci_exit=rc, ci_total_s=total)
+                venv = clone / ".venv-ci"
+            else:
+                venv = clone / ".venv"
+                rc, out["install_s"] = timed(["bash", "-c", f"python3 -m venv {venv} && {venv}/bin/pip install -q -e '.[dev]'"],
+                                             clone, env, log)
+                if rc:
+                    raise SystemExit(f"quickstart_record: the install failed (exit {rc}); log: {log.name}")
+            env["PATH"] = f"{venv}/bin:{env['PATH']}"
+            rc, out["first_command_s"] = timed(FIRST_COMMAND, clone, env, log)
+            out["first_command_exit"] = rc
+    out["load_after"] = os.getloadavg()[0]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.quickstart_record", description=__doc__.splitlines()[0])
+    ap.add_argument("--no-tests", action="store_true", help="install and first command only")
+    ap.add_argument("--from-log", help="a finished `bash .ci/run` log to record instead of running")
+    ap.add_argument("--commit", help="with --from-log: the commit the log's fresh clone was at")
+    ap.add_argument("--when", help="with --from-log: when that run ended (UTC, ISO 8601)")
+    args = ap.parse_args(argv)
+    old = json.loads(RECORD.read_text()) if RECORD.exists() else {}
+    if args.from_log:
+        if not args.commit:
+            raise SystemExit("quickstart_record: --from-log needs --commit (the record names what was tested)")
+        new = {"git_commit": args.commit, "git_dirty": False, **pytest_counts(Path(args.from_log).read_text())}
+        when = args.when
+    else:
+        new = measure(tests=not args.no_tests)
+        when = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    # a partial measurement keeps the other figures of the last one, each with its own date
+    figures = {k: v for k, v in new.items() if k not in ("git_commit", "git_dirty")}
+    record = {**old, **figures,
+              "measured_utc": {**old.get("measured_utc", {}), **{k: when for k in figures}},
+              "commits": {**old.get("commits", {}), **{k: new["git_commit"] for k in figures}}}
+    RECORD.parent.mkdir(parents=True, exist_ok=True)
+    RECORD.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    print(f"quickstart_record: wrote {RECORD}: " + ", ".join(f"{k}={v}" for k, v in new.items() if not isinstance(v, dict)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

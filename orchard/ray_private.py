@@ -1,0 +1,131 @@
+"""Every private Ray API orchard uses, in one place, each with why no public one serves.
+
+Ray (pinned in pyproject to the 2.60 series) may move any of these in a release; the test
+``tests/orchard/test_ray_private.py`` touches each of them, so an upgrade that moves one fails
+CI by name instead of breaking a run at its first interrupt or sweep. Nothing else in orchard
+imports ``ray._private`` or reads private attributes of Ray objects.
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+
+# Ray's own logger for the token-auth notice (ray_logging quiets its one warning, keeps auth on).
+TOKEN_SETUP_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
+def set_auto_connect(enabled: bool) -> None:
+    """``ray.shutdown()`` turns auto-connect off for the process; a driver that starts Ray again
+    (a multirun's next job) turns it back on. No public switch exists."""
+    from ray._private import auto_init_hook
+
+    auto_init_hook.enable_auto_connect = enabled
+
+
+def node_ip_address() -> str:
+    """This node's address as Ray itself picks it (what peers reach, never 127.0.0.1 by default);
+    the public ``ray.util.get_node_ip_address`` needs a connected Ray, and orchard needs the
+    address before starting one (to pin the GCS port)."""
+    from ray._private import services
+
+    return services.get_node_ip_address()
+
+
+@contextlib.contextmanager
+def ray_children_in_their_own_group():
+    """Ray's GCS, raylet and workers started in their own process group, so that a Ctrl-C to the
+    terminal's group reaches the driver alone (it then closes the run and stops Ray). Ray starts
+    its processes through ``services.ConsolePopen`` and offers no option for this; they keep
+    the kernel's parent-death signal, so nothing outlives the driver."""
+    from ray._private import services, utils
+
+    if not sys.platform.startswith("linux") or not utils.detect_fate_sharing_support():
+        yield
+        return
+    popen = services.ConsolePopen
+
+    class OwnGroupPopen(popen):
+        def __init__(self, *args, **kwargs):
+            kwargs.setdefault("process_group", 0)
+            super().__init__(*args, **kwargs)
+
+    services.ConsolePopen = OwnGroupPopen
+    try:
+        yield
+    finally:
+        services.ConsolePopen = popen
+
+
+def live_actor_handles(class_suffix: str) -> list:
+    """Handles to this job's live actors whose class name ends with ``class_suffix`` (Ray Train's
+    ``TrainController``: ``fit()`` keeps its handle to itself, and the public state API needs the
+    dashboard, which the embedded Ray runs without)."""
+    import ray
+    from ray._private import state
+
+    job = ray.JobID.from_hex(ray.get_runtime_context().get_job_id())
+    alive = state.actors(job_id=job, actor_state_name="ALIVE")
+    core = ray._private.worker.global_worker.core_worker
+    return [core.get_actor_handle(ray.ActorID.from_hex(actor_id)) for actor_id, info in alive.items()
+            if info.get("ActorClassName", "").endswith(class_suffix)]
+
+
+def placement_group_table() -> list:
+    """Every placement group of the cluster as the GCS keeps it (``PlacementGroupTableData``):
+    creator actor, creator job, whether the creator died. ``ray.util.placement_group_table``
+    leaves out the creator fields orchard needs to free a dead actor's group."""
+    from ray._private import state
+    from ray.core.generated import gcs_pb2
+
+    return [gcs_pb2.PlacementGroupTableData.FromString(raw)
+            for raw in state.state._connect_and_get_accessor().get_placement_group_table()]
+
+
+# Loggers of Ray's internals whose INFO records are chatter for an orchard user (ray_logging.py
+# quiets them); the test imports each, so a renamed module shows.
+TRAIN_CHATTY_LOGGERS = ("ray.train.v2._internal.execution.context",
+                        "ray.train.v2._internal.execution.worker_group.worker_group",
+                        "ray.train.v2._internal.execution.controller.controller")
+TRAIN_PG_CLEANER_LOGGER = "ray.train.v2._internal.execution.controller.placement_group_cleaner"
+
+
+def data_execution_callback_class():
+    """Ray Data's ``ExecutionCallback`` (the video workload's per-operator probe subclasses it):
+    the only hook into a running dataset's operators; Ray Data has no public one."""
+    from ray.data._internal.execution.execution_callback import ExecutionCallback
+
+    return ExecutionCallback
+
+
+def reconfigure_data_logging() -> None:
+    """Apply ``RAY_DATA_LOGGING_CONFIG`` after ray.data was imported (it reads it once, at import)."""
+    from ray.data._internal.logging import configure_logging
+
+    configure_logging()
+
+
+# ---- node loss (orchard/strategies/node_loss.py) -------------------------------------------
+def actor_handle(actor_id: str):
+    """A handle to the actor with this hex id: Ray Train's controller, to end it when an elastic
+    group never started (its handle stays inside ``fit()``)."""
+    import ray
+
+    return ray._private.worker.global_worker.core_worker.get_actor_handle(ray.ActorID.from_hex(actor_id))
+
+
+def train_controller_callback_class():
+    """Ray Train's ``ControllerCallback``: the only hook on the controller's state changes
+    (``after_controller_state_update``); no public callback sees them."""
+    from ray.train.v2._internal.execution.callback import ControllerCallback
+
+    return ControllerCallback
+
+
+def refresh_autoscaling_coordinator() -> None:
+    """Make Ray's autoscaling coordinator (which sizes elastic Train groups) read the node table
+    now rather than at its next 20 s tick: no public call does."""
+    from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
+        get_or_create_autoscaling_coordinator,
+    )
+
+    get_or_create_autoscaling_coordinator().get_reserved_resources.remote("orchard-node-view", recompute=True)

@@ -1,0 +1,91 @@
+"""The core's config schema: the types and ranges of ``strategy``, ``cluster``, ``tracking`` and
+the root's own keys, as pydantic models (strict: ``"2"`` is not an integer, ``true`` is not a
+number).  A value outside them is orchard's one line: the key, the field's description (what is
+allowed) and the value given.  Keys the schema does not name pass (they belong to a workload or
+a strategy); checks that read two keys at once or the workload stay in ``config.validate``.
+
+This is the pattern for a workload's own checks: a model per section, ``check(model, section,
+prefix)`` in its ``validate``.
+"""
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from orchard.cluster import LIBRARY_LOG_LEVELS
+from orchard.errors import ConfigError
+
+MLFLOW_URI = r"^(sqlite|http|https|file|postgresql|mysql|databricks)[:+]"
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+class Strategy(Section):
+    num_workers: int = Field(gt=0, description="a positive integer")
+    cpus_per_worker: float = Field(ge=0, description="a number >= 0")
+    gpus_per_worker: float = Field(ge=0, description="a number >= 0")
+    max_failures: int = Field(ge=-1, description="an integer >= -1 (-1: retry forever)")
+
+
+class ParameterServers(Strategy):
+    """``strategy=ps``."""
+    num_servers: int = Field(gt=0, description="a positive integer")
+    mode: Literal["sync", "async"] = Field(description="one of sync, async")
+    async_average: bool = Field(default=False, description="true or false")
+
+
+class Cluster(Section):
+    mode: Literal["local", "remote"] = Field(description="one of local, remote")
+    ray_log_level: Literal[LIBRARY_LOG_LEVELS] = Field(default="WARNING",
+                                                       description="one of " + ", ".join(LIBRARY_LOG_LEVELS))
+    worker_start_timeout_s: Optional[float] = Field(default=None, gt=0, description="a positive number (or null)")
+
+
+class Tracking(Section):
+    """``tracking.enabled=true``."""
+    uri: str = Field(pattern=MLFLOW_URI,
+                     description="an MLflow tracking URI such as sqlite:///mlflow.db or http://127.0.0.1:5000")
+    sample_interval_s: float = Field(gt=0, description="a positive number")
+    max_series_points: int = Field(default=10_000, ge=2, description="an integer >= 2")
+
+
+class Logs(Section):
+    max_mb: float = Field(gt=0, description="a positive number of MiB")
+    backups: int = Field(ge=0, description="an integer >= 0")
+
+
+class Core(Section):
+    progress: Literal["auto", "always", "never"] = Field(description="one of auto, always, never")
+    verbose: bool = Field(description="one of True, False")
+    strategy: Strategy
+    cluster: Cluster
+    logs: Logs
+
+
+def check(model: type[BaseModel], values: dict, prefix: str = "") -> None:
+    """``values`` as ``model`` allows them, else ConfigError naming the first key that is not."""
+    try:
+        model.model_validate(values)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        key = ".".join(filter(None, [prefix, *map(str, first["loc"])]))
+        if first["type"] == "missing":
+            raise ConfigError(key, "missing from the config") from None
+        field = _field(model, first["loc"])
+        allowed = field.description if field is not None and field.description else first["msg"]
+        raise ConfigError(key, f"{allowed}, got {first['input']!r}") from None
+
+
+def _field(model: type[BaseModel], loc: tuple):
+    """The schema's field at ``loc`` (through nested models), or None."""
+    field = None
+    for part in loc:
+        fields = getattr(model, "model_fields", {})
+        if part not in fields:
+            return field
+        field = fields[part]
+        model = field.annotation
+    return field

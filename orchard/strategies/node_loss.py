@@ -1,0 +1,242 @@
+"""What a run records when a node of its cluster disappears, whatever the workload.
+
+Ray recovers most of a lost node by itself (tasks are retried, objects rebuilt from their lineage,
+actors with ``max_restarts`` come back elsewhere, Ray Train restarts the worker group from the
+last checkpoint); orchard's part is to say it happened and what it cost, in the run's own MLflow
+metrics:
+
+    cluster/nodes_lost    nodes alive while the run trained that died (logged the moment the
+                          GCS marks them dead, so a user sees it while the run recovers)
+    cluster/nodes_joined  nodes that joined while the run trained (a replacement)
+    train/restarts        times the training went back to its last checkpoint (a worker group
+                          restarted, a forest round's lost share redone)
+    train/lost_s          seconds from each loss until training went on (a restarted group
+                          restored its checkpoint; for forest, the interrupted round finished),
+                          summed over the losses
+
+``NodeWatch`` is the driver's half: a thread that reads the GCS node table once a second.
+``RecoveryLog`` is the workers' half: an actor on the driver's node that Ray Train workers tell
+when their group started again and which epoch it restored (a Train worker cannot reach the
+driver's memory). The driver's node is the one node a run cannot lose (docs/cluster.md).
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import ray
+
+from orchard import ray_private
+
+POLL_S = 1.0  # how often the driver reads the node table; a loss is timed to within this
+
+
+def _alive_nodes() -> set[str]:
+    return {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+
+
+class NodeWatch:
+    """Nodes that die or join while the run trains, with the time each loss was seen.
+
+    Use as a context manager around training; ``ctx`` (a RunContext, or None) gets
+    ``cluster/nodes_lost`` / ``cluster/nodes_joined`` as they change."""
+
+    def __init__(self, ctx=None, poll_s: float = POLL_S):
+        self.ctx, self.poll_s = ctx, poll_s
+        self.lost_at: list[float] = []   # time.time() of each loss, in order
+        self.joined = 0
+        self._known: set[str] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> "NodeWatch":
+        self._known = _alive_nodes()
+        self._thread = threading.Thread(target=self._run, name="orchard-node-watch", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5 * self.poll_s)
+        try:
+            self.check()  # a loss in the last second of the run still counts
+        except Exception:  # noqa: BLE001 - Ray stopping under an interrupt: what was seen stands
+            pass
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                self.check()
+            except Exception:  # noqa: BLE001 - the GCS busy or Ray stopping: look again next time
+                pass
+
+    def check(self) -> None:
+        """Compare the node table with what was alive before; log what changed."""
+        alive = _alive_nodes()
+        gone, new = self._known - alive, alive - self._known
+        if not gone and not new:
+            return
+        now = time.time()
+        self.lost_at += [now] * len(gone)
+        self.joined += len(new)
+        self._known = alive
+        if self.ctx is not None:
+            self.ctx.log_metrics({"cluster/nodes_lost": len(self.lost_at), "cluster/nodes_joined": self.joined})
+
+    @property
+    def nodes_lost(self) -> int:
+        return len(self.lost_at)
+
+    def lost_s(self, went_on_at: list[float]) -> float:
+        """Seconds from each loss until the first of ``went_on_at`` (times training went on)
+        after it, summed; a loss after the last of them (training was over) cost none."""
+        return sum(min(t for t in went_on_at if t >= lost) - lost
+                   for lost in self.lost_at if any(t >= lost for t in went_on_at))
+
+
+class StartBound:
+    """The bound on a worker group's start that an *elastic* Ray Train group lacks.
+
+    A fixed-size group that cannot get its resources fails after Ray's start timeout
+    (``cluster.worker_start_timeout_s``); an elastic one waits without a bound until its minimum
+    fits (Ray Train's controller stays INITIALIZING or RESTARTING). So when the controller has
+    waited so for ``bound_s`` (RecoveryLog, told by ``ControllerStates``), the run's controller
+    is ended and ``expired`` is set: the launcher says in one line what it needed.
+
+    Killed, not aborted: a controller waiting for an elastic group's minimum decides again and
+    again without yielding its event loop (Ray 2.60), so its ``abort`` never runs (seen here);
+    no worker group exists then, so the controller is all there is to end. Only this run's
+    controller: a sweep's trials share the driver's job."""
+
+    def __init__(self, log, bound_s: float, poll_s: float = POLL_S):
+        self.log, self.bound_s, self.poll_s = log, bound_s, poll_s
+        self.expired = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> "StartBound":
+        self._thread = threading.Thread(target=self._run, name="orchard-start-bound", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5 * self.poll_s)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                since = ray.get(self.log.waiting_since.remote(), timeout=10)
+            except Exception:  # noqa: BLE001 - busy: look again next time
+                continue
+            if since is not None and time.time() - since > self.bound_s:
+                self.expired = True
+                self._end_controller()
+                return
+
+    def _end_controller(self) -> None:
+        try:
+            actor_id = ray.get(self.log.controller_id.remote(), timeout=10)
+            if actor_id:
+                ray.kill(ray_private.actor_handle(actor_id))
+        except Exception:  # noqa: BLE001 - gone meanwhile: fit() returns on its own
+            pass
+
+
+# the controller states in which no group trains and Ray Train itself sets no bound on the wait
+# (SCHEDULING, a placement group being filled, has Ray's start timeout)
+WAITING_STATES = ("INITIALIZING", "RESTARTING", "RESCHEDULING")
+
+
+def controller_states(log):
+    """A Ray Train controller callback (internal API: ``ControllerCallback``) that tells ``log``
+    each state the controller enters; None where this Ray has no such hook."""
+    try:
+        ControllerCallback = ray_private.train_controller_callback_class()
+    except ImportError:
+        return None
+
+    class ControllerStates(ControllerCallback):
+        def __init__(self, log):
+            self.log = log
+
+        def after_controller_start(self, train_run_context):
+            self.log.controller.remote(ray.get_runtime_context().get_actor_id())
+
+        def after_controller_state_update(self, previous_state, current_state):
+            name = getattr(getattr(current_state, "_state_type", None), "name", "")
+            if name == getattr(getattr(previous_state, "_state_type", None), "name", ""):
+                return
+            self.log.state.remote(name, time.time())
+            if name in ("RESTARTING", "RESCHEDULING"):
+                _refresh_node_view()
+
+    return ControllerStates(log)
+
+
+def _refresh_node_view() -> None:
+    """Make Ray's autoscaling coordinator look at the nodes again, now.
+
+    An elastic group sizes itself from the coordinator's view of the nodes, which it refreshes
+    every 20 s: right after a lost node that view still holds it, and Ray Train restarted two
+    workers where one fits, then waited the whole start bound for a CPU that was gone (seen
+    here). Called from the controller as it starts over: its calls reach the coordinator in
+    order, so the size it asks for next is counted on the nodes alive."""
+    try:
+        ray_private.refresh_autoscaling_coordinator()
+    except Exception:  # noqa: BLE001 - another Ray: the coordinator refreshes on its own
+        pass
+
+
+@ray.remote(num_cpus=0)
+class RecoveryLog:
+    """Where each Ray Train worker group, on rank 0, notes that it started and from which
+    epoch (None: from the start), with the time; read by the driver at the end."""
+
+    def __init__(self):
+        self.starts: list[dict] = []
+        # since when the controller waits for a group to start: from now, as no group runs yet
+        # (Ray Train reports no transition into its first state, INITIALIZING)
+        self.waiting: float | None = time.time()
+        self.controller_actor: str | None = None  # the Train controller's actor id, to end it
+
+    def state(self, name: str, at: float) -> None:
+        if name not in WAITING_STATES:
+            self.waiting = None
+        elif self.waiting is None:
+            self.waiting = at
+
+    def waiting_since(self) -> float | None:
+        return self.waiting
+
+    def controller(self, actor_id: str) -> None:
+        self.controller_actor = actor_id
+
+    def controller_id(self) -> str | None:
+        return self.controller_actor
+
+    def started(self, world_size: int, restored_epoch: int | None, at: float) -> int:
+        """Note a group's start; how many groups started so far (this one included)."""
+        self.starts.append({"world_size": world_size, "restored_epoch": restored_epoch, "at": at})
+        return len(self.starts)
+
+    def read(self) -> list[dict]:
+        return list(self.starts)
+
+
+def recovery_log():
+    """A RecoveryLog on this (the driver's) node: it must outlive every other node."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = ray.get_runtime_context().get_node_id()
+    return RecoveryLog.options(scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote()
+
+
+def train_metrics(watch: NodeWatch, starts: list[dict]) -> dict[str, float]:
+    """The run's node-loss metrics from the watch and the worker groups' starts (RecoveryLog):
+    a restart is every start after the first."""
+    return {"cluster/nodes_lost": float(watch.nodes_lost), "cluster/nodes_joined": float(watch.joined),
+            "train/restarts": float(max(len(starts) - 1, 0)),
+            "train/lost_s": watch.lost_s([s["at"] for s in starts])}

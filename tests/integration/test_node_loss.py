@@ -1,0 +1,182 @@
+"""Lose a node, lose nothing (issue 35; docs/cluster.md, "Losing nodes"): a real orchard process
+attached to a two-node ``ray.cluster_utils.Cluster`` (one CPU per node, so a two-worker group has a
+worker on each) loses the second node mid-training; a replacement joins once the run has recorded
+the loss. The run must end FINISHED, say what it lost (``cluster/nodes_lost``, ``train/restarts``,
+``train/lost_s``) and have gone on from its last checkpoint, not from the start.
+
+The moment of the loss is found by polling the run's own metrics in its MLflow store, never by a
+sleep. One cluster (in a subprocess of its own, as in test_cluster_storage.py) serves every test:
+the replacement node of one test is the node the next one loses.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+# Commands on stdin: "remove" the newest worker node, "add" one; each answers one line.
+CLUSTER_SCRIPT = """
+import sys
+from ray.cluster_utils import Cluster
+cluster = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 1})
+nodes = [cluster.add_node(num_cpus=1)]
+cluster.wait_for_nodes()
+print("ADDRESS", cluster.address, flush=True)
+try:
+    for line in sys.stdin:
+        if line.strip() == "remove":
+            cluster.remove_node(nodes.pop())
+            print("REMOVED", flush=True)
+        elif line.strip() == "add":
+            nodes.append(cluster.add_node(num_cpus=1))
+            cluster.wait_for_nodes()
+            print("ADDED", flush=True)
+finally:
+    cluster.shutdown()
+"""
+
+
+class TwoNodes:
+    """The cluster subprocess: its GCS address, and remove/add of its worker node."""
+
+    def __init__(self, proc: subprocess.Popen, address: str):
+        self.proc, self.address = proc, address
+
+    def _ask(self, command: str, answer: str) -> None:
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        assert line.startswith(answer), f"cluster: {command} answered {line!r}"
+
+    def remove(self) -> None:
+        self._ask("remove", "REMOVED")
+
+    def add(self) -> None:
+        self._ask("add", "ADDED")
+
+
+@pytest.fixture(scope="module")
+def two_nodes():
+    proc = subprocess.Popen([sys.executable, "-c", CLUSTER_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+                            start_new_session=True)
+    line = proc.stdout.readline()
+    if not line.startswith("ADDRESS "):
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError(f"the two-node cluster did not start: {line!r}")
+    try:
+        yield TwoNodes(proc, line.split()[1])
+    finally:
+        proc.stdin.close()  # the script shuts the cluster down
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _run(uri: str):
+    """The store's one run, or None while it does not exist yet."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    return runs[0] if runs else None
+
+
+def _history(uri: str, run_id: str, key: str) -> list:
+    from mlflow.tracking import MlflowClient
+
+    return sorted(MlflowClient(uri).get_metric_history(run_id, key), key=lambda m: (m.timestamp, m.step))
+
+
+def _recorded_loss(run) -> bool:
+    return run.data.metrics.get("cluster/nodes_lost", 0) >= 1
+
+
+def _lose_a_node_while(args: list[str], ready, two_nodes: TwoNodes, tmp_path: Path, replace=_recorded_loss):
+    """Run orchard with ``args`` on the cluster; when ``ready(run)`` holds, remove the worker
+    node, and add a replacement once ``replace(run)`` holds (default: the run recorded the
+    loss). Returns (run, output, the run's metrics as they were at the loss, the store's URI)."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    MlflowClient(uri).search_experiments()  # the store exists before two processes open it
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "orchard", *args, "debug=smoke", "progress=never",
+                             "cluster=remote", f"cluster.address={two_nodes.address}", f"tracking.uri={uri}",
+                             f"output_dir={tmp_path}/out"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    at_loss, replaced = None, False
+    deadline = time.time() + 900
+    try:
+        while proc.poll() is None and not replaced:
+            assert time.time() < deadline, "the run neither lost its node nor finished in 15 min"
+            time.sleep(0.5)  # a poll interval, not a wait for anything
+            run = _run(uri)
+            if run is None:
+                continue
+            if at_loss is None and ready(run):
+                at_loss = dict(run.data.metrics)
+                two_nodes.remove()
+            elif at_loss is not None and replace(run):
+                two_nodes.add()  # the replacement, once the run has seen the loss
+                replaced = True
+        output = proc.communicate(timeout=900)[0]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    if at_loss is not None and not replaced:
+        two_nodes.add()  # the next test loses a node too
+    assert at_loss is not None, f"the run ended before the node could be removed:\n{output[-3000:]}"
+    assert proc.returncode == 0, output[-4000:]
+    run = _run(uri)
+    print("node loss:", {k: v for k, v in sorted(run.data.metrics.items()) if k.startswith(("cluster/", "train/"))})
+    return run, output, at_loss, uri
+
+
+def test_flower_ps_elastic_loses_a_worker_and_a_server_trains_on_and_grows_back(two_nodes, tmp_path):
+    """Parameter servers spread over the nodes, so the lost node takes a Train worker and a
+    server shard. Elastic (strategy.min_workers=1): the group goes on with the one worker left,
+    the servers filled again from the checkpoint, and grows back to two when the replacement
+    joins. (The fixed-size strategy=ring is what ../shared/checks/node-loss runs.)"""
+    run, output, at_loss, uri = _lose_a_node_while(
+        ["workload=flower", "strategy=ps", "strategy.num_servers=2", "strategy.min_workers=1",
+         "strategy.resize_every_s=5", "flower.epochs=40"],
+        lambda run: run.data.metrics.get("train/epoch", 0) >= 2, two_nodes, tmp_path,
+        # the replacement joins once the group went on with the one worker left, without it
+        replace=lambda run: _recorded_loss(run) and run.data.metrics.get("train/group_workers") == 1)
+    m = run.data.metrics
+    assert run.info.status == "FINISHED"
+    assert m["cluster/nodes_lost"] >= 1 and m["train/restarts"] >= 2 and m["train/lost_s"] > 0, m
+    # went on from a checkpoint taken before the loss: not from the start, not past the loss
+    resumed = [h.value for h in _history(uri, run.info.run_id, "train/resumed_from_epoch")]
+    assert resumed and 1 <= resumed[0] <= at_loss["train/epoch"], (resumed, at_loss["train/epoch"])
+    # two workers, then one (trained on with what was left), then two again (grew back)
+    sizes = [h.value for h in _history(uri, run.info.run_id, "train/group_workers")]
+    assert sizes[0] == 2 and 1 in sizes and sizes[-1] == 2, sizes
+    assert m["train/epoch"] == 40 and m["train/workers"] == 2
+
+
+def test_forest_loses_histogram_actors_mid_round_and_grows_the_same_rounds(two_nodes, tmp_path):
+    """Histogram actors spread over the nodes, so the lost node takes actors, tasks and data
+    blocks: Ray rebuilds the blocks and retries the tasks, the actors come back on the node
+    alive and the round redoes their share; no round is grown twice. (Smoke rounds are small
+    enough to be summed on the driver, without actors: small_round_example_features=0 keeps
+    the actors in every round.)"""
+    run, output, at_loss, uri = _lose_a_node_while(
+        ["workload=forest", "forest.num_trees=4", "forest.small_round_example_features=0"],
+        lambda run: "round/depth" in run.data.metrics, two_nodes, tmp_path)
+    m = run.data.metrics
+    assert run.info.status == "FINISHED"
+    assert m["cluster/nodes_lost"] >= 1 and m["train/lost_s"] > 0, m
+    steps = [h.step for h in _history(uri, run.info.run_id, "round/depth")]
+    assert len(steps) == len(set(steps)) == m["train/rounds_this_run"]  # each round grown once
+    assert m["train/trees"] == 4

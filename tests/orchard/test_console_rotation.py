@@ -1,0 +1,41 @@
+"""orchard/console.py: the process log (descriptors 1 and 2, where Ray's and torch's lines go)
+rotates by size, and a run's part of it is still whole from the kept files. In a child process:
+``quiet`` takes over the descriptors."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+
+def test_the_log_rotates_by_size_and_a_runs_part_spans_the_kept_files(tmp_path):
+    child = textwrap.dedent(f"""
+        import os, pathlib
+        from orchard import console
+        path = console.quiet(pathlib.Path({str(tmp_path)!r}), max_bytes=10_000, backups=2)
+        console.mark_run_start()                   # a first run (its part starts at the process start)
+        for i in range(40):                        # 40 x 1 kB written straight to fd 1, as Ray's C++ does
+            if i == 25:
+                start = console.mark_run_start()   # the second run opens mid-file
+            os.write(1, (f"line {{i:04d}} " + "x" * 989 + "\\n").encode())
+            console.rotate_if_full()
+        console.say("orchard: done")
+        console.copy_run_part(start, pathlib.Path({str(tmp_path / "run" / "orchard.log")!r}))
+        console.copy_run_part(0, pathlib.Path({str(tmp_path / "first.log")!r}))
+        print("log at", path, file=console.terminal())
+    """)
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert done.returncode == 0, done.stderr
+    logs = sorted(p for p in tmp_path.iterdir() if p.name.startswith("orchard-"))
+    assert len(logs) == 3                                               # the live file and 2 rotated
+    assert all(p.stat().st_size <= 11_000 for p in logs)                # each near max_bytes
+    total = b"".join(p.read_bytes() for p in logs)
+    assert b"line 0039" in total and b"line 0000" not in total          # the oldest went
+    part = (tmp_path / "run" / "orchard.log").read_text()
+    assert part.startswith("line 0025") and "line 0039" in part and part.rstrip().endswith("orchard: done")
+    assert "line 0024" not in part
+    first = (tmp_path / "first.log").read_text()   # a part that began in a file already removed says so
+    assert first.startswith("[orchard: 20000 bytes of this run's log were rotated away]\nline 0020")

@@ -1,0 +1,68 @@
+"""The figures in README and docs/ cannot drift: every marked figure re-renders to what the page
+says, the generated benchmark tables match their results files, and every results file names a
+commit of this history measured on a clean tree."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.doc_figures import FigureError, markdown_files, provenance_problems, render_all, render_text
+from bench.render import render
+from bench.rows import row, summarize
+from bench.runner import RESULTS, ROOT
+
+
+def test_every_marked_figure_in_readme_and_docs_is_what_its_results_file_says():
+    stale = render_all(write=False)
+    assert not stale, f"figures differ from the results files in {[str(p.relative_to(ROOT)) for p in stale]}: " \
+                      "run `python -m bench --render`"
+    # the markers are really used where the figures are quoted
+    marked = [p for p in markdown_files() if "<!-- fig " in p.read_text()]
+    assert ROOT / "README.md" in marked and ROOT / "docs" / "forest.md" in marked
+
+
+def test_the_generated_benchmark_tables_match_the_results_files(tmp_path):
+    fresh = render(RESULTS, tmp_path / "benchmarks.md")
+    assert fresh == (ROOT / "docs" / "benchmarks.md").read_text(), "docs/benchmarks.md is stale: run `python -m bench --render`"
+
+
+def test_every_results_file_names_a_commit_of_this_history_on_a_clean_tree():
+    assert provenance_problems() == []
+
+
+def test_a_marker_naming_a_missing_row_or_field_is_an_error_naming_the_page():
+    with pytest.raises(FigureError, match=r"page\.md: forest\.json: no row 'nope'"):
+        render_text('<!-- fig forest.json "nope" ratio -->1x<!-- /fig -->', "page.md")
+    with pytest.raises(FigureError, match="unknown field 'speed'"):
+        render_text('<!-- fig forest.json "today: orchard vs LightGBM rf" speed -->1x<!-- /fig -->', "page.md")
+
+
+def result_with(values_o: list[float], values_p: list[float]) -> dict:
+    r = summarize(row("x", "s", values_o, values_p, orchard_label="o", peer_label="p", higher_is_better=False,
+                      target={"text": "orchard no slower", "min_ratio": 1.0}))
+    return {"smoke": False, "load": {"loaded": False}, "rows": [r]}
+
+
+@pytest.mark.parametrize(("orchard", "peer", "says"), [
+    ([10.0], [12.0], "not decided (n=1)"),                        # one repeat decides nothing
+    ([10.0, 11.0, 13.0], [12.0, 12.5, 13.0], "not decided (spread"),  # the spreads cross 1.0x
+    ([10.0, 10.5, 11.0], [12.0, 12.5, 13.0], ": met"),              # worst case 12/11 > 1
+    ([14.0, 14.5, 15.0], [12.0, 12.5, 13.0], ": not met"),          # best case 13/14 < 1
+])
+def test_a_target_is_met_only_on_three_repeats_whose_spread_does_not_cross_it(tmp_path, orchard, peer, says):
+    from bench.render import verdict
+
+    res = result_with(orchard, peer)
+    assert says in "orchard no slower: " + verdict(res["rows"][0], res).split(": ", 1)[1]
+
+
+def test_a_record_figure_renders_minutes_and_its_date(tmp_path, monkeypatch):
+    import bench.doc_figures as figs
+
+    (tmp_path / "quickstart.json").write_text(json.dumps(
+        {"tests_s": 3033.4, "passed": 567, "measured_utc": {"tests_s": "2026-11-25T12:30:46+00:00"}}))
+    monkeypatch.setattr(figs, "SOURCES", (tmp_path,))
+    text = render_text("<!-- fig quickstart.json - passed -->0<!-- /fig --> in <!-- fig quickstart.json - tests_s -->"
+                       "?<!-- /fig --> (<!-- fig quickstart.json - measured_utc.tests_s -->?<!-- /fig -->)", "README.md")
+    assert ">567<" in text and ">50 min 33 s<" in text and ">2026-11-25<" in text
