@@ -168,8 +168,12 @@ def test_a_training_run_logs_an_mlflow_logged_model_too(cli_run, tmp_path):
     assert uri == f"models:/{mine[0].model_id}"
     assert mine[0].name == "model" and [o.model_id for o in run.run.outputs.model_outputs] == [mine[0].model_id]
     # runs:/<id>/model lists through the LoggedModel (MLflow 3.17 resolves it on its *current* store)
+    previous = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(run.uri)
-    listed = mlflow.artifacts.list_artifacts(artifact_uri=f"runs:/{run.run_id}/model", tracking_uri=run.uri)
+    try:
+        listed = mlflow.artifacts.list_artifacts(artifact_uri=f"runs:/{run.run_id}/model", tracking_uri=run.uri)
+    finally:
+        mlflow.set_tracking_uri(previous)  # other tests' stores stay theirs
     assert any(a.path.endswith("MLmodel") for a in listed)
     # the run folder's copy names the LoggedModel (a predict run given that folder records it as input)
     from orchard.logged_models import model_id_of

@@ -73,6 +73,9 @@ def test_a_remote_cluster_gets_the_checkout_and_ray_client_gets_it_as_py_modules
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", lambda **kw: seen.update(kw) or {})
     monkeypatch.setattr(cluster, "_print_addresses", lambda *a: None)
+    # workloads registered from outside the checkout (the tests' tiny one, once another test has
+    # registered it) ship too: that is outside_packages' own test; here only orchard and workloads
+    monkeypatch.setattr(cluster, "outside_packages", lambda: [])
     assert cluster.connect({"mode": "remote", "address": address})
     env = seen["runtime_env"]
     other = {"py_modules": "working_dir", "working_dir": "py_modules"}[ships]

@@ -35,7 +35,14 @@ def test_the_logged_model_predicts_in_a_fresh_process_without_ray(trained, field
 
     import mlflow
 
-    listed = mlflow.artifacts.list_artifacts(artifact_uri=f"runs:/{trained.run_id}/model", tracking_uri=trained.uri)
+    # MLflow 3.17 resolves runs:/<id>/model on the process's current store whatever tracking_uri
+    # says (docs/models.md), and another test may have pointed it elsewhere: point it here
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(trained.uri)
+    try:
+        listed = mlflow.artifacts.list_artifacts(artifact_uri=f"runs:/{trained.run_id}/model", tracking_uri=trained.uri)
+    finally:
+        mlflow.set_tracking_uri(previous)
     assert "model/MLmodel" in [a.path for a in listed]   # the run's LoggedModel, named model
     rgb, _ = field_png
     tiles = np.ascontiguousarray(rgb[:64, :128].reshape(1, 64, 2, 64, 3).swapaxes(1, 2).reshape(2, 64, 64, 3))
