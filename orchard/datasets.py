@@ -39,7 +39,8 @@ def training_data(cfg: dict):
     spec = declared(cfg)
     if spec.get("path"):
         path = str(spec["path"])
-        local = "://" not in path
+        # a local folder not made yet (a sweep's parent opens before the data is generated): named, not read
+        local = "://" not in path and Path(os.path.expanduser(path)).exists()
         source = resolve_dataset_source(str(Path(os.path.expanduser(path)).resolve()) if local else path)
         digest = content_digest(Path(os.path.expanduser(path))) if local else _digest(path)
     else:   # generated: what the generator was given is what the data is
