@@ -2,7 +2,6 @@
 runs go to a real MLflow sqlite store in a temp folder and are read back with MlflowClient."""
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,16 +31,25 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """One local Ray for the whole session (2 CPUs, like CI)."""
+    """One local Ray for the whole session (2 CPUs, like CI), started the way a run starts its
+    embedded Ray (``orchard.cluster.connect``): the same quieting hooks in every worker (else
+    Ray Train's placement-group cleaner, which outlives a Train run, prints into whatever test
+    runs next), and its workers find it by its own address."""
     import ray
 
     from orchard import cluster
+    from orchard.config import compose
 
-    cluster.prepare_local_env()
-    if not ray.is_initialized():
-        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
+    local = compose(["workload=tiny"])["cluster"]
+    before = os.environ.get("RAY_ADDRESS")
+    started = cluster.connect({**local, "num_cpus": 2})
+    # connect() points RAY_ADDRESS at this Ray for the driver's own lookups; the tests' child
+    # processes (python -m orchard ...) copy os.environ, and a user's shell names no cluster
+    if before is None:
+        os.environ.pop("RAY_ADDRESS", None)
     yield ray
-    ray.shutdown()
+    if started:
+        cluster.shutdown()
 
 
 @pytest.fixture

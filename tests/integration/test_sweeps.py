@@ -33,7 +33,8 @@ def test_shipped_sweep_runs_to_the_end_at_smoke(sweep, ray_session, tracking_uri
             spec["values"] = spec["values"][:1]
     preflight(cfg)
     outcome = execute(cfg, module)
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     assert outcome.exit_code == 0, outcome.error
     assert "trial(s) at once; each holds" in out and "rank" in out
     client = MlflowClient(tracking_uri)
@@ -45,6 +46,9 @@ def test_shipped_sweep_runs_to_the_end_at_smoke(sweep, ray_session, tracking_uri
     assert s["metric"] in children[0].data.metrics
     assert parent.data.tags["best_run_id"] == children[0].info.run_id
     # the trial trains on the sweep's data (one dataset), says what it was given, and has its headline
+    for r in (parent, children[0]):
+        assert r.inputs.dataset_inputs, (r.info.run_name, [ln for ln in (out + captured.err).splitlines()
+                                                          if "dataset" in ln or "Error" in ln][-20:])
     digests = {r.inputs.dataset_inputs[0].dataset.digest for r in (parent, children[0])}
     assert len(digests) == 1
     assert " · trial " in children[0].data.tags["mlflow.note.content"]
