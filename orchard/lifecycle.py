@@ -63,7 +63,7 @@ def preflight(cfg: dict) -> None:
     _check_output_dir(cfg["output_dir"])
     _check_ray_auth(cfg["cluster"])
     if cfg["cluster"]["mode"] == "remote":  # first: a 5 s probe, before a store is created or migrated
-        _check_cluster_address(cfg["cluster"]["address"])
+        _check_cluster_address(cfg["cluster"]["address"], cfg["cluster"])
     from orchard import storage
 
     storage.check(cfg)  # storage.uri (s3://...) writable with the AWS_* variables given
@@ -107,8 +107,9 @@ def _check_output_dir(output_dir: str) -> None:
                           f"{exc.strerror or exc}") from None
 
 
-def _check_cluster_address(address: str, timeout_s: float = 5.0) -> None:
-    """A Ray cluster must answer at ``address`` (host:port, ray://host:port) or be found (auto)."""
+def _check_cluster_address(address: str, cluster: dict, timeout_s: float = 5.0) -> None:
+    """A Ray cluster must answer at ``address`` (host:port, ray://host:port) or be found (auto),
+    and a cluster reached at its GCS address must ask for Ray's token (``_check_cluster_auth``)."""
     if address in (None, "auto"):
         # Ray's own lookup order: RAY_ADDRESS, then the cluster `ray start` last left on this
         # machine; that file outlives its cluster, so the address it names is checked below.
@@ -126,6 +127,50 @@ def _check_cluster_address(address: str, timeout_s: float = 5.0) -> None:
     except (OSError, ValueError) as exc:
         raise ConfigError("cluster.address", f"a Ray cluster that answers; none did at {address} "
                           f"({getattr(exc, 'strerror', None) or exc})") from None
+    if "://" not in str(address):
+        _check_cluster_auth(f"{host or hostport}:{int(port or 6379)}", cluster)
+
+
+def _check_cluster_auth(gcs_address: str, cluster: dict) -> None:
+    """A cluster on another machine started without token auth (its head without a token, or
+    with ``RAY_AUTH_MODE=disabled``) is refused like starting one: its ports run the code of anyone
+    who reaches them, the run's included. One on this machine (a ``ray start`` or
+    ``cluster_utils.Cluster`` of the user's own, for trying things) gets one line saying so and
+    is used. A ``ray://`` address reaches Ray Client's server, whose GCS port the client does not
+    know: not probed (docs/cluster.md, "Security")."""
+    import grpc
+
+    from orchard import ray_private
+
+    if cluster.get("allow_unauthenticated"):
+        return
+    try:
+        open_door = ray_private.answers_without_token(gcs_address)
+    except grpc.RpcError:
+        return  # not a GCS that answers this RPC (an older Ray, a proxy): Ray's own connect decides
+    if not open_door:
+        return
+    if _on_this_machine(gcs_address.rpartition(":")[0]):
+        say(f"orchard: the Ray cluster at {gcs_address} runs without token auth: anyone who reaches its ports "
+            "can run code there (docs/cluster.md, 'Starting a cluster with token auth on')", file=sys.stderr)
+        return
+    raise ConfigError("cluster.allow_unauthenticated", f"true to attach to {gcs_address}, a Ray cluster without "
+                      "token auth (it answers without a token: its ports run anyone's code); or restart it with "
+                      "auth on (docs/cluster.md, 'Starting a cluster with token auth on')")
+
+
+def _on_this_machine(host: str) -> bool:
+    """``host`` names this machine: a loopback address or one of its interfaces' addresses."""
+    import ipaddress
+
+    import psutil
+
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except OSError:
+        return False
+    own = {a.address.split("%")[0] for nics in psutil.net_if_addrs().values() for a in nics}
+    return all(ipaddress.ip_address(a).is_loopback or a in own for a in addresses)
 
 
 # --------------------------------------------------------------------------- [3] session

@@ -38,14 +38,17 @@ def pip_requirements(imports: Iterable[str] = ("torch",)) -> list[str]:
 def save_model(ctx, workload: str, write: Callable[[Path, dict], None], extra_metadata: dict | None = None) -> Path:
     """Write the run's MLflow Model to ``<run folder>/model`` with ``write(path, metadata)``
     (which calls ``mlflow.<flavour>.save_model(path, ..., metadata=metadata)``, or
-    ``save_pyfunc``), then log it as the run's model (``log_model``).  Returns the local folder."""
+    ``save_pyfunc``, into a temporary folder renamed into place whole: a failed write leaves the
+    previous model and no partial folder), then log it as the run's model (``log_model``).
+    Returns the local folder."""
+    from orchard.storage import atomic_folder
+
     path = Path(ctx.run_dir) / MODEL_DIR
-    if (path / "MLmodel").is_file():  # an earlier save of this run's model (mlflow writes only into a new folder)
-        shutil.rmtree(path)
-    elif path.exists():  # something of the user's in a folder they named (hydra.run.dir): never deleted
+    if path.exists() and not (path / "MLmodel").is_file():  # something of the user's in a folder they named (hydra.run.dir): never deleted
         path = Path(ctx.run_dir) / f"{MODEL_DIR}-{ctx.run_id or os.getpid()}"
     metadata = {"orchard_workload": workload, "orchard_run_id": ctx.run_id or "", **(extra_metadata or {})}
-    write(path, metadata)
+    with atomic_folder(path) as partial:   # the previous model or the new one, never half of one
+        write(partial, metadata)
     if ctx.run_id and ctx.tracking_uri:
         model_id = log_model(path, ctx.run_id, ctx.tracking_uri, workload)
         ctx.set_tags({"orchard.model_uri": f"runs:/{ctx.run_id}/{MODEL_DIR}", "orchard.logged_model": f"models:/{model_id}"})
@@ -189,6 +192,8 @@ def free_dims(signature, inputs: Iterable[int] = (), outputs: Iterable[int] = ()
     from mlflow.types.schema import Schema, TensorSpec
 
     def loosen(schema, dims):
+        if not dims:  # kept as inferred (a table's columns, say)
+            return schema
         spec = schema.inputs[0]
         shape = list(spec.shape)
         for d in dims:

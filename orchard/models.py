@@ -16,11 +16,13 @@ input=<file or folder>`` resolves the model (``resolve_model``), then the worklo
 runs ``predict_files``: the model is recorded as the run's input, then a Ray Data
 ``map_batches`` over the input files with an actor pool that holds the model (streamed: memory
 stays bounded whatever the folder's size), a progress line with items/s, files that cannot be
-read skipped and counted with the reason (``skipped.csv``), results written to
-``<run folder>/predictions`` and logged as the artifact folder ``predictions``.
+read skipped and counted with the reason (``skipped.csv``), as are inputs that vanish between
+listing and staging, results written to ``<run folder>/predictions`` (whole: renamed into place,
+``predictions``) and logged as the artifact folder ``predictions``.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
 import shutil
@@ -124,9 +126,22 @@ def input_files(path: str | os.PathLike, suffixes: Iterable[str]) -> list[Path]:
 
 
 def output_dir(ctx) -> Path:
+    """``<run folder>/predictions``, written in place (a predict run writes it whole: ``predictions``)."""
     out = Path(ctx.run_dir) / PREDICTIONS_DIR
     out.mkdir(parents=True, exist_ok=True)
     return out
+
+
+@contextlib.contextmanager
+def predictions(ctx):
+    """A predict run's output folder, filled under a temporary name and renamed to
+    ``<run folder>/predictions`` when the run's predictions are all written: a run that fails
+    half way leaves no partial folder (orchard.storage.atomic_folder)."""
+    from orchard.storage import atomic_folder
+
+    with atomic_folder(Path(ctx.run_dir) / PREDICTIONS_DIR) as partial:
+        partial.mkdir(parents=True)
+        yield partial
 
 
 def predict_files(files: list[Path], predictor: type, args: dict, ctx, storage, model_dir: Path, out: Path,
@@ -153,20 +168,25 @@ def predict_files(files: list[Path], predictor: type, args: dict, ctx, storage, 
     total = len(files)
     staging = storage.child(STAGING_DIR)
     started = time.perf_counter()
-    _stage(staging, model_dir, files, companions, ctx)
+    lost = _stage(staging, model_dir, files, companions, ctx)   # inputs gone since they were listed
+    rows: list[dict] = [{"path": str(files[i]), "error": reason, "kind": kind} for i, (kind, reason) in lost.items()]
+    kept = [(i, p) for i, p in enumerate(files) if i not in lost]
+    if not kept:
+        with contextlib.suppress(Exception):
+            staging.delete()
+        return rows
     free = ray.available_resources()
     actors = int(free.get("CPU", 1) // max(num_cpus, 1e-9))
     if num_gpus > 0:
         actors = min(actors, int(free.get("GPU", 0) // num_gpus))
-    pool = max(1, min(actors, -(-total // batch_size)))
-    items = [{"path": str(p), "rel": _input_rel(i, p)} for i, p in enumerate(files)]
-    ds = ray.data.from_items(items, override_num_blocks=max(1, -(-total // batch_size)))
+    pool = max(1, min(actors, -(-len(kept) // batch_size)))
+    items = [{"path": str(p), "rel": _input_rel(i, p)} for i, p in kept]
+    ds = ray.data.from_items(items, override_num_blocks=max(1, -(-len(kept) // batch_size)))
     subdirs = sorted(d.name for d in Path(out).iterdir() if d.is_dir())
     ds = ds.map_batches(_OnAnyNode, fn_constructor_kwargs={"predictor": predictor, "args": args,
                                                            "staging": staging, "subdirs": subdirs},
                         batch_size=batch_size, batch_format="numpy", concurrency=(1, pool), num_cpus=num_cpus,
                         num_gpus=num_gpus)
-    rows: list[dict] = []
     try:
         for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
             for i in range(len(batch["path"])):
@@ -195,16 +215,31 @@ def _input_rel(i: int, path: Path) -> str:
     return f"inputs/{i:07d}/{Path(path).parent.name or '_'}/{Path(path).name}"
 
 
-def _stage(staging, model_dir: Path, files: list[Path], companions, ctx) -> None:
-    """The model folder and every input (with its companions) into ``staging``."""
+def _stage(staging, model_dir: Path, files: list[Path], companions, ctx) -> dict[int, tuple[str, str]]:
+    """The model folder and every input (with its companions) into ``staging``.  Returns the
+    inputs that could not be staged, ``{index in files: (kind, reason)}`` (orchard/skipped.py's
+    kinds): a file removed or made unreadable since it was listed is skipped, not the run."""
+    from orchard.skipped import kind_of, one_line
+
     staging.upload(model_dir, "model")   # small; inputs may be many and large: linked below
+    lost: dict[int, tuple[str, str]] = {}
     for i, path in enumerate(files):
         rel = _input_rel(i, path)
-        _put_file(staging, rel, path)
-        for extra in (companions(path) if companions else []):
-            _put_file(staging, f"{rel.rsplit('/', 1)[0]}/{extra.name}", extra)
+        try:
+            _put_file(staging, rel, path)
+            for extra in (companions(path) if companions else []):
+                _put_file(staging, f"{rel.rsplit('/', 1)[0]}/{extra.name}", extra)
+        except OSError as exc:   # gone or unreadable since listed; a full disk is the run's (StorageFull)
+            from orchard.storage import StorageFull, _as_full
+
+            if isinstance(_as_full(exc, rel), StorageFull):
+                raise
+            lost[i] = (kind_of(exc), f"not staged: {one_line(exc)}")
+            with contextlib.suppress(Exception):
+                staging.delete(rel.rsplit("/", 1)[0])   # what of it was staged
         if i % 50 == 49:
             ctx.progress(i + 1, len(files), desc="staging inputs")
+    return lost
 
 
 def _put_file(storage, rel: str, path: Path) -> None:

@@ -70,8 +70,36 @@ def _chatty_loggers() -> list[str]:
     return [*CHATTY, str(context_file)]
 
 
+def _keep_data_logging_config() -> None:
+    """Point ``RAY_DATA_LOGGING_CONFIG`` at a copy that outlives the job's working_dir.
+
+    The shipped copy names the file relative to the working_dir, which Ray Data opens when a
+    worker first imports it: a worker started before a lost node and used after it found that
+    folder gone, and every Ray Data actor it hosted failed to import (docs/cluster.md, "Losing
+    nodes"). So each worker copies it now into this user's private temp folder (0700: a logging
+    config can name classes to build, so never one another user could plant)."""
+    import hashlib
+
+    name = os.environ.get("RAY_DATA_LOGGING_CONFIG")
+    if not name or os.path.isabs(name):
+        return
+    try:
+        from orchard.cluster import private_tmp
+
+        text = Path(name).read_bytes() if os.path.exists(name) else RAY_DATA_LOGGING.read_bytes()
+        kept = private_tmp() / f"ray_data_logging-{hashlib.sha256(text).hexdigest()[:16]}.yaml"
+        if not kept.exists():
+            part = kept.with_suffix(f".{os.getpid()}.part")
+            part.write_bytes(text)
+            os.replace(part, kept)
+        os.environ["RAY_DATA_LOGGING_CONFIG"] = str(kept)
+    except OSError:  # nowhere to keep it: as before
+        pass
+
+
 def install_filters() -> None:
     """Run in every Ray worker process (and the driver): add the filters once."""
+    _keep_data_logging_config()
     level = getattr(logging, os.environ.get(LEVEL_ENV, "WARNING").upper(), logging.WARNING)
     for name in _chatty_loggers():
         logger = logging.getLogger(name)

@@ -129,3 +129,23 @@ def refresh_autoscaling_coordinator() -> None:
     )
 
     get_or_create_autoscaling_coordinator().get_reserved_resources.remote("orchard-node-view", recompute=True)
+
+
+def answers_without_token(gcs_address: str, timeout_s: float = 5.0) -> bool:
+    """True if the Ray cluster at ``gcs_address`` (host:port of its GCS) serves a request that
+    carries no auth token: a cluster started without token auth, which runs the code of anyone
+    who reaches its ports. A cluster with auth answers UNAUTHENTICATED. No public API tells a
+    client the server's auth mode (the client's own ``RAY_AUTH_MODE`` says only what it sends),
+    so this asks the GCS's cheapest RPC, ``GetClusterId``, over a channel without the token."""
+    import grpc
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    with grpc.insecure_channel(gcs_address) as channel:
+        stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
+        try:
+            stub.GetClusterId(gcs_service_pb2.GetClusterIdRequest(), timeout=timeout_s)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+                return False
+            raise
+    return True

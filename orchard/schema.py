@@ -23,6 +23,11 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
 
+def positive_int():
+    """A field for a positive integer (the workloads' schemas share it)."""
+    return Field(gt=0, description="a positive integer")
+
+
 class Strategy(Section):
     num_workers: int = Field(gt=0, description="a positive integer")
     cpus_per_worker: float = Field(ge=0, description="a number >= 0")
@@ -71,12 +76,23 @@ def check(model: type[BaseModel], values: dict, prefix: str = "") -> None:
         model.model_validate(values)
     except ValidationError as exc:
         first = exc.errors()[0]
-        key = ".".join(filter(None, [prefix, *map(str, first["loc"])]))
+        loc, given = first["loc"], first["input"]
+        if any(isinstance(part, int) for part in loc):  # an item of a list: name the list, show it whole
+            loc = loc[:next(i for i, part in enumerate(loc) if isinstance(part, int))]
+            given = _value(values, loc)
+        key = ".".join(filter(None, [prefix, *map(str, loc)]))
         if first["type"] == "missing":
             raise ConfigError(key, "missing from the config") from None
-        field = _field(model, first["loc"])
+        field = _field(model, loc)
         allowed = field.description if field is not None and field.description else first["msg"]
-        raise ConfigError(key, f"{allowed}, got {first['input']!r}") from None
+        raise ConfigError(key, f"{allowed}, got {given!r}") from None
+
+
+def _value(values: dict, loc: tuple):
+    """The value at ``loc`` in the nested dicts ``values``."""
+    for part in loc:
+        values = values[part]
+    return values
 
 
 def _field(model: type[BaseModel], loc: tuple):

@@ -414,6 +414,42 @@ def write_atomic(path: str | os.PathLike, data: bytes) -> None:
     clean_partials(path.parent, path.name)
 
 
+@contextlib.contextmanager
+def atomic_folder(path: str | os.PathLike):
+    """Write a whole local folder so that a reader finds the previous folder or the new one,
+    never half of one: the caller fills the yielded temporary path (in the same folder, not yet
+    created); on success its files are fsynced and it is renamed into place (a previous folder
+    moved aside first, then removed); on any error it is removed and the previous folder stays.
+    A writer killed meanwhile leaves a partial folder, removed by the next write of that folder."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(partial_name(path.name))
+    try:
+        yield partial
+        for dirpath, _, files in os.walk(partial):
+            for name in files:
+                with open(os.path.join(dirpath, name), "rb") as fh:
+                    os.fsync(fh.fileno())
+        old = path.with_name(partial_name(path.name)) if path.exists() else None
+        if old is not None:
+            os.rename(path, old)
+        try:
+            os.rename(partial, path)
+        except BaseException:
+            if old is not None:
+                os.rename(old, path)   # the previous folder back in place
+            raise
+    except BaseException as exc:
+        shutil.rmtree(partial, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise _as_full(exc, str(path)) from None
+        raise
+    _fsync_folder(path.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    clean_partials(path.parent, path.name)
+
+
 def _fsync_folder(folder: Path) -> None:
     with contextlib.suppress(OSError):  # some file systems refuse to open a folder: nothing to sync there
         fd = os.open(folder, os.O_RDONLY)

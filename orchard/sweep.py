@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
 import signal
 import sys
 import threading
@@ -376,20 +377,26 @@ def run_sweep(cfg: dict, module, run_one: Callable) -> Outcome:
                   f"trials marked KILLED; run the same command again to resume", file=sys.stderr)
             return Outcome(128 + int(signum), parent.run_id, {}, f"interrupted by {name}")
         rows = leaderboard(trials, list(s["params"]), metric, mode)
+        best = best_row(rows)   # None when no trial's metric is finite (every one diverged)
         parent.record(rows, metric, folder)
-        if rows and s.get("register") and parent.client is not None:   # sweep.register=<name> (docs/models.md)
+        if best and s.get("register") and parent.client is not None:   # sweep.register=<name> (docs/models.md)
             from orchard.models import register_best
             from orchard.tracking import resolve_uri
-            register_best(resolve_uri(cfg["tracking"]["uri"]), s["register"], rows[0], metric, parent.run_id)
+            register_best(resolve_uri(cfg["tracking"]["uri"]), s["register"], best, metric, parent.run_id)
         failed = [t for t in trials if t.status == "ERROR"]
-        if rows or not failed:
+        if best or not (failed or rows):
             parent.close("FINISHED")
+        elif rows:
+            parent.close("FAILED", no_best_line(rows, metric))
         else:
             parent.close("FAILED", f"every trial failed; first: {_trial_error(failed[0])}")
     say(format_leaderboard(rows, metric, parent.run_id))
     if not rows:
         return Outcome(1, parent.run_id, {}, "no trial finished")
-    return Outcome(0, parent.run_id, {f"best/{metric}": rows[0]["metric"]}, None)
+    if best is None:
+        say(f"orchard: {no_best_line(rows, metric)}", file=sys.stderr)
+        return Outcome(1, parent.run_id, {}, no_best_line(rows, metric))
+    return Outcome(0, parent.run_id, {f"best/{metric}": best["metric"]}, None)
 
 
 class _Parent:
@@ -469,11 +476,13 @@ class _Parent:
 
     def record(self, rows: list[dict], metric: str, folder: Path) -> None:
         board = folder / "leaderboard.json"
-        board.write_text(json.dumps(rows, indent=2))
+        # strict JSON: a diverged trial's NaN/inf metric is null (it ranks last)
+        board.write_text(json.dumps([{**r, "metric": r["metric"] if math.isfinite(r["metric"]) else None}
+                                     for r in rows], indent=2))
         if self.client is None:
             return
-        if rows:
-            best = rows[0]
+        best = best_row(rows)
+        if best:
             for key, value in best["params"].items():
                 self.client.set_tag(self.run_id, f"best.{key}", str(value))
             self.client.log_metric(self.run_id, f"best/{metric}", best["metric"])
@@ -616,8 +625,26 @@ def leaderboard(trials, keys: list[str], metric: str, mode: str) -> list[dict]:
             continue
         rows.append({"trial": str(trial.trial_id), "params": {k: trial.config.get(k) for k in keys},
                      "metric": float(m[metric]), "run_id": m.get("run_id", "")})
-    rows.sort(key=lambda r: r["metric"], reverse=(mode == "max"))
+    rows.sort(key=lambda r: rank_key(r["metric"], mode))
     return rows
+
+
+def rank_key(value: float, mode: str) -> tuple:
+    """Sort key of a trial's metric, best first for ``mode`` (min | max): a non-finite value
+    (NaN or inf, a trial that diverged) ranks last whatever the mode, never best."""
+    if not math.isfinite(value):
+        return (1, 0.0)
+    return (0, -value if mode == "max" else value)
+
+
+def best_row(rows: list[dict]) -> dict | None:
+    """The best row of a ``leaderboard``, or None when no trial's metric is finite."""
+    return rows[0] if rows and math.isfinite(rows[0]["metric"]) else None
+
+
+def no_best_line(rows: list[dict], metric: str) -> str:
+    return (f"no best trial: the {metric} of every one of the {len(rows)} finished trial(s) is NaN or inf "
+            f"(training diverged); nothing registered")
 
 
 def format_leaderboard(rows: list[dict], metric: str, parent_id: str | None) -> str:

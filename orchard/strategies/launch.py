@@ -258,7 +258,7 @@ def _log_recovery(ctx, watch, recovery) -> None:
 
     try:
         starts = ray.get(recovery.read.remote(), timeout=30)
-        ctx.log_metrics(node_loss.train_metrics(watch, starts))
+        ctx.log_metrics(node_loss.run_totals(ctx, node_loss.train_metrics(watch, starts)))
         ctx.flush()
         ray.kill(recovery)
     except Exception:  # noqa: BLE001 - Ray already stopping (an interrupt): nothing more to record

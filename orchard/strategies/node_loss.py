@@ -226,12 +226,40 @@ class RecoveryLog:
         return list(self.starts)
 
 
-def recovery_log():
-    """A RecoveryLog on this (the driver's) node: it must outlive every other node."""
+def on_this_node() -> dict:
+    """Actor options that keep an actor on this (the driver's) node, the one node a run cannot
+    lose: for the actors whose state no checkpoint holds (a log, a queue, a master)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    here = ray.get_runtime_context().get_node_id()
-    return RecoveryLog.options(scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote()
+    try:
+        here = ray.get_runtime_context().get_node_id()
+    except Exception:  # noqa: BLE001 - a driver with no node of its own (Ray Client): Ray's choice
+        return {}
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(here, soft=False)}
+
+
+def recovery_log():
+    """A RecoveryLog on this (the driver's) node: it must outlive every other node."""
+    return RecoveryLog.options(**on_this_node()).remote()
+
+
+def run_totals(ctx, metrics: dict[str, float]) -> dict[str, float]:
+    """The run's figures over every Ray Train run it launched so far, ``metrics`` (one
+    launch's) included: a run with several at once (video: one per stream) would otherwise log
+    whichever ended last. Restarts add up; ``train/lost_s`` is the longest of them (streams
+    recover side by side from one loss); nodes lost and joined are the most any one saw."""
+    if ctx is None:
+        return metrics
+    seen = getattr(ctx, "_node_loss_totals", None)
+    if seen is None:
+        seen = {}
+        try:
+            ctx._node_loss_totals = seen
+        except AttributeError:  # a context that takes no attributes: this launch's figures alone
+            return metrics
+    for key, value in metrics.items():
+        seen[key] = seen.get(key, 0.0) + value if key == "train/restarts" else max(seen.get(key, 0.0), value)
+    return dict(seen)
 
 
 def train_metrics(watch: NodeWatch, starts: list[dict]) -> dict[str, float]:
@@ -240,3 +268,96 @@ def train_metrics(watch: NodeWatch, starts: list[dict]) -> dict[str, float]:
     return {"cluster/nodes_lost": float(watch.nodes_lost), "cluster/nodes_joined": float(watch.joined),
             "train/restarts": float(max(len(starts) - 1, 0)),
             "train/lost_s": watch.lost_s([s["at"] for s in starts])}
+
+
+# ---- workloads that place their own actors (singa's worker groups and servers) ----------------
+class NotPlaced(RuntimeError):
+    """Actors a workload places itself did not start within ``cluster.worker_start_timeout_s``:
+    what they asked for and what the cluster has, in one line (as ``launch.WorkersDidNotStart``
+    says it for Ray Train groups)."""
+
+    def __init__(self, what: str, per_actor: dict, bound_s: float, nodes_lost: int = 0):
+        lost = f" after losing {nodes_lost} node{'s' if nodes_lost != 1 else ''}" if nodes_lost else ""
+        ask = ", ".join(f"{v:g} {k}" for k, v in per_actor.items())
+        try:
+            free, total = ray.available_resources(), ray.cluster_resources()
+            have = ", ".join(f"{free.get(k, 0):g} of {total.get(k, 0):g} {k} free" for k in per_actor)
+        except Exception:  # noqa: BLE001 - Ray already stopping: the request alone still says it
+            have = "unknown"
+        super().__init__(f"{what} ({ask} each) did not start{lost} within {bound_s:g} s "
+                         f"(cluster.worker_start_timeout_s); the cluster has {have}")
+
+
+def start_bound_s(cfg: dict) -> float:
+    """``cluster.worker_start_timeout_s`` (the job's environment carries it to Ray Train's
+    controller; a workload's own actors read it from the config): how long a start may wait."""
+    import os
+
+    bound = (cfg.get("cluster") or {}).get("worker_start_timeout_s")
+    return float(bound or os.environ.get("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "60"))
+
+
+def get_all(refs: list, timeout_s: float | None = None) -> list:
+    """``ray.get(refs)`` that raises the first error as soon as it is there, not once every ref
+    is: after a lost node the groups left may wait forever for a peer that is gone (a sync
+    server's barrier, a gloo ring) while the lost one's ref already holds its error.
+    ``timeout_s``: ``ray.exceptions.GetTimeoutError`` after that long."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    pending, out = list(refs), {}
+    while pending:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        ready, pending = ray.wait(pending, num_returns=1, timeout=left)
+        if not ready:
+            raise ray.exceptions.GetTimeoutError(f"{len(pending)} of {len(refs)} calls not done in {timeout_s:g} s")
+        out[ready[0]] = ray.get(ready[0])  # raises the call's error at once
+    return [out[r] for r in refs]
+
+
+# errors by which Ray says a process it ran is gone (its node, most often)
+def _system_errors() -> tuple:
+    ex = ray.exceptions
+    return tuple(getattr(ex, n) for n in ("RayActorError", "ActorUnavailableError", "ObjectLostError",
+                                          "OwnerDiedError", "NodeDiedError", "WorkerCrashedError",
+                                          "LocalRayletDiedError") if hasattr(ex, n))
+
+
+class Rebuilds:
+    """For a workload that places its own actors (singa): whether a failure is a lost node it
+    may rebuild after (``strategy.max_failures`` times), and the run's node-loss figures.
+
+    A failure counts when Ray says a process is gone, or when a node was lost since the actors
+    started (the groups left then fail their own way, e.g. a gloo ring whose peer vanished)."""
+
+    def __init__(self, watch: NodeWatch, max_failures: int):
+        self.watch, self.max_failures = watch, int(max_failures)
+        self.restarts = 0
+        self.went_on: list[float] = []   # each time a (re)built machine started training
+
+    def started(self) -> int:
+        """Note that training goes on now; the mark ``recoverable`` compares losses with."""
+        self.went_on.append(time.time())
+        return self.watch.nodes_lost
+
+    def recoverable(self, exc: BaseException, mark: int, wait_s: float = 10.0) -> bool:
+        """``exc`` is a lost node's doing and a rebuild is left: counts it."""
+        if self.restarts >= self.max_failures:
+            return False
+        deadline = time.monotonic() + wait_s  # the GCS may mark the node dead a moment after
+        while True:
+            try:
+                self.watch.check()
+            except Exception:  # noqa: BLE001 - busy GCS: look again
+                pass
+            if self.watch.nodes_lost > mark:
+                break
+            if time.monotonic() > deadline:
+                if not isinstance(exc, _system_errors()):
+                    return False
+                break
+            time.sleep(0.5)
+        self.restarts += 1
+        return True
+
+    def metrics(self) -> dict[str, float]:
+        return {"cluster/nodes_lost": float(self.watch.nodes_lost), "cluster/nodes_joined": float(self.watch.joined),
+                "train/restarts": float(self.restarts), "train/lost_s": self.watch.lost_s(self.went_on)}

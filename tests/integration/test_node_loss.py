@@ -4,8 +4,9 @@ worker on each) loses the second node mid-training; a replacement joins once the
 the loss. The run must end FINISHED, say what it lost (``cluster/nodes_lost``, ``train/restarts``,
 ``train/lost_s``) and have gone on from its last checkpoint, not from the start.
 
-The moment of the loss is found by polling the run's own metrics in its MLflow store, never by a
-sleep. One cluster (in a subprocess of its own, as in test_cluster_storage.py) serves every test:
+Every workload is here: flower (ps, elastic), forest, singa (its own group and server actors,
+rebuilt) and video (a stream's Train group restarted, Ray Data's actors restarted). The moment of
+the loss is found by polling the run's own metrics in its MLflow store, never by a sleep. One cluster (in a subprocess of its own, as in test_cluster_storage.py) serves every test:
 the replacement node of one test is the node the next one loses.
 """
 from __future__ import annotations
@@ -180,3 +181,60 @@ def test_forest_loses_histogram_actors_mid_round_and_grows_the_same_rounds(two_n
     steps = [h.step for h in _history(uri, run.info.run_id, "round/depth")]
     assert len(steps) == len(set(steps)) == m["train/rounds_this_run"]  # each round grown once
     assert m["train/trees"] == 4
+
+
+def _epochs_logged_before(uri: str, run_id: str, key: str, at_ms: int) -> int:
+    """The last epoch (the step of ``key``) logged before ``at_ms`` (an MLflow timestamp)."""
+    return int(max(h.step for h in _history(uri, run_id, key) if h.timestamp <= at_ms))
+
+
+def test_singa_loses_a_group_and_a_server_rebuilds_from_its_checkpoint(two_nodes, tmp_path):
+    """sync_ps: two worker groups and two server shards SPREAD over the nodes, so the lost node
+    takes a group and a shard; every group and shard is ended and the architecture built again on
+    the nodes alive (the replacement joins once the loss is recorded, usually before the rebuild)
+    from the last epoch's checkpoint, and the run finishes its epochs. Epochs are ~0.5 s here, so
+    "the epoch before the loss" is read from the log: the last one logged before the rebuild."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"  # the store _lose_a_node_while opens
+    run, output, at_loss, uri = _lose_a_node_while(
+        ["workload=singa", "singa.arch=sync_ps", "singa.cluster.servers_per_group=2", "singa.epochs=40",
+         "singa.tsne=false"],
+        lambda run: "test/accuracy" in run.data.metrics and _steps(run, uri, "test/accuracy") >= 2,
+        two_nodes, tmp_path)
+    m = run.data.metrics
+    assert run.info.status == "FINISHED"
+    assert m["cluster/nodes_lost"] >= 1 and m["train/restarts"] >= 1 and m["train/lost_s"] > 0, m
+    # went on from the checkpoint of the last epoch finished before the loss: not from the start
+    restart = _history(uri, run.info.run_id, "train/resumed_from_epoch")[0]
+    before = _epochs_logged_before(uri, run.info.run_id, "test/accuracy", restart.timestamp)
+    assert 1 <= restart.value and before - 1 <= restart.value <= before, (restart.value, before)
+    assert _history(uri, run.info.run_id, "test/accuracy")[-1].step == 40
+
+
+def _steps(run, uri: str, key: str) -> int:
+    hist = _history(uri, run.info.run_id, key)
+    return int(hist[-1].step) if hist else 0
+
+
+def test_video_loses_a_stream_trainer_and_decoders_and_goes_on_from_its_epoch(two_nodes, tmp_path):
+    """Two streams, one Ray Train worker each, too big to share a node (0.6 CPU), so the lost
+    node takes one stream's trainer and whatever decode and feature actors Ray Data spread there.
+    The queues and the master stay on the driver's node; Ray Data restarts its actors; the
+    stream's group waits for the replacement (a fixed-size group) and goes on from its last
+    epoch's checkpoint, reading the rest of the epoch from its queue."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"  # the store _lose_a_node_while opens
+    run, output, at_loss, uri = _lose_a_node_while(
+        ["workload=video", "video.epochs=5", "strategy.cpus_per_worker=0.6", "video.decode_cpus=0.1",
+         "video.extract_cpus=0.1", "video.inference.videos=0"],
+        # mid-epoch: epoch 0 done and checkpointed (4 steps of 8 clips each), epoch 1 begun
+        lambda run: _steps(run, uri, "train/spatial_loss") >= 6 and _steps(run, uri, "train/temporal_loss") >= 6,
+        two_nodes, tmp_path)
+    m = run.data.metrics
+    assert run.info.status == "FINISHED"
+    assert m["cluster/nodes_lost"] >= 1 and m["train/restarts"] >= 1 and m["train/lost_s"] > 0, m
+    # the stream that lost its trainer went on from a checkpoint taken before the loss (both had
+    # finished epoch 0 when the node was removed), not from the start
+    resumed = [h.value for h in _history(uri, run.info.run_id, "train/resumed_from_epoch")]
+    assert resumed and resumed[0] >= 1, resumed
+    # every epoch was validated once, the last included
+    for stream in ("spatial", "temporal"):
+        assert [h.step for h in _history(uri, run.info.run_id, f"val/{stream}_top1")] == [0, 1, 2, 3, 4]

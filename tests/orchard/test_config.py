@@ -134,3 +134,24 @@ def test_shipped_sweeps_validate_against_their_workload(sweep):
     workload = sweep.split("_")[0]
     cfg, _ = prepare([f"workload={workload}", f"sweep={sweep}"])
     assert cfg["sweep"]["name"] == sweep
+
+
+EXPERIMENTS = sorted((Path(__file__).resolve().parents[2] / "conf" / "experiment").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", EXPERIMENTS, ids=[p.stem for p in EXPERIMENTS])
+def test_every_shipped_experiment_composes_and_validates_with_the_command_on_its_first_line(path):
+    """conf/experiment/<name>.yaml opens with the command that runs it; that command's config composes
+    and passes the workload's checks (a preset naming a preset that does not exist fails here)."""
+    import shlex
+
+    from orchard import registry
+    from orchard.config import compose
+
+    first = path.read_text().splitlines()[0]
+    assert first.startswith("# ") and "python -m orchard " in first, first
+    command = first.split("python -m orchard ", 1)[1]
+    words = shlex.split(command.split("(")[0].split(" -- ")[0])
+    assert f"experiment={path.stem}" in words
+    cfg = compose(words)
+    registry.load(cfg["workload"]["name"]).validate(cfg)

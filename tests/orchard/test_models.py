@@ -251,3 +251,46 @@ def test_predict_imports_only_the_modules_the_user_names_not_those_a_model_names
     trusted_modules(tmp_path / "model", "net.json", "layer_modules", ["evil.layers"], "singa.layer_modules")
     (tmp_path / "model" / "net" / "net.json").write_text(json.dumps({"layer_modules": []}))
     trusted_modules(tmp_path / "model", "net.json", "layer_modules", [], "singa.layer_modules")
+
+
+def test_an_input_that_vanishes_after_listing_is_skipped_with_its_reason_and_the_rest_predicted(ray_session, tmp_path):
+    """A file listed, then removed before it was staged (a sync client, a user tidying up): the
+    predict run lists it as skipped (kind ``missing``) and predicts the others."""
+    from orchard import models, skipped
+    from orchard.storage import Storage
+
+    class Ctx:
+        run_dir, run_id, tracking_uri = tmp_path, None, None
+
+        def progress(self, *args, **kwargs):
+            pass
+
+    class Length:  # local: pickled by value into the actors
+        def __init__(self, model_dir: str, out_dir: str):
+            pass
+
+        def __call__(self, batch: dict) -> dict:
+            paths = [str(p) for p in batch["path"]]
+            return {"path": np.asarray(paths), "error": np.asarray([""] * len(paths)),
+                    "chars": np.asarray([len(Path(p).read_text()) for p in paths])}
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "MLmodel").write_text("x")
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for i in range(3):
+        (inputs / f"a{i}.txt").write_text("x" * (i + 1))
+    files = models.input_files(inputs, (".txt",))
+    (inputs / "a1.txt").unlink()                      # gone between listing and staging
+    out = models.output_dir(Ctx())
+    store = Storage(tmp_path / "store")
+    rows = models.predict_files(files, Length, {}, Ctx(), store, model, out, batch_size=2)
+    assert [(Path(r["path"]).name, r["error"][:11], r.get("chars")) for r in rows] == [
+        ("a0.txt", "", 1), ("a1.txt", "not staged:", None), ("a2.txt", "", 3)]
+    assert skipped.from_rows(rows)[0][:2] == ("a1.txt", "missing")
+    assert not store.exists(models.STAGING_DIR)
+    metrics = models.report(rows, ["path", "chars"], Ctx(), out, "files", 1.0)
+    assert metrics["predict/files"] == 2 and metrics["predict/skipped"] == 1
+    with open(out / "skipped.csv") as f:
+        assert [r["file"] for r in csv.DictReader(f)] == ["a1.txt"]

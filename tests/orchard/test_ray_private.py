@@ -23,6 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
     ("ray._private.state", "state"),
     ("ray._private.worker", "global_worker"),
     ("ray.core.generated.gcs_pb2", "PlacementGroupTableData"),
+    ("ray.core.generated.gcs_service_pb2", "GetClusterIdRequest"),
+    ("ray.core.generated.gcs_service_pb2_grpc", "NodeInfoGcsServiceStub"),
     ("ray.data._internal.execution.execution_callback", "ExecutionCallback"),
     ("ray.data._internal.logging", "configure_logging"),
 ])

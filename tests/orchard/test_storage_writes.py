@@ -109,3 +109,42 @@ def test_a_storage_carries_its_node_cache_bound_into_workers(tmp_path):
     assert store.node_cache_max_bytes == 2**29
     assert Storage(tmp_path).node_cache_max_bytes == NODE_CACHE_MAX_BYTES
 
+
+
+def test_a_folder_is_replaced_whole_or_not_at_all(tmp_path):
+    """A model folder and a predict run's predictions/ (``atomic_folder``): a write that fails half
+    way (here a full disk, as the kernel says it) leaves the previous folder and no partial one; a
+    write that succeeds replaces it whole."""
+    import errno
+
+    import pytest
+
+    from orchard import models
+    from orchard.storage import atomic_folder
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "MLmodel").write_text("old")
+    with pytest.raises(StorageFull, match="No space left on device"):
+        with atomic_folder(model) as partial:
+            partial.mkdir()
+            (partial / "MLmodel").write_text("new, half written")
+            raise OSError(errno.ENOSPC, "No space left on device")
+    assert (model / "MLmodel").read_text() == "old" and _leftovers(tmp_path) == []
+    with atomic_folder(model) as partial:
+        partial.mkdir()
+        (partial / "MLmodel").write_text("new")
+    assert sorted(p.name for p in model.iterdir()) == ["MLmodel"] and (model / "MLmodel").read_text() == "new"
+    assert _leftovers(tmp_path) == []
+
+    class Ctx:
+        run_dir = tmp_path / "run"
+
+    with pytest.raises(RuntimeError):   # a predict run that fails after writing some outputs
+        with models.predictions(Ctx()) as out:
+            (out / "predictions.csv").write_text("file,count\n")
+            raise RuntimeError("the predict actor died")
+    assert not (Ctx.run_dir / "predictions").exists() and _leftovers(Ctx.run_dir) == []
+    with models.predictions(Ctx()) as out:
+        (out / "predictions.csv").write_text("file,count\na.png,3\n")
+    assert (Ctx.run_dir / "predictions" / "predictions.csv").read_text().endswith("a.png,3\n")

@@ -263,3 +263,54 @@ def test_sigterm_of_a_sweep_exits_143_with_parent_and_running_trial_killed(tmp_p
     assert "interrupted (SIGTERM)" in out
     statuses = {r.data.tags.get("orchard.sweep", "child"): r.info.status for r in runs()}
     assert statuses == {"tiny_grid": "KILLED", "child": "KILLED"}
+
+
+# --------------------------------------------------------------------------- non-finite metrics
+def _trials(values):
+    """Finished Tune trials (what ``leaderboard`` reads of them) with these sweep metrics."""
+    from types import SimpleNamespace
+
+    from orchard.sweep import FINAL
+
+    return [SimpleNamespace(trial_id=f"t{i}", status="TERMINATED", config={"tiny.lr": (i + 1) / 10},
+                            last_result={"train/loss": v, "run_id": f"run{i}", FINAL: 1.0})
+            for i, v in enumerate(values)]
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("values, mode, best", [
+    ([NAN, 2.0, 1.0], "min", 1.0), ([3.0, NAN, 1.0, 2.0], "min", 1.0),
+    ([NAN, 2.0, 1.0], "max", 2.0), ([3.0, NAN, 1.0, 2.0], "max", 3.0),
+    ([INF, -INF, 0.5, NAN], "min", 0.5), ([INF, -INF, 0.5, NAN], "max", 0.5)])
+def test_a_diverged_trial_ranks_last_whatever_the_mode(values, mode, best):
+    import math
+
+    from orchard.sweep import best_row, leaderboard
+
+    rows = leaderboard(_trials(values), ["tiny.lr"], "train/loss", mode)
+    assert best_row(rows)["metric"] == best
+    finite = [r["metric"] for r in rows if math.isfinite(r["metric"])]
+    assert finite == sorted(finite, reverse=(mode == "max"))
+    assert all(not math.isfinite(r["metric"]) for r in rows[len(finite):])   # the rest, after every finite one
+
+
+def test_a_sweep_whose_every_trial_diverged_has_no_best_and_says_so(tracking_uri, tmp_path):
+    """No ``best.*`` tags, no ``best/<metric>``, a strict-JSON leaderboard with null metrics."""
+    from mlflow.tracking import MlflowClient
+
+    from orchard.sweep import _Parent, best_row, leaderboard, no_best_line
+
+    rows = leaderboard(_trials([NAN, INF, NAN]), ["tiny.lr"], "train/loss", "min")
+    assert best_row(rows) is None and len(rows) == 3
+    assert no_best_line(rows, "train/loss").startswith("no best trial: the train/loss of every one of the 3")
+    client = MlflowClient(tracking_uri)
+    exp = client.get_experiment_by_name("sweep-no-best") or client.get_experiment(client.create_experiment("sweep-no-best"))
+    parent = _Parent(None, None)
+    parent.client, parent.run_id = client, client.create_run(exp.experiment_id).info.run_id
+    parent.record(rows, "train/loss", tmp_path)
+    run = client.get_run(parent.run_id)
+    assert not [t for t in run.data.tags if t.startswith("best")] and "best/train/loss" not in run.data.metrics
+    board = json.loads((tmp_path / "leaderboard.json").read_text())   # json.loads accepts NaN: check the text
+    assert [r["metric"] for r in board] == [None, None, None] and "NaN" not in (tmp_path / "leaderboard.json").read_text()

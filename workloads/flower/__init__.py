@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from orchard import ConfigError
-from orchard.config import require, require_choice, require_positive
+from orchard.config import require
 
 STRATEGIES = ("ring", "ps")
 
@@ -29,37 +29,15 @@ def _valid_bins(bins) -> bool:
 
 def validate(cfg: dict) -> None:
     """Reject a bad flower config before Ray starts (orchard.ConfigError(key, allowed))."""
+    from orchard import schema
+
+    from .schema import Flower
+
     if cfg["strategy"]["name"] not in STRATEGIES:
         raise ConfigError("strategy", f"one of {', '.join(STRATEGIES)} for workload=flower, got {cfg['strategy']['name']}")
-    require(cfg, "flower.tile_size", lambda v: isinstance(v, int) and v > 0 and v % 4 == 0,
-            "a positive multiple of 4 (the model pools twice by 2x2)")
-    for key in ("batch_size", "epochs", "prefetch"):
-        require_positive(cfg, f"flower.{key}", integer=True)
-    for key in ("sigma", "density_scale"):
-        require_positive(cfg, f"flower.{key}")
-    require(cfg, "flower.train_fraction", lambda v: 0 < v < 1, "a fraction in (0, 1)")
-    require(cfg, "flower.val_fraction", lambda v: 0 <= v < 0.5, "a fraction in [0, 0.5): training tiles held back")
-    require_positive(cfg, "flower.val_every", integer=True)
+    schema.check(Flower, cfg["flower"], "flower")  # each key's type and range (workloads/flower/schema.py)
     require(cfg, "flower.bins", _valid_bins,
             "a list of increasing, non-overlapping [low, high] count ranges (high may be null)")
-    require_choice(cfg, "flower.optimizer.name", ("sgd", "adagrad", "adam"))
-    require_positive(cfg, "flower.optimizer.lr")
-    require(cfg, "flower.roi", lambda v: v is None or (isinstance(v, list) and len(v) == 4 and v[2] > 0 and v[3] > 0),
-            "null or [x, y, width, height]")
-    require(cfg, "flower.max_image_pixels", lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v > 0),
-            "null (no limit) or a positive number of pixels (width x height)")
-    require(cfg, "flower.max_skipped_fraction", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
-            and 0 <= v <= 1, "a fraction in [0, 1] of the photos that may be unreadable before the run fails")
-    require_choice(cfg, "flower.synthetic.annotation", ("csv", "red_cross"))
-    require_choice(cfg, "flower.precision", ("fp32", "bf16", "fp16"))
-    for key in ("channels_last", "compile"):
-        require(cfg, f"flower.{key}", lambda v: isinstance(v, bool), "true or false")
-    for key in ("log_every", "eval_batch_size"):
-        require_positive(cfg, f"flower.{key}", integer=True)
-    require(cfg, "flower.loader_threads", lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v > 0),
-            "null (the worker's CPUs decide) or a positive integer")
-    require(cfg, "flower.eval_device", lambda v: v in ("auto", "cpu") or str(v).startswith("cuda"),
-            "auto, cpu or cuda[:index]")
     if cfg["mode"] == "train":
         require(cfg, "flower.resume", lambda v: v is None or train_storage(cfg, v).exists("flower"),
                 "null or the folder of a train run that checkpointed (holding train/flower/)")

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from orchard import skipped
-from orchard.storage import Storage
+from orchard.storage import Storage, evicted_bytes
 from workloads.flower import (
     TRAIN_STORAGE_NOTE,
     baseline_counter,
@@ -104,6 +104,14 @@ def throughput_stats(worker_files: list, warmup_steps: int) -> dict[str, float]:
     return out
 
 
+def cache_evicted(summaries: list[dict], driver_bytes: int) -> float:
+    """``cache/evicted_bytes``: what the node caches evicted for this run (least recently used
+    copies removed past ``storage.node_cache_max_gb``), the driver's ``driver_bytes`` and each
+    Train worker's; a worker in the driver's own process (Train's local mode) is counted once."""
+    return float(driver_bytes + sum(int(s.get("cache_evicted_bytes", 0)) for s in summaries
+                                    if s.get("pid") != os.getpid()))
+
+
 def time_split(summaries: list[dict], train_started: float) -> dict[str, float]:
     """Where the training wall time went: until the first step of any worker (Ray Train's start,
     worker start-up, the shard load), and the slowest worker's time in its step loops."""
@@ -152,7 +160,7 @@ def run_train(cfg: dict, ctx) -> dict[str, float]:
     from workloads.flower.train import MODEL_FILE, load_model, raise_if_diverged, train_loop
 
     f = cfg["flower"]
-    started = time.time()
+    started, evicted_from = time.time(), evicted_bytes()
     run_dir = Path(ctx.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
 
@@ -249,6 +257,7 @@ def run_train(cfg: dict, ctx) -> dict[str, float]:
                  if name.startswith("rank") and name.endswith(".json")]
     metrics.update(throughput_stats(summaries, f["warmup_steps"]))
     metrics.update(time_split(summaries, train_started))
+    metrics["cache/evicted_bytes"] = cache_evicted(summaries, evicted_bytes() - evicted_from)
     evaluate_started = time.time()
     if not run_storage.is_local or run_storage.local_path != run_dir.resolve():
         (run_dir / MODEL_FILE).write_bytes(run_storage.read_bytes(MODEL_FILE))

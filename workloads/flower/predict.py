@@ -174,6 +174,15 @@ def predict_gpus(device: str, cluster_gpus: float) -> float:
 
 
 def run_predict(cfg: dict, ctx) -> dict[str, float]:
+    """``mode=predict``: ``_predict`` into ``<run folder>/predictions``, renamed into place whole
+    once every output is written (a run that fails leaves no partial folder)."""
+    from orchard import models
+
+    with models.predictions(ctx) as out:
+        return _predict(cfg, ctx, out)
+
+
+def _predict(cfg: dict, ctx, out: Path) -> dict[str, float]:
     """Count every image of ``input`` (a file, a folder, or a folder holding images/) with
     ``model``; predictions.csv, density PNGs, skipped.csv; images/s."""
     import ray
@@ -186,7 +195,6 @@ def run_predict(cfg: dict, ctx) -> dict[str, float]:
     if source.is_dir() and (source / "images").is_dir():
         source = source / "images"
     files, unusable = skipped.readable(skipped.listed_inputs(source, IMAGE_SUFFIXES))
-    out = models.output_dir(ctx)
     (out / "density").mkdir(exist_ok=True)
     started = time.perf_counter()
     device = cfg["flower"]["eval_device"]

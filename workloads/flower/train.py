@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from orchard import divergence
+from orchard.cluster import private_tmp
 from orchard.errors import Diverged
 from workloads.flower.data import TileSet
 from workloads.flower.model import FlowerCounterCNN, euclidean_loss
@@ -40,6 +41,16 @@ def _profile_step(run_step, trace_path: Path) -> None:
         run_step()
     trace_path.parent.mkdir(parents=True, exist_ok=True)
     prof.export_chrome_trace(str(trace_path))
+
+
+def profiled_step(run_step, ctx, rank: int, step: int) -> None:
+    """Run one step under the profiler and log its trace as ``traces/rank<r>_step<s>.json``.
+    The trace is written in this user's own 0700 folder (``private_tmp``: never a guessable /tmp
+    path another user could read or plant), sent to the run, then removed: nothing piles up."""
+    with tempfile.TemporaryDirectory(prefix="traces-", dir=private_tmp()) as tmp:
+        trace = Path(tmp) / f"rank{rank}_step{step}.json"
+        _profile_step(run_step, trace)
+        ctx.log_artifact(trace, "traces")
 
 
 def _gpu_util(device: torch.device) -> float | None:
@@ -182,7 +193,9 @@ def _train(config: dict, run_storage) -> None:
     from workloads.flower.loader import TileLoader, load_density_targets
     from workloads.flower.precision import Precision, compiled, prepare_model
 
-    started = time.time()
+    from orchard.storage import evicted_bytes
+
+    started, evicted_from = time.time(), evicted_bytes()
     ctx = config["ctx"]
     # [1] who am I: rank, world size, device
     env = worker.env(config)
@@ -247,9 +260,7 @@ def _train(config: dict, run_storage) -> None:
                 train_step(forward, replica, precision, x, target, sums)
 
             if profile_every > 0 and global_step % profile_every == 0 and global_step > 0:
-                trace = Path(tempfile.gettempdir()) / f"orchard-traces-{os.getpid()}" / f"rank{env.rank}_step{global_step}.json"
-                _profile_step(run_step, trace)
-                ctx.log_artifact(trace, "traces")
+                profiled_step(run_step, ctx, env.rank, global_step)
             else:
                 run_step()
             global_step += 1
@@ -302,7 +313,9 @@ def _train(config: dict, run_storage) -> None:
     # [8] hand the driver this worker's completion time and throughput; rank 0 keeps the model
     summary = {"rank": env.rank, "completion_s": time.time() - started, "throughput": series,
                "window_steps": window_steps, "first_epoch": first_epoch, "gpu_util": sampler.stop(),
-               "first_step_at": first_step_at, "steps_s": steps_s}
+               "first_step_at": first_step_at, "steps_s": steps_s,
+               # what this worker's node cache evicted to copy its tiles (storage.node_cache_max_gb)
+               "cache_evicted_bytes": evicted_bytes() - evicted_from, "pid": os.getpid()}
     run_storage.write_json(f"workers/rank{env.rank}.json", summary)
     if env.rank == 0:
         module = getattr(replica, "module", model)

@@ -166,6 +166,15 @@ def depth_files(folder) -> list[Path]:
 
 
 def run_predict(cfg: dict, ctx) -> dict[str, float]:
+    """``mode=predict``: ``_predict`` into ``<run folder>/predictions``, renamed into place whole
+    once every output is written (a run that fails leaves no partial folder)."""
+    from orchard import models
+
+    with models.predictions(ctx) as out:
+        return _predict(cfg, ctx, out)
+
+
+def _predict(cfg: dict, ctx, out: Path) -> dict[str, float]:
     """Label every depth PNG of ``input``; accuracy where ground-truth labels sit beside."""
     from orchard import models, skipped
     from orchard.storage import Storage
@@ -176,7 +185,6 @@ def run_predict(cfg: dict, ctx) -> dict[str, float]:
     model_dir, _ = models.resolve_model(cfg["model"], "forest", ctx.tracking_uri, Path(ctx.run_dir) / "model_in")
     source = Path(cfg["input"]).expanduser()
     files, unusable = skipped.readable(depth_files(source))
-    out = models.output_dir(ctx)
     (out / "labels").mkdir(exist_ok=True)
     started = time.perf_counter()
     rows = models.predict_files(files, Predictor, {}, ctx, Storage.for_run(cfg, ctx.run_dir), model_dir, out,

@@ -8,15 +8,10 @@ from typing import Optional
 
 from pydantic import Field
 
-from orchard.schema import Section
+from orchard.schema import Section, positive_int
 
-POSITIVE_INT = "a positive integer"
 POSITIVE = "a positive number"
 AT_LEAST_0 = "a number >= 0"
-
-
-def _positive_int() -> int:
-    return Field(gt=0, description=POSITIVE_INT)
 
 
 def _probability() -> float:
@@ -34,26 +29,26 @@ class Preprocess(Section):
 
 
 class Partitions(Section):
-    data_units: int = _positive_int()
-    features: int = _positive_int()
-    nodes: int = _positive_int()
+    data_units: int = positive_int()
+    features: int = positive_int()
+    nodes: int = positive_int()
 
 
 class Forest(Section):
-    train_images: int = _positive_int()
-    test_images: int = _positive_int()
+    train_images: int = positive_int()
+    test_images: int = positive_int()
     image_height: int = Field(ge=16, description="an integer of at least 16 pixels")
     image_width: int = Field(ge=16, description="an integer of at least 16 pixels")
-    images_per_block: int = _positive_int()
-    examples_per_image: int = _positive_int()
-    num_trees: int = _positive_int()
-    max_depth: int = _positive_int()
-    n_offsets: int = _positive_int()
+    images_per_block: int = positive_int()
+    examples_per_image: int = positive_int()
+    num_trees: int = positive_int()
+    max_depth: int = positive_int()
+    n_offsets: int = positive_int()
     # the phase-2 kernel finds a response's bin by a six-step search over 64 (histogram_kernels.py)
     n_thresholds: int = Field(ge=1, le=63, description="an integer from 1 to 63 (2.3 uses 50)")
-    min_examples: int = _positive_int()
-    min_child_examples: int = _positive_int()
-    figure_images: int = _positive_int()
+    min_examples: int = positive_int()
+    min_child_examples: int = positive_int()
+    figure_images: int = positive_int()
     max_offset_m: float = Field(gt=0, description=POSITIVE)
     threshold_range_mm: float = Field(gt=0, description=POSITIVE)
     background_mm: float = Field(gt=0, description=POSITIVE)

@@ -18,41 +18,25 @@ def validate(cfg: dict) -> None:
     pre-training stage's) on two samples of its data and runs one BP/CD pass, so a broken net
     fails here naming its layer; a strategy or cluster key the chosen arch would ignore is
     rejected too."""
-    from orchard.config import require, require_choice, require_path, require_positive
+    from orchard import schema
+    from orchard.config import require_choice, require_path
     from orchard.errors import ConfigError
     from workloads.singa.apps.dataset import DATASETS
-    from workloads.singa.partition import SCHEMES
-    from workloads.singa.settings import (
-        APPS,
-        arch_names,
-        check_net,
-        load_net,
-        net_key,
-        resolve_arch,
-        resolve_training,
-    )
+    from workloads.singa.settings import arch_names, check_net, load_net, net_key, resolve_arch, resolve_training
     from workloads.singa.updaters import UPDATERS
 
+    from .schema import Arch, Singa
+
     s = cfg["singa"]
-    require_choice(cfg, "singa.app", APPS)
+    schema.check(Singa, s, "singa")  # each key's type and range (workloads/singa/schema.py)
     modules = s.get("layer_modules") or []
     if not isinstance(modules, list) or not all(isinstance(m, str) and m for m in modules):
         raise ConfigError("singa.layer_modules", f"a list of importable module names, e.g. [mypkg.layers], got {modules!r}")
-    require_choice(cfg, "singa.arch", arch_names())
-    require_choice(cfg, "singa.partition", SCHEMES)
-    if s.get("data") is not None:
+    require_choice(cfg, "singa.arch", arch_names())  # the presets in conf/singa/arch/
+    if s.get("data") is not None:  # the dataset registry (apps/dataset.py)
         require_choice(cfg, "singa.data", list(DATASETS))
     require_path(cfg, "singa.data_dir", kind="dir")
     require_path(cfg, "singa.resume", kind="dir")
-    for key in ("epochs", "batch_size", "tsne_samples", "threads"):
-        if s.get(key) is not None:
-            require_positive(cfg, f"singa.{key}", integer=True)
-    if s.get("lr") is not None:
-        require_positive(cfg, "singa.lr")
-    if s.get("updater") is not None:
-        require_choice(cfg, "singa.updater", UPDATERS)
-    if s.get("target_accuracy") is not None:
-        require(cfg, "singa.target_accuracy", lambda v: 0 < float(v) <= 1, "a fraction in (0, 1]")
     try:
         app = load_net(cfg)
     except ValueError as exc:
@@ -63,9 +47,7 @@ def validate(cfg: dict) -> None:
     if train["data"] in ("mnist", "cifar10", "nuswide") and not s.get("data_dir"):
         raise ConfigError("singa.data_dir", f"a folder with the {train['data']} files (singa.data={train['data']})")
     arch = resolve_arch(cfg)
-    for key in ("worker_groups", "workers_per_group"):
-        if not isinstance(arch.get(key), int) or arch[key] < 1:
-            raise ConfigError(f"singa.cluster.{key}", f"a positive integer, got {arch.get(key)!r}")
+    schema.check(Arch, arch, "singa.cluster")  # the preset under singa.cluster (workloads/singa/schema.py)
     if arch["name"] in ("sync_ps", "async_ps", "replicated") and int(arch["servers_per_group"]) < 1:
         raise ConfigError("singa.cluster.servers_per_group", f"a positive integer for arch {arch['name']}")
     if arch["name"] == "replicated":
@@ -73,11 +55,7 @@ def validate(cfg: dict) -> None:
         if replicas < 1 or replicas > arch["worker_groups"]:
             raise ConfigError("singa.cluster.server_groups",
                               f"between 1 and the {arch['worker_groups']} worker groups, got {replicas}")
-        if int(arch.get("sync_every") or 0) < 1:
-            raise ConfigError("singa.cluster.sync_every", f"a positive integer, got {arch.get('sync_every')!r}")
     ratio = arch.get("sample_ratio", 1.0)
-    if not (isinstance(ratio, (int, float)) and 0 < float(ratio) <= 1):
-        raise ConfigError("singa.cluster.sample_ratio", f"a fraction in (0, 1], got {ratio!r}")
     if float(ratio) < 1 and arch.get("mode") != "async":
         # A sync shard waits for every group's push of a step; sampled pushes skip shards.
         raise ConfigError("singa.cluster.sample_ratio", f"1.0 unless the arch is asynchronous (async_ps), got {ratio}")
@@ -94,10 +72,14 @@ def validate(cfg: dict) -> None:
     # [last] build the net(s) on real samples: one line naming the layer, before Ray starts
     from workloads.singa.net import NetError
 
+    from workloads.singa.apps.dataset import InputTooLarge
+
     try:
         check_net(cfg)
     except ImportError as exc:
         raise ConfigError("singa.layer_modules", str(exc)) from None
+    except InputTooLarge as exc:   # a file of singa.data_dir over the bound: refused before Ray starts
+        raise ConfigError("singa.max_input_mb", f"a bound above every input file; {exc}") from None
     except NetError as exc:
         raise ConfigError(net_key(cfg), str(exc)) from None
 
@@ -115,12 +97,12 @@ def _reject_ignored_keys(cfg: dict, arch: dict) -> None:
     if strategy.get("backend", "auto") not in ("auto", "gloo"):
         raise ConfigError("strategy.backend", f"auto or gloo for workload=singa (groups all-reduce CPU tensors), "
                           f"got {strategy['backend']!r}")
-    if int(strategy.get("max_failures", 0) or 0) != 0:
-        # A group's actor holds its data shard, updater state and push count; its peers wait on
-        # its pushes (sync servers, the gloo ring), so a restart would need all of them rewound.
-        raise ConfigError("strategy.max_failures", "0 for workload=singa (a worker group that dies ends the run; "
-                          "`python -m orchard resume <run id>` goes on from its last checkpointed epoch), "
-                          f"got {strategy['max_failures']}")
+    if not isinstance(strategy.get("max_failures", 0), int) or int(strategy.get("max_failures", 0)) < 0:
+        # A group's peers wait on its pushes (sync servers, the gloo ring), so a lost group is
+        # never restarted alone: the whole architecture is rebuilt from the last checkpoint
+        # (train.fit), at most max_failures times
+        raise ConfigError("strategy.max_failures", "0 or more: rebuilds of the worker groups and servers from the "
+                          f"last checkpoint after one is lost (0: a lost group ends the run), got {strategy['max_failures']}")
     fixed = (s.get("fixed_groups") or {}).get(name)
     if fixed is not None and int(strategy.get("num_workers", fixed)) != int(fixed):
         raise ConfigError("strategy.num_workers", f"{fixed} for singa.arch={name} (it has {fixed} worker group; "
@@ -144,8 +126,6 @@ def _reject_ignored_keys(cfg: dict, arch: dict) -> None:
         raise ConfigError("strategy.async_average", f"false unless the arch is asynchronous (async_ps), got true "
                           f"with singa.arch={name}")
     every = arch.get("sync_every", 1)
-    if not isinstance(every, int) or every < 1:
-        raise ConfigError("singa.cluster.sync_every", f"a positive integer, got {every!r}")
     if serverless and every != 1:
         raise ConfigError("singa.cluster.sync_every", f"1 for arch {name} (it has no servers to sync with), got {every}")
     if name in ("sync_ps", "async_ps") and int(arch.get("server_groups") or 0) != 1:

@@ -17,7 +17,10 @@ The parameter servers are orchard's shared core (``orchard.strategies.ps``); wor
 replica exchange and sampling are SINGA-specific and live here.  The model never sees which
 architecture runs it: every group is the same ``WorkerGroup``.  Groups are spread over the
 cluster's nodes; peers reach each other at their node's address (Ray actor calls to the
-servers; the all-reduce rendezvous binds the node IP of group 0, never a loopback).
+servers; the all-reduce rendezvous binds the node IP of group 0, never a loopback).  A node lost
+under a group or a server ends the round with the first error (``node_loss.get_all``); the
+driver (``train.fit``) then abandons the whole architecture and builds it again on the nodes
+alive, from the last checkpoint.
 """
 from __future__ import annotations
 
@@ -212,14 +215,29 @@ def _interface_of(ip: str) -> str | None:
 class Architecture:
     """Starts the groups (and servers) of one architecture and runs them in rounds of steps."""
 
-    def __init__(self, arch: dict, spec: dict, cpus_per_group: float):
+    def __init__(self, arch: dict, spec: dict, cpus_per_group: float, start_bound_s: float | None = None):
+        """``start_bound_s``: how long the groups may wait for their CPUs (a replacement node);
+        then ``node_loss.NotPlaced`` says in one line what they needed."""
+        from orchard.strategies.node_loss import NotPlaced, get_all
+
         self.arch, self.spec = arch, spec
         self.name = arch["name"]
         self.num_groups = int(arch["worker_groups"])
+        self.actors, self.ps_groups = [], []
         # SPREAD: on a cluster the groups land on different nodes (one node: no difference)
         opts = {"num_cpus": cpus_per_group, "scheduling_strategy": "SPREAD"}
         self.actors = [GroupActor.options(**opts).remote(spec, r, self.num_groups) for r in range(self.num_groups)]
-        infos = ray.get([a.info.remote() for a in self.actors])
+        try:
+            self._start(arch, spec, get_all([a.info.remote() for a in self.actors], start_bound_s))
+        except ray.exceptions.GetTimeoutError:
+            self.abandon()
+            raise NotPlaced(f"singa: {self.num_groups} worker groups", {"CPU": cpus_per_group},
+                            float(start_bound_s)) from None
+        except BaseException:
+            self.abandon()  # e.g. a group placed on a node dying meanwhile: none of it is left running
+            raise
+
+    def _start(self, arch: dict, spec: dict, infos: list[dict]) -> None:
         self.nodes = [i["node_id"] for i in infos]
         # the data each group saw: a strided 1/num_groups share of the training set; all test it
         self.data_partition = {"train_per_group": [i["num_train"] for i in infos], "test": infos[0]["num_test"]}
@@ -227,7 +245,6 @@ class Architecture:
         self.steps_per_epoch = min(i["steps_per_epoch"] for i in infos)
         self.plan = infos[0]["plan"]
         self.num_params = infos[0]["num_params"]
-        self.ps_groups = []
         self.exchange_bytes = 0
         self.sample_ratio = float(arch.get("sample_ratio", 1.0) or 1.0)
         params = ray.get(self.actors[0].get_params.remote())
@@ -264,7 +281,10 @@ class Architecture:
             refs = [a.run_allreduce.remote(steps) for a in self.actors]
         else:
             refs = [a.run_local.remote(steps) for a in self.actors]
-        metrics = ray.get(refs)[0]
+        from orchard.strategies.node_loss import get_all
+
+        # the first error at once: after a lost node the groups left may wait for it forever
+        metrics = get_all(refs)[0]
         if self.name == "replicated" and len(self.ps_groups) > 1:
             self.exchange()
         return metrics
@@ -309,6 +329,15 @@ class Architecture:
                 "comm_bytes_per_step": (worker_bytes + self.exchange_bytes) / steps,
                 "bridge_bytes_per_step": sum(p["bridge_bytes"] for p in per) / steps,
                 "group_param_bytes_per_step": sum(p["group_param_bytes"] for p in per) / steps}
+
+    def abandon(self) -> None:
+        """End every group and server without asking them anything: some may be gone with a
+        lost node, others stuck waiting for them (the architecture is rebuilt from a checkpoint)."""
+        for actor in [*self.actors, *(s for g in self.ps_groups for s in g.servers)]:
+            try:
+                ray.kill(actor)
+            except Exception:  # noqa: BLE001 - gone already
+                pass
 
     def shutdown(self) -> None:
         if self.name == "allreduce" and self.num_groups > 1:

@@ -4,8 +4,9 @@ The model is a ``pyfunc`` with this module as its ``loader_module``: the net con
 layer list, the per-sample input shapes, the user's ``layer_modules``) in ``net.json`` and the
 parameters in ``params.npz`` (no pickle).  Its input is samples of the net's data field, e.g.
 ``pixel`` (N, 64) uint8 for the digits MLP, ``image`` (N, 3, 32, 32) uint8 for the CIFAR CNN;
-its output is the class probabilities (N, K) of the net's ``softmax_loss`` layer.  Only
-classification nets (one data field besides ``label``, a ``softmax_loss`` layer) are logged.
+its output is the class probabilities (N, K) of the net's ``softmax_loss`` layer.  Classification
+nets (one data field besides ``label``, a ``softmax_loss`` layer) are logged so; the msae app's
+net as its retrieval (retrieval_model.py: images in, the nearest tag documents out); no other.
 
 Prediction over files (each file a row of predictions.csv, per-sample labels in
 ``predictions/labels/<file>.csv``):
@@ -57,12 +58,17 @@ class SingaModel:
         return np.concatenate(out) if out else np.zeros((0, self.config["num_classes"]), np.float32)
 
 
-def _load_pyfunc(data_path: str) -> SingaModel:
-    """MLflow's entry point (loader_module): rebuild the net from its plain files."""
+def _load_pyfunc(data_path: str):
+    """MLflow's entry point (loader_module): rebuild the net from its plain files (a
+    ``SingaModel``, or the msae's ``retrieval_model.RetrievalModel``)."""
     folder = Path(data_path)
     config = json.loads((folder / NET_FILE).read_text())
     with np.load(folder / PARAMS_FILE, allow_pickle=False) as data:
         params = {k: np.array(data[k]) for k in data.files}
+    if config.get("kind") == "retrieval":
+        from workloads.singa import retrieval_model
+
+        return retrieval_model.load(folder, config, params)
     return SingaModel(config, params)
 
 
@@ -73,25 +79,33 @@ def log_model(ctx, spec: dict, params: dict) -> Path | None:
 
     from orchard.models import save_model, save_pyfunc
     from workloads.singa.apps import load_dataset
+    from workloads.singa.retrieval_model import is_retrieval_net, save_retrieval_model
 
-    data = load_dataset(spec["data"], spec.get("data_dir"), spec["seed"], True)  # shapes and an example
+    data = load_dataset(spec["data"], spec.get("data_dir"), spec["seed"], True,
+                        spec.get("max_input_mb"))  # shapes and an example
     shapes = data.shapes()
     fields = [k for k in shapes if k != "label"]
-    if len(fields) != 1 or "label" not in shapes or not any(l.get("type") == "softmax_loss" for l in spec["layers"]):
-        print("singa: the net is not a single-input classifier; no MLflow Model logged", flush=True)
-        return None
     config = {"layers": spec["layers"], "input_shapes": {k: list(v) for k, v in shapes.items()},
               "field": fields[0], "num_classes": int(data.meta.get("num_classes", 10)),
               "image_hw": list(data.meta.get("image_hw") or ()), "layer_modules": spec.get("layer_modules") or [],
               "data": spec["data"]}
+
+    def write_net(folder: Path) -> None:
+        (folder / NET_FILE).write_text(json.dumps(config))
+        np.savez(folder / PARAMS_FILE, **{k: np.asarray(v, np.float32) for k, v in params.items()})
+
+    if is_retrieval_net(fields, spec["layers"]):  # the msae app: its retrieval is the prediction
+        return save_retrieval_model(ctx, config, params, data, write_net)
+    if len(fields) != 1 or "label" not in shapes or not any(l.get("type") == "softmax_loss" for l in spec["layers"]):
+        print("singa: the net is neither a single-input classifier nor the msae; no MLflow Model logged", flush=True)
+        return None
     model = SingaModel(config, params)
 
     def write(path: Path, metadata: dict) -> None:
         with tempfile.TemporaryDirectory(prefix="orchard-singa-") as tmp:
             folder = Path(tmp) / "net"
             folder.mkdir()
-            (folder / NET_FILE).write_text(json.dumps(config))
-            np.savez(folder / PARAMS_FILE, **{k: np.asarray(v, np.float32) for k, v in params.items()})
+            write_net(folder)
             example = np.ascontiguousarray(data.test[fields[0]][:2])
             save_pyfunc(path, {**metadata, "field": fields[0], "data": spec["data"]}, "workloads.singa.predict",
                         folder, example, model.predict(example))
@@ -129,22 +143,28 @@ def idx_labels(path: Path) -> list[Path]:
     return [labels] if "idx3" in path.name.lower() and labels != path and labels.is_file() else []
 
 
-def read_samples(path: Path, config: dict) -> tuple[np.ndarray, np.ndarray | None]:
+def read_samples(path: Path, config: dict, max_bytes: int | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """A file -> (samples, labels or None); ValueError (the reason) for a file that is none of
-    an IDX image file, a CIFAR-10 batch, an image."""
+    an IDX image file, a CIFAR-10 batch, an image, or holds (an IDX file: declares) more than
+    ``max_bytes`` (singa.max_input_mb; None: its default)."""
     import cv2
 
+    from workloads.singa.apps.dataset import MAX_INPUT_MB, InputTooLarge, check_input_size
+
+    max_bytes = int(max_bytes or MAX_INPUT_MB * 2**20)
     name = path.name.lower()
     shape = tuple(config["input_shapes"][config["field"]])
     if "idx3" in name:
         from workloads.singa.apps.digits import read_idx
 
         try:
-            x = read_idx(path)
+            x = read_idx(path, max_bytes)
+        except InputTooLarge as exc:
+            raise InputTooLarge(str(exc).replace(f"{path} ", "", 1)) from None
         except Exception as exc:  # truncated header (struct.error), wrong magic, short data
             raise ValueError(f"not an IDX image file: {str(exc).splitlines()[0][:120]}") from None
         labels_path = idx_labels_path(path)
-        y = read_idx(labels_path).astype(np.int64) if labels_path.is_file() else None
+        y = read_idx(labels_path, max_bytes).astype(np.int64) if labels_path.is_file() else None
         samples = to_samples(list(x), config) if x.shape[1:] != shape and x.reshape(len(x), -1).shape[1:] != shape \
             else x.reshape(len(x), *shape)
         return samples, (y if y is not None and len(y) == len(samples) else None)
@@ -152,11 +172,17 @@ def read_samples(path: Path, config: dict) -> tuple[np.ndarray, np.ndarray | Non
         from workloads.singa.apps.cifar import read_cifar_batch
 
         try:
-            x, y = read_cifar_batch(path)
+            x, y = read_cifar_batch(path, max_bytes)
+        except InputTooLarge as exc:
+            raise InputTooLarge(str(exc).replace(f"{path} ", "", 1)) from None
         except Exception as exc:  # a corrupt or foreign pickle: refused by the safe unpickler
             raise ValueError(f"not a CIFAR-10 batch: {str(exc).splitlines()[0][:120]}") from None
         samples = x if x.shape[1:] == shape else to_samples(list(x.transpose(0, 2, 3, 1)), config)
         return samples, y
+    try:
+        check_input_size(path, path.stat().st_size, max_bytes)
+    except InputTooLarge as exc:
+        raise InputTooLarge(str(exc).replace(f"{path} ", "", 1)) from None
     img = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
     if img is None:
         raise ValueError("not a readable image (corrupt or not an image)")
@@ -171,12 +197,13 @@ def read_samples(path: Path, config: dict) -> tuple[np.ndarray, np.ndarray | Non
 class Predictor:
     """Ray Data actor: holds the net, classifies a batch of files."""
 
-    def __init__(self, model_dir: str, out_dir: str):
+    def __init__(self, model_dir: str, out_dir: str, max_input_mb: float | None = None):
         import torch
 
         torch.set_num_threads(1)
         self.model = _load_pyfunc(str(next(Path(model_dir).rglob(NET_FILE)).parent))
         self.out = Path(out_dir)
+        self.max_bytes = round(float(max_input_mb) * 2**20) if max_input_mb else None
 
     def __call__(self, batch: dict) -> dict:
         from orchard.skipped import kind_of
@@ -185,7 +212,7 @@ class Predictor:
         for path in batch["path"]:
             path = Path(str(path))
             try:
-                x, y = read_samples(path, self.model.config)
+                x, y = read_samples(path, self.model.config, self.max_bytes)
                 probs = self.model.predict(x)
                 pred = probs.argmax(1)
                 if len(x) > 1:  # a container file: its samples' labels in a CSV of their own
@@ -220,18 +247,31 @@ def sample_files(source) -> list[Path]:
 
 
 def run_predict(cfg: dict, ctx) -> dict[str, float]:
+    """``mode=predict``: ``_predict`` into ``<run folder>/predictions``, renamed into place whole
+    once every output is written (a run that fails leaves no partial folder)."""
+    from orchard import models
+
+    with models.predictions(ctx) as out:
+        return _predict(cfg, ctx, out)
+
+
+def _predict(cfg: dict, ctx, out: Path) -> dict[str, float]:
     """Classify every sample of ``input``; accuracy over the samples with known labels."""
     from orchard import models, skipped
     from orchard.storage import Storage
 
-    model_dir, _ = models.resolve_model(cfg["model"], "singa", ctx.tracking_uri, Path(ctx.run_dir) / "model_in")
+    model_dir, meta = models.resolve_model(cfg["model"], "singa", ctx.tracking_uri, Path(ctx.run_dir) / "model_in")
+    if meta.get("kind") == "retrieval":
+        from orchard import ConfigError
+
+        raise ConfigError("model", "a singa classifier for mode=predict over files; this is the msae's retrieval "
+                          "model: mlflow.pyfunc.load_model(<model>).predict(images) gives each image's nearest tags")
     models.trusted_modules(model_dir, NET_FILE, "layer_modules", cfg["singa"].get("layer_modules"), "singa.layer_modules")
     source = Path(cfg["input"]).expanduser()
     files, unusable = skipped.readable(sample_files(source))
-    out = models.output_dir(ctx)
     (out / "labels").mkdir(exist_ok=True)
     started = time.perf_counter()
-    rows = models.predict_files(files, Predictor, {}, ctx, Storage.for_run(cfg, ctx.run_dir), model_dir, out,
+    rows = models.predict_files(files, Predictor, {"max_input_mb": cfg["singa"].get("max_input_mb")}, ctx, Storage.for_run(cfg, ctx.run_dir), model_dir, out,
                                 companions=idx_labels, desc="classifying", batch_size=16) if files else []
     rows += skipped.as_rows(unusable, source if source.is_dir() else source.parent)
     elapsed = time.perf_counter() - started

@@ -107,6 +107,7 @@ def group_spec(cfg: dict, app: dict, train: dict, arch: dict, layers: list[dict]
         "cd_k": int(train.get("cd_k", 1)),
         "data": train["data"],
         "data_dir": s.get("data_dir"),
+        "max_input_mb": s.get("max_input_mb"),   # the most one input file may hold (apps/dataset.py)
         "seed": int(cfg.get("seed", 0)),
         "smoke": bool(cfg.get("smoke", False)),
         "batch_size": int(train["batch_size"]),
@@ -147,7 +148,7 @@ def check_net(cfg: dict) -> None:
     stages.append(("layers", app["layers"], app.get("algorithm", "bp")))
     # smoke=True: every loader's smoke mode only takes fewer samples, with the same per-sample
     # shapes, and it is what keeps this check to about a second (digits_rgb renders 7,000 images)
-    key = (train["data"], s.get("data_dir"), int(cfg.get("seed", 0)), True)
+    key = (train["data"], s.get("data_dir"), int(cfg.get("seed", 0)), True, s.get("max_input_mb"))
     if key not in _SAMPLES:  # a sweep or a test validates many configs over the same data
         data = load_dataset(*key)
         _SAMPLES.clear()

@@ -52,6 +52,31 @@ def run_app(cfg: dict, ctx) -> dict[str, float]:
         initial = resumed["params"]
         final["train/resumed_from_epoch"] = float(resumed["epoch"])
     saver = Checkpointer(Storage.for_run(cfg, ctx.run_dir), int(cfg["strategy"].get("checkpoint_every", 1) or 1))
+    # a lost node: the architecture is rebuilt on the nodes alive (fit); what it cost is logged
+    from orchard.strategies.node_loss import NodeWatch, Rebuilds
+
+    with NodeWatch(ctx) as watch:
+        rebuilds = Rebuilds(watch, int(cfg["strategy"].get("max_failures", 0) or 0))
+        try:
+            initial, out, spec = _train_stages(cfg, ctx, app, train, arch, resumed, initial, saver, final, rebuilds)
+        finally:
+            ctx.log_metrics(rebuilds.metrics())
+    from workloads.singa.predict import log_model
+    log_model(ctx, spec, out["params"])  # the MLflow Model: artifact model/ (docs/models.md)
+    # [3] the app's extras on the trained parameters
+    if s["app"] == "msae" and not s.get("net"):
+        final.update(msae_retrieval(spec, out["params"], ctx))
+    if s.get("tsne") and app.get("tsne_layers"):
+        final.update(tsne_figures(spec, out["params"], app["tsne_layers"], int(s["tsne_samples"]), ctx))
+    log_learning_curves(ctx, s.get("net") or s["app"], s["arch"], train.get("target_accuracy"))
+    log_architecture_comparison(ctx, cfg, final)
+    return final
+
+
+def _train_stages(cfg: dict, ctx, app: dict, train: dict, arch: dict, resumed: dict | None, initial: dict | None,
+                  saver, final: dict, rebuilds) -> tuple[dict | None, dict, dict]:
+    """Every stage of the net: (initial params after pre-training, BP's ``fit`` output, its spec);
+    the stages' final metrics go into ``final``."""
     pretrain = app.get("pretrain") or []
     # [1] CD pre-training of stacked RBMs, one stage per RBM (Table 1 hybrid: rbm/dbn)
     for i, stage in enumerate(pretrain):
@@ -64,7 +89,7 @@ def run_app(cfg: dict, ctx) -> dict[str, float]:
         spec["initial_params"] = initial
         out = fit(spec, arch, cfg, ctx, epochs, target=None, prefix=f"pretrain{i + 1}/",
                   start_epoch=_start(resumed, i), saver=saver.for_stage(i, initial),
-                  lr=_lr_advice(cfg, arch, stage_train["updater"], pretrain_stage=i))
+                  lr=_lr_advice(cfg, arch, stage_train["updater"], pretrain_stage=i), rebuilds=rebuilds)
         initial = {**(initial or {}), **out["params"]}
         final.update({k: v for k, v in out["final"].items() if "recon_error" in k})
     # [2] BP training (or fine-tuning from the RBM weights)
@@ -72,18 +97,9 @@ def run_app(cfg: dict, ctx) -> dict[str, float]:
     spec["initial_params"] = initial
     out = fit(spec, arch, cfg, ctx, int(train["epochs"]), target=train.get("target_accuracy"),
               start_epoch=_start(resumed, len(pretrain)), saver=saver.for_stage(len(pretrain), initial),
-              lr=_lr_advice(cfg, arch, train["updater"]))
+              lr=_lr_advice(cfg, arch, train["updater"]), rebuilds=rebuilds)
     final.update(out["final"])
-    from workloads.singa.predict import log_model
-    log_model(ctx, spec, out["params"])  # the MLflow Model: artifact model/ (docs/models.md)
-    # [3] the app's extras on the trained parameters
-    if s["app"] == "msae" and not s.get("net"):
-        final.update(msae_retrieval(spec, out["params"], ctx))
-    if s.get("tsne") and app.get("tsne_layers"):
-        final.update(tsne_figures(spec, out["params"], app["tsne_layers"], int(s["tsne_samples"]), ctx))
-    log_learning_curves(ctx, s.get("net") or s["app"], s["arch"], train.get("target_accuracy"))
-    log_architecture_comparison(ctx, cfg, final)
-    return final
+    return initial, out, spec
 
 
 CHECKPOINT_NAME = "singa_checkpoint.npz"  # in the run folder: the parameters as of the last checkpointed epoch
@@ -167,15 +183,50 @@ def _rename(metrics: dict[str, float], split: str) -> dict[str, float]:
     return out
 
 
+def _restore_point(saver, start_epoch: int, initial: dict | None) -> tuple[int, dict | None]:
+    """Where a rebuilt architecture goes on: this stage's last checkpoint (epoch, parameters),
+    else the stage's own start."""
+    if saver is not None and saver.storage.exists(CHECKPOINT_NAME):
+        ckpt = load_checkpoint(saver.storage)
+        if ckpt["stage"] == saver.stage:
+            return int(ckpt["epoch"]), ckpt["params"]
+    return start_epoch, initial
+
+
+def _rebuild(arch: dict, spec: dict, cfg: dict, bound_s: float):
+    """The architecture again on the nodes alive, with the CPUs they have. Tried again while Ray
+    still places a group on the node going away (its start is cancelled), up to ``bound_s``."""
+    from orchard.strategies.node_loss import NotPlaced
+    from workloads.singa.architectures import Architecture
+
+    deadline = time.monotonic() + bound_s
+    while True:
+        try:
+            return Architecture(arch, spec, _cpus_per_group(cfg, arch), max(1.0, deadline - time.monotonic()))
+        except NotPlaced:
+            raise
+        except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
+
+
 def fit(spec: dict, arch: dict, cfg: dict, ctx, epochs: int, target: float | None, prefix: str = "",
-        start_epoch: int = 0, saver=None, lr: dict | None = None) -> dict:
+        start_epoch: int = 0, saver=None, lr: dict | None = None, rebuilds=None) -> dict:
     """Run epochs ``start_epoch + 1 .. epochs`` of ``spec`` under ``arch``; evaluate after every
     epoch; ``saver(epoch, epochs, params_fn)`` checkpoints.  A NaN or infinite training loss (or
     non-finite weights at a checkpoint) raises ``Diverged`` naming ``lr`` (``_lr_advice``): the
-    last checkpoint stays the last finite one (orchard/divergence.py)."""
-    from workloads.singa.architectures import Architecture
+    last checkpoint stays the last finite one (orchard/divergence.py).
 
-    machine = Architecture(arch, spec, _cpus_per_group(cfg, arch))
+    ``rebuilds`` (``node_loss.Rebuilds``): a group or server lost with its node ends the round;
+    the architecture is built again on the nodes alive (the same groups, with the CPUs left)
+    from the stage's last checkpoint, up to ``strategy.max_failures`` times."""
+    from workloads.singa.architectures import Architecture
+    from orchard.strategies.node_loss import start_bound_s
+
+    bound = start_bound_s(cfg)
+    machine = Architecture(arch, spec, _cpus_per_group(cfg, arch), bound)
+    mark = rebuilds.started() if rebuilds is not None else 0
     try:
         part = machine.data_partition
         ctx.log_params({f"singa.{prefix}data_partition": f"{spec['data']}: train {sum(part['train_per_group'])} = "
@@ -192,32 +243,46 @@ def fit(spec: dict, arch: dict, cfg: dict, ctx, epochs: int, target: float | Non
         last_eval: dict[str, float] = {}
         train_metrics: dict[str, float] = {}
         while done < total:
-            steps = min(machine.round_length(), total - done)
-            t0 = time.perf_counter()
-            train_metrics = machine.run_steps(steps)
-            train_s += time.perf_counter() - t0
-            # [diverged?] the groups watched every step's loss; the first NaN/inf ends the run here
-            bad = machine.first_non_finite()
-            if bad is not None:
-                step = first + bad[0]  # of this stage, counted from its start
-                name = next(iter(_rename({bad[1]: 0}, "train")))[len("train/"):] if "/" in bad[1] else bad[1]
-                raise Diverged(prefix + name, word(bad[2]), math.ceil(step / spe), step, **(lr or {}))
-            before, done = done, done + steps
-            if done // spe == before // spe and done < total:
-                continue
-            # [epoch end] evaluate on the test set, log the epoch's figures
-            epoch = math.ceil(done / spe)
-            last_eval = _rename(machine.evaluate(), "test")
-            rate = (done - first) * images_per_step / max(train_s, 1e-9)
-            metrics = {**last_eval, **_rename(train_metrics, "train"), "throughput/images_per_s": rate,
-                       "time/train_s": train_s}
-            acc = last_eval.get("test/accuracy")
-            if target is not None and acc is not None and acc >= target and reached is None:
-                reached = train_s
-            ctx.log_metrics({prefix + k: v for k, v in metrics.items()}, step=epoch)
-            ctx.progress(epoch, epochs, desc=f"{prefix}epoch {epoch}/{epochs}", **{"img/s": rate})
-            if saver is not None:
-                saver(epoch, epochs, lambda: _finite(machine.params(), epoch, done, lr))
+            try:
+                steps = min(machine.round_length(), total - done)
+                t0 = time.perf_counter()
+                train_metrics = machine.run_steps(steps)
+                train_s += time.perf_counter() - t0
+                # [diverged?] the groups watched every step's loss; the first NaN/inf ends the run here
+                bad = machine.first_non_finite()
+                if bad is not None:
+                    step = first + bad[0]  # of this stage, counted from its start
+                    name = next(iter(_rename({bad[1]: 0}, "train")))[len("train/"):] if "/" in bad[1] else bad[1]
+                    raise Diverged(prefix + name, word(bad[2]), math.ceil(step / spe), step, **(lr or {}))
+                before, done = done, done + steps
+                if done // spe == before // spe and done < total:
+                    continue
+                # [epoch end] evaluate on the test set, log the epoch's figures
+                epoch = math.ceil(done / spe)
+                last_eval = _rename(machine.evaluate(), "test")
+                rate = (done - first) * images_per_step / max(train_s, 1e-9)
+                metrics = {**last_eval, **_rename(train_metrics, "train"), "throughput/images_per_s": rate,
+                           "time/train_s": train_s}
+                acc = last_eval.get("test/accuracy")
+                if target is not None and acc is not None and acc >= target and reached is None:
+                    reached = train_s
+                ctx.log_metrics({prefix + k: v for k, v in metrics.items()}, step=epoch)
+                ctx.progress(epoch, epochs, desc=f"{prefix}epoch {epoch}/{epochs}", **{"img/s": rate})
+                if saver is not None:
+                    saver(epoch, epochs, lambda: _finite(machine.params(), epoch, done, lr))
+            except Diverged:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a lost node is rebuilt after; anything else raises
+                if rebuilds is None or not rebuilds.recoverable(exc, mark):
+                    raise
+                # [lost a node] the same groups again on the nodes alive, from the last checkpoint
+                machine.abandon()
+                machine = None  # nothing of it to shut down if the new one cannot start
+                epoch, params = _restore_point(saver, start_epoch, spec.get("initial_params"))
+                machine = _rebuild(arch, {**spec, "initial_params": params}, cfg, bound)
+                done, mark = epoch * spe, rebuilds.started()
+                ctx.log_metrics({"train/restarts": rebuilds.restarts, prefix + "train/resumed_from_epoch": epoch,
+                                 "train/group_nodes": len(set(machine.nodes))}, step=rebuilds.restarts)
         if not last_eval:  # resumed after its last epoch: nothing left to train, still report
             last_eval = _rename(machine.evaluate(), "test")
         stats = machine.stats()
@@ -227,7 +292,8 @@ def fit(spec: dict, arch: dict, cfg: dict, ctx, epochs: int, target: float | Non
         divergence.log(ctx, err)
         raise
     finally:
-        machine.shutdown()
+        if machine is not None:
+            machine.shutdown()
     # the partition of the data this stage saw, as numbers beside its accuracy (the param
     # singa.data_partition says the same in words)
     final = {**last_eval, "data/train_samples": float(sum(part["train_per_group"])), "data/test_samples": float(part["test"]),
@@ -250,7 +316,7 @@ def _local_net(spec: dict, params: dict):
     from workloads.singa.apps import load_dataset
     from workloads.singa.net import NeuralNet
 
-    data = load_dataset(spec["data"], spec.get("data_dir"), spec["seed"], spec["smoke"])
+    data = load_dataset(spec["data"], spec.get("data_dir"), spec["seed"], spec["smoke"], spec.get("max_input_mb"))
     net = NeuralNet(spec["layers"], data.shapes(), seed=spec["seed"])
     net.set_params(params, strict=False)
     return net, data

@@ -29,7 +29,7 @@ class WorkerGroup:
         torch.set_num_threads(int(spec.get("threads", 1)))
         import_layer_modules(spec.get("layer_modules"))
         full = dataset if dataset is not None else load_dataset(spec["data"], spec.get("data_dir"),
-                                                                spec["seed"], spec["smoke"])
+                                                                spec["seed"], spec["smoke"], spec.get("max_input_mb"))
         self.meta = full.meta
         self.data = full.shard(rank, num_groups)
         self.train = {k: torch.as_tensor(v) for k, v in self.data.train.items()}

@@ -10,11 +10,6 @@ from __future__ import annotations
 
 STRATEGIES = ("ring",)
 
-_CACHES = ("none", "memory", "disk")
-_SHORT_RULES = ("loop", "pad")
-_FLOW_METHODS = ("farneback", "dis_fast", "dis_medium")
-_AGGREGATIONS = ("winner", "avg", "max", "topk", "linear", "attention")
-
 
 def _pool(cfg: dict, key: str) -> None:
     from orchard.config import require
@@ -25,33 +20,23 @@ def _pool(cfg: dict, key: str) -> None:
 
 def validate(cfg: dict) -> None:
     """Reject a bad ``video.*`` config before Ray starts (raises ``orchard.ConfigError``)."""
-    from orchard import ConfigError
-    from orchard.config import require, require_choice, require_path, require_positive
+    from orchard import ConfigError, schema
+    from orchard.config import require, require_choice, require_path
+
+    from .schema import Synthetic, Video
 
     v = cfg["video"]
+    schema.check(Video, v, "video")  # each key's type and range (workloads/video/schema.py)
+    if v["root"] is None:
+        schema.check(Synthetic, v["synthetic"], "video.synthetic")
     require_path(cfg, "video.root", allow_none=True)
     require_path(cfg, "video.split_files", kind="dir", allow_none=True)
-    require(cfg, "video.split", lambda s: isinstance(s, int) and 1 <= s <= 9, "an official split number (1..3)")
     if v["root"] is not None:
         from .dataset import check_classes
 
         problem = check_classes(v["root"], v.get("split_files"), int(v.get("split") or 1))
         if problem:
             raise ConfigError("video.root", problem)
-    require_choice(cfg, "video.cache", _CACHES)
-    require_choice(cfg, "video.short_rule", _SHORT_RULES)
-    require_choice(cfg, "video.decoder", ("pyav",))
-    for key in ("size", "stack", "epochs", "clips_per_epoch", "val_segments", "batch_size",
-                "pipeline_batch", "offset_stride", "min_workers", "queue_depth"):
-        require_positive(cfg, f"video.{key}", integer=True)
-    require(cfg, "video.size", lambda s: s % 2 == 0 and s >= 16, "an even size >= 16 pixels")
-    require(cfg, "video.val_fraction", lambda f: 0 < f < 1, "a fraction between 0 and 1")
-    require(cfg, "video.target_top1", lambda t: t is None or 0 <= t <= 1, "null or a top-1 accuracy in [0, 1]")
-    require(cfg, "video.shift_ratio", lambda r: r >= 1, "a ratio >= 1")
-    require(cfg, "video.pause_decode", lambda b: isinstance(b, bool), "true or false")
-    require(cfg, "video.shift_apply", lambda b: isinstance(b, bool), "true or false")
-    require(cfg, "video.cache_max_mb", lambda m: m > 0, "a positive number of MiB")
-    require(cfg, "video.object_store_mb", lambda m: m is None or m > 0, "null or a positive number of MiB")
     require(cfg, "video.streams", lambda s: isinstance(s, dict) and "spatial" in s and len(s) >= 2,
             "a mapping with a spatial stream and at least one temporal stream")
     features = _registered_extractors(v.get("extractor_modules"))
@@ -63,27 +48,9 @@ def validate(cfg: dict) -> None:
             f"one worker count >= 1 per stream ({', '.join(v['streams'])})")
     if any(int(n) < int(v["min_workers"]) for n in v["workers"].values()):
         raise ConfigError("video.min_workers", f"at most the smallest video.workers count, got {v['min_workers']}")
-    require_choice(cfg, "video.extractor_options.flow.method", _FLOW_METHODS)
-    require_positive(cfg, "video.extractor_options.flow.bound")
     for key in ("decode_concurrency", "extract_concurrency"):
         _pool(cfg, f"video.{key}")
-    for key in ("decode_cpus", "extract_cpus"):
-        require(cfg, f"video.{key}", lambda c: 0 < c <= 64, "a CPU share in (0, 64]")
-    require_choice(cfg, "video.inference.method", _AGGREGATIONS)
-    require(cfg, "video.inference.window_stride", lambda s: int(s) >= 1, "a stride >= 1 frame")
-    for key in ("motion_ratio", "confidence_ratio"):
-        require(cfg, f"video.inference.{key}", lambda r: 0 <= r <= 1, "a ratio in [0, 1]")
-    require(cfg, "video.inference.min_motion_contrast", lambda c: c >= 0, "a motion gap >= 0")
     require_path(cfg, "video.inference.root", kind="dir", allow_none=True)
-    require(cfg, "video.aggregation.folds", lambda f: int(f) >= 2, "at least 2 folds")
-    if v["root"] is None:
-        require(cfg, "video.synthetic.num_classes", lambda n: 2 <= n <= 9, "2..9 motion classes")
-        require(cfg, "video.synthetic.videos_per_class", lambda n: n >= 2, "at least 2 (one train, one val)")
-        require(cfg, "video.synthetic.size", lambda s: s % 2 == 0 and s >= 16, "an even size >= 16 pixels")
-        require(cfg, "video.synthetic.num_frames", lambda n: n >= 2, "at least 2 frames")
-        require(cfg, "video.synthetic.appearance_cue", lambda p: 0 <= p <= 1, "a probability in [0, 1]")
-        for key in ("noise", "shake"):
-            require(cfg, f"video.synthetic.{key}", lambda x: x >= 0, "a standard deviation >= 0")
     if cfg["mode"] == "train" and v.get("resume") is not None:
         require(cfg, "video.resume", _has_checkpoint(cfg),
                 "null or the folder of a video run that checkpointed an epoch (video_checkpoint.pt in its storage)")

@@ -84,8 +84,10 @@ class MemoryStore:
         return self.bytes
 
 
-def evict_lru(directory: str | os.PathLike, max_bytes: int, keep_fraction: float = 0.9) -> tuple[int, int]:
-    """Delete the least recently used entries until the folder holds <= ``keep_fraction x max_bytes``.
+def evict_lru(directory: str | os.PathLike, max_bytes: int, keep_fraction: float = 0.9,
+              pattern: str = "*/*.npz") -> tuple[int, int]:
+    """Delete the least recently used entries (files matching ``pattern``) until the folder holds
+    <= ``keep_fraction x max_bytes``.
 
     Runs under an exclusive lock on ``<directory>/.lock`` (one evictor at a time across
     processes). Returns ``(bytes held after, entries removed)``.
@@ -96,7 +98,7 @@ def evict_lru(directory: str | os.PathLike, max_bytes: int, keep_fraction: float
     folder.mkdir(parents=True, exist_ok=True)
     with FileLock(folder / ".lock"):
         entries = []
-        for f in folder.glob("*/*.npz"):
+        for f in folder.glob(pattern):
             with contextlib.suppress(OSError):
                 st = f.stat()
                 entries.append((st.st_mtime_ns, st.st_size, f))
@@ -227,7 +229,9 @@ def make_cache(kind: str, directory: str | os.PathLike, max_mb: float) -> Featur
     max_bytes = int(max_mb * 2**20)
     if kind == "memory":
         import ray
-        store = ray.remote(num_cpus=0)(MemoryStore).remote(max_bytes)
+        from orchard.strategies.node_loss import on_this_node
+
+        store = ray.remote(num_cpus=0)(MemoryStore).options(**on_this_node()).remote(max_bytes)
         return FeatureCache("memory", store=store, max_bytes=max_bytes)
     if kind == "disk":
         return FeatureCache("disk", directory=str(directory), max_bytes=max_bytes)

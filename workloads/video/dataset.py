@@ -15,10 +15,12 @@ broken video is not silently ignored but probed, rejected and counted by kind
 
 The frame index of a video (the pts of every frame) and its content digest are read once
 and kept under ``<cache_dir>/index``: a second run over the same files decodes nothing to
-scan them.
+scan them.  The store is bounded (``video.index_max_mb``): after each scan the least recently
+used entries go (a read refreshes an entry; an edited file's old entry is never read again).
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import json
@@ -49,6 +51,7 @@ class VideoIndex:
     skipped_kinds: dict[str, str] = field(default_factory=dict)  # path -> decoder.SKIP_KINDS entry
     layout: str = "folders"       # folders | manifest | ucf101 | hmdb51
     index_reused: int = 0         # frame indices read from the index store (not decoded again)
+    index_pruned: int = 0         # index store entries removed after the scan (video.index_max_mb)
 
     def subset(self, split: str) -> list[int]:
         """Indices of the videos in ``split``."""
@@ -248,14 +251,34 @@ class IndexStore:
         if name is None:
             return None
         try:
-            return json.loads(self.storage.read_bytes(name))
+            record = json.loads(self.storage.read_bytes(name))
         except (OSError, ValueError):   # absent (pyarrow: FileNotFoundError), or unreadable: probe again
             return None
+        if self.storage.is_local:   # used now: last in line when the store is pruned (prune_index)
+            with contextlib.suppress(OSError):
+                os.utime(self.storage.local_path / name)
+        return record
 
     def put(self, path: str, record: dict) -> None:
         name = self._name(path)
         if name is not None:
             self.storage.write_text(name, json.dumps(record))
+
+
+def prune_index(index_dir: str | None, max_mb: float | None) -> int:
+    """Hold the frame-index store under ``max_mb`` MiB: its least recently used entries are
+    removed (``cache.evict_lru``). Returns how many went. A store in remote storage
+    (``s3://...``) has no mtime to refresh: bound it with the store's own expiry rule."""
+    from orchard.storage import Storage
+
+    from .cache import evict_lru
+
+    if not index_dir or not max_mb:
+        return 0
+    store = Storage(index_dir)
+    if not store.is_local or not store.local_path.is_dir():
+        return 0
+    return evict_lru(store.local_path, int(float(max_mb) * 2**20), pattern="*/*.json")[1]
 
 
 def probe_file(path: str, decoder, store: IndexStore) -> tuple[dict, bool]:
@@ -305,14 +328,15 @@ def probe_all(paths: list[str], decoder: str = "pyav", store_dir: str | None = N
 
 def scan(root: str, val_fraction: float = 0.25, seed: int = 0, min_frames: int = 2,
          decoder: str = "pyav", index_dir: str | None = None, split_files: str | None = None,
-         split: int = 1, storage_uri: str | None = None) -> VideoIndex:
+         split: int = 1, storage_uri: str | None = None, index_max_mb: float | None = None) -> VideoIndex:
     """Index a dataset (any layout above); split per class, seeded, where the layout gives no split.
 
     Videos with fewer than ``min_frames`` frames are skipped (a single frame has no
     motion); videos shorter than a segment are usable (the short-video rule covers them).
     ``storage_uri``: the storage folder (``s3://...``) of which ``root`` is this node's copy;
     the index then names every video by its URI, which the probe tasks and decode stages read
-    on whatever node they run (``decoder.local_video``).
+    on whatever node they run (``decoder.local_video``). ``index_max_mb``: the bound the index
+    store is pruned to after the scan (``prune_index``; None: not pruned).
     """
     layout = read_layout(root, split_files, split)
     rows = layout.rows
@@ -320,8 +344,10 @@ def scan(root: str, val_fraction: float = 0.25, seed: int = 0, min_frames: int =
         base = Path(os.path.expanduser(str(root)))
         rows = [(f"{storage_uri.rstrip('/')}/{Path(p).relative_to(base).as_posix()}", c, s) for p, c, s in rows]
     probes = probe_all([r[0] for r in rows], decoder, index_dir)
+    pruned = prune_index(index_dir, index_max_mb)
     classes = list(layout.classes)
-    index = VideoIndex(classes=classes, paths=[], labels=[], lengths=[], splits=[], layout=layout.kind)
+    index = VideoIndex(classes=classes, paths=[], labels=[], lengths=[], splits=[], layout=layout.kind,
+                       index_pruned=pruned)
     split_given: list[str | None] = []
     for (path, label, split_name), (record, reused) in zip(rows, probes):
         index.index_reused += int(reused)

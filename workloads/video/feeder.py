@@ -45,10 +45,14 @@ class _Finished(Exception):
 
 
 def make_queues(alloc: dict[str, int], depth: int) -> dict[str, list]:
-    """One bounded queue per worker of each stream (``depth`` batches each)."""
+    """One bounded queue per worker of each stream (``depth`` batches each), on the driver's
+    node: a lost node must not take batches the trainers have not read (node_loss.py)."""
     from ray.util.queue import Queue
 
-    return {s: [Queue(maxsize=depth, actor_options={"num_cpus": 0}) for _ in range(n)] for s, n in alloc.items()}
+    from orchard.strategies.node_loss import on_this_node
+
+    options = {"num_cpus": 0, **on_this_node()}
+    return {s: [Queue(maxsize=depth, actor_options=options) for _ in range(n)] for s, n in alloc.items()}
 
 
 def shutdown_queues(queues: dict[str, list]) -> None:

@@ -379,6 +379,15 @@ class Predictor:
 
 
 def run_predict(cfg: dict, ctx) -> dict[str, float]:
+    """``mode=predict``: ``_predict`` into ``<run folder>/predictions``, renamed into place whole
+    once every output is written (a run that fails leaves no partial folder)."""
+    from orchard import models
+
+    with models.predictions(ctx) as out:
+        return _predict(cfg, ctx, out)
+
+
+def _predict(cfg: dict, ctx, out: Path) -> dict[str, float]:
     """Classify every video of ``input``; highlight segments; tIoU and mAP@0.5 against
     ``segments.csv`` when the input folder has one."""
     from orchard import models, skipped
@@ -389,7 +398,6 @@ def run_predict(cfg: dict, ctx) -> dict[str, float]:
                            "video.extractor_modules")
     source = Path(cfg["input"]).expanduser()
     files, unusable = skipped.readable(p for p in skipped.listed_inputs(source, ()) if p.name != TRUTH_FILE)
-    out = models.output_dir(ctx)
     started = time.perf_counter()
     held = int(cfg["video"]["inference"].get("max_frames_in_memory") or MAX_FRAMES_IN_MEMORY)
     rows = models.predict_files(files, Predictor, {"max_frames": held}, ctx, Storage.for_run(cfg, ctx.run_dir), model_dir, out,

@@ -169,7 +169,8 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
     # [1] data: index the videos (frame pts, read once and kept), set non-videos aside (counted by kind)
     root, storage_uri = _prepare_data(cfg, ctx)
     index = scan(root, float(vcfg["val_fraction"]), seed, decoder=vcfg["decoder"], index_dir=store.child("index").uri,
-                 split_files=vcfg.get("split_files"), split=int(vcfg.get("split") or 1), storage_uri=storage_uri)
+                 split_files=vcfg.get("split_files"), split=int(vcfg.get("split") or 1), storage_uri=storage_uri,
+                 index_max_mb=vcfg.get("index_max_mb"))
     problem = classes_problem(index.classes, lambda c: index.classes.index(c) in index.labels, root)
     if problem:
         raise ConfigError("video.root", problem)
@@ -186,7 +187,7 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
     skipped_by_kind = {k: v for k, v in skipped.report(ctx, set_aside, "video").items() if k != "data/skipped_files"}
     ctx.log_metrics({"data/videos": len(index.paths), "data/train_videos": len(train_ids),
                      "data/val_videos": len(val_ids), "data/skipped_files": len(index.skipped),
-                     "data/index_reused": index.index_reused,
+                     "data/index_reused": index.index_reused, "cache/index_pruned": index.index_pruned,
                      "data/video_mb": index.video_bytes / 2**20, **skipped_by_kind})
     if index.skipped:
         ctx.set_tags({"video.skipped_files": "; ".join(f"{Path(p).name}: {r[:60]}" for p, r in index.skipped.items())[:4000]})

@@ -65,6 +65,7 @@ def _train(config: dict) -> None:
     if restored is not None:
         replica.load_state_dict(restored[0])
         first_epoch = restored[1] + 1
+        step = int(restored[0].get("stream_steps", step))  # per-step metrics go on from there
     elif config.get("state") is not None:
         replica.load_state_dict(torch.load(io.BytesIO(config["state"]), weights_only=True))
     stream, ctx = config["stream"], config["ctx"]
@@ -72,7 +73,8 @@ def _train(config: dict) -> None:
     loss_fn = nn.CrossEntropyLoss()
     advice = {"key": "video.optimizer.lr", "value": float(config["optimizer"]["lr"])}
 
-    for epoch in range(first_epoch, config["epochs"]):
+    epoch = first_epoch
+    while epoch < config["epochs"]:
         replica.model.train()
         seen = correct = 0
         loss_sum = wait_s = 0.0
@@ -94,6 +96,9 @@ def _train(config: dict) -> None:
                 # state of the epoch just finished (its checkpoint)
                 return
             if isinstance(item, tuple) and item[0] == END:
+                # the feeder's count of the epoch wins: a group restarted after a lost node
+                # from the checkpoint before the epoch its queue is in goes on in step with it
+                epoch = int(item[1])
                 break
             x = torch.tensor(item["x"]).to(env.device)          # a copy: arrays from the queue are read-only
             y = torch.tensor(item["y"], dtype=torch.long).to(env.device)
@@ -136,7 +141,8 @@ def _train(config: dict) -> None:
                              "steps": step})
             except RayActorError:
                 return   # as above: the driver stopped the run and shut its queues down
-        worker.save_checkpoint(state, {**metrics, "steps": step}, epoch)
+        worker.save_checkpoint({**state, "stream_steps": step}, {**metrics, "steps": step}, epoch)
+        epoch += 1
 
 
 def load_model(state: bytes, in_channels: int, num_classes: int, widths, dropout: float):

@@ -63,6 +63,7 @@ def test_smoke_run_records_the_thesis_metrics(smoke_runs, label):
     traces = [a.path for a in client.list_artifacts(run.info.run_id, "traces")]
     assert traces and all(t.endswith(".json") for t in traces)
     assert client.list_artifacts(run.info.run_id, "model")
+    assert m["cache/evicted_bytes"] == 0   # local storage: nothing copied into a node cache, nothing evicted
 
 
 @pytest.mark.slow

@@ -3,6 +3,8 @@ options, device-explicit prediction, the blob counter's cached calibration, and 
 refused before Ray starts. CUDA cases are marked ``gpu`` (skipped without one)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -250,3 +252,52 @@ def test_the_gpu_preset_falls_back_to_the_cpu_at_smoke_size(run_orchard):
     # per epoch: the warmup step alone (epoch 1), then one window to the epoch's end
     assert len(result.history("train/loss")) == 3
     assert result.run.data.tags["flower.baseline"] == "calibrated"
+
+
+def test_a_profiled_steps_trace_is_logged_from_the_users_own_folder_and_not_kept(monkeypatch):
+    """The profiled step's Chrome trace goes to the run (``traces/``) from this user's 0700
+    folder, never a guessable /tmp path, and no copy stays on the node.  (The torch profiler
+    itself, ~10 s to start here, writes real traces in the smoke runs: test_flower_runs.py.)"""
+    import json
+    import os
+    import stat
+
+    from orchard.cluster import private_tmp
+    from workloads.flower import train
+    from workloads.flower.train import profiled_step
+
+    def trace_of(run_step, path):
+        run_step()
+        path.write_text(json.dumps({"traceEvents": [{"name": "step"}]}))
+
+    monkeypatch.setattr(train, "_profile_step", trace_of)
+
+    class Ctx:
+        logged = []
+
+        def log_artifact(self, path, folder):
+            path = Path(path)
+            mode = stat.S_IMODE(path.parent.parent.stat().st_mode)
+            self.logged.append((path, folder, path.parent.parent, mode, json.loads(path.read_text())))
+
+    steps = []
+    profiled_step(lambda: steps.append(torch.ones(4).sum()), Ctx(), rank=1, step=20)
+    (path, folder, parent, mode, trace), = Ctx.logged
+    assert steps and folder == "traces" and path.name == "rank1_step20.json"
+    assert parent == private_tmp() and mode == 0o700 and private_tmp().stat().st_uid == os.getuid()
+    assert "traceEvents" in trace
+    assert not path.parent.exists()   # sent, then removed
+
+
+def test_cache_evicted_bytes_adds_the_drivers_and_each_workers_once():
+    """``cache/evicted_bytes``: the driver's evictions and each Train worker's (from its summary);
+    a worker in the driver's own process (local mode) is already in the driver's count."""
+    import os
+
+    from workloads.flower.driver import cache_evicted
+
+    workers = [{"rank": 0, "cache_evicted_bytes": 300, "pid": os.getpid() + 1},
+               {"rank": 1, "cache_evicted_bytes": 40, "pid": os.getpid() + 2},
+               {"rank": 2, "cache_evicted_bytes": 7, "pid": os.getpid()},
+               {"rank": 3}]   # a summary from before the count existed (a resumed run's)
+    assert cache_evicted(workers, 1000) == 1340.0

@@ -58,7 +58,7 @@ def test_a_gzip_bomb_idx_file_is_refused_without_decompressing_it_whole(tmp_path
     with pytest.raises(ValueError, match="holds more than 12 bytes"):
         read_idx(tmp_path / "bomb-idx3-ubyte.gz")
     write_idx(tmp_path / "big-idx3-ubyte.gz", np.zeros((40, 30), np.uint8))
-    with pytest.raises(ValueError, match="declares 1,200 bytes of data, more than the 1,000 allowed"):
+    with pytest.raises(ValueError, match="declares 1,200 bytes, more than singa.max_input_mb=.* .1,000 bytes. allows"):
         read_idx(tmp_path / "big-idx3-ubyte.gz", max_bytes=1000)
     assert read_idx(tmp_path / "big-idx3-ubyte.gz", max_bytes=1200).shape == (40, 30)
 
@@ -156,3 +156,31 @@ def test_retrieval_precision_and_purity_on_known_geometry():
     # multi-label relevance: a shared concept counts
     concepts = np.array([[1, 0], [1, 1], [0, 1], [0, 1]])
     assert precision_at_k(aligned[:1], aligned, concepts[:1], concepts, k=2) == 1.0
+
+
+def test_singa_max_input_mb_bounds_every_input_file_and_is_checked_before_ray(tmp_path, compose):
+    """``singa.max_input_mb``: an IDX file declaring more, a CIFAR batch or a NUS-WIDE table
+    holding more, is refused naming the file and the key; the config check says so in one line
+    before Ray starts, and the key itself must be a positive number."""
+    import workloads.singa as singa
+    from orchard.config import validate
+    from orchard.errors import ConfigError
+    from workloads.singa.apps.dataset import InputTooLarge
+
+    write_mnist(tmp_path)   # 30 x 28 x 28 = 23,520 bytes of training images
+    assert load_dataset("mnist", str(tmp_path), 0, False, max_input_mb=0.1).num_train == 30
+    with pytest.raises(InputTooLarge, match=r"train-images-idx3-ubyte declares 23,520 bytes, more than singa.max_input_mb=0\.01 "):
+        load_dataset("mnist", str(tmp_path), 0, False, max_input_mb=0.01)
+    cifar = tmp_path / "cifar"
+    cifar.mkdir()
+    write_cifar(cifar)
+    with pytest.raises(InputTooLarge, match="data_batch_1 holds"):
+        load_dataset("cifar10", str(cifar), 0, False, max_input_mb=0.01)
+    mnist = ["workload=singa", "singa.app=mlp", "singa.data=mnist", f"singa.data_dir={tmp_path}", "debug=smoke"]
+    with pytest.raises(ConfigError) as err:
+        validate(compose(*mnist, "singa.max_input_mb=0.01"), singa)
+    assert err.value.key == "singa.max_input_mb" and "train-images-idx3-ubyte declares 23,520 bytes" in str(err.value)
+    for bad in ("0", "abc"):
+        with pytest.raises(ConfigError) as err:
+            validate(compose(*mnist, f"singa.max_input_mb={bad}"), singa)
+        assert err.value.key == "singa.max_input_mb"

@@ -71,8 +71,7 @@ def test_async_ps_servers_run_adagrad_like_downpour(compose):
     (["singa.arch=allreduce", "singa.cluster.servers_per_group=2"], "singa.cluster.servers_per_group"),
     (["singa.arch=local", "singa.cluster.server_updater={name:adagrad}"], "singa.cluster.server_updater"),
     (["singa.cluster.workers_per_group=2"], "singa.partition"),
-    # a dead group ends the run (resume goes on): restarts are refused, not ignored
-    (["strategy.max_failures=2"], "strategy.max_failures"),
+    # rebuilds after a lost group: a count, never negative
     (["strategy=ring", "strategy.max_failures=-1"], "strategy.max_failures"),
     # local has one group: strategy.num_workers would be ignored
     (["singa.arch=local", "strategy.num_workers=2"], "strategy.num_workers"),
@@ -105,13 +104,13 @@ def test_a_typed_num_workers_that_worker_groups_would_overrule_is_refused(compos
 
 
 def test_defaults_of_the_strategy_keys_singa_reads_are_valid_for_every_arch(compose):
-    """strategy.num_workers follows the arch (local: 1 group) and max_failures is 0, so a plain
+    """strategy.num_workers follows the arch (local: 1 group) and max_failures is 2, so a plain
     ``singa.arch=<name>`` passes the checks above that refuse ignored values."""
     for arch in ("local", "sync_ps", "async_ps", "replicated", "allreduce"):
         cfg = compose("workload=singa", f"singa.arch={arch}")
         validate(cfg, singa)
         assert cfg["strategy"]["num_workers"] == (1 if arch == "local" else 2)
-        assert cfg["strategy"]["max_failures"] == 0
+        assert cfg["strategy"]["max_failures"] == 2
 
 
 def test_separate_servers_decides_whether_the_servers_hold_cpus(compose, ray_session):
@@ -155,16 +154,6 @@ def test_dbn_pretrains_with_cd_then_fine_tunes(run_orchard):
     assert "test" in result.run.data.params["singa.pretrain1/data_partition"]
     first = result.history("pretrain1/train/v1_recon_error")
     assert m["test/accuracy"] > 0.5 and first
-
-
-@pytest.mark.slow
-def test_msae_reports_retrieval_precision_both_ways(run_orchard):
-    result = run_orchard("workload=singa", "debug=smoke", "singa.app=msae", "singa.arch=local", "singa.tsne=false",
-                         "singa.epochs=15")
-    assert result.exit_code == 0, result.outcome
-    m = result.run.data.metrics
-    # 10 classes: retrieval at chance gives ~0.1
-    assert m["test/precision_at_10_img2txt"] > 0.25 and m["test/precision_at_10_txt2img"] > 0.25
 
 
 @pytest.mark.slow

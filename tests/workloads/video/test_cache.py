@@ -170,3 +170,29 @@ def test_a_second_run_over_the_same_data_hits_the_persistent_cache(ray_session, 
     assert first["flow"]["hits"] == 0 and first["decode"]["misses"] == 6
     assert second["decode"]["hits"] == 6 and second["rgb"]["hits"] == 6 and second["flow"]["hits"] == 6
     assert second["decode"]["saved_s"] >= 0 and second["flow"]["saved_s"] >= 0  # machine-speed dependent: no bound
+
+
+def test_the_frame_index_store_is_pruned_to_its_bound_least_recently_used_first(tiny_videos, tmp_path):
+    """Entries no scan reads any more (files edited, moved or deleted since) go once the store is
+    over ``video.index_max_mb``; the entries a scan just read stay, so the next run reuses them."""
+    import os
+
+    from workloads.video.dataset import scan
+
+    root, _ = tiny_videos
+    store = tmp_path / "index"
+    first = scan(str(root), val_fraction=0.25, seed=0, index_dir=str(store))
+    current = sorted(store.glob("*/*.json"))
+    assert len(current) == len(first.paths) and first.index_pruned == 0
+    held = sum(p.stat().st_size for p in current)
+    stale = store / "ff"
+    stale.mkdir(exist_ok=True)
+    for i in range(40):   # what edited or removed videos left behind, used long ago
+        entry = stale / f"ff{i:038d}.json"
+        entry.write_text('{"pts": [' + ",".join(["12345"] * 4000) + "]}")
+        os.utime(entry, (1, 1))
+    again = scan(str(root), val_fraction=0.25, seed=0, index_dir=str(store), index_max_mb=2 * held / 2**20)
+    assert again.index_reused == len(first.paths) and again.index_pruned == 40
+    assert sorted(store.glob("*/*.json")) == current
+    assert scan(str(root), val_fraction=0.25, seed=0, index_dir=str(store),
+                index_max_mb=2 * held / 2**20).index_reused == len(first.paths)

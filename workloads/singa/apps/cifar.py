@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from workloads.singa.apps.dataset import Dataset, stratified_split
+from workloads.singa.apps.dataset import MAX_INPUT_MB, Dataset, check_input_size, stratified_split
 
 _ALLOWED_GLOBALS = {
     ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
@@ -32,8 +32,10 @@ class _SafeUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"refusing {module}.{name}: not part of a CIFAR batch")
 
 
-def read_cifar_batch(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
-    """One python batch -> images (N, 3, 32, 32) uint8, labels (N,) int64."""
+def read_cifar_batch(path: str | Path, max_bytes: int = MAX_INPUT_MB * 2**20) -> tuple[np.ndarray, np.ndarray]:
+    """One python batch -> images (N, 3, 32, 32) uint8, labels (N,) int64; a file over
+    ``max_bytes`` is refused before it is read (``InputTooLarge``)."""
+    check_input_size(path, Path(path).stat().st_size, max_bytes)
     with open(path, "rb") as f:
         batch = _SafeUnpickler(f, encoding="bytes").load()
     batch = {(k.decode() if isinstance(k, bytes) else k): v for k, v in batch.items()}
@@ -42,7 +44,7 @@ def read_cifar_batch(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     return data.reshape(len(data), 3, 32, 32), labels
 
 
-def load_cifar_dataset(data_dir, seed: int, smoke: bool) -> Dataset:
+def load_cifar_dataset(data_dir, seed: int, smoke: bool, max_bytes: int = MAX_INPUT_MB * 2**20) -> Dataset:
     """``data_batch_*`` and ``test_batch`` from ``data_dir`` (cifar-10-batches-py)."""
     if data_dir is None:
         raise FileNotFoundError("singa.data=cifar10 needs singa.data_dir=<cifar-10-batches-py folder>")
@@ -50,10 +52,10 @@ def load_cifar_dataset(data_dir, seed: int, smoke: bool) -> Dataset:
     files = sorted(data_dir.glob("data_batch_*"))
     if not files or not (data_dir / "test_batch").is_file():
         raise FileNotFoundError(f"{data_dir}: needs data_batch_1..5 and test_batch")
-    parts = [read_cifar_batch(f) for f in files]
+    parts = [read_cifar_batch(f, max_bytes) for f in files]
     x = np.concatenate([p[0] for p in parts])
     y = np.concatenate([p[1] for p in parts])
-    tx, ty = read_cifar_batch(data_dir / "test_batch")
+    tx, ty = read_cifar_batch(data_dir / "test_batch", max_bytes)
     if smoke:
         x, y, tx, ty = x[:1000], y[:1000], tx[:500], ty[:500]
     return Dataset("cifar10", {"image": x, "label": y}, {"image": tx, "label": ty},

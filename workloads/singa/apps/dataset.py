@@ -11,7 +11,24 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-# name -> "module:function(cfg_singa, seed, smoke) -> Dataset"
+MAX_INPUT_MB = 2048   # singa.max_input_mb's default: the most one input file may hold (MNIST's train images: 45 MiB)
+
+
+class InputTooLarge(ValueError):
+    """An input file over ``singa.max_input_mb`` (its size, or the size its header declares)."""
+
+    kind = "too_large"   # data/skipped/too_large where a file is skipped (orchard/skipped.py)
+
+
+def check_input_size(path, size: int, max_bytes: int, what: str = "holds") -> None:
+    """Raise ``InputTooLarge`` naming the file when ``size`` bytes exceed ``max_bytes``."""
+    if size > max_bytes:
+        raise InputTooLarge(f"{path} {what} {size:,} bytes, more than singa.max_input_mb="
+                            f"{max_bytes / 2**20:.4g} ({max_bytes:,} bytes) allows")
+
+
+# name -> "module:function(data_dir, seed, smoke) -> Dataset"; a loader that reads files may take
+# ``max_bytes`` too (singa.max_input_mb in bytes: the most one of its files may hold)
 DATASETS = {
     "digits": "workloads.singa.apps.digits:load_digits_dataset",
     "mnist": "workloads.singa.apps.digits:load_mnist_dataset",
@@ -46,11 +63,20 @@ class Dataset:
         return Dataset(self.name, {k: v[rank::world] for k, v in self.train.items()}, self.test, self.meta)
 
 
-def load_dataset(name: str, data_dir: str | None, seed: int, smoke: bool) -> Dataset:
+def load_dataset(name: str, data_dir: str | None, seed: int, smoke: bool,
+                 max_input_mb: float | None = None) -> Dataset:
+    """The dataset ``name``; a loader that reads files gets ``max_bytes`` from ``max_input_mb``
+    (singa.max_input_mb; None: ``MAX_INPUT_MB``) and refuses a larger file (``InputTooLarge``)."""
+    import inspect
+
     if name not in DATASETS:
         raise KeyError(f"unknown dataset {name!r}; one of {', '.join(DATASETS)}")
     module, fn = DATASETS[name].split(":")
-    return getattr(importlib.import_module(module), fn)(data_dir, seed, smoke)
+    loader = getattr(importlib.import_module(module), fn)
+    limits = {}
+    if "max_bytes" in inspect.signature(loader).parameters:
+        limits["max_bytes"] = round(float(max_input_mb or MAX_INPUT_MB) * 2**20)
+    return loader(data_dir, seed, smoke, **limits)
 
 
 def stratified_split(labels: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from workloads.singa.apps.dataset import Dataset, stratified_split
+from workloads.singa.apps.dataset import MAX_INPUT_MB, Dataset, check_input_size, stratified_split
 
 MNIST_FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
@@ -32,7 +32,7 @@ def load_digits_dataset(data_dir, seed: int, smoke: bool) -> Dataset:
                    {"pixel": pixels[test], "label": labels[test]}, {"num_classes": 10, "image_hw": (8, 8)})
 
 
-MAX_IDX_BYTES = 2 * 2**30   # the largest data an IDX file may declare (2 GiB; MNIST's train images: 47 MB)
+MAX_IDX_BYTES = MAX_INPUT_MB * 2**20   # the largest data an IDX file may declare (singa.max_input_mb)
 
 
 def read_idx(path: str | Path, max_bytes: int = MAX_IDX_BYTES) -> np.ndarray:
@@ -55,9 +55,7 @@ def read_idx(path: str | Path, max_bytes: int = MAX_IDX_BYTES) -> np.ndarray:
             raise ValueError(f"{path}: header cut short ({len(header)} of {4 * ndim} bytes of dimensions)")
         dims = struct.unpack(f">{ndim}I", header)
         declared = int(np.prod(dims, dtype=np.int64))
-        if declared > max_bytes:
-            raise ValueError(f"{path}: header declares {declared:,} bytes of data, more than the "
-                             f"{max_bytes:,} allowed")
+        check_input_size(path, declared, max_bytes, "declares")   # refused from its header, nothing decompressed
         raw = f.read(declared + 1)
     if len(raw) != declared:
         held = f"more than {declared:,}" if len(raw) > declared else f"{len(raw):,}"
@@ -81,17 +79,18 @@ def _find(data_dir: Path, stem: str) -> Path:
     raise FileNotFoundError(f"{data_dir}: no {stem}[.gz]")
 
 
-def load_mnist_dataset(data_dir, seed: int, smoke: bool) -> Dataset:
-    """MNIST from the four IDX files in ``data_dir``: ``pixel`` (N, 784) uint8, ``label`` (N,)."""
+def load_mnist_dataset(data_dir, seed: int, smoke: bool, max_bytes: int = MAX_IDX_BYTES) -> Dataset:
+    """MNIST from the four IDX files in ``data_dir``: ``pixel`` (N, 784) uint8, ``label`` (N,);
+    a file declaring more than ``max_bytes`` of data is refused (``InputTooLarge``)."""
     if data_dir is None:
         raise FileNotFoundError("singa.data=mnist needs singa.data_dir=<folder with the IDX files>")
     data_dir = Path(data_dir)
     splits = {}
     for split, (images, labels) in MNIST_FILES.items():
-        x = read_idx(_find(data_dir, images))
-        y = read_idx(_find(data_dir, labels)).astype(np.int64)
+        x = read_idx(_find(data_dir, images), max_bytes)
+        y = read_idx(_find(data_dir, labels), max_bytes).astype(np.int64)
         if smoke:
             x, y = x[:2000], y[:2000]
         splits[split] = {"pixel": x.reshape(len(x), -1), "label": y}
-    hw = tuple(read_idx(_find(data_dir, MNIST_FILES["test"][0])).shape[1:])
+    hw = tuple(read_idx(_find(data_dir, MNIST_FILES["test"][0]), max_bytes).shape[1:])
     return Dataset("mnist", splits["train"], splits["test"], {"num_classes": 10, "image_hw": hw})

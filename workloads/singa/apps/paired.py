@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from workloads.singa.apps.dataset import Dataset, stratified_split
+from workloads.singa.apps.dataset import MAX_INPUT_MB, Dataset, check_input_size, stratified_split
 
 CLASS_WORDS = {
     0: ["zero", "nought", "oval", "ring", "even"],
@@ -73,11 +73,15 @@ def load_digit_tags_dataset(data_dir, seed: int, smoke: bool) -> Dataset:
                    {"vocabulary": vocabulary(), "test_docs": [docs[i] for i in test], "relevance": "class"})
 
 
-def load_nuswide_dataset(data_dir, seed: int, smoke: bool) -> Dataset:
-    """Real image/tag pairs in the NUS-WIDE layout described above; ``label`` is (N, C) 0/1."""
+def load_nuswide_dataset(data_dir, seed: int, smoke: bool, max_bytes: int = MAX_INPUT_MB * 2**20) -> Dataset:
+    """Real image/tag pairs in the NUS-WIDE layout described above; ``label`` is (N, C) 0/1.
+    A file over ``max_bytes`` is refused before it is read (``InputTooLarge``)."""
     if data_dir is None:
         raise FileNotFoundError("singa.data=nuswide needs singa.data_dir=<folder>")
     d = Path(data_dir)
+    for name in ("image_features.txt", "tags.txt", "labels.txt", "split.txt"):
+        if (d / name).is_file():
+            check_input_size(d / name, (d / name).stat().st_size, max_bytes)
     image = np.loadtxt(d / "image_features.txt", dtype=np.float32, ndmin=2)
     text = np.loadtxt(d / "tags.txt", dtype=np.float32, ndmin=2)
     concepts = np.loadtxt(d / "labels.txt", dtype=np.int64, ndmin=2)
