@@ -3,6 +3,7 @@
     python -m bench.quickstart_record                 # ~60 min: clone, .ci/run (install + tests), the flower run
     python -m bench.quickstart_record --no-tests      # ~5 min: clone, install, the flower run
     python -m bench.quickstart_record --from-log LOG --commit SHA   # record a finished `.ci/run` log
+    python -m bench.quickstart_record --keep-log /tmp/quickstart.log  # and keep the whole log
 
 Writes docs/records/quickstart.json (keys: install_s, first_command_s, tests_s, passed, skipped,
 failed, the commit, the load before and after). README's figures are markers over these keys
@@ -45,7 +46,7 @@ def timed(cmd: list[str], cwd: Path, env: dict, log) -> tuple[int, float]:
     return rc, time.monotonic() - t0
 
 
-def measure(tests: bool) -> dict:
+def measure(tests: bool, keep_log: str | None = None) -> dict:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                             check=True).stdout.strip()
     if subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
@@ -72,6 +73,9 @@ def measure(tests: bool) -> dict:
             env["PATH"] = f"{venv}/bin:{env['PATH']}"
             rc, out["first_command_s"] = timed(FIRST_COMMAND, clone, env, log)
             out["first_command_exit"] = rc
+            if keep_log:  # the clone goes with the temporary folder; its log stays where asked
+                log.seek(0)
+                Path(keep_log).write_text(log.read())
     out["load_after"] = os.getloadavg()[0]
     return out
 
@@ -82,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--from-log", help="a finished `bash .ci/run` log to record instead of running")
     ap.add_argument("--commit", help="with --from-log: the commit the log's fresh clone was at")
     ap.add_argument("--when", help="with --from-log: when that run ended (UTC, ISO 8601)")
+    ap.add_argument("--keep-log", help="also write the whole log (install, tests, first command) to this file")
     args = ap.parse_args(argv)
     old = json.loads(RECORD.read_text()) if RECORD.exists() else {}
     if args.from_log:
@@ -90,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         new = {"git_commit": args.commit, "git_dirty": False, **pytest_counts(Path(args.from_log).read_text())}
         when = args.when
     else:
-        new = measure(tests=not args.no_tests)
+        new = measure(tests=not args.no_tests, keep_log=args.keep_log)
         when = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     # a partial measurement keeps the other figures of the last one, each with its own date
     figures = {k: v for k, v in new.items() if k not in ("git_commit", "git_dirty")}

@@ -5,12 +5,12 @@ import contextlib
 import logging
 import os
 import shutil
-import stat
 import sys
 import tempfile
 from pathlib import Path
 
 from orchard import ray_logging, ray_private
+from orchard.private_tmp import private_tmp
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # What a cluster=remote job ships, an allow-list (docs/cluster.md "Security"): these folders of the
@@ -185,30 +185,6 @@ def prepare_local_env() -> None:
     numba = sys.modules.get("numba")
     if numba is not None and not getattr(numba.config, "CACHE_DIR", ""):  # imported before: tell it too
         numba.config.CACHE_DIR = os.environ["NUMBA_CACHE_DIR"]
-
-
-def private_tmp() -> Path:
-    """This user's own folder in the system temp folder (``orchard-<uid>``, 0700): Ray's session
-    folder, the node cache, the shipped copy of the checkout. A folder of that name that is not
-    ours (made by another user to read or plant our files) is not used: a fresh one is."""
-    path = Path(tempfile.gettempdir()) / f"orchard-{os.getuid()}"
-    try:
-        path.mkdir(mode=0o700, exist_ok=True)
-        st = path.lstat()
-        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
-            if st.st_mode & 0o077:
-                path.chmod(0o700)
-            return path
-    except OSError:
-        pass
-    global _FALLBACK_TMP
-    if _FALLBACK_TMP is None:
-        _FALLBACK_TMP = Path(tempfile.mkdtemp(prefix=f"orchard-{os.getuid()}-"))
-        print(f"orchard: {path} is not this user's own folder; using {_FALLBACK_TMP}", file=sys.stderr)
-    return _FALLBACK_TMP
-
-
-_FALLBACK_TMP: Path | None = None
 
 
 def outside_packages() -> list[Path]:

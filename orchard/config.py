@@ -37,6 +37,9 @@ def searchpath_override() -> list[str]:
     return ["hydra.searchpath=[" + ",".join(f"file://{d}" for d in extra) + "]"] if extra else []
 
 
+MODES = ("train", "predict")
+MODEL_SCHEMES = ("runs:/", "models:/")  # model= values MLflow resolves; anything else is a path
+
 RUN_ID = "<run id>"  # what ${orchard.run_id:} stands for until the run opens: then its MLflow run id
 # Hydra's launchers and sweepers: orchard runs a multirun's jobs itself (orchard/multirun.py)
 NOT_USED = ("hydra/launcher", "hydra/sweeper", "hydra.launcher", "hydra.sweeper")
@@ -257,14 +260,26 @@ def validate(cfg: dict, module) -> None:
     if cfg["cluster"]["mode"] == "remote":
         require(cfg, "cluster.address", lambda v: v == "auto" or str(v).startswith(("ray://", "http")) or ":" in str(v),
                 "auto, ray://host:10001 or host:6379")
-    from orchard.models import validate_mode
-
     validate_mode(cfg)  # mode / model / input (docs/models.md)
     if cfg["tracking"]["enabled"]:
         schema.check(schema.Tracking, cfg["tracking"], "tracking")
     validate_fn = getattr(module, "validate", None)
     if validate_fn is not None:
         validate_fn(cfg)
+
+
+def validate_mode(cfg: dict) -> None:
+    """Top-level ``mode``/``model``/``input``; raises ConfigError (one line, exit 2)."""
+    require_choice(cfg, "mode", MODES)
+    if cfg["mode"] != "predict":
+        return
+    require(cfg, "model", lambda v: isinstance(v, str) and bool(v) and (
+        v.startswith(MODEL_SCHEMES) or Path(os.path.expanduser(v)).exists()),
+        "runs:/<run id>/model, models:/<name>/<version> or the path of a model folder (or a train run's folder)")
+    require(cfg, "input", lambda v: v is not None, "a file or folder of inputs to predict on")
+    require_path(cfg, "input", allow_none=False)
+    if cfg.get("sweep"):
+        raise ConfigError("sweep", "null with mode=predict (a sweep trains)")
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:

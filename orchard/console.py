@@ -154,16 +154,22 @@ def mark_run_start() -> int:
 
 def copy_run_part(start: int, dest: Path) -> Path | None:
     """Write the log from ``start`` (an offset ``mark_run_start`` gave) to now into ``dest``, across
-    the rotated files still kept (a line says where older ones were removed); None when not quiet."""
+    the rotated files still kept (a line says where older ones were removed); None when not quiet.
+    ``dest`` is written whole or not at all (``storage.atomic_file``): a full disk leaves no half
+    log in the run folder, and raises ``StorageFull`` naming it."""
+    from orchard.storage import atomic_file
+
     if _log_path is None:
         return None
-    sys.stdout.flush()
-    sys.stderr.flush()
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # the log's own disk is full: what did not reach it is lost anyway
+            pass
     with _rotating:
         files = [_rotated(n) for n in range(len(_starts) - 1, 0, -1)] + [_log_path]
         segments = list(zip(_starts, files))
-    with open(dest, "wb") as out:
+    with atomic_file(dest) as out:
         if start < segments[0][0]:
             out.write(f"[orchard: {segments[0][0] - start} bytes of this run's log were rotated away]\n".encode())
         for begin, path in segments:

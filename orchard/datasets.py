@@ -57,7 +57,7 @@ def log_training_data(client, run_id: str, cfg: dict) -> None:
     from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
     from orchard.console import say
-    from orchard.tracking import retried
+    from orchard.tracking_store import retried
 
     try:
         found = training_data(cfg)

@@ -69,7 +69,7 @@ def preflight(cfg: dict) -> None:
     storage.check(cfg)  # storage.uri (s3://...) writable with the AWS_* variables given
     _check_fresh_run_folder(cfg)
     if cfg["tracking"]["enabled"]:
-        from orchard.tracking import check_store
+        from orchard.tracking_store import check_store
 
         check_store(cfg["tracking"]["uri"])
 
@@ -234,7 +234,7 @@ def reap_lost_runs(cfg: dict) -> None:
     from mlflow.tracking import MlflowClient
 
     from orchard import runs
-    from orchard.tracking import resolve_uri
+    from orchard.tracking_store import resolve_uri
 
     try:
         closed = runs.reap(MlflowClient(resolve_uri(cfg["tracking"]["uri"])))
@@ -583,9 +583,9 @@ def _figure_names(tracked) -> list[str]:
 def _tracking_address(uri: str) -> str:
     """The tracking store as a user opens it: a server's URL as it is, a local store with the UI
     command that serves it."""
-    from orchard import tracking
+    from orchard import tracking_store
 
-    return redact.text(uri if uri.startswith(("http://", "https://")) else f"{uri} (view: {tracking.ui_command(uri)})")
+    return redact.text(uri if uri.startswith(("http://", "https://")) else f"{uri} (view: {tracking_store.ui_command(uri)})")
 
 
 def _uri_arg(cfg: dict) -> str:
@@ -619,7 +619,7 @@ def _lease(cfg: dict):
     from mlflow.tracking import MlflowClient
 
     from orchard import leases
-    from orchard.tracking import resolve_uri
+    from orchard.tracking_store import resolve_uri
 
     previous = cfg["_resumes"]
     try:
@@ -655,7 +655,7 @@ def _resume_config(run_id: str, uri: str, extra: list[str]):
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    from orchard.tracking import check_store, resolve_uri
+    from orchard.tracking_store import check_store, resolve_uri
 
     check_store(uri, create=False)  # resume reads a store; it never makes one
     client = MlflowClient(resolve_uri(uri))

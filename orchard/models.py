@@ -31,31 +31,13 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable
 
+from orchard.config import MODEL_SCHEMES  # mode/model/input are checked with the config (orchard/config.py)
 from orchard.errors import ConfigError
 # writing and logging a model (orchard/logged_models.py); the workloads' predict.py import these from here
 from orchard.logged_models import (MODEL_DIR, free_dims, pip_requirements, record_model_input,  # noqa: F401
                                    save_model, save_pyfunc)
 
 PREDICTIONS_DIR = "predictions"     # in a predict run's folder and among its artifacts
-MODES = ("train", "predict")
-MODEL_SCHEMES = ("runs:/", "models:/")
-
-
-# --------------------------------------------------------------------------- config
-def validate_mode(cfg: dict) -> None:
-    """Top-level ``mode``/``model``/``input``; raises ConfigError (one line, exit 2)."""
-    from orchard.config import require, require_choice, require_path
-
-    require_choice(cfg, "mode", MODES)
-    if cfg["mode"] != "predict":
-        return
-    require(cfg, "model", lambda v: isinstance(v, str) and bool(v) and (
-        v.startswith(MODEL_SCHEMES) or Path(os.path.expanduser(v)).exists()),
-        "runs:/<run id>/model, models:/<name>/<version> or the path of a model folder (or a train run's folder)")
-    require(cfg, "input", lambda v: v is not None, "a file or folder of inputs to predict on")
-    require_path(cfg, "input", allow_none=False)
-    if cfg.get("sweep"):
-        raise ConfigError("sweep", "null with mode=predict (a sweep trains)")
 
 
 # --------------------------------------------------------------------------- resolving model=

@@ -84,7 +84,7 @@ def _keep_data_logging_config() -> None:
     if not name or os.path.isabs(name):
         return
     try:
-        from orchard.cluster import private_tmp
+        from orchard.private_tmp import private_tmp
 
         text = Path(name).read_bytes() if os.path.exists(name) else RAY_DATA_LOGGING.read_bytes()
         kept = private_tmp() / f"ray_data_logging-{hashlib.sha256(text).hexdigest()[:16]}.yaml"

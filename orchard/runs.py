@@ -128,7 +128,7 @@ class Heartbeat:
     def _beat(self) -> None:
         from mlflow.entities import RunTag
 
-        from orchard.tracking import retried
+        from orchard.tracking_store import retried
 
         try:  # measured at every beat: a clock stepped (NTP) mid-run must not age our beats
             self._offset = store_clock_offset(self.client.tracking_uri)
@@ -146,7 +146,7 @@ class Heartbeat:
         """A reaper closed this run FAILED "driver lost" (a stall longer than the bound, a clock
         or namespace it misjudged), yet its driver is here: make it RUNNING again.  Runs closed
         for any other reason (by the sweep, by the user) are left as they are."""
-        from orchard.tracking import retried
+        from orchard.tracking_store import retried
 
         with self._reopening:
             if by_beat and self._stop.is_set():
@@ -237,7 +237,7 @@ def find_run_by_prefix(client, prefix: str, uri: str):
 
 def reap(client) -> list[str]:
     """Close every lost run as FAILED with the reason; returns their ids."""
-    from orchard.tracking import retried
+    from orchard.tracking_store import retried
 
     now = store_now(client.tracking_uri)
     closed = []
@@ -259,7 +259,7 @@ def main(argv: list[str]) -> int:
     """``python -m orchard runs reap|list [tracking.uri=...]``."""
     from mlflow.tracking import MlflowClient
 
-    from orchard.tracking import resolve_uri
+    from orchard.tracking_store import resolve_uri
 
     usage = "usage: python -m orchard runs {reap|list} [tracking.uri=sqlite:///mlflow.db]"
     if not argv or argv[0] not in ("reap", "list"):
@@ -272,7 +272,7 @@ def main(argv: list[str]) -> int:
             return 2
         uri = arg.split("=", 1)[1]
     from orchard.errors import ConfigError
-    from orchard.tracking import check_store
+    from orchard.tracking_store import check_store
 
     try:
         check_store(uri, create=False)  # listing or reaping a store that is not there never makes one

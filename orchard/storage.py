@@ -320,16 +320,17 @@ class StorageFull(OSError):
     """A write refused for want of space (disk full, a quota, a file-size limit). Its text is one
     line naming the file; the previous version of the file is kept and no partial file stays."""
 
-    def __init__(self, code: int, path: str):
-        self.line = f"no space left to write {path} ({os.strerror(code)}); its previous version is kept"
+    def __init__(self, code: int, path: str, previous: bool = True):
+        kept = "; its previous version is kept" if previous else ""   # a first write had none to keep
+        self.line = f"no space left to write {path} ({os.strerror(code)}){kept}"
         super().__init__(self.line)
-        self.errno, self.filename = code, path
+        self.errno, self.filename, self.previous = code, path, previous
 
     def __str__(self) -> str:  # OSError's own would be "[Errno 28] None: <path>"
         return self.line
 
     def __reduce__(self):  # whole across Ray's process boundaries
-        return StorageFull, (self.errno, self.filename)
+        return StorageFull, (self.errno, self.filename, self.previous)
 
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -341,11 +342,11 @@ def _as_full(exc: BaseException, path: str) -> BaseException:
     if isinstance(exc, StorageFull):
         return exc
     code = getattr(exc, "errno", None)
-    if code in _NO_SPACE:
-        return StorageFull(code, path)
-    if "No space left on device" in str(exc):
-        return StorageFull(errno.ENOSPC, path)
-    return exc
+    if code not in _NO_SPACE and "No space left on device" in str(exc):
+        code = errno.ENOSPC
+    if code not in _NO_SPACE:
+        return exc
+    return StorageFull(code, path, previous=is_uri(path) or os.path.lexists(path))
 
 
 _HOST = socket.gethostname().replace("-", "_")
@@ -390,17 +391,26 @@ def clean_partials(folder: Path, name: str | None = None) -> int:
 
 
 def write_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Write a whole local file so that a reader sees the old file or the new one, never half:
-    written under a temporary name in the same folder, fsynced, renamed into place, the folder
-    fsynced (so the rename survives a power loss). A write that fails (a full disk: ``StorageFull``
-    naming the file; anything else: as raised) leaves the previous version and no partial file;
-    a writer killed mid-write leaves one, removed by the next write of that file."""
+    """Write a whole local file so that a reader sees the old file or the new one, never half
+    (``atomic_file`` with ``data``)."""
+    with atomic_file(path) as fh:
+        fh.write(data)
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike):
+    """Write a whole local file from a stream (a log too big to hold in memory): the caller writes
+    to the yielded binary file, open under a temporary name in the same folder; on success it is
+    fsynced, renamed into place and the folder fsynced (so the rename survives a power loss). A
+    write that fails (a full disk: ``StorageFull`` naming the file; anything else: as raised) leaves
+    the previous version and no partial file; a writer killed mid-write leaves one, removed by the
+    next write of that file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(partial_name(path.name))
     try:
         with open(partial, "xb") as fh:
-            fh.write(data)
+            yield fh
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(partial, path)
@@ -470,7 +480,7 @@ def node_cache_dir() -> Path:
     ``node-cache`` in this user's own 0700 temp folder, so another user of the node can neither
     read the copies nor plant one). The first use in a process removes the partial copies that
     killed processes of this host left there."""
-    from orchard.cluster import private_tmp
+    from orchard.private_tmp import private_tmp
 
     root = Path(os.environ.get("ORCHARD_NODE_CACHE") or private_tmp() / "node-cache")
     root.mkdir(parents=True, exist_ok=True)

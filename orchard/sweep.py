@@ -381,7 +381,7 @@ def run_sweep(cfg: dict, module, run_one: Callable) -> Outcome:
         parent.record(rows, metric, folder)
         if best and s.get("register") and parent.client is not None:   # sweep.register=<name> (docs/models.md)
             from orchard.models import register_best
-            from orchard.tracking import resolve_uri
+            from orchard.tracking_store import resolve_uri
             register_best(resolve_uri(cfg["tracking"]["uri"]), s["register"], best, metric, parent.run_id)
         failed = [t for t in trials if t.status == "ERROR"]
         if best or not (failed or rows):
@@ -419,7 +419,7 @@ class _Parent:
         folder holds it (``leases.take_local``: this machine only)."""
         from filelock import FileLock
 
-        from orchard import leases, tracking
+        from orchard import leases, tracking, tracking_store
         from orchard.runs import Heartbeat
 
         what = f"sweep {key}"
@@ -427,7 +427,7 @@ class _Parent:
             lease = leases.take_local(folder, what)
             return cls(None, None, lease, _checked(restorable, cfg, lease))
         state_file = folder / "orchard_sweep.json"
-        uri = tracking.resolve_uri(cfg["tracking"]["uri"])
+        uri = tracking_store.resolve_uri(cfg["tracking"]["uri"])
         with FileLock(str(folder / ".orchard_sweep.lock"), timeout=120):
             previous = json.loads(state_file.read_text()).get("parent_run_id") if state_file.exists() else None
             lease = None

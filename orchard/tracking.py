@@ -1,6 +1,7 @@
 """MLflow run lifecycle on the driver: experiment, run, params, tags, config artifact, status.
 
-Metrics during the run go through ``MetricsSink``; this module opens and closes the run.  The
+Metrics during the run go through ``MetricsSink``; this module opens and closes the run; the store
+it writes to (its check, retried writes, the UI's address) is ``tracking_store.py``.  The
 experiment is tagged as model training, so the MLflow UI opens it on its runs table (MLflow 3
 shows an experiment without a kind in its GenAI view: traces, judges, prompts).
 """
@@ -10,15 +11,14 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 import traceback
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from orchard import config as config_lib
 from orchard import redact
 from orchard.runs import driver_tags
+from orchard.tracking_store import resolve_uri, retried, store_lock
 
 # The experiment tag MLflow 3's UI reads to pick an experiment's view, and the value of its
 # "Model training" view; MLflow names no constant for either in its Python package.
@@ -27,17 +27,6 @@ TRAINING_KIND = "custom_model_development"
 
 # Config keys that are bookkeeping rather than knobs; kept out of the run's params.
 _NOT_PARAMS = ("_choices",)
-
-# Waits between the attempts of a store write (s): 5 attempts, 7.5 s of waiting.  With sqlite each
-# attempt already waits up to 20 s on a lock (MLflow's busy_timeout), so a store locked for good
-# costs a write under 2 minutes, then the error.
-RETRY_WAITS_S = (0.5, 1.0, 2.0, 4.0)
-# How long the pre-flight waits for another process's lock on a sqlite store (MLflow's busy_timeout).
-STORE_LOCK_WAIT_S = 20.0
-
-_LOCKED = ("database is locked", "database table is locked", "database is busy", "deadlock", "lock wait timeout")
-# sqlite errors that MLflow reports as "temporarily unavailable" but that no retry mends
-_BROKEN = ("readonly database", "unable to open database file", "file is not a database", "no such table")
 
 
 @dataclass
@@ -50,13 +39,6 @@ class TrackedRun:
         from mlflow.tracking import MlflowClient
 
         return MlflowClient(self.tracking_uri)
-
-
-def resolve_uri(uri: str) -> str:
-    """Make a relative sqlite path absolute so Ray actors in other folders write the same file."""
-    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        return "sqlite:///" + str(Path(uri[len("sqlite:///"):]).resolve())
-    return uri
 
 
 def git_commit() -> str:
@@ -80,159 +62,6 @@ def _versions() -> dict[str, str]:
         except md.PackageNotFoundError:
             pass
     return out
-
-
-def transient(exc: BaseException) -> bool:
-    """Whether a store error may pass if the write is tried again: a database lock, a database
-    that is briefly unavailable, a dropped connection.  An http(s) store's errors are not:
-    MLflow's client has already retried those (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``)."""
-    from mlflow.exceptions import MlflowException, RestException
-
-    text = str(exc).lower()
-    if any(s in text for s in _LOCKED):
-        return True
-    if any(s in text for s in _BROKEN) or isinstance(exc, RestException):
-        return False
-    if isinstance(exc, MlflowException):
-        return exc.error_code == "TEMPORARILY_UNAVAILABLE"  # how MLflow's SQL stores report a busy database
-    return isinstance(exc, (ConnectionError, TimeoutError))
-
-
-def refused(exc: BaseException) -> bool:
-    """Whether MLflow refused the request itself (an invalid name or value, a deleted run):
-    sending it again can never succeed."""
-    from mlflow.exceptions import MlflowException
-
-    if not isinstance(exc, MlflowException) or transient(exc):
-        return False
-    status = exc.get_http_status_code()
-    return 400 <= status < 500 and status not in (408, 429)
-
-
-def retried(call, *args, **kwargs):
-    """``call(*args, **kwargs)``, tried again after each of ``RETRY_WAITS_S`` while the store's
-    error is ``transient``; any other error, or the last one, is raised."""
-    for wait in RETRY_WAITS_S:
-        try:
-            return call(*args, **kwargs)
-        except Exception as exc:
-            if not transient(exc):
-                raise
-        time.sleep(wait)
-    return call(*args, **kwargs)
-
-
-def quiet_store_logs() -> None:
-    """MLflow logs each store creation step at INFO and every database error (a lock: 60 lines of
-    SQL and traceback) before it raises; orchard reports the error it raises in one line."""
-    import logging
-
-    logging.getLogger("alembic").setLevel(logging.WARNING)
-    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
-
-
-def _sqlite_path(uri: str) -> Path | None:
-    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
-
-
-@contextmanager
-def store_lock(uri: str):
-    """Serialize the one-time steps of a sqlite store (create, migrate, create an experiment)
-    across processes: MLflow's alembic migrations race and corrupt a fresh store otherwise."""
-    path = _sqlite_path(uri)
-    if path is None:
-        yield
-        return
-    from filelock import FileLock
-
-    with FileLock(str(path) + ".lock", timeout=300):
-        yield
-
-
-def check_store(uri: str, timeout_s: float = 10.0, create: bool = True,
-                lock_wait_s: float = STORE_LOCK_WAIT_S) -> None:
-    """Fail fast with one line (``ConfigError``) if the tracking store cannot be used.
-
-    sqlite: the folder and the file must be writable, and no other process may hold the store
-    locked for ``lock_wait_s``; a new store is created and migrated once, under a lock, unless
-    ``create=False`` (``resume``: a store that is not there is an error, never made empty).
-    http(s): an MLflow server must answer ``/health`` within ``timeout_s``."""
-    from orchard.errors import ConfigError
-
-    uri = resolve_uri(uri)
-    if uri.startswith(("http://", "https://")):
-        import urllib.request
-
-        try:
-            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s) as reply:
-                if reply.status != 200:
-                    raise OSError(f"HTTP {reply.status}")
-        except Exception as exc:
-            raise ConfigError("tracking.uri", f"an MLflow server that answers; none did at {uri} ({first_line(exc)}); "
-                              "start one (README: team tracking) or use tracking.uri=sqlite:///mlflow.db") from None
-        return
-    path = _sqlite_path(uri)
-    if path is None:
-        return
-    if not create and not path.is_file():
-        raise ConfigError("tracking.uri", f"the MLflow store the run was logged to; there is none at {path} "
-                          "(give tracking.uri=sqlite:////<absolute path>/mlflow.db)")
-    try:
-        config_lib.ensure_writable(path.parent)
-    except OSError as exc:
-        raise ConfigError("tracking.uri", f"a sqlite file in a writable folder; {path.parent}: {exc.strerror}") from None
-    if path.exists():
-        _probe_write(path, lock_wait_s)
-    from mlflow.tracking import MlflowClient
-
-    quiet_store_logs()
-    deadline = time.monotonic() + 30.0
-    while True:
-        try:
-            with store_lock(uri):
-                MlflowClient(uri).search_experiments(max_results=1)  # creates and migrates the store once
-            return
-        except Exception as exc:
-            if transient(exc):  # locked by another process while MLflow waited its own 20 s
-                raise ConfigError("tracking.uri", _locked(path, lock_wait_s)) from None
-            # A process that is not orchard (a notebook's MlflowClient, a watcher) creating the same
-            # fresh store at this moment, outside orchard's lock: MLflow's migration then finds its
-            # tables half made ("table ... already exists"). The other one finishes it: wait, retry.
-            if "already exists" not in str(exc) or time.monotonic() > deadline:
-                raise
-            time.sleep(1.0)
-
-
-def _probe_write(path: Path, lock_wait_s: float) -> None:
-    """Begin a write on the sqlite file and roll it back: a read-only file, a folder where the
-    journal cannot be made, or another process's lock shows here, before Ray starts."""
-    import sqlite3
-
-    from orchard.errors import ConfigError
-
-    con = sqlite3.connect(str(path), timeout=lock_wait_s, isolation_level=None)  # sqlite retries a lock for lock_wait_s
-    try:
-        con.execute("BEGIN IMMEDIATE")
-        con.execute("CREATE TABLE orchard_write_probe (x)")  # touches a page: the journal is created
-        con.execute("ROLLBACK")
-    except sqlite3.Error as exc:
-        if transient(exc):
-            raise ConfigError("tracking.uri", _locked(path, lock_wait_s)) from None
-        raise ConfigError("tracking.uri", f"a sqlite store orchard can write; {path}: {first_line(exc)} "
-                          f"(the file and its folder must be writable)") from None
-    finally:
-        con.close()
-
-
-def _locked(path: Path, waited_s: float) -> str:
-    return (f"a sqlite store no other process holds locked; {path} stayed locked for {waited_s:g} s "
-            "(a process holds a write transaction open: a sqlite3 shell, a stuck run); end it or use another tracking.uri")
-
-
-def first_line(exc: BaseException) -> str:
-    """An error's first line, short enough for a one-line message."""
-    text = str(getattr(exc, "reason", None) or exc).splitlines()
-    return (text[0] if text else type(exc).__name__)[:160]
 
 
 def ensure_experiment(client, name: str, artifact_location: str | None) -> str:
@@ -322,27 +151,6 @@ def close_run(run: TrackedRun, status: str, error: BaseException | None = None) 
                 retried(client.log_artifact, run.run_id, str(path))
     finally:  # the status above all: a run left RUNNING is later reaped as "driver lost"
         retried(client.set_terminated, run.run_id, status=status)
-
-
-UI_PORT = 5000   # MLflow's own default for `mlflow ui`
-# MLflow 3.17's UI picks its GenAI or its "Model training" layout from a per-browser setting
-# (GenAI unless the user switched) or this URL parameter; the experiment's kind tag alone does
-# not switch it (seen in headless Chromium), so orchard's links ask for model training.
-UI_TRAINING_VIEW = "workflowType=machine_learning"
-
-
-def ui_command(uri: str) -> str:
-    """The command that opens the MLflow UI on this store (bound to localhost)."""
-    if uri.startswith(("http://", "https://")):
-        return f"open {uri}"
-    return f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port {UI_PORT}"
-
-
-def run_url(uri: str, experiment_id: str, run_id: str) -> str:
-    """The run's page in the MLflow UI: on the tracking server itself, or on the ``mlflow ui``
-    that ``ui_command`` starts."""
-    base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else f"http://127.0.0.1:{UI_PORT}"
-    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}?{UI_TRAINING_VIEW}"
 
 
 def in_notebook_or_tty() -> bool:

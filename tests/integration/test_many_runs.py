@@ -29,7 +29,7 @@ def _start(args: list[str], cwd: Path, log: Path, environ: dict | None = None) -
 def _store(uri: str) -> str:
     """The store created (under orchard's lock) before this test's own readers poll it: MLflow
     creating one store from two processes at once breaks it (docs/runs.md)."""
-    from orchard.tracking import check_store
+    from orchard.tracking_store import check_store
 
     check_store(uri)
     return uri

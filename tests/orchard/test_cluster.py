@@ -107,15 +107,16 @@ def test_embedded_ray_and_local_caches_live_in_a_private_folder_of_the_user(tmp_
     import os
 
     from orchard import cluster
+    from orchard.private_tmp import private_tmp
 
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     for var in ("ORCHARD_NODE_CACHE", "NUMBA_CACHE_DIR"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    own = cluster.private_tmp()
+    own = private_tmp()
     assert own == tmp_path / f"orchard-{os.getuid()}" and own.stat().st_mode & 0o777 == 0o700
     own.chmod(0o777)  # loosened by someone: tightened again before use
-    assert cluster.private_tmp().stat().st_mode & 0o777 == 0o700
+    assert private_tmp().stat().st_mode & 0o777 == 0o700
     cluster.prepare_local_env()
     assert os.environ["ORCHARD_NODE_CACHE"] == str(own / "node-cache")
     assert os.environ["NUMBA_CACHE_DIR"] == str(tmp_path / "cache" / "orchard" / "numba")

@@ -43,7 +43,7 @@ def test_runs_without_a_heartbeat_are_never_touched():
 def test_reap_closes_only_lost_runs_and_the_cli_reports_them(tmp_path, capsys):
     from mlflow.tracking import MlflowClient
 
-    from orchard.tracking import check_store
+    from orchard.tracking_store import check_store
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     check_store(uri)
@@ -88,7 +88,7 @@ def test_a_run_is_found_by_a_unique_prefix_of_its_id(tmp_path):
 def _store(tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from orchard.tracking import check_store
+    from orchard.tracking_store import check_store
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     check_store(uri)

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from orchard import divergence
-from orchard.cluster import private_tmp
+from orchard.private_tmp import private_tmp
 from orchard.errors import Diverged
 from workloads.flower.data import TileSet
 from workloads.flower.model import FlowerCounterCNN, euclidean_loss
