@@ -177,7 +177,7 @@ def memory_run(cores: int, store_mb: float, times: float) -> dict:
     import ray
 
     from bench.machine import start_ray
-    from workloads.video.dataset import scan
+    from workloads.video.data import scan
     from workloads.video.master import sample_segments, start_master
     from workloads.video.operator_metrics import operator_metrics
     from workloads.video.pipeline import build_dataset
@@ -224,7 +224,7 @@ def measure(size: dict, repeats: int) -> list[dict]:
     from bench.rows import missing, row
     from orchard import cluster
     from workloads.video.cache import make_cache
-    from workloads.video.dataset import scan
+    from workloads.video.data import scan
     from workloads.video.master import sample_segments
     from workloads.video.synthetic_videos import generate_dataset
 

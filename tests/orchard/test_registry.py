@@ -32,3 +32,18 @@ def test_module_without_run_is_refused(tmp_path, monkeypatch):
     with pytest.raises(TypeError):
         registry.load("halfdone")
     sys.modules.pop("halfdone_workload", None)
+
+
+@pytest.mark.parametrize("name", ["flower", "forest", "singa", "video"])
+def test_no_submodule_of_a_workload_shadows_its_contract(name):
+    """Importing ``workloads.<name>.x`` sets the package's attribute ``x`` to the submodule: a
+    contract function of the same name (video's ``dataset(cfg)`` beside a ``dataset.py`` once did)
+    turns into a module as soon as any run imports it, and the core's call fails."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    package = importlib.import_module(f"workloads.{name}")
+    contract = {k for k, v in vars(package).items() if inspect.isfunction(v) and v.__module__ == package.__name__}
+    for sub in pkgutil.iter_modules(package.__path__):
+        assert sub.name not in contract, f"workloads/{name}/{sub.name}.py shadows workloads.{name}.{sub.name}()"

@@ -32,7 +32,7 @@ def validate(cfg: dict) -> None:
     require_path(cfg, "video.root", allow_none=True)
     require_path(cfg, "video.split_files", kind="dir", allow_none=True)
     if v["root"] is not None:
-        from .dataset import check_classes
+        from .data import check_classes
 
         problem = check_classes(v["root"], v.get("split_files"), int(v.get("split") or 1))
         if problem:

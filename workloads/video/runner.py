@@ -150,7 +150,7 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
     from . import aggregation, figures
     from .cache import make_cache
     from .checkpoint import load_checkpoint, save_checkpoint
-    from .dataset import classes_problem, scan
+    from .data import classes_problem, scan
     from .extractors import load_modules
     from .feeder import Feeder, make_queues, shutdown_queues
     from .inference import run_inference
@@ -515,7 +515,7 @@ def _untrimmed_videos(cfg: dict, classes: list[str], storage) -> list[dict]:
     decode stages read them on any node."""
     import tempfile
 
-    from .dataset import scan
+    from .data import scan
     from .synthetic_videos import MOTION_CLASSES, generate_untrimmed
 
     vcfg, icfg = cfg["video"], cfg["video"]["inference"]

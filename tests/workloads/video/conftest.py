@@ -7,7 +7,7 @@ import pytest
 @pytest.fixture(scope="session")
 def tiny_videos(tmp_path_factory):
     """3 motion classes x 4 videos, 32x32, 24 frames: ``(root, index)``."""
-    from workloads.video.dataset import scan
+    from workloads.video.data import scan
     from workloads.video.synthetic_videos import generate_dataset
 
     root = generate_dataset(tmp_path_factory.mktemp("videos"), num_classes=3, videos_per_class=4,

@@ -149,7 +149,7 @@ def test_a_second_run_over_the_same_data_hits_the_persistent_cache(ray_session, 
 
     import ray
 
-    from workloads.video.dataset import scan
+    from workloads.video.data import scan
     from workloads.video.master import start_master
     from workloads.video.pipeline import build_dataset, collect
 
@@ -177,7 +177,7 @@ def test_the_frame_index_store_is_pruned_to_its_bound_least_recently_used_first(
     over ``video.index_max_mb``; the entries a scan just read stay, so the next run reuses them."""
     import os
 
-    from workloads.video.dataset import scan
+    from workloads.video.data import scan
 
     root, _ = tiny_videos
     store = tmp_path / "index"

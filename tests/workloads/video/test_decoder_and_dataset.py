@@ -63,7 +63,7 @@ def _folder_with_bad_files(root: Path, good: list[str]) -> dict[str, str]:
 
 
 def test_scan_skips_counts_and_names_corrupt_truncated_empty_and_text_files(tmp_path, tiny_videos, ray_session):
-    from workloads.video.dataset import scan
+    from workloads.video.data import scan
 
     _, index = tiny_videos
     bad = _folder_with_bad_files(tmp_path / "data", index.paths[:3])
@@ -110,7 +110,7 @@ def test_probe_rejects_each_kind_of_bad_file(tmp_path, tiny_videos):
 
 
 def test_a_manifest_csv_with_relative_paths_and_given_splits(tmp_path, tiny_videos):
-    from workloads.video.dataset import scan
+    from workloads.video.data import scan
 
     _, index = tiny_videos
     for i, p in enumerate(index.paths[:3]):

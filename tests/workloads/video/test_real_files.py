@@ -41,7 +41,7 @@ def test_non_videos_are_rejected_by_kind(real_folder):
 
 
 def test_scan_counts_skips_by_kind_and_reuses_the_frame_index(real_folder, tmp_path):
-    from workloads.video.dataset import scan
+    from workloads.video.data import scan
 
     store = tmp_path / "index"
     first = scan(str(real_folder), val_fraction=0.25, seed=0, index_dir=str(store))
@@ -71,7 +71,7 @@ def _ucf_layout(real_folder: Path, root: Path) -> Path:
 
 
 def test_ucf101_split_files_are_read_as_they_are(real_folder, tmp_path):
-    from workloads.video.dataset import scan
+    from workloads.video.data import scan
 
     root = _ucf_layout(real_folder, tmp_path / "ucf")
     found = scan(str(root / "UCF-101"))
@@ -84,7 +84,7 @@ def test_ucf101_split_files_are_read_as_they_are(real_folder, tmp_path):
 
 
 def test_hmdb51_split_files_are_read_as_they_are(real_folder, tmp_path):
-    from workloads.video.dataset import scan
+    from workloads.video.data import scan
 
     root = tmp_path / "hmdb"
     shutil.copytree(real_folder, root)
