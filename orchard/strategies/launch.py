@@ -104,19 +104,10 @@ class WorkersDidNotStart(RuntimeError):
     and what the cluster has, in one line."""
 
     def __init__(self, num_workers: int, per_worker: dict, nodes_lost: int = 0):
-        import ray
+        from orchard.strategies.node_loss import did_not_start
 
-        bound = os.environ.get("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "60")
-        # after a lost node the bound is how long the run waited for a replacement
-        lost = f" after losing {nodes_lost} node{'s' if nodes_lost != 1 else ''}" if nodes_lost else ""
-        ask = ", ".join(f"{v:g} {k}" for k, v in per_worker.items())
-        try:
-            free, total = ray.available_resources(), ray.cluster_resources()
-            have = ", ".join(f"{free.get(k, 0):g} of {total.get(k, 0):g} {k} free" for k in per_worker)
-        except Exception:  # noqa: BLE001 - Ray already stopping: the request alone still says it
-            have = "unknown"
-        super().__init__(f"{num_workers} Ray Train workers ({ask} each) did not start{lost} within {float(bound):g} s "
-                         f"(cluster.worker_start_timeout_s); the cluster has {have}")
+        bound = float(os.environ.get("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "60"))
+        super().__init__(did_not_start(f"{num_workers} Ray Train workers", per_worker, bound, nodes_lost))
 
 
 def _start_timed_out(exc: BaseException) -> bool:

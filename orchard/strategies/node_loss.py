@@ -277,15 +277,22 @@ class NotPlaced(RuntimeError):
     says it for Ray Train groups)."""
 
     def __init__(self, what: str, per_actor: dict, bound_s: float, nodes_lost: int = 0):
-        lost = f" after losing {nodes_lost} node{'s' if nodes_lost != 1 else ''}" if nodes_lost else ""
-        ask = ", ".join(f"{v:g} {k}" for k, v in per_actor.items())
-        try:
-            free, total = ray.available_resources(), ray.cluster_resources()
-            have = ", ".join(f"{free.get(k, 0):g} of {total.get(k, 0):g} {k} free" for k in per_actor)
-        except Exception:  # noqa: BLE001 - Ray already stopping: the request alone still says it
-            have = "unknown"
-        super().__init__(f"{what} ({ask} each) did not start{lost} within {bound_s:g} s "
-                         f"(cluster.worker_start_timeout_s); the cluster has {have}")
+        super().__init__(did_not_start(what, per_actor, bound_s, nodes_lost))
+
+
+def did_not_start(what: str, per_actor: dict, bound_s: float, nodes_lost: int = 0) -> str:
+    """One line: ``what`` (each asking ``per_actor``) did not start within ``bound_s``, and what
+    the cluster has free of each resource asked for (Ray Train groups and a workload's own actors)."""
+    # after a lost node the bound is how long the run waited for a replacement
+    lost = f" after losing {nodes_lost} node{'s' if nodes_lost != 1 else ''}" if nodes_lost else ""
+    ask = ", ".join(f"{v:g} {k}" for k, v in per_actor.items())
+    try:
+        free, total = ray.available_resources(), ray.cluster_resources()
+        have = ", ".join(f"{free.get(k, 0):g} of {total.get(k, 0):g} {k} free" for k in per_actor)
+    except Exception:  # noqa: BLE001 - Ray already stopping: the request alone still says it
+        have = "unknown"
+    return (f"{what} ({ask} each) did not start{lost} within {bound_s:g} s "
+            f"(cluster.worker_start_timeout_s); the cluster has {have}")
 
 
 def start_bound_s(cfg: dict) -> float:
