@@ -19,10 +19,14 @@ _VALID_NAMES: set[str] = set()  # metric names this process has checked: MLflow'
 
 class RunContext:
     def __init__(self, sink, run_id: str | None, run_dir: str, workload: str, strategy: str,
-                 tracking_uri: str | None = None):
+                 tracking_uri: str | None = None, storage=None):
         self._sink = sink
         self.run_id = run_id
         self.run_dir = Path(run_dir)
+        # The run's own folder in the storage location (orchard.storage.Storage): what workers on
+        # any node read and write (checkpoints, data, caches). The lifecycle sets it once; no
+        # workload rebuilds it from the config.
+        self.storage = storage
         self.workload = workload
         self.strategy = strategy
         self.tracking_uri = tracking_uri

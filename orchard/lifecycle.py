@@ -305,7 +305,7 @@ def default_run_name(cfg: dict) -> str:
 
 
 def run_one(cfg: dict, module, parent_run_id: str | None = None, on_metrics=None, quiet: bool = False) -> Outcome:
-    """One tracked run of ``module.run(cfg, ctx)`` on a running Ray session."""
+    """One tracked run of the workload ``module`` (its entry for the mode: registry.entry) on a running Ray session."""
     from orchard import tracking
 
     t_start = time.time()
@@ -425,7 +425,10 @@ def _start_run_services(cfg: dict, tracked, run_id: str | None, run_dir: Path, o
     here = ray.get_runtime_context().get_node_id()
     sink = MetricsSink.options(name=sink_name(run_id or run_dir.name), scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote(
         uri, run_id, tcfg.get("flush_interval_s", 1.0), max_series=tcfg.get("max_series_points", 10_000))
-    ctx = RunContext(sink, run_id, str(run_dir), cfg["workload"]["name"], cfg["strategy"]["name"], uri)
+    from orchard.storage import Storage
+
+    ctx = RunContext(sink, run_id, str(run_dir), cfg["workload"]["name"], cfg["strategy"]["name"], uri,
+                     storage=Storage.for_run(cfg, run_dir))
     ctx._on_metrics = on_metrics
     live = _Live(ctx, sink, [])
     if tcfg.get("system_metrics"):
@@ -439,7 +442,7 @@ def _run_workload(cfg: dict, module, live: _Live, quiet: bool) -> dict:
     plain = {k: v for k, v in cfg.items() if not k.startswith("_")}
     label = f"{cfg['workload']['name']}/{cfg['strategy']['name']}"
     with ProgressLine(live.sink, label, "never" if quiet else cfg.get("progress", "auto")):
-        return dict(module.run(plain, live.ctx) or {})
+        return dict(registry.entry(module, cfg["mode"])(plain, live.ctx) or {})
 
 
 def _record_headline(cfg: dict, module, tracked, metrics: dict) -> None:

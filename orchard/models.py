@@ -37,7 +37,7 @@ from orchard.errors import ConfigError
 from orchard.logged_models import (MODEL_DIR, free_dims, pip_requirements, record_model_input,  # noqa: F401
                                    save_model, save_pyfunc)
 
-PREDICTIONS_DIR = "predictions"     # in a predict run's folder and among its artifacts
+from orchard.registry import PREDICTIONS_DIR  # noqa: E402, F401  (a predict run's folder, among its artifacts too)
 
 
 # --------------------------------------------------------------------------- resolving model=
@@ -112,18 +112,6 @@ def output_dir(ctx) -> Path:
     out = Path(ctx.run_dir) / PREDICTIONS_DIR
     out.mkdir(parents=True, exist_ok=True)
     return out
-
-
-@contextlib.contextmanager
-def predictions(ctx):
-    """A predict run's output folder, filled under a temporary name and renamed to
-    ``<run folder>/predictions`` when the run's predictions are all written: a run that fails
-    half way leaves no partial folder (orchard.storage.atomic_folder)."""
-    from orchard.storage import atomic_folder
-
-    with atomic_folder(Path(ctx.run_dir) / PREDICTIONS_DIR) as partial:
-        partial.mkdir(parents=True)
-        yield partial
 
 
 def predict_files(files: list[Path], predictor: type, args: dict, ctx, storage, model_dir: Path, out: Path,

@@ -11,6 +11,7 @@ jobs not yet started are not run.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import sys
 
@@ -52,42 +53,47 @@ def prepare_jobs(overrides: list[str]) -> list[tuple[dict, object]]:
 def run_multirun(overrides: list[str], console: bool = False) -> int:
     """Run every job; the exit code is the worst job's (an interrupted job's stops the rest).
 
+    Each job takes the single run's path, ``lifecycle.execute`` (the fit check, the lost-run
+    reaper, the run, the teardown of what the run left in Ray, the same exit codes), inside one
+    Ray session started for the first job and kept for the rest, so Ray starts once.
+
     ``console``: the CLI's terminal shows orchard's lines only, as for a single run (tests that
     call this in-process keep theirs)."""
-    from orchard import cluster
-
     try:
         jobs = prepare_jobs(overrides)
     except ConfigError as err:
         say(f"orchard: bad config: {err}", file=sys.stderr)
         return 2
     failures: list[int] = []
-    started = False
+    runnable = []
+    for num, (cfg, module) in enumerate(jobs):  # every job's folder, store and cluster checked before Ray starts
+        try:
+            lifecycle.preflight(cfg)
+        except ConfigError as err:
+            say(f"orchard: bad config: {err}", file=sys.stderr)
+            failures.append(2)
+            continue
+        runnable.append((num, cfg, module))
+    if runnable and console:  # the first job's config line; Ray's, Train's and torch's lines to the log
+        lifecycle.open_console(runnable[0][1])
     try:
         with interrupts.raising():
-            for num, (cfg, module) in enumerate(jobs):
-                try:
-                    lifecycle.preflight(cfg)
-                except ConfigError as err:
-                    say(f"orchard: bad config: {err}", file=sys.stderr)
-                    failures.append(2)
-                    continue
-                say(f"orchard: multirun job {num + 1}/{len(jobs)}" + ("" if console else f": {' '.join(cfg['_overrides'])}"))
-                if console:  # the job's config in one line; Ray's, Train's and torch's lines to the log
-                    lifecycle.open_console(cfg)
-                if cluster.connect(cfg["cluster"]):
-                    started = True
-                    interrupts.install()  # ray.init put its own SIGTERM handler in place
-                lifecycle.reap_lost_runs(cfg)
-                outcome = lifecycle.run_one(cfg, module)
-                if outcome.exit_code > 128:
-                    return outcome.exit_code
-                if outcome.exit_code:
-                    failures.append(outcome.exit_code)
+            # one Ray for every job (left running if someone else started it: tests, notebooks);
+            # raising() again once Ray is up: ray.init installs a SIGTERM handler of its own
+            with (lifecycle.ray_session(runnable[0][1]) if runnable else contextlib.nullcontext()), interrupts.raising():
+                for num, cfg, module in runnable:
+                    say(f"orchard: multirun job {num + 1}/{len(jobs)}"
+                        + ("" if console else f": {' '.join(cfg['_overrides'])}"))
+                    if console and cfg is not runnable[0][1]:
+                        lifecycle.open_console(cfg)
+                    outcome = lifecycle.execute(cfg, module)
+                    if outcome.exit_code > 128:
+                        return outcome.exit_code
+                    if outcome.exit_code:
+                        failures.append(outcome.exit_code)
+    except lifecycle.RayStartError as err:
+        say(f"orchard: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt as exc:  # between jobs
         return interrupts.exit_code(exc)
-    finally:
-        if started:  # leave a Ray session that someone else started (tests, notebooks) running
-            with interrupts.deferred():
-                cluster.shutdown()
     return max(failures) if failures else 0

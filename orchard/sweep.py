@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Callable
 
 from orchard import config as config_lib
-from orchard import interrupts, redact, sweep_seal
+from orchard import interrupts, redact, registry, sweep_seal
 from orchard.console import say
 from orchard.errors import ConfigError
 from orchard.outcome import Outcome
@@ -206,7 +206,7 @@ class _Watched:
     def run(self, cfg: dict, ctx):
         self._feed.start(ctx)
         try:
-            return self._module.run(cfg, ctx)
+            return registry.entry(self._module, cfg["mode"])(cfg, ctx)
         finally:  # report the last values while the run's sink still lives (run_one then ends it)
             try:
                 ctx.flush()

@@ -128,9 +128,8 @@ def _storage_path(storage_path: str | None, cfg: dict, ctx) -> str:
 
     if storage_path:
         return Storage(storage_path).train_storage_path()
-    if not (cfg.get("storage") or {}).get("uri") and "output_dir" not in cfg:
-        return Storage(str(ctx.run_dir)).child("train").train_storage_path()  # a bare config: the run folder
-    return Storage.for_run(cfg, ctx.run_dir).child("train").train_storage_path()
+    run = ctx.storage or Storage(str(ctx.run_dir))  # no storage: a bare context (tests), the run folder
+    return run.child("train").train_storage_path()
 
 
 def launch(train_loop: Callable[[dict], None], loop_config: dict, cfg: dict, ctx, name: str,

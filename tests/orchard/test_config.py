@@ -140,15 +140,17 @@ EXPERIMENTS = sorted((Path(__file__).resolve().parents[2] / "conf" / "experiment
 
 
 @pytest.mark.parametrize("path", EXPERIMENTS, ids=[p.stem for p in EXPERIMENTS])
-def test_every_shipped_experiment_composes_and_validates_with_the_command_on_its_first_line(path):
-    """conf/experiment/<name>.yaml opens with the command that runs it; that command's config composes
-    and passes the workload's checks (a preset naming a preset that does not exist fails here)."""
+def test_every_shipped_experiment_composes_and_validates_and_opens_with_its_command(path):
+    """conf/experiment/<name>.yaml opens with the command that runs it (right after Hydra's
+    ``# @package`` header, which Hydra reads only before any other line); that command's config
+    composes and passes the workload's checks (an experiment naming one that does not exist fails here)."""
     import shlex
 
     from orchard import registry
     from orchard.config import compose
 
-    first = path.read_text().splitlines()[0]
+    header, first = path.read_text().splitlines()[:2]
+    assert header.startswith("# @package _global_"), header
     assert first.startswith("# ") and "python -m orchard " in first, first
     command = first.split("python -m orchard ", 1)[1]
     words = shlex.split(command.split("(")[0].split(" -- ")[0])

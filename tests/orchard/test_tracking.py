@@ -277,3 +277,25 @@ def test_a_write_that_meets_a_lock_is_retried_until_the_lock_is_gone(tmp_path, m
     with pytest.raises(ValueError):  # anything but a lock or an unavailable store is raised at once
         tracking_store.retried(bad_name)
     assert len(attempts) == 3
+
+
+def test_a_multirun_job_takes_the_single_runs_path_fit_check_and_teardown_included(ray_session, tmp_path,
+                                                                                   monkeypatch, capsys):
+    """Each job goes through lifecycle.execute, as a single run does: a flower job whose Train
+    group cannot fit this Ray gets the fit check's one line (exit 2) instead of a run waiting for
+    workers, and every job's Ray teardown (threads joined, Train runs aborted) runs after it."""
+    import ray
+
+    from orchard import background, multirun
+
+    ended = []
+    join_all = background.join_all
+    monkeypatch.setattr(background, "join_all", lambda *a, **k: ended.append(1) or join_all(*a, **k))
+    code = multirun.run_multirun(["workload=flower", "strategy.num_workers=63,64", "tracking=none",
+                                  f"output_dir={tmp_path}/out"])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("orchard: bad config")]
+    assert code == 2
+    assert len(lines) == 2 and all("strategy: workers that fit this machine" in line for line in lines), lines
+    assert "63 CPU" in lines[0] and "64 CPU" in lines[1]
+    assert len(ended) == 3  # each job's Ray session ended, then the multirun's; the Ray itself (the fixture's) runs on
+    assert ray.is_initialized()
