@@ -114,7 +114,7 @@ def stacked_examples(blocks, all_body_pixels: bool):
 
 
 def mean_class_accuracy(truth, predicted) -> tuple[float, float]:
-    from workloads.forest.inference import accuracy_metrics, confusion_matrix
+    from workloads.forest.evaluate import accuracy_metrics, confusion_matrix
     acc = accuracy_metrics(confusion_matrix(truth, predicted.astype(np.uint8)))
     return acc["pixel_accuracy"], acc["mean_class_accuracy"]
 
@@ -154,9 +154,9 @@ def run_orchard(cfg, data_dir: Path, profile: bool, workers: int | None = None) 
     import ray
 
     from bench.machine import start_ray
-    from workloads.forest.inference import pack_forest, predict_pixels
-    from workloads.forest.rounds import RoundRunner
-    from workloads.forest.train import initial_state, tree_pool
+    from workloads.forest.checkpoint import initial_state
+    from workloads.forest.model import pack_forest, predict_pixels
+    from workloads.forest.train import RoundRunner, tree_pool
 
     f, seed, cpus = cfg["forest"], cfg["seed"], os.cpu_count()
     train_blocks, test_blocks = load_blocks(data_dir / "train.npz"), load_blocks(data_dir / "test.npz")

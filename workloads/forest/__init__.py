@@ -4,29 +4,11 @@ Source: Budiu, Shotton, Murray, Finocchio, "Parallelizing the Training of the Ki
 Body Parts Labeling Algorithm" (../shared/seeds/000_c5cb42071963b0ee.txt).
 Plain Ray tasks (histograms over data-unit x feature partitions) and actors (histogram
 sums and best splits over node partitions); no Ray Train. Kept light: heavy imports
-happen in `run`.
+happen in the entry files the core calls, run.py (mode=train) and predict.py (mode=predict).
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 STRATEGIES = ("tasks",)
-CHECKPOINT_NAME = "forest_checkpoint.npz"
-
-
-def resolve_checkpoint(path) -> Path:
-    """A checkpoint file, or a run folder holding CHECKPOINT_NAME -> the checkpoint file; a
-    storage URI (``s3://.../forest_checkpoint.npz``, orchard/storage.py) is returned as it is."""
-    if "://" in str(path):
-        return str(path)
-    path = Path(path).expanduser()
-    return path / CHECKPOINT_NAME if path.is_dir() else path
-
-
-def _checkpoint_exists(path) -> bool:
-    from orchard.storage import file_exists
-
-    return file_exists(path)
 
 
 def validate(cfg: dict) -> None:
@@ -34,6 +16,7 @@ def validate(cfg: dict) -> None:
     from orchard import ConfigError, schema
     from orchard.config import require, require_path
 
+    from .checkpoint import CHECKPOINT_NAME, checkpoint_exists, resolve_checkpoint
     from .schema import Forest
 
     f = cfg["forest"]
@@ -60,7 +43,7 @@ def validate(cfg: dict) -> None:
     if f.get("data_dir"):
         _check_data_dir(f)
     if f.get("resume") is not None:
-        require(cfg, "forest.resume", lambda v: _checkpoint_exists(resolve_checkpoint(v)),
+        require(cfg, "forest.resume", lambda v: checkpoint_exists(resolve_checkpoint(v)),
                 f"a {CHECKPOINT_NAME} file or a run folder that holds one")
 
 
@@ -88,6 +71,8 @@ def resume(cfg: dict, previous_run_dir: str) -> None:
     from orchard import ConfigError
 
     from orchard.storage import Storage
+
+    from .checkpoint import CHECKPOINT_NAME, resolve_checkpoint
 
     kept = Storage.for_run(cfg, previous_run_dir)  # the run storage: the driver's folder may be gone
     if resolve_checkpoint(previous_run_dir).is_file():
@@ -137,15 +122,3 @@ def dataset(cfg: dict) -> dict:
     keys = ("train_images", "test_images", "image_height", "image_width", "preprocess")
     return {"name": f"synthetic avatars {f['train_images']}+{f['test_images']} {f['image_width']}x{f['image_height']}",
             "generator": "workloads.forest.avatar", "settings": {**{k: f[k] for k in keys}, "seed": cfg["seed"]}}
-
-
-def run(cfg: dict, ctx) -> dict[str, float]:
-    """Render/load data, train the forest in rounds, evaluate (see train.py); or, with
-    mode=predict, label new depth images with a trained forest (predict.py)."""
-    if cfg["mode"] == "predict":
-        from .predict import run_predict
-
-        return run_predict(cfg, ctx)
-    from .train import train_and_evaluate
-
-    return train_and_evaluate(cfg, ctx)

@@ -4,7 +4,7 @@ where each round's time went.
 - ``predicted_labelings.png``: held-out depth images, their ground-truth parts and the forest's;
 - ``class_accuracy.png``: per-part accuracy, sorted, with the mean per-class accuracy;
 - ``confusion_matrix.png``: row-normalised body-part confusion;
-- ``phase_times.png``: seconds of each round's four phases (rounds.py), per tree and depth.
+- ``phase_times.png``: seconds of each round's four phases (train.py), per tree and depth.
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ arrival order, so the result does not depend on how the work was partitioned or 
 Fault tolerance: the actor reports which partials it has summed. A restarted actor has
 no batch (`shape` is None): it ignores partials until the driver resets it, and its
 phase-3 answer names no partials, so the driver sees the loss, resets it and has the lost
-partials recomputed by deterministic phase-2 tasks (rounds.py). Partials are therefore
+partials recomputed by deterministic phase-2 tasks (train.py). Partials are therefore
 never kept in the object store past the add that consumes them.
 """
 from __future__ import annotations

@@ -1,23 +1,24 @@
-"""A decision tree grown breadth first, and the forest checkpoint (section 3).
+"""The model: a forest of decision trees grown breadth first (section 3), and how it labels
+the pixels of whole depth images (Appendix A).
 
 Nodes are numbered in creation order (breadth first). Node n is internal iff
 left[n] >= 0; it sends an example left when eq. 1 with offsets[n] is < threshold[n].
 `counts[n]` holds the unweighted class counts of the training examples that reach n;
 leaf distributions re-weight them by the tree's class weights (phase 1's normalisation
 constants) so rare parts are not swamped by the torso.
-The checkpoint is a .npz of plain arrays (never a pickle), written to a temporary
-file and renamed, so a crash mid-write leaves the previous round's checkpoint intact.
+Batch inference (numba): every pixel is pushed down each of the T trees; the per-pixel class
+distribution is the average of the leaf distributions, its argmax the predicted part.
+How a run saves and resumes a forest is checkpoint.py.
 """
 from __future__ import annotations
 
-import json
-import io
-import os
-from pathlib import Path
+import time
 
+import numba
 import numpy as np
 
-_FIELDS = ("offsets", "threshold", "left", "right", "depth", "feature", "counts")
+from .body_parts import BACKGROUND
+from .features import feature_response
 
 
 class Tree:
@@ -91,62 +92,57 @@ def leaf_distributions(arrays: dict, class_weights: np.ndarray) -> np.ndarray:
     return (weighted / np.where(total > 0, total, 1.0)).astype(np.float32)
 
 
-def save_checkpoint(path: Path, state: dict) -> None:
-    """Atomically write the forest state.
-
-    state: {"fingerprint": str, "trees": [arrays...] (finished), "class_weights":
-    [(C,)...] (one per started tree), "partial": arrays or None, "frontier": (K,) int,
-    "next_depth": int}.
-    """
-    flat = {"fingerprint": np.array(state["fingerprint"]),
-            "n_trees": np.array(len(state["trees"])),
-            "next_depth": np.array(state["next_depth"]),
-            "frontier": np.asarray(state["frontier"], np.int64),
-            "has_partial": np.array(state["partial"] is not None)}
-    for t, arrays in enumerate(state["trees"]):
-        flat.update({f"tree{t}_{k}": v for k, v in arrays.items()})
-    for t, weights in enumerate(state["class_weights"]):
-        flat[f"weights{t}"] = weights
-    if state["partial"] is not None:
-        flat.update({f"partial_{k}": v for k, v in state["partial"].items()})
-    from orchard.storage import is_uri, write_file
-
-    if is_uri(path):  # the run storage on a cluster (orchard/storage.py): one object, written whole
-        buffer = io.BytesIO()
-        np.savez(buffer, **flat)
-        write_file(path, buffer.getvalue())
-        return
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez(tmp, **flat)
-    os.replace(tmp, path)
+def pack_forest(trees: list[dict], class_weights: list[np.ndarray]) -> dict:
+    """Concatenate T trees into flat arrays; roots (T,) index each tree's root node."""
+    base, parts = 0, {"offsets": [], "threshold": [], "left": [], "right": [], "dist": []}
+    roots = []
+    for arrays, weights in zip(trees, class_weights):
+        roots.append(base)
+        parts["offsets"].append(arrays["offsets"])
+        parts["threshold"].append(arrays["threshold"])
+        parts["left"].append(np.where(arrays["left"] >= 0, arrays["left"] + base, -1))
+        parts["right"].append(np.where(arrays["right"] >= 0, arrays["right"] + base, -1))
+        parts["dist"].append(leaf_distributions(arrays, weights))
+        base += len(arrays["left"])
+    packed = {k: np.ascontiguousarray(np.concatenate(v)) for k, v in parts.items()}
+    packed["left"] = packed["left"].astype(np.int32)
+    packed["right"] = packed["right"].astype(np.int32)
+    packed["roots"] = np.array(roots, np.int32)
+    return packed
 
 
-def load_checkpoint(path: Path) -> dict:
-    """Read a checkpoint written by `save_checkpoint` (no pickles allowed); a path or a URI."""
-    from orchard.storage import is_uri, read_file
+@numba.njit(cache=True, parallel=True)
+def predict_pixels(depths, img, ys, xs, offsets, threshold, left, right, dist, roots,
+                   background_mm):
+    """Forest prediction for P pixels: returns (P,) uint8 part labels (argmax of the
+    tree-averaged distribution). depths (n, H, W) uint16 mm; img, ys, xs (P,) int."""
+    out = np.empty(img.shape[0], np.uint8)
+    n_classes = dist.shape[1]
+    for p in numba.prange(img.shape[0]):
+        acc = np.zeros(n_classes, np.float32)
+        for t in range(roots.shape[0]):
+            n = roots[t]
+            while left[n] >= 0:
+                o = offsets[n]
+                r = feature_response(depths, img[p], ys[p], xs[p], o[0], o[1], o[2], o[3],
+                                     background_mm)
+                n = left[n] if r < threshold[n] else right[n]
+            for c in range(n_classes):
+                acc[c] += dist[n, c]
+        out[p] = np.argmax(acc)
+    return out
 
-    source = io.BytesIO(read_file(path)) if is_uri(path) else Path(path)
-    with np.load(source, allow_pickle=False) as data:
-        n_trees = int(data["n_trees"])
-        state = {
-            "fingerprint": str(data["fingerprint"]),
-            "trees": [{k: data[f"tree{t}_{k}"] for k in _FIELDS} for t in range(n_trees)],
-            "class_weights": [data[k] for k in sorted(
-                (k for k in data.files if k.startswith("weights")), key=lambda k: int(k[7:]))],
-            "partial": ({k: data[f"partial_{k}"] for k in _FIELDS}
-                        if bool(data["has_partial"]) else None),
-            "frontier": data["frontier"].tolist(),
-            "next_depth": int(data["next_depth"]),
-        }
-    return state
 
-
-def config_fingerprint(forest_cfg: dict, seed: int) -> str:
-    """What must match for a resume to continue the same forest (resume path excluded;
-    partitioning and memory budget excluded, since they never change the result)."""
-    ignored = {"resume", "partitions", "partitions_by_depth", "memory_budget_mb", "actor_cpus", "verify_counts",
-               "small_round_example_features",
-               "stop_after_rounds", "test_images", "figure_images"}
-    kept = {k: v for k, v in forest_cfg.items() if k not in ignored}
-    return json.dumps({"seed": seed, "forest": kept}, sort_keys=True, default=str)
+def predict_images(packed: dict, depths: np.ndarray, mask: np.ndarray, background_mm: float):
+    """Label the masked pixels of images depths (n, H, W): returns (n, H, W) uint8 labels
+    (BACKGROUND outside the mask) and the throughput in pixels per second."""
+    img, ys, xs = (a.astype(np.int32) for a in np.nonzero(mask))
+    args = (packed["offsets"], packed["threshold"], packed["left"], packed["right"],
+            packed["dist"], packed["roots"], np.float32(background_mm))
+    predict_pixels(depths, img[:1], ys[:1], xs[:1], *args)  # compile before timing
+    start = time.perf_counter()
+    labels = predict_pixels(depths, img, ys, xs, *args)
+    seconds = time.perf_counter() - start
+    out = np.full(depths.shape, BACKGROUND, np.uint8)
+    out[img, ys, xs] = labels
+    return out, len(img) / max(seconds, 1e-9)

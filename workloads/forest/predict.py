@@ -1,7 +1,7 @@
 """mode=predict for forest, and the MLflow Model a train run logs.
 
 The model is a ``pyfunc`` with this module as its ``loader_module``: the packed forest (every
-tree's offsets, thresholds, children and leaf distributions; ``inference.pack_forest``) in
+tree's offsets, thresholds, children and leaf distributions; ``model.pack_forest``) in
 ``forest.npz`` and the settings (``background_mm``, the label palette) in ``forest.json``; no
 pickle.  Its input is depth images (N, H, W) uint16 millimetres, its output body-part labels
 (N, H, W) uint8 (0..30 parts, 31 background).  As in the Kinect pipeline the classifier labels
@@ -33,7 +33,7 @@ class ForestModel:
 
     def labels(self, depth: np.ndarray) -> np.ndarray:
         """(H, W) uint16 mm -> (H, W) uint8 labels, BACKGROUND where there is no reading."""
-        from .inference import predict_images
+        from .model import predict_images
 
         depths = np.ascontiguousarray(depth[None].astype(np.uint16))
         out, _ = predict_images(self.packed, depths, depths > 0, self.background_mm)
@@ -69,7 +69,7 @@ def log_model(ctx, trees: list, class_weights: list, forest_cfg: dict, palette: 
     import tempfile
 
     from orchard.models import save_model, save_pyfunc
-    from .inference import pack_forest
+    from .model import pack_forest
 
     packed = pack_forest(trees, class_weights)
     model = ForestModel(packed, forest_cfg["background_mm"], palette)
@@ -120,7 +120,7 @@ class Predictor:
 
     def __call__(self, batch: dict) -> dict:
         from .depth_png import read_pair
-        from .inference import confusion_matrix
+        from .evaluate import confusion_matrix
         from .body_parts import BACKGROUND
 
         from orchard.skipped import kind_of
@@ -161,33 +161,24 @@ def depth_files(folder) -> list[Path]:
     """PNGs of ``input`` that are not label images of a pair."""
     from orchard.skipped import listed_inputs
 
-    # links to nothing and unreadable files are listed too: run_predict skips and counts them
+    # links to nothing and unreadable files are listed too: predict skips and counts them
     return [p for p in listed_inputs(folder, (".png",)) if not p.name.endswith("_labels.png")]
 
 
-def run_predict(cfg: dict, ctx) -> dict[str, float]:
-    """``mode=predict``: ``_predict`` into ``<run folder>/predictions``, renamed into place whole
-    once every output is written (a run that fails leaves no partial folder)."""
-    from orchard import models
-
-    with models.predictions(ctx) as out:
-        return _predict(cfg, ctx, out)
-
-
-def _predict(cfg: dict, ctx, out: Path) -> dict[str, float]:
-    """Label every depth PNG of ``input``; accuracy where ground-truth labels sit beside."""
+def predict(cfg: dict, ctx, out: Path) -> dict[str, float]:
+    """``mode=predict``: label every depth PNG of ``input`` into ``out`` (the predictions folder
+    the core opened: orchard/registry.py ``entry``); accuracy where ground-truth labels sit beside."""
     from orchard import models, skipped
-    from orchard.storage import Storage
 
     from .body_parts import NUM_PARTS, PART_NAMES
-    from .inference import accuracy_metrics
+    from .evaluate import accuracy_metrics
 
     model_dir, _ = models.resolve_model(cfg["model"], "forest", ctx.tracking_uri, Path(ctx.run_dir) / "model_in")
     source = Path(cfg["input"]).expanduser()
     files, unusable = skipped.readable(depth_files(source))
     (out / "labels").mkdir(exist_ok=True)
     started = time.perf_counter()
-    rows = models.predict_files(files, Predictor, {}, ctx, Storage.for_run(cfg, ctx.run_dir), model_dir, out,
+    rows = models.predict_files(files, Predictor, {}, ctx, ctx.storage, model_dir, out,
                                 companions=lambda p: [t for t in [truth_file(p)] if t is not None],
                                 desc="labelling") if files else []
     rows += skipped.as_rows(unusable, source if source.is_dir() else source.parent)

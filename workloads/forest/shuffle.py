@@ -22,7 +22,7 @@ INDEX_BYTES = 4  # uint32 flat index of a non-zero cell
 
 def count_dtype(max_count: int) -> np.dtype:
     """The narrowest dtype for counts up to `max_count`: of an encoded partial's cells, and of a
-    batch's histograms (rounds.py: a column's examples are known from phase 1, so deep in the tree,
+    batch's histograms (train.py: a column's examples are known from phase 1, so deep in the tree,
     where a node has a few hundred examples, its histogram is uint8 or uint16, not int32 -- a half
     to a quarter of the memory, the bytes zeroed and summed, and the cache the kernel's scattered
     increments miss)."""

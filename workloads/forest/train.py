@@ -16,6 +16,9 @@ Phases 2-3 run once per node *batch*: batches are sized so that no task's and no
 actor's histogram exceeds `forest.memory_budget_mb` (section 3's "gigabytes at the
 bottom of the tree"), which is why the frontier is never materialised as one histogram.
 Histograms are compact: one column per (node, class seen there by phase 1).
+
+The tasks' bodies are in round_tasks.py, the batch plan in batch_plan.py; `grow_forest`
+grows the T trees of a run, each from its own candidate pool (`tree_pool`).
 """
 from __future__ import annotations
 
@@ -25,171 +28,21 @@ import time
 import numpy as np
 import ray
 
+from orchard import background
+
+from .avatar import focal_length_px
+from .batch_plan import partitions_at, plan_batches
 from .body_parts import NUM_PARTS
-from .data_unit import tree_selection
+from .checkpoint import save_checkpoint
+from .features import candidate_pool
 from .histogram_actor import HistogramActor
+from .model import Tree
+from .round_tasks import phase1_task, phase2_task, traversal_arrays
 from .shuffle import count_dtype
-from .tree import Tree, save_checkpoint
 
 
 class TrainingInterrupted(RuntimeError):
     """Raised after `forest.stop_after_rounds` rounds (a deliberate crash, for resume tests)."""
-
-
-def _set_threads(threads: int) -> None:
-    import numba
-    numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))
-
-
-def _reassociate(block, traversal, selection, background_mm):
-    """Selected example indices of a block and the node each one reaches, (K,), (K,)."""
-    from .histogram_kernels import assign_nodes
-
-    ex = np.nonzero(tree_selection(block, **selection))[0]
-    nodes = assign_nodes(block["depths"], block["ex_img"][ex], block["ex_y"][ex],
-                         block["ex_x"][ex], traversal["offsets"], traversal["threshold"],
-                         traversal["left"], traversal["right"], background_mm)
-    return ex, nodes
-
-
-def traversal_arrays(tree_arrays: dict) -> dict:
-    """What tasks need of the tree to re-associate examples: the split fields only (the
-    class counts of every node, (N, 31) int64, stay on the driver)."""
-    return {k: tree_arrays[k] for k in ("offsets", "threshold", "left", "right")}
-
-
-def _slots(sorted_nodes: np.ndarray, nodes: np.ndarray) -> np.ndarray:
-    """Position of each of `nodes` in `sorted_nodes`, -1 where absent."""
-    pos = np.searchsorted(sorted_nodes, nodes)
-    pos = np.minimum(pos, len(sorted_nodes) - 1)
-    return np.where(sorted_nodes[pos] == nodes, pos, -1)
-
-
-def phase1_task(traversal, frontier, selection, background_mm, threads, *blocks):
-    """Class counts (K, C) int64 of the examples reaching each of the K frontier nodes
-    (`frontier` sorted): only the frontier, never the whole tree (issue 20's 100 GB)."""
-    start = time.perf_counter()
-    _set_threads(threads)
-    counts = np.zeros(len(frontier) * NUM_PARTS, np.int64)
-    for block in blocks:
-        ex, nodes = _reassociate(block, traversal, selection, background_mm)
-        slot = _slots(frontier, nodes)
-        keep = slot >= 0
-        counts += np.bincount(slot[keep].astype(np.int64) * NUM_PARTS + block["ex_cls"][ex][keep],
-                              minlength=len(frontier) * NUM_PARTS)
-    return counts.reshape(len(frontier), NUM_PARTS), time.perf_counter() - start
-
-
-def phase2_task(traversal, batch_nodes, column_of, col_lo, col_hi, offsets, thresholds,
-                column_bounds, hist_dtype, selection, background_mm, threads, fault, *blocks):
-    """Partial histograms of one (data partition, feature partition) for one node batch.
-
-    batch_nodes (B,) sorted node ids; column_of (B, C) int32: histogram column of (node,
-    class), -1 where the class is absent. Only columns [col_lo, col_hi) are counted (all of
-    the batch normally; one actor's share when its lost partials are recomputed).
-    column_bounds: boundaries of each receiving actor's columns, relative to col_lo.
-    hist_dtype: the batch's count dtype (shuffle.count_dtype: it holds the largest column's total).
-    Returns one encoded slice (shuffle.encode_partial) per receiving actor, then a stats
-    dict (busy seconds, example-features, histogram bytes, bytes shipped encoded / dense).
-    `fault` (tests only): a marker path; the first task to see it absent creates it and
-    kills its own worker process mid-task.
-    """
-    from .histogram_kernels import accumulate_histograms
-    from .shuffle import encode_partial, encoded_bytes
-
-    start = time.perf_counter()
-    _set_threads(threads)
-    hist = np.zeros((col_hi - col_lo, len(offsets), thresholds.shape[1] + 1), hist_dtype)
-    example_features = 0
-    for i, block in enumerate(blocks):
-        ex, nodes = _reassociate(block, traversal, selection, background_mm)
-        slot = _slots(batch_nodes, nodes)
-        columns = np.where(slot >= 0, column_of[np.maximum(slot, 0), block["ex_cls"][ex]], -1)
-        mine = (columns >= col_lo) & (columns < col_hi)
-        # grouping examples by column keeps one node's histogram rows hot in cache
-        order = np.argsort(columns[mine], kind="stable")
-        ex, columns = ex[mine][order], columns[mine][order] - col_lo
-        accumulate_histograms(hist, block["depths"], block["ex_img"][ex], block["ex_y"][ex],
-                              block["ex_x"][ex], columns, offsets, thresholds, background_mm)
-        example_features += len(ex) * len(offsets)
-        if fault and i == 0:
-            _die_once(fault)
-    parts = [encode_partial(hist[column_bounds[k]:column_bounds[k + 1]])
-             for k in range(len(column_bounds) - 1)]
-    stats = {"busy_s": time.perf_counter() - start, "example_features": example_features,
-             "hist_bytes": hist.nbytes, "shuffle_bytes": sum(encoded_bytes(p) for p in parts),
-             "dense_bytes": hist.size * 4}  # int32 partials, as before issue 20
-    return (*parts, stats)
-
-
-def _die_once(marker: str) -> None:
-    """Test hook: SIGKILL this worker process the first time `marker` does not exist."""
-    import os
-    import signal
-    from pathlib import Path
-
-    try:
-        Path(marker).touch(exist_ok=False)
-    except FileExistsError:
-        return
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-def partitions_at(forest_cfg: dict, depth: int) -> dict:
-    """Partition degrees (data_units, features, nodes) in force at `depth` (footnote 2:
-    they change per depth); later `partitions_by_depth` entries override earlier ones."""
-    degrees = dict(forest_cfg["partitions"])
-    for entry in sorted(forest_cfg.get("partitions_by_depth") or [], key=lambda e: e["from_depth"]):
-        if depth >= entry["from_depth"]:
-            degrees.update({k: v for k, v in entry.items() if k != "from_depth"})
-    return degrees
-
-
-def plan_batches(nodes: list, columns: list, n_features: int, max_features_per_task: int,
-                 n_bins: int, n_actors: int, budget_bytes: int, itemsizes: list | None = None) -> list:
-    """Split frontier `nodes` (with `columns` histogram columns each, and cells of `itemsizes`
-    bytes: count_dtype of each node's largest column; 4 when not given) into batches such that
-    a task's histogram (batch columns x its features) and every actor's (its columns x all
-    features) fit in `budget_bytes`. Returns [(batch nodes, node bounds per actor, itemsize)];
-    a batch's cells are as wide as its widest node needs.
-
-    Actors are filled in node order up to an even share (+ one node) of the batch's columns;
-    the batch is capped at n_actors x (actor capacity - one node) so that this always
-    fits in n_actors actors. A single node always fits (validate checks the budget).
-    """
-    itemsizes = itemsizes or [4] * len(nodes)
-
-    def caps(itemsize):
-        cell = n_bins * itemsize
-        actor_cap = budget_bytes // (n_features * cell)
-        task_cap = budget_bytes // (max_features_per_task * cell)
-        return min(task_cap, n_actors * max(actor_cap - NUM_PARTS + 1, 1)), actor_cap
-
-    batches, current, used, width = [], [], 0, 0
-    for node, k, itemsize in zip(nodes, columns, itemsizes):
-        if current and used + k > caps(max(width, itemsize))[0]:
-            batches.append((current, width))
-            current, used, width = [], 0, 0
-        current.append((node, k))
-        used, width = used + k, max(width, itemsize)
-    if current:
-        batches.append((current, width))
-    planned = []
-    for batch, width in batches:
-        actor_cap = caps(width)[1]
-        total = sum(k for _, k in batch)
-        share = -(-total // min(n_actors, len(batch)))
-        target = min(actor_cap, share + NUM_PARTS - 1)
-        bounds, filled = [0], 0
-        for i, (_, k) in enumerate(batch):
-            if filled + k > target and i > bounds[-1]:
-                bounds.append(i)
-                filled = 0
-            filled += k
-        bounds.append(len(batch))
-        assert len(bounds) - 1 <= n_actors, "batch plan needs more actors than configured"
-        planned.append(([n for n, _ in batch], bounds, width))
-    return planned
 
 
 class RoundRunner:
@@ -477,7 +330,7 @@ class RoundRunner:
     def train_tree(self, tree_index: int, pool, state: dict) -> None:
         """Grow tree `tree_index` from `state` (fresh or resumed), checkpointing every round.
 
-        state: the checkpoint dict (tree.save_checkpoint); updated in place.
+        state: the checkpoint dict (checkpoint.save_checkpoint); updated in place.
         """
         cfg = self.cfg
         offsets, thresholds = pool
@@ -595,3 +448,44 @@ def _by_node(results):
     for r in results:
         for i in range(len(r["feature"])):
             yield int(r["feature"][i]), int(r["threshold"][i]), float(r["gain"][i]), r["left"][i], r["right"][i]
+
+
+def tree_pool(seed: int, tree_index: int, forest_cfg: dict):
+    """Tree `tree_index`'s candidate features: offsets (F, 4) pixel-metres, thresholds (F, T) mm."""
+    rng = np.random.default_rng([seed, 3, tree_index])
+    max_offset_pxm = forest_cfg["max_offset_m"] * focal_length_px(forest_cfg["image_width"])
+    return candidate_pool(rng, forest_cfg["n_offsets"], forest_cfg["n_thresholds"], max_offset_pxm,
+                          forest_cfg["threshold_range_mm"], forest_cfg["unary_fraction"])
+
+
+def grow_forest(train_refs: list, cfg: dict, ctx, state: dict, checkpoint, round_ends: list) -> tuple[list, int]:
+    """Grow the trees `state` (fresh or resumed, checkpoint.initial_state) still lacks, round by
+    round, checkpointing to `checkpoint` every round; each round's metrics logged at step
+    tree x max_depth + depth and its end time appended to `round_ends`. Returns (this run's round
+    metrics, histogram actors' shares redone after a loss)."""
+    f, strategy, seed = cfg["forest"], cfg["strategy"], cfg["seed"]
+    total_rounds = f["num_trees"] * f["max_depth"]
+    history: list[dict] = []
+
+    def on_round(tree_index, depth, metrics):
+        step = tree_index * f["max_depth"] + depth
+        history.append(metrics)
+        round_ends.append(time.time())
+        ctx.log_metrics(metrics, step=step)
+        ctx.progress(step + 1, total_rounds, desc=f"tree {tree_index + 1}/{f['num_trees']} depth {depth}",
+                     **{"Mef/s": metrics["round/example_features_per_s"] / 1e6})
+
+    runner = RoundRunner(train_refs, f, strategy, seed, checkpoint, on_round)
+
+    def grow_all():
+        for tree_index in range(len(state["trees"]), f["num_trees"]):
+            runner.train_tree(tree_index, tree_pool(seed, tree_index, f), state)
+
+    try:
+        # off the main thread (orchard/background.py): the rounds submit thousands of tasks, and a
+        # SIGTERM landing while the main thread submits one reaches orchard as a SIGINT; on an
+        # interrupt `stopping` is set and the rounds cancel their tasks within a second or so
+        background.call(grow_all, name="forest-rounds", stopping=runner.stopping)
+    finally:
+        runner.shutdown()
+    return history, runner.actor_replays

@@ -4,7 +4,7 @@ import pytest
 
 import workloads.forest as forest
 from orchard import ConfigError
-from workloads.forest.tree import load_checkpoint
+from workloads.forest.checkpoint import CHECKPOINT_NAME, load_checkpoint
 
 
 def test_default_config_composes_and_validates(compose):
@@ -68,12 +68,12 @@ def test_smoke_run_records_everything_and_resumes_identically(run_orchard):
     # every round's checkpoint went through storage.write_atomic: whole, and nothing half-written beside it
     from pathlib import Path
     assert not [p for d in (run_dir, crashed_dir) for p in Path(d).rglob("*.tmp-*")]
-    assert load_checkpoint(Path(crashed_dir) / forest.CHECKPOINT_NAME)["next_depth"] >= 1
+    assert load_checkpoint(Path(crashed_dir) / CHECKPOINT_NAME)["next_depth"] >= 1
     resumed = run_orchard("workload=forest", "debug=smoke", f"forest.resume={crashed_dir}")
     assert resumed.exit_code == 0, resumed.outcome
     assert len(resumed.history("round/phase2_s")) == 3              # only the missing rounds ran
-    a = load_checkpoint(f"{run_dir}/{forest.CHECKPOINT_NAME}")
-    b = load_checkpoint(f"{resumed.run.data.tags['orchard.run_dir']}/{forest.CHECKPOINT_NAME}")
+    a = load_checkpoint(f"{run_dir}/{CHECKPOINT_NAME}")
+    b = load_checkpoint(f"{resumed.run.data.tags['orchard.run_dir']}/{CHECKPOINT_NAME}")
     for ta, tb in zip(a["trees"], b["trees"], strict=True):
         for k in ta:
             np.testing.assert_array_equal(ta[k], tb[k])

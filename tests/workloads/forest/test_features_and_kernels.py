@@ -125,7 +125,8 @@ def test_histograms_are_as_narrow_as_their_largest_column_and_batches_widen_with
     """Deep nodes hold a few hundred examples: their counts fit uint8/uint16, so a batch's
     histogram takes a quarter/half of the int32 bytes and the same budget holds more nodes;
     best_splits reads any of them to the same split."""
-    from workloads.forest.rounds import count_dtype, plan_batches
+    from workloads.forest.batch_plan import plan_batches
+    from workloads.forest.shuffle import count_dtype
 
     assert [count_dtype(n).name for n in (0, 255, 256, 65535, 65536)] == \
         ["uint8", "uint8", "uint16", "uint16", "int32"]

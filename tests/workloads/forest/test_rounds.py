@@ -8,9 +8,8 @@ import pytest
 import ray
 
 from tests.workloads.forest.helpers import make_blocks, palette, tiny_forest_cfg
-from workloads.forest.rounds import RoundRunner, TrainingInterrupted
-from workloads.forest.train import initial_state, tree_pool
-from workloads.forest.tree import load_checkpoint
+from workloads.forest.checkpoint import initial_state, load_checkpoint
+from workloads.forest.train import RoundRunner, TrainingInterrupted, tree_pool
 
 STRATEGY = {"num_workers": 2, "cpus_per_worker": 1, "max_failures": 3}
 

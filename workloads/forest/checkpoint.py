@@ -1,0 +1,126 @@
+"""What a forest run saves and how it resumes from it (section 3).
+
+The checkpoint (`CHECKPOINT_NAME`, in the run storage: the run folder, or ``s3://...`` on a
+cluster) holds the finished trees, each started tree's class weights, and the partial tree of
+the last completed round with its frontier. It is a .npz of plain arrays (never a pickle),
+written to a temporary file and renamed, so a crash mid-write leaves the previous round's
+checkpoint intact. `forest.resume` (or ``python -m orchard resume <run id>``) continues from
+it when the forest config and seed match (`config_fingerprint`).
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+CHECKPOINT_NAME = "forest_checkpoint.npz"
+_FIELDS = ("offsets", "threshold", "left", "right", "depth", "feature", "counts")
+
+
+def resolve_checkpoint(path) -> Path:
+    """A checkpoint file, or a run folder holding CHECKPOINT_NAME -> the checkpoint file; a
+    storage URI (``s3://.../forest_checkpoint.npz``, orchard/storage.py) is returned as it is."""
+    if "://" in str(path):
+        return str(path)
+    path = Path(path).expanduser()
+    return path / CHECKPOINT_NAME if path.is_dir() else path
+
+
+def checkpoint_exists(path) -> bool:
+    """Is there a file at `path` (a local path or a storage URI)?"""
+    from orchard.storage import file_exists
+
+    return file_exists(path)
+
+
+def run_checkpoint(run_storage, run_dir: Path):
+    """Where this run writes its checkpoint: in the run storage (``ctx.storage``), so a resume
+    needs nothing of this machine's disk (a path in the run folder, or a URI)."""
+    return run_dir / CHECKPOINT_NAME if run_storage.is_local else f"{run_storage.uri}/{CHECKPOINT_NAME}"
+
+
+def log_checkpoint(ctx, run_dir: Path, checkpoint) -> None:
+    """The last checkpoint as the run's artifact ``model/forest_checkpoint.npz`` (copied into
+    the run folder first when it lives in remote storage)."""
+    from orchard.storage import is_uri, read_file
+
+    if is_uri(checkpoint):
+        (run_dir / CHECKPOINT_NAME).write_bytes(read_file(checkpoint))
+    ctx.log_artifact(run_dir / CHECKPOINT_NAME, "model")
+
+
+def initial_state(forest_cfg: dict, seed: int) -> dict:
+    """A fresh checkpoint state, or the one `forest.resume` points at (same forest config)."""
+    fingerprint = config_fingerprint(forest_cfg, seed)
+    if forest_cfg.get("resume") is None:
+        return {"fingerprint": fingerprint, "trees": [], "class_weights": [], "partial": None,
+                "frontier": [], "next_depth": 0}
+    state = load_checkpoint(resolve_checkpoint(forest_cfg["resume"]))
+    if state["fingerprint"] != fingerprint:
+        raise ValueError("forest.resume: the checkpoint was trained with a different forest "
+                         f"config or seed:\n  checkpoint: {state['fingerprint']}\n  this run: {fingerprint}")
+    return state
+
+
+def save_checkpoint(path: Path, state: dict) -> None:
+    """Atomically write the forest state.
+
+    state: {"fingerprint": str, "trees": [arrays...] (finished), "class_weights":
+    [(C,)...] (one per started tree), "partial": arrays or None, "frontier": (K,) int,
+    "next_depth": int}.
+    """
+    flat = {"fingerprint": np.array(state["fingerprint"]),
+            "n_trees": np.array(len(state["trees"])),
+            "next_depth": np.array(state["next_depth"]),
+            "frontier": np.asarray(state["frontier"], np.int64),
+            "has_partial": np.array(state["partial"] is not None)}
+    for t, arrays in enumerate(state["trees"]):
+        flat.update({f"tree{t}_{k}": v for k, v in arrays.items()})
+    for t, weights in enumerate(state["class_weights"]):
+        flat[f"weights{t}"] = weights
+    if state["partial"] is not None:
+        flat.update({f"partial_{k}": v for k, v in state["partial"].items()})
+    from orchard.storage import is_uri, write_file
+
+    if is_uri(path):  # the run storage on a cluster (orchard/storage.py): one object, written whole
+        buffer = io.BytesIO()
+        np.savez(buffer, **flat)
+        write_file(path, buffer.getvalue())
+        return
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez(tmp, **flat)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: Path) -> dict:
+    """Read a checkpoint written by `save_checkpoint` (no pickles allowed); a path or a URI."""
+    from orchard.storage import is_uri, read_file
+
+    source = io.BytesIO(read_file(path)) if is_uri(path) else Path(path)
+    with np.load(source, allow_pickle=False) as data:
+        n_trees = int(data["n_trees"])
+        state = {
+            "fingerprint": str(data["fingerprint"]),
+            "trees": [{k: data[f"tree{t}_{k}"] for k in _FIELDS} for t in range(n_trees)],
+            "class_weights": [data[k] for k in sorted(
+                (k for k in data.files if k.startswith("weights")), key=lambda k: int(k[7:]))],
+            "partial": ({k: data[f"partial_{k}"] for k in _FIELDS}
+                        if bool(data["has_partial"]) else None),
+            "frontier": data["frontier"].tolist(),
+            "next_depth": int(data["next_depth"]),
+        }
+    return state
+
+
+def config_fingerprint(forest_cfg: dict, seed: int) -> str:
+    """What must match for a resume to continue the same forest (resume path excluded;
+    partitioning and memory budget excluded, since they never change the result)."""
+    ignored = {"resume", "partitions", "partitions_by_depth", "memory_budget_mb", "actor_cpus", "verify_counts",
+               "small_round_example_features",
+               "stop_after_rounds", "test_images", "figure_images"}
+    kept = {k: v for k, v in forest_cfg.items() if k not in ignored}
+    return json.dumps({"seed": seed, "forest": kept}, sort_keys=True, default=str)
