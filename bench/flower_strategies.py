@@ -45,7 +45,7 @@ def ddp_worker(rank: int, world: int, port: int, setup: dict, out_dir: str) -> N
     import torch
     import torch.distributed as dist
 
-    from workloads.flower.data import TileSet
+    from workloads.flower.tiles import TileSet
     from workloads.flower.evaluate import count_errors, predict_density
     from workloads.flower.loader import TileLoader
     from workloads.flower.model import FlowerCounterCNN, euclidean_loss
@@ -130,8 +130,8 @@ ESTIMATE = "~15 min on 2 idle cores (3 repeats)"
 def prepare_tiles_once(size: dict, out: Path) -> tuple[list[str], dict]:
     """orchard's overrides for these sizes, and the plain side's setup on the very same tiles."""
     from orchard.config import compose
-    from workloads.flower.data import TileSet, bin_sample, prepare_tiles
-    from workloads.flower.driver import synthetic_data
+    from workloads.flower.data import synthetic_data
+    from workloads.flower.tiles import TileSet, bin_sample, prepare_tiles
     from workloads.flower.loader import density_targets
 
     common = ["workload=flower", "flower.tile_size=64", f"flower.synthetic.num_images={size['images']}",

@@ -1,7 +1,8 @@
 """workload=flower: the canola flower-counting CNN of the MSc thesis
 (../shared/seeds/001_645c270b6b9ac541.txt), trained with ring all-reduce or parameter servers.
 
-Light on purpose: heavy imports happen inside `run`.
+The contract the core reads; the core calls run.py (mode=train) and predict.py (mode=predict)
+itself (orchard/registry.py). Light on purpose: heavy imports happen in those files.
 """
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 from orchard import ConfigError
 from orchard.config import require
+from workloads.flower.checkpoint import TRAIN_STORAGE_NOTE, train_storage  # noqa: F401 (part of the contract)
 
 STRATEGIES = ("ring", "ps")
 
@@ -48,19 +50,6 @@ def validate(cfg: dict) -> None:
         preflight.check(cfg)  # tile vs field, tiles per worker, precision and GPU settings
 
 
-TRAIN_STORAGE_NOTE = "train_storage.txt"  # in a run folder: where its Ray Train run keeps checkpoints
-
-
-def train_storage(cfg: dict, run_dir):
-    """Where a train run's Ray Train checkpoints live (an ``orchard.storage.Storage``): the run's
-    storage + ``/train``, or, for a run that resumed another, the storage it continued (named in
-    its ``train_storage.txt``).  Read from the run storage, so the driver's folder may be gone."""
-    from orchard.storage import Storage
-
-    run = Storage.for_run(cfg, run_dir)
-    return Storage(run.read_text(TRAIN_STORAGE_NOTE).strip()) if run.exists(TRAIN_STORAGE_NOTE) else run.child("train")
-
-
 def resume(cfg: dict, previous_run_dir: str) -> None:
     """``python -m orchard resume <run id>``: continue that run's Ray Train run where it stopped."""
     if cfg["mode"] != "train":
@@ -72,7 +61,7 @@ def resume(cfg: dict, previous_run_dir: str) -> None:
 def resources(cfg: dict):
     """What a run holds in Ray (orchard/placement.py).  Training: the Ray Train workers, in a
     placement group of their own; inside the run's own reservation, the 1-CPU tasks of the
-    tiling step and of the blob counter's calibration (data.prepare_tiles, baseline_counter; one
+    tiling step and of the blob counter's calibration (tiles.prepare_tiles, baseline_counter; one
     at a time there) and, for strategy=ps, servers that hold CPUs."""
     from orchard.placement import Resources, bundles
 
@@ -105,13 +94,3 @@ def dataset(cfg: dict) -> dict:
     return {"name": f"synthetic field {syn['num_images']}x{syn['width']}x{syn['height']}",
             "generator": "workloads.flower.synthetic_field", "settings": {**syn, "seed": cfg["seed"]}}
 
-
-def run(cfg: dict, ctx) -> dict[str, float]:
-    """Train and evaluate (mode=train) or count flowers in new images (mode=predict)."""
-    if cfg["mode"] == "predict":
-        from workloads.flower.predict import run_predict
-
-        return run_predict(cfg, ctx)
-    from workloads.flower.driver import run_train
-
-    return run_train(cfg, ctx)

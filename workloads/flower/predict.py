@@ -96,7 +96,7 @@ def log_model(ctx, model_file: Path) -> Path:
     import torch
 
     from orchard.models import free_dims, pip_requirements, save_model
-    from workloads.flower.train import load_model
+    from workloads.flower.checkpoint import load_model
 
     model, scale = load_model(model_file)
     tile = int(torch.load(model_file, map_location="cpu", weights_only=True).get("tile_size", 64))
@@ -133,7 +133,7 @@ class Predictor:
                  max_pixels: int | None = DEFAULT_MAX_PIXELS):
         import torch
 
-        from workloads.flower.train import load_model
+        from workloads.flower.checkpoint import load_model
 
         torch.set_num_threads(1)
         # auto: a GPU if this actor was given one (Ray hides the GPUs from actors that hold none)
@@ -173,22 +173,14 @@ def predict_gpus(device: str, cluster_gpus: float) -> float:
     return 1.0 if device == "auto" and cluster_gpus > 0 else 0.0
 
 
-def run_predict(cfg: dict, ctx) -> dict[str, float]:
-    """``mode=predict``: ``_predict`` into ``<run folder>/predictions``, renamed into place whole
-    once every output is written (a run that fails leaves no partial folder)."""
-    from orchard import models
-
-    with models.predictions(ctx) as out:
-        return _predict(cfg, ctx, out)
-
-
-def _predict(cfg: dict, ctx, out: Path) -> dict[str, float]:
-    """Count every image of ``input`` (a file, a folder, or a folder holding images/) with
-    ``model``; predictions.csv, density PNGs, skipped.csv; images/s."""
+def predict(cfg: dict, ctx, out: Path) -> dict[str, float]:
+    """``mode=predict``: count every image of ``input`` (a file, a folder, or a folder holding
+    images/) with ``model`` into ``out``, the predictions folder the core opened (renamed into
+    place whole once this returns: orchard.registry.entry); predictions.csv, density PNGs,
+    skipped.csv; images/s."""
     import ray
 
     from orchard import models, skipped
-    from orchard.storage import Storage
 
     model_dir, meta = models.resolve_model(cfg["model"], "flower", ctx.tracking_uri, Path(ctx.run_dir) / "model_in")
     source = Path(cfg["input"]).expanduser()
@@ -201,7 +193,7 @@ def _predict(cfg: dict, ctx, out: Path) -> dict[str, float]:
     rows = models.predict_files(files, Predictor, {"tile_size": int(meta.get("tile_size", 64)),
                                                    "batch_size": int(cfg["flower"]["eval_batch_size"]),
                                                    "device": device, "max_pixels": cfg["flower"].get("max_image_pixels")},
-                                ctx, Storage.for_run(cfg, ctx.run_dir), model_dir, out, desc="counting",
+                                ctx, ctx.storage, model_dir, out, desc="counting",
                                 num_gpus=predict_gpus(device, ray.cluster_resources().get("GPU", 0))) if files else []
     rows += skipped.as_rows(unusable, source if source.is_dir() else source.parent)
     elapsed = time.perf_counter() - started

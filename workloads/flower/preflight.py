@@ -71,7 +71,8 @@ def data_dir_tiles(cfg: dict) -> int | None:
     if is_uri(f["data_dir"]):
         return None
     from orchard.skipped import SkippedFile
-    from workloads.flower.data import PhotoError, list_images, photo_size, read_table, region_of_interest
+    from workloads.flower.data import PhotoError, list_images, photo_size, read_table
+    from workloads.flower.tiles import region_of_interest
 
     root, tile = Path(f["data_dir"]), f["tile_size"]
     check_tables(root)
@@ -83,7 +84,7 @@ def data_dir_tiles(cfg: dict) -> int | None:
     for name in names:
         try:
             width, height = photo_size(root / "images" / name, f["max_image_pixels"])
-        except PhotoError as exc:  # skipped and counted by the tiling step (data.tile_images)
+        except PhotoError as exc:  # skipped and counted by the tiling step (tiles.tile_images)
             unreadable.append(SkippedFile(name, exc.kind, str(exc)))
             continue
         window = f["roi"]
@@ -133,3 +134,14 @@ def check_tiles_per_worker(cfg: dict, total: int, where: str) -> None:
         raise ConfigError("flower.batch_size", f"at most {most // workers}: {total} tiles from {where} leave at most "
                           f"{most} training tiles for {workers} workers (or more images, a smaller "
                           f"flower.tile_size, fewer strategy.num_workers), got {f['batch_size']}")
+
+
+def enough_tiles_per_worker(cfg: dict, train_tiles: int) -> None:
+    """Refuse (ConfigError: the run FAILED, one line, exit 2) before Ray Train starts when the
+    bin-sampled training tiles give a worker less than one batch."""
+    f, workers = cfg["flower"], int(cfg["strategy"]["num_workers"])
+    per_worker = train_tiles // workers
+    if per_worker < f["batch_size"]:
+        raise ConfigError("flower.batch_size", f"at most {per_worker} here: bin sampling left {train_tiles} training "
+                          f"tiles for {workers} workers (or: more flower.synthetic.num_images, a smaller "
+                          f"flower.tile_size, fewer strategy.num_workers)")

@@ -1,6 +1,6 @@
 """A synthetic canola field for when no annotated field images are at hand.
 
-Writes exactly what the real loader (`data.py`) reads, so both paths run the same code:
+Writes exactly what the real loader (`data.py`, `tiles.py`) reads, so both paths run the same code:
     <out>/images/<name>.png        RGB field photographs (PNG)
     <out>/points.csv               image,x,y   one row per flower centre (pixels)
     <out>/annotated/<name>.png     (annotation="red_cross") copies with pure-red crosses (3.3.2)

@@ -12,7 +12,6 @@ completion time and throughput series to workers/rank<r>.json in the run storage
 """
 from __future__ import annotations
 
-import io
 import os
 import tempfile
 import threading
@@ -25,10 +24,10 @@ import torch
 from orchard import divergence
 from orchard.private_tmp import private_tmp
 from orchard.errors import Diverged
-from workloads.flower.data import TileSet
+from workloads.flower.checkpoint import save_model
 from workloads.flower.model import FlowerCounterCNN, euclidean_loss
+from workloads.flower.tiles import TileSet
 
-MODEL_FILE = "model.pt"
 DIVERGED_FILE = "diverged.json"  # in the run storage: where training went non-finite (orchard/divergence.py)
 
 
@@ -173,7 +172,7 @@ def loader_threads(config: dict, device: torch.device) -> int:
 
 
 def train_loop(config: dict) -> None:
-    """Ray Train worker entry point; config = the loop config of `driver.run_train` + ctx, strategy (+ ps_group).
+    """Ray Train worker entry point; config = `loop_config` + ctx, strategy (+ ps_group).
 
     A worker that sees the run diverge (``Diverged``) writes where to the run storage and raises,
     which ends its whole group (peers may wait in an all-reduce); the group Ray Train starts again
@@ -318,16 +317,34 @@ def _train(config: dict, run_storage) -> None:
                "cache_evicted_bytes": evicted_bytes() - evicted_from, "pid": os.getpid()}
     run_storage.write_json(f"workers/rank{env.rank}.json", summary)
     if env.rank == 0:
-        module = getattr(replica, "module", model)
-        state = {k: v.contiguous() for k, v in module.state_dict().items()}  # channels_last or not: one file format
-        buffer = io.BytesIO()
-        torch.save({"model": state, "density_scale": scale, "tile_size": int(tiles.images.shape[1])}, buffer)
-        run_storage.write_bytes(MODEL_FILE, buffer.getvalue())
+        save_model(run_storage, getattr(replica, "module", model), scale, int(tiles.images.shape[1]))
+
+# --------------------------------------------------------------------------- on the driver
+def loop_config(cfg: dict, tile_store, density, fit_idx, val_idx, run_storage) -> dict:
+    """What every worker's ``train_loop`` reads (the launcher adds ctx, strategy, ps_group):
+    the tile cache and density targets in storage, this run's split and the flower settings."""
+    f = cfg["flower"]
+    return {
+        "cache": tile_store.child("tiles"), "density": density, "train_idx": fit_idx.tolist(),
+        "run_storage": run_storage, "val_idx": val_idx.tolist(), "val_every": int(f.get("val_every", 1)),
+        "seed": cfg["seed"], "batch_size": f["batch_size"], "prefetch": f["prefetch"], "epochs": f["epochs"],
+        "density_scale": f["density_scale"], "optimizer": dict(f["optimizer"]),
+        "profile_every": f["profile_every"], "checkpoint_every": cfg["strategy"].get("checkpoint_every", 1),
+        "fail_at_epoch": f.get("fail_at_epoch"), "log_every": f["log_every"], "warmup_steps": f["warmup_steps"],
+        "precision": f["precision"], "channels_last": f["channels_last"], "compile": f["compile"],
+        "loader_threads": f["loader_threads"], "eval_batch_size": f["eval_batch_size"],
+    }
 
 
-def load_model(path: str | Path, device: str = "cpu") -> tuple[FlowerCounterCNN, float]:
-    """The trained model saved by `train_loop` (weights only) on ``device``, and its density scale."""
-    data = torch.load(Path(path), map_location="cpu", weights_only=True)
-    model = FlowerCounterCNN()
-    model.load_state_dict(data["model"])
-    return model.to(device).eval(), float(data["density_scale"])
+def launch_workers(config: dict, cfg: dict, ctx, run_storage, train_store) -> None:
+    """Train on the workers; the strategy (ring | ps sync | ps async) is the launcher's business.
+    Checkpoints go to ``train_store`` (checkpoint.resolve); a worker that saw the run diverge
+    makes the run's error ``Diverged`` (``raise_if_diverged``), not Ray Train's."""
+    from orchard.strategies import launch
+
+    try:
+        launch(train_loop, config, cfg, ctx, name="flower", storage_path=train_store.uri)
+    except Exception:
+        raise_if_diverged(run_storage, train_store, ctx)  # a worker raised Diverged: that, not Train's error
+        raise
+    raise_if_diverged(run_storage, train_store, ctx)  # a worker diverged, the group Train restarted ended at once

@@ -121,7 +121,7 @@ def test_a_phone_photo_is_read_upright_as_cv2_reads_it(tmp_path):
 
 # --------------------------------------------------------------------------- tiling skips and counts
 def test_tiling_skips_a_truncated_photo_and_keeps_the_rest(data, tmp_path):
-    from workloads.flower.data import TileSet, prepare_tiles
+    from workloads.flower.tiles import TileSet, prepare_tiles
 
     truncate(data / "images" / "field_0001.png")
     (data / "images" / "field_0002.png").write_bytes(png_header(30_000, 30_000))
@@ -230,7 +230,7 @@ def test_csvs_in_remote_storage_are_checked_before_tiling_and_named_by_uri(data,
     for key, value in s3_env.items():  # the moto server of tests/conftest.py
         monkeypatch.setenv(key, value)
     from orchard.storage import Storage
-    from workloads.flower.driver import check_remote_tables
+    from workloads.flower.data import check_remote_tables
 
     store = Storage("s3://orchard/fields")
     store.upload(data, "good")

@@ -2,8 +2,9 @@
 import numpy as np
 import pytest
 
-from workloads.flower.data import (TileSet, assign_bins, bin_sample, read_rgb, red_cross_points,
-                                   region_of_interest, split_into_tiles, tile_images)
+from workloads.flower.data import read_rgb, red_cross_points
+from workloads.flower.tiles import (TileSet, assign_bins, bin_sample, region_of_interest, split_into_tiles,
+                                    tile_images)
 from workloads.flower.density_map import density_map
 from workloads.flower.synthetic_field import draw_red_crosses, generate_field
 
@@ -63,7 +64,7 @@ def test_tiles_keep_every_flower_in_the_roi_once():
 
 
 def test_synthetic_field_writes_what_the_loader_reads(tmp_path, ray_session):
-    from workloads.flower.data import prepare_tiles
+    from workloads.flower.tiles import prepare_tiles
 
     root = generate_field(tmp_path / "field", num_images=2, height=200, width=300, tile_size=64, seed=3)
     crossed = generate_field(tmp_path / "crossed", num_images=2, height=200, width=300, tile_size=64, seed=3,
@@ -106,7 +107,7 @@ def test_tiling_streams_tiles_to_disk_without_holding_them_all(tmp_path):
     concatenation)."""
     import tracemalloc
 
-    from workloads.flower.data import prepare_tiles
+    from workloads.flower.tiles import prepare_tiles
 
     root = generate_field(tmp_path / "field", num_images=32, height=256, width=384, tile_size=64, seed=4)
     tracemalloc.start()

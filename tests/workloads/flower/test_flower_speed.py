@@ -294,7 +294,7 @@ def test_cache_evicted_bytes_adds_the_drivers_and_each_workers_once():
     a worker in the driver's own process (local mode) is already in the driver's count."""
     import os
 
-    from workloads.flower.driver import cache_evicted
+    from workloads.flower.throughput import cache_evicted
 
     workers = [{"rank": 0, "cache_evicted_bytes": 300, "pid": os.getpid() + 1},
                {"rank": 1, "cache_evicted_bytes": 40, "pid": os.getpid() + 2},

@@ -31,7 +31,7 @@ def field_png():
 def test_the_logged_model_predicts_in_a_fresh_process_without_ray(trained, field_png, tmp_path):
     import torch
 
-    from workloads.flower.train import load_model
+    from workloads.flower.checkpoint import load_model
 
     import mlflow
 
@@ -64,7 +64,7 @@ def test_the_logged_model_predicts_in_a_fresh_process_without_ray(trained, field
 @pytest.mark.slow
 def test_predict_counts_new_images_and_skips_a_bad_file(trained, field_png, tmp_path):
     from workloads.flower.predict import count_image
-    from workloads.flower.train import load_model
+    from workloads.flower.checkpoint import load_model
 
     rgb, true_count = field_png
     folder = tmp_path / "new_images"

@@ -1,0 +1,73 @@
+"""What the workers' summaries say, read on the driver after training: the thesis's Table 5.2
+(throughput mean/std/var over the steady steps, the completion time = the slowest worker's
+training time, 4.2), where the training wall time went, and what the node caches evicted.
+
+Each worker writes its summary as ``workers/rank<r>.json`` in the run storage at the end of
+``train.train_loop``; they come back through storage, never a driver path.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+
+def worker_metrics(run_storage, warmup_steps: int, train_started: float, driver_evicted: int) -> dict[str, float]:
+    """The run's training figures from the workers' summaries (workers/rank<r>.json: they come
+    back through storage, never a driver path): throughput, completion and start-up times, and
+    what the node caches evicted (the driver's ``driver_evicted`` bytes and the workers')."""
+    summaries = [run_storage.read_json(f"workers/{name}") for name in run_storage.list("workers")
+                 if name.startswith("rank") and name.endswith(".json")]
+    metrics = throughput_stats(summaries, warmup_steps)
+    metrics.update(time_split(summaries, train_started))
+    metrics["cache/evicted_bytes"] = cache_evicted(summaries, driver_evicted)
+    return metrics
+
+
+def throughput_stats(worker_files: list, warmup_steps: int) -> dict[str, float]:
+    """Table 5.2 figures from the workers' per-step series, plus the completion time.
+
+    The run's throughput at step i is the sum of every worker's images/s at its step i; the
+    first `warmup_steps` steps (graph building, first all-reduce) are left out of mean/std/var.
+    """
+    summaries = [p if isinstance(p, dict) else json.loads(Path(p).read_text()) for p in worker_files]
+    if not summaries:
+        raise RuntimeError("no worker wrote its summary: training did not finish")
+    length = min(len(s["throughput"]) for s in summaries)
+    total = np.sum([np.asarray(s["throughput"][:length]) for s in summaries], axis=0)
+    steady = total[warmup_steps:] if length > warmup_steps else total
+    out = {"time/completion_s": max(s["completion_s"] for s in summaries),
+           "throughput/mean_images_per_s": float(np.mean(steady)) if steady.size else float("nan"),
+           "throughput/std_images_per_s": float(np.std(steady)) if steady.size else float("nan"),
+           "throughput/var_images_per_s": float(np.var(steady)) if steady.size else float("nan"),
+           "train/workers": float(len(summaries))}
+    first_epoch = max(s["first_epoch"] for s in summaries)
+    if first_epoch > 0:  # the group went on from a checkpoint (a resume, or a worker died: FailureConfig)
+        out["train/resumed_from_epoch"] = float(first_epoch)  # a fresh run has no such metric
+    for s in summaries:
+        out[f"time/w{s['rank']}_completion_s"] = s["completion_s"]
+        util = s.get("gpu_util") or []
+        if util:
+            out[f"system/w{s['rank']}_gpu_util_pct_mean"] = float(np.mean(util))
+            out[f"system/w{s['rank']}_gpu_util_pct_std"] = float(np.std(util))
+    return out
+
+
+def cache_evicted(summaries: list[dict], driver_bytes: int) -> float:
+    """``cache/evicted_bytes``: what the node caches evicted for this run (least recently used
+    copies removed past ``storage.node_cache_max_gb``), the driver's ``driver_bytes`` and each
+    Train worker's; a worker in the driver's own process (Train's local mode) is counted once."""
+    return float(driver_bytes + sum(int(s.get("cache_evicted_bytes", 0)) for s in summaries
+                                    if s.get("pid") != os.getpid()))
+
+
+def time_split(summaries: list[dict], train_started: float) -> dict[str, float]:
+    """Where the training wall time went: until the first step of any worker (Ray Train's start,
+    worker start-up, the shard load), and the slowest worker's time in its step loops."""
+    firsts = [s["first_step_at"] for s in summaries if s.get("first_step_at")]
+    out = {"time/steps_s": max((float(s.get("steps_s", 0.0)) for s in summaries), default=0.0)}
+    if firsts:
+        out["time/train_start_s"] = min(firsts) - train_started
+    return out
