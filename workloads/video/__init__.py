@@ -2,9 +2,11 @@
 
 Source: ../shared/seeds/002_72214092b69955a1.txt (design notes, partly Chinese). Layers:
 video cache/decode (decoder.py, cache.py), feature extraction (extractors.py, stages.py,
-pipeline.py), two-stream CNN training (model.py, train.py), fusion (aggregation.py),
+pipeline.py), two-stream CNN training (model.py, train.py), fusion (aggregation.py, evaluate.py),
 inference on untrimmed video (inference.py), master/bypass control (master.py).
-Light on purpose: nothing heavy is imported until ``run``.
+The core calls run.py's ``run`` for mode=train and predict.py's ``predict`` for
+mode=predict (orchard/registry.py ``entry``). Light on purpose: nothing heavy is
+imported here.
 """
 from __future__ import annotations
 
@@ -146,15 +148,3 @@ def dataset(cfg: dict) -> dict:
     syn = v["synthetic"]
     return {"name": f"synthetic videos {syn['num_classes']}x{syn['videos_per_class']} {syn['size']}px",
             "generator": "workloads.video.synthetic_videos", "settings": {**syn, "seed": cfg["seed"]}}
-
-
-def run(cfg: dict, ctx) -> dict[str, float]:
-    """Train and evaluate the two-stream pipeline (returns the final metrics), or, with
-    mode=predict, classify videos and find their highlights with a trained model (predict.py)."""
-    if cfg["mode"] == "predict":
-        from .predict import run_predict
-
-        return run_predict(cfg, ctx)
-    from .runner import run as _run
-
-    return _run(cfg, ctx)

@@ -236,3 +236,20 @@ def make_cache(kind: str, directory: str | os.PathLike, max_mb: float) -> Featur
     if kind == "disk":
         return FeatureCache("disk", directory=str(directory), max_bytes=max_bytes)
     return FeatureCache("none")
+
+
+def cache_dir(cfg: dict):
+    """The frame-index store and disk cache (an ``orchard.storage.Storage``): ``video.cache_dir``,
+    or ``<storage root>/video/cache`` (``storage.uri``, else ``output_dir``): shared by every run
+    on that storage, and by every node."""
+    from orchard.storage import Storage
+
+    return Storage(cfg["video"].get("cache_dir") or Storage.root(cfg).child("video", "cache"))
+
+
+def accumulate(totals: dict, stats: dict) -> None:
+    """Add the per-stage cache counters of ``stats`` (master.stage_stats) into ``totals``
+    (``hits``, ``misses``, ``saved_s``)."""
+    for s in stats.values():
+        for k in ("hits", "misses", "saved_s"):
+            totals[k] += s.get(k, 0)

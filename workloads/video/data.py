@@ -17,6 +17,11 @@ The frame index of a video (the pts of every frame) and its content digest are r
 and kept under ``<cache_dir>/index``: a second run over the same files decodes nothing to
 scan them.  The store is bounded (``video.index_max_mb``): after each scan the least recently
 used entries go (a read refreshes an entry; an edited file's old entry is never read again).
+
+For a run (run.py step 1): ``index_videos`` scans ``video.root``, or the synthetic videos
+``prepare_data`` writes to storage once (synthetic_videos.py), and logs what it found;
+``segment_dataset`` is the pipeline over chosen segments of those videos; ``untrimmed_videos``
+are the videos inference classifies (``video.inference.root``, or synthetic ones).
 """
 from __future__ import annotations
 
@@ -378,3 +383,126 @@ def scan(root: str, val_fraction: float = 0.25, seed: int = 0, min_frames: int =
         if s is not None:
             index.splits[i] = s
     return index
+
+
+# --------------------------------------------------------------------------- the run's data (run.py step 1)
+def index_videos(cfg: dict, ctx, store):
+    """Index the videos (frame pts, read once and kept under ``store``'s ``index`` folder: the
+    run's cache storage, cache.cache_dir), set non-videos aside (counted by kind) and log what was
+    found; returns ``(index, train ids, val ids, skipped files by kind)``."""
+    from orchard import skipped
+    from orchard.errors import ConfigError
+
+    vcfg, seed = cfg["video"], int(cfg["seed"])
+    root, storage_uri = prepare_data(cfg, ctx)
+    index = scan(root, float(vcfg["val_fraction"]), seed, decoder=vcfg["decoder"], index_dir=store.child("index").uri,
+                 split_files=vcfg.get("split_files"), split=int(vcfg.get("split") or 1), storage_uri=storage_uri,
+                 index_max_mb=vcfg.get("index_max_mb"))
+    problem = classes_problem(index.classes, lambda c: index.classes.index(c) in index.labels, root)
+    if problem:
+        raise ConfigError("video.root", problem)
+    train_ids, val_ids = index.subset("train"), index.subset("val")
+    if not train_ids or not val_ids:
+        raise ConfigError("video.root", f"training and validation videos; found {len(train_ids)} and "
+                          f"{len(val_ids)} in {root}")
+    ctx.log_params({"video.root_used": storage_uri or root, "video.classes": ",".join(index.classes), "video.layout": index.layout})
+    ctx.log_dict({"files": index.skipped, "kinds": index.skipped_kinds}, "tables/skipped_files.json")
+    # the bad-data policy shared by the workloads (orchard/skipped.py): named, counted by kind, skipped.csv
+    set_aside = [skipped.SkippedFile(Path(p).name, index.skipped_kinds.get(p, "unreadable"), r)
+                 for p, r in index.skipped.items()]
+    skipped_by_kind = {k: v for k, v in skipped.report(ctx, set_aside, "video").items() if k != "data/skipped_files"}
+    ctx.log_metrics({"data/videos": len(index.paths), "data/train_videos": len(train_ids),
+                     "data/val_videos": len(val_ids), "data/skipped_files": len(index.skipped),
+                     "data/index_reused": index.index_reused, "cache/index_pruned": index.index_pruned,
+                     "data/video_mb": index.video_bytes / 2**20, **skipped_by_kind})
+    if index.skipped:
+        ctx.set_tags({"video.skipped_files": "; ".join(f"{Path(p).name}: {r[:60]}" for p, r in index.skipped.items())[:4000]})
+    return index, train_ids, val_ids, skipped_by_kind
+
+
+def prepare_data(cfg: dict, ctx) -> tuple[str, str | None]:
+    """The dataset: ``video.root``, or synthetic videos kept in storage; returns (a folder on this
+    machine to read the layout from, the storage URI the videos are read from on every node, or
+    None when that folder is the one they are read from).
+
+    The synthetic videos live in ``<storage root>/video/data/<settings>`` (``storage.uri``, or
+    ``output_dir`` by default: orchard/storage.py), keyed by the generator's settings, so later
+    runs and other nodes reuse them."""
+    from orchard.storage import Storage
+
+    vcfg = cfg["video"]
+    if vcfg.get("root"):
+        return vcfg["root"], None
+    syn = vcfg["synthetic"]
+    difficulty = _difficulty(syn)
+    name = f"synthetic_c{syn['num_classes']}_v{syn['videos_per_class']}_s{syn['size']}_f{syn['num_frames']}_seed{cfg['seed']}"
+    name += "".join(f"_{k}{v:g}" for k, v in difficulty.items() if v)
+    store = Storage.root(cfg).child("video", "data", name)
+    if store.is_local:
+        _generate(cfg, store.local_path)   # idempotent: files already there are kept
+        return str(store.local_path), None
+    if not store.complete():   # generate here, then publish the folder (marked complete last)
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="orchard-video-") as tmp:
+            _generate(cfg, Path(tmp))
+            store.upload(tmp)
+    return str(store.localize()), store.uri
+
+
+def _generate(cfg: dict, root: Path) -> None:
+    """The synthetic training videos (and, with ``bad_files``, the four bad files) under ``root``."""
+    from .synthetic_videos import generate_dataset, write_bad_files
+
+    syn = cfg["video"]["synthetic"]
+    generate_dataset(root, syn["num_classes"], syn["videos_per_class"], size=syn["size"],
+                     num_frames=syn["num_frames"], seed=int(cfg["seed"]), **_difficulty(syn))
+    if syn.get("bad_files"):
+        first_class = sorted(p for p in root.iterdir() if p.is_dir())[0]
+        write_bad_files(first_class, next(first_class.glob("*.mp4")))
+
+
+def _difficulty(syn: dict) -> dict[str, float]:
+    """The generator's difficulty knobs (synthetic_videos.py); absent keys mean off."""
+    return {k: float(syn.get(k) or 0.0) for k in ("appearance_cue", "noise", "shake")}
+
+
+def segment_dataset(segments, features, index, vcfg, master, cache):
+    """The Ray Data pipeline (decode once, every feature) over ``segments`` of ``index``'s videos."""
+    from .pipeline import build_dataset
+
+    return build_dataset(segments, features, index.paths, index.lengths, vcfg, master, cache,
+                         pts=index.pts, digests=index.digests)
+
+
+def untrimmed_videos(cfg: dict, classes: list[str], storage) -> list[dict]:
+    """Untrimmed videos to classify: ``video.inference.root`` (class folders) or synthetic ones,
+    written to the run's storage (``storage``: its ``untrimmed`` folder) and named there, so the
+    decode stages read them on any node."""
+    import tempfile
+
+    from .synthetic_videos import MOTION_CLASSES, generate_untrimmed
+
+    vcfg, icfg = cfg["video"], cfg["video"]["inference"]
+    if icfg.get("root"):
+        found = scan(icfg["root"], val_fraction=0.0, decoder=vcfg["decoder"])
+        return [{"path": p, "label": found.classes[lab], "length": n, "pts": pts}
+                for p, lab, n, pts in zip(found.paths, found.labels, found.lengths, found.pts)]
+    if int(icfg["videos"]) <= 0 or not set(classes) <= set(MOTION_CLASSES):
+        return []  # real training data with no untrimmed videos given: nothing to classify
+    seed = int(cfg["seed"])
+    with tempfile.TemporaryDirectory(prefix="orchard-untrimmed-") as tmp:
+        folder = storage.local_path if storage.is_local else Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        videos = [generate_untrimmed(folder / f"untrimmed_{i}.mp4", classes[i % len(classes)],
+                                     seed=10_000 + seed * 97 + i, size=int(vcfg["synthetic"]["size"]),
+                                     background_frames=int(icfg["background_frames"]),
+                                     action_frames=int(icfg["action_frames"]), **_difficulty(vcfg["synthetic"]))
+                  for i in range(int(icfg["videos"]))]
+        if not storage.is_local:
+            for video in videos:
+                name = Path(video["path"]).name
+                storage.write_bytes(name, Path(video["path"]).read_bytes())
+                video["path"] = f"{storage.uri}/{name}"
+    return videos
+

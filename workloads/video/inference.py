@@ -89,7 +89,7 @@ def run_inference(videos: list[dict], classes: list[str], models: dict, streams:
     """
     from .decoder import build_decoder
     from .pipeline import build_dataset, frame_count
-    from .train import predict
+    from .model import predict
 
     from .data import file_digest
 

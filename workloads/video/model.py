@@ -8,6 +8,9 @@ L for framediff, ``bins`` for hog). A model never knows how it is distributed.
 """
 from __future__ import annotations
 
+import io
+
+import numpy as np
 import torch
 from torch import nn
 
@@ -58,3 +61,19 @@ class StreamNet(nn.Module):
 def build_stream_model(in_channels: int, num_classes: int, widths, dropout: float = 0.2) -> StreamNet:
     """The per-stream CNN; ``widths`` is one channel count per ResNet stage."""
     return StreamNet(in_channels, num_classes, tuple(int(w) for w in widths), dropout)
+
+
+def load_model(state: bytes, in_channels: int, num_classes: int, widths, dropout: float):
+    """The eval-mode model of a stream from its state bytes (a ``replica.state_dict()``: train.py)."""
+    model = build_stream_model(in_channels, num_classes, widths, dropout)
+    model.load_state_dict(torch.load(io.BytesIO(state), weights_only=True)["model"])
+    return model.eval()
+
+
+def predict(model, features: np.ndarray, batch: int = 256) -> np.ndarray:
+    """Softmax probabilities (N, C) for uint8 features (N, C_in, H, W)."""
+    out = []
+    with torch.no_grad():
+        for i in range(0, len(features), batch):
+            out.append(torch.softmax(model(torch.as_tensor(features[i:i + batch])), 1).numpy())
+    return np.concatenate(out) if out else np.zeros((0, 0))

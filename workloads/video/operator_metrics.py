@@ -6,7 +6,7 @@ split-coordinator actor for a stream's trainers), the probe samples every
 operator there at most every ``SAMPLE_S`` seconds (internal input/output queues
 in blocks and bytes, the operator's object-store usage, the executor's global
 usage against its limit) and, when the execution ends, sends one summary per
-execution to the master, which the runner turns into ``pipeline/<stage>_...``
+execution to the master, which run.py and train.py turn into ``pipeline/<stage>_...``
 metrics. The probe reads Ray Data internals (``OpRuntimeMetrics``, the
 resource manager) through ``getattr`` with defaults: a renamed field reads 0,
 it never breaks a run.
@@ -198,3 +198,15 @@ def pipeline_budget(mb: float | None):
         yield
     finally:
         options.resource_limits = before
+
+
+def operator_summaries(master, wait_s: float = 5.0) -> list[dict]:
+    """The probe summaries the master holds (reset); waits briefly for the fire-and-forget report."""
+    import ray
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        got = ray.get(master.operator_summaries.remote(True))
+        if got or time.monotonic() > deadline:
+            return got
+        time.sleep(0.1)

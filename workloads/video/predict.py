@@ -80,7 +80,7 @@ class VideoModel:
     def window_scores(self, clips: list[np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """Per stream (W, K) probabilities and per feature (W, C, H, W) features of clips of
         ``count`` frames at the model's size."""
-        from .train import predict
+        from .model import predict
 
         feats = {f: np.stack([ext(c) for c in clips]) for f, ext in self.extractors.items()}
         scores = {name: predict(self.models[name], feats[spec["feature"]]) for name, spec in self.streams.items()}
@@ -314,7 +314,7 @@ def highlight_metrics(predicted: dict[str, dict], truth: dict[str, list[tuple]],
 
 def training_highlight_metrics(records: list[dict], count: int) -> dict[str, float]:
     """tIoU and mAP@0.5 of the synthetic untrimmed set's highlights during training
-    (runner [8]: each record's kept windows vs its known action frames)."""
+    (run.py step 3: each record's kept windows vs its known action frames)."""
     predicted, truth = {}, {}
     for r in records:
         start, end = r.get("action_frames") or [None, None]
@@ -378,20 +378,11 @@ class Predictor:
         return {k: np.asarray(v) for k, v in cols.items()}
 
 
-def run_predict(cfg: dict, ctx) -> dict[str, float]:
-    """``mode=predict``: ``_predict`` into ``<run folder>/predictions``, renamed into place whole
-    once every output is written (a run that fails leaves no partial folder)."""
-    from orchard import models
-
-    with models.predictions(ctx) as out:
-        return _predict(cfg, ctx, out)
-
-
-def _predict(cfg: dict, ctx, out: Path) -> dict[str, float]:
-    """Classify every video of ``input``; highlight segments; tIoU and mAP@0.5 against
-    ``segments.csv`` when the input folder has one."""
+def predict(cfg: dict, ctx, out: Path) -> dict[str, float]:
+    """``mode=predict``: classify every video of ``input``; highlight segments; tIoU and mAP@0.5
+    against ``segments.csv`` when the input folder has one. ``out`` is the predictions folder the
+    core opened (orchard/registry.py ``entry``: renamed into place once written whole)."""
     from orchard import models, skipped
-    from orchard.storage import Storage
 
     model_dir, _ = models.resolve_model(cfg["model"], "video", ctx.tracking_uri, Path(ctx.run_dir) / "model_in")
     models.trusted_modules(model_dir, SETTINGS_FILE, "extractor_modules", cfg["video"].get("extractor_modules"),
@@ -400,7 +391,7 @@ def _predict(cfg: dict, ctx, out: Path) -> dict[str, float]:
     files, unusable = skipped.readable(p for p in skipped.listed_inputs(source, ()) if p.name != TRUTH_FILE)
     started = time.perf_counter()
     held = int(cfg["video"]["inference"].get("max_frames_in_memory") or MAX_FRAMES_IN_MEMORY)
-    rows = models.predict_files(files, Predictor, {"max_frames": held}, ctx, Storage.for_run(cfg, ctx.run_dir), model_dir, out,
+    rows = models.predict_files(files, Predictor, {"max_frames": held}, ctx, ctx.storage, model_dir, out,
                                 desc="classifying", batch_size=2) if files else []
     rows += skipped.as_rows(unusable, source if source.is_dir() else source.parent)
     elapsed = time.perf_counter() - started

@@ -10,12 +10,17 @@ goes on) and every rank reports a checkpoint.
 from __future__ import annotations
 
 import io
+import logging
 import time
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass
 
 import numpy as np
 
 from orchard import background, divergence
 from orchard.errors import Diverged
+
+log = logging.getLogger(__name__)
 
 
 def stream_channels(feature: str, stack: int, options: dict, size: int) -> int:
@@ -30,7 +35,7 @@ def train_loop(config: dict) -> None:
 
     A worker that sees its stream diverge (a NaN or infinite loss, or weights at an epoch's end:
     ``orchard.divergence``) hands ``{"stream", "diverged"}`` to the driver, which ends the run
-    (``runner._diverged``), and returns: no checkpoint of it, and no retries of Ray Train."""
+    (``_diverged``), and returns: no checkpoint of it, and no retries of Ray Train."""
     from ray.exceptions import RayActorError
 
     try:
@@ -145,28 +150,6 @@ def _train(config: dict) -> None:
         epoch += 1
 
 
-def load_model(state: bytes, in_channels: int, num_classes: int, widths, dropout: float):
-    """The eval-mode model of a stream from its state bytes."""
-    import torch
-
-    from .model import build_stream_model
-
-    model = build_stream_model(in_channels, num_classes, widths, dropout)
-    model.load_state_dict(torch.load(io.BytesIO(state), weights_only=True)["model"])
-    return model.eval()
-
-
-def predict(model, features: np.ndarray, batch: int = 256) -> np.ndarray:
-    """Softmax probabilities (N, C) for uint8 features (N, C_in, H, W)."""
-    import torch
-
-    out = []
-    with torch.no_grad():
-        for i in range(0, len(features), batch):
-            out.append(torch.softmax(model(torch.as_tensor(features[i:i + batch])), 1).numpy())
-    return np.concatenate(out) if out else np.zeros((0, 0))
-
-
 def shift_workers(alloc: dict[str, int], val_loss: dict[str, float], ratio: float,
                   min_workers: int) -> tuple[dict[str, int], str]:
     """The notes' dynamic allocation, evaluated between epochs.
@@ -219,3 +202,240 @@ def launch_streams(streams: dict[str, dict], alloc: dict[str, int], queues: dict
     return {s: background.start(one, s, name=f"video-train-{s}") for s in streams}
 
 
+# --------------------------------------------------------------------------- the driver's epoch loop
+@dataclass
+class Trained:
+    """What the epochs leave (``train_epochs``): the streams' last validated states, their eval
+    models scored on the validation set, the allocation history and the counters run.py reports."""
+    states: dict[str, bytes]
+    steps: dict[str, int]
+    history: list[dict]            # per epoch: workers, val loss, the shift rule's verdict
+    waits: dict[str, list[float]]  # per stream: its trainers' wait fraction, epoch by epoch
+    models: dict
+    scores: dict[str, np.ndarray]  # per stream (V, K, C) validation probabilities
+    labels: np.ndarray
+    val: dict[str, float]          # val/<stream>_loss and val/<stream>_top1
+    epochs_run: int
+    time_to_target: float | None
+    shifts_applied: int
+    shift_wait_s: float
+    whole_training: dict[str, float]   # the pipeline's busy fractions and rates over the whole training
+    t_train: float                 # perf_counter() when training began
+
+
+def train_epochs(cfg: dict, ctx, *, index, train_ids: list[int], streams: dict, features: list[str], count: int,
+                 master, cache, val_data: dict, resumed: dict | None, first_epoch: int, run_storage,
+                 cache_totals: dict, phase_s: dict) -> Trained:
+    """Every epoch after ``first_epoch``: the master's segment seeds through one pipeline, the
+    feeder dealing it to one Ray Train run per stream; after each epoch the driver validates the
+    streams' states (``evaluate.score_states``), applies the notes' worker-shift rule, writes the
+    epoch's checkpoint and logs its metrics; a met ``video.target_top1`` stops training early.
+    Adds to ``cache_totals`` and ``phase_s`` (``train``, ``val``) in place."""
+    import ray
+
+    from .aggregation import topk_accuracy
+    from .cache import accumulate
+    from .checkpoint import save_checkpoint
+    from .data import segment_dataset
+    from .evaluate import score_states
+    from .feeder import Feeder, make_queues, shutdown_queues
+    from .pipeline import stage_metrics
+
+    # the master draws each epoch's class-balanced segment seeds (a pure function of the seed
+    # and the epoch); one pipeline carries them all. A resumed run draws only the epochs after
+    # its checkpoint's: no epoch is trained twice
+    vcfg, epochs, num_classes = cfg["video"], int(cfg["video"]["epochs"]), len(index.classes)
+    alloc = dict(resumed["alloc"]) if resumed else {s: int(n) for s, n in vcfg["workers"].items()}
+    history = list(resumed["history"]) if resumed else []
+    states: dict[str, bytes] = dict(resumed["states"]) if resumed else {}
+    steps: dict[str, int] = dict(resumed["steps"]) if resumed else {}
+    history_waits = {s: list(w) for s, w in resumed["waits"].items()} if resumed else {}
+    train_stats: dict[str, dict] = {}   # every stage's counters over the whole training
+    epochs_run, time_to_target = first_epoch, None
+    shifts_applied, shift_wait_s = 0, 0.0   # worker shifts applied (video.shift_apply), and their cost
+    target = vcfg.get("target_top1")
+    t_train = time.perf_counter()
+    if first_epoch < epochs:
+        segments = []
+        for epoch in range(first_epoch, epochs):
+            drawn = ray.get(master.epoch_segments.remote(train_ids, int(vcfg["clips_per_epoch"]), count, epoch,
+                                                         int(vcfg["offset_stride"])))
+            segments += [{**seg, "epoch": epoch} for seg in drawn]
+        # no select_columns: its projection is a 1-CPU Ray Data task of its own, which a cluster
+        # whose CPUs the streams and pools hold never schedules (the run stalls); the feeder
+        # takes only the columns it deals
+        train_ds = segment_dataset(segments, features, index, vcfg, master, cache)
+        queues = make_queues(alloc, int(vcfg["queue_depth"]))
+        results = make_queues({"results": 1}, 0)["results"][0]
+        feeder = Feeder({s: spec["feature"] for s, spec in streams.items()}, queues, int(vcfg["batch_size"]), epochs,
+                        first_epoch=first_epoch, master=master if vcfg.get("pause_decode", True) else None)
+
+        # one Ray Train run per stream for the whole training, the feeder dealing them the pipeline
+        t_window = time.perf_counter()
+        feeding = feeder.start(train_ds.iter_batches(batch_size=int(vcfg["pipeline_batch"]), batch_format="numpy"))
+        runs = launch_streams(streams, alloc, queues, results, cfg, ctx, resumed)
+        done: dict[int, dict] = {}
+        shift: dict | None = None   # a worker shift the feeder applies from shift["epoch"] on
+        generation = 0              # relaunches so far: each relaunched Train run gets a new name
+        try:
+            for epoch in range(first_epoch, epochs):
+                while len(done.get(epoch, {})) < len(streams):
+                    item = _next_result(results, runs, feeder)
+                    if "diverged" in item:   # a stream's loss or weights went non-finite: the run ends
+                        raise _diverged(item, run_storage, ctx)
+                    done.setdefault(item["epoch"], {})[item["stream"]] = item
+                for s, item in done[epoch].items():
+                    states[s], steps[s] = item["state"], int(item["steps"])
+                    history_waits.setdefault(s, []).append(item["metrics"][f"pipeline/{s}_trainer_wait_fraction"])
+                window = time.perf_counter() - t_window
+                t_window = time.perf_counter()
+                stats = ray.get(master.stage_stats.remote(True))
+                accumulate(cache_totals, stats)
+                _merge_stats(train_stats, stats)
+                pipe = stage_metrics(stats, window)
+                # validation per stream (the trainers go on with the next epoch meanwhile)
+                t_val = time.perf_counter()
+                models, scores, labels, losses, val = score_states(states, streams, val_data, num_classes, vcfg)
+                phase_s["val"] += time.perf_counter() - t_val
+                # the notes' rule, evaluated every epoch; applied (video.shift_apply) from the next
+                # epoch the feeder has not begun to deal, else logged only (docs/video.md)
+                proposed, reason = shift_workers(alloc, losses, float(vcfg["shift_ratio"]), int(vcfg["min_workers"]))
+                if vcfg.get("shift_apply") and proposed != alloc and shift is None:
+                    changed = {s: n for s, n in proposed.items() if n != alloc[s]}
+                    at = feeder.request_resize(changed)
+                    if at is not None:
+                        shift = {"epoch": at, "alloc": changed}
+                        reason += f"; applied from epoch {at + 1}"
+                history.append({"epoch": epoch, "workers": dict(alloc), "val_loss": losses, "shift_rule": reason})
+                epochs_run = epoch + 1
+                fused = topk_accuracy(np.mean([scores[s].mean(1) for s in streams], axis=0), labels, 1)
+                met = target is not None and fused >= target
+                # the epoch's checkpoint in the run storage, before its metrics: an epoch whose
+                # figures are logged is one a resume will not train again (checkpoint.py)
+                save_checkpoint(run_storage, epoch, states, steps, alloc, history, history_waits,
+                                training_done=met or epoch + 1 == epochs)
+                clips = len(streams) * int(vcfg["clips_per_epoch"])
+                ctx.log_metrics({**pipe, **val, **{f"alloc/{s}_workers": n for s, n in alloc.items()},
+                                 "pipeline/feeder_wait_pipeline_s": feeder.wait_pipeline_s,
+                                 "pipeline/feeder_wait_trainers_s": feeder.wait_trainers_s,
+                                 "pipeline/decode_pauses": float(feeder.pauses),
+                                 "pipeline/decode_paused_s": feeder.paused_s,
+                                 "throughput/pipeline_clips_per_s": clips / max(window, 1e-9),
+                                 "time/epoch_s": window}, step=epoch)
+                ctx.progress(epoch + 1, epochs, desc=f"epoch {epoch + 1}",
+                             **{f"{s} val top1": val[f"val/{s}_top1"] for s in streams})
+                if met and epoch + 1 < epochs:
+                    # target met: the master stops decoding (the stages drop what is left) and
+                    # the trainers stop at their next batch; the last validated states are kept
+                    time_to_target = time.perf_counter() - t_train
+                    ray.get(master.stop.remote())
+                    feeder.finish.set()
+                    break
+                if met and time_to_target is None:
+                    time_to_target = time.perf_counter() - t_train
+                if shift is not None and shift["epoch"] == epoch + 1:
+                    # the shifted streams' runs end at the feeder's resize mark after this
+                    # epoch; relaunch them with their new worker counts from its states
+                    generation += 1
+                    new_queues = _relaunch_shifted(shift["alloc"], streams, alloc, runs, queues, results,
+                                                   states, steps, epoch, int(vcfg["queue_depth"]), cfg, ctx,
+                                                   generation)
+                    feeder.hand_over(new_queues)
+                    shifts_applied, shift = shifts_applied + 1, None
+            for s, fut in runs.items():
+                fut.result()
+        finally:
+            feeder.stop.set()
+            if any(not f.done() for f in runs.values()) or feeder.error:
+                try:   # unblock trainers of a failed or interrupted run; never mask why it stopped
+                    shutdown_queues({**queues, "results": [results]})
+                except Exception as exc:
+                    log.warning("video: queues not shut down cleanly: %s", exc)
+                # the streams' Train runs end once their queues are gone (train.py's workers
+                # return); the run lifecycle waits for their threads before Ray stops
+                # (orchard/background.py)
+            wait_futures([feeding], timeout=30)  # the lifecycle waits for it too, before Ray stops
+            shift_wait_s = feeder.resize_wait_s
+        shutdown_queues({**queues, "results": [results]})
+    else:
+        # resumed after its last epoch (stopped in aggregation or inference): nothing to train,
+        # the checkpointed states go on to aggregation and inference
+        models, scores, labels, losses, val = score_states(states, streams, val_data, num_classes, vcfg)
+    phase_s["train"] = time.perf_counter() - t_train
+    # the pipeline runs ahead of the epochs (bounded by the queues): its busy fractions over the
+    # whole training say more than per-epoch windows in which it may have had nothing left to do
+    whole_training = {k.replace("pipeline/", "pipeline/train_", 1): v
+                      for k, v in stage_metrics(train_stats, phase_s["train"]).items()
+                      if k.endswith(("_busy_fraction", "_items_per_s", "frames_per_s"))}
+    return Trained(states, steps, history, history_waits, models, scores, labels, val, epochs_run, time_to_target,
+                   shifts_applied, shift_wait_s, whole_training, t_train)
+
+
+def _relaunch_shifted(changed: dict[str, int], streams: dict, alloc: dict, runs: dict, queues: dict, results,
+                      states: dict, steps: dict, epoch: int, depth: int, cfg: dict, ctx, generation: int) -> dict:
+    """Wait for the shifted streams' runs to end (at their resize mark), then start each again
+    with its new worker count from its state after ``epoch``; updates ``alloc``, ``runs`` and
+    ``queues`` in place and returns the new queues for the feeder."""
+    from .feeder import make_queues, shutdown_queues
+
+    old = [runs[s] for s in changed]
+    background.wait(old)
+    for fut in old:
+        fut.result()  # a run that failed instead of ending at the mark fails the run here
+    shutdown_queues({s: queues[s] for s in changed})
+    alloc.update(changed)
+    new_queues = make_queues(changed, depth)
+    queues.update(new_queues)
+    resumed = {"states": states, "steps": steps, "epoch": epoch}
+    runs.update(launch_streams({s: streams[s] for s in changed}, alloc, new_queues, results, cfg, ctx, resumed,
+                               generation=generation))
+    return new_queues
+
+
+def _next_result(results, runs: dict, feeder) -> dict:
+    """The next end-of-epoch state from a stream's rank 0; raises if a run or the feeder failed."""
+    from ray.util.queue import Empty
+
+    while True:
+        try:
+            return results.get(block=True, timeout=1.0)
+        except Empty:
+            pass
+        if feeder.error is not None:
+            raise RuntimeError(f"video pipeline failed: {type(feeder.error).__name__}: {feeder.error}") \
+                from feeder.error
+        for fut in runs.values():
+            if fut.done():
+                fut.result()   # raises the run's error, if it failed
+        if all(fut.done() for fut in runs.values()):
+            try:   # handed over just before its run ended (a stream that diverged)
+                return results.get(block=False)
+            except Empty:
+                raise RuntimeError("the streams' training ended before handing over every epoch") from None
+
+
+def _diverged(item: dict, run_storage, ctx):
+    """The run's ``Diverged`` from a stream's hand-over (``train_loop``), ``train/diverged_at_step``
+    logged; its ``checkpoint`` says whether an epoch's checkpoint (all finite) is there to resume."""
+    from .checkpoint import CHECKPOINT_NAME
+
+    err = Diverged(**item["diverged"])
+    err.checkpoint = run_storage.exists(CHECKPOINT_NAME)
+    divergence.log(ctx, err)
+    return err
+
+
+def _merge_stats(total: dict, window: dict) -> None:
+    """Add one window's per-stage counters (master.stage_stats) into ``total``."""
+    for stage, st in window.items():
+        acc = total.setdefault(stage, {"actors": 0})
+        for k, v in st.items():
+            if k == "actors":
+                acc["actors"] = max(acc["actors"], v)
+            elif isinstance(v, (int, float)) and k not in ("first", "last"):
+                acc[k] = acc.get(k, 0) + v
+
+
+def wait_fractions(waits: dict[str, list[float]]) -> dict[str, float]:
+    """Mean trainer wait fraction per stream over the epochs (the issue's < 25% target)."""
+    return {f"pipeline/{s}_trainer_wait_fraction_mean": float(np.mean(v)) for s, v in waits.items() if v}

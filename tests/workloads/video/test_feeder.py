@@ -121,7 +121,7 @@ def test_a_requested_resize_ends_the_streams_runs_after_an_epoch_and_deals_on_to
     new = make_queues({"temporal": 1}, depth=16)
     old_marks = []
 
-    def driver():  # as the runner: the old run ends at its mark, then the relaunched one's queues
+    def driver():  # as train.py's epoch loop: the old run ends at its mark, then the relaunched one's queues
         for q in queues["temporal"]:
             while True:
                 item = q.get(timeout=60)

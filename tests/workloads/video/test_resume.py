@@ -38,7 +38,7 @@ def test_checkpoint_round_trips_through_storage_and_loads_weights_only(tmp_path)
         load_checkpoint,
         save_checkpoint,
     )
-    from workloads.video.train import load_model
+    from workloads.video.model import load_model
 
     storage = Storage(tmp_path / "run")
     states = {"spatial": _state_bytes(0), "temporal": _state_bytes(1)}
