@@ -30,8 +30,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from workloads.singa.apps import load_dataset
-from workloads.singa.net import NeuralNet
+from workloads.singa.data import load_dataset
+from workloads.singa.model import NeuralNet
 from workloads.singa.settings import load_app
 from workloads.singa.updaters import Updater
 

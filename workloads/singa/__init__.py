@@ -4,7 +4,8 @@ Source: ../shared/seeds/003_91d1b6974c17e1ff.txt (Wang et al., SINGA), sections 
 Appendix B.  A net is a YAML list of layers (conf/singa/apps/<app>.yaml, or the user's own file
 ``singa.net=...`` with layer types from ``singa.layer_modules=[...]``) built on the layer contract
 of ``layers/base.py``; ``singa.arch`` (conf/singa/arch/<arch>.yaml) picks how worker groups and
-parameter servers share the training.  Light on import: heavy modules load in ``run``.
+parameter servers share the training.  Light on import: heavy modules load in run.py (the
+entry of a train run) and predict.py (mode=predict), which the core calls (orchard/registry.py).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def validate(cfg: dict) -> None:
     from orchard import schema
     from orchard.config import require_choice, require_path
     from orchard.errors import ConfigError
-    from workloads.singa.apps.dataset import DATASETS
+    from workloads.singa.data import DATASETS
     from workloads.singa.settings import arch_names, check_net, load_net, net_key, resolve_arch, resolve_training
     from workloads.singa.updaters import UPDATERS
 
@@ -33,7 +34,7 @@ def validate(cfg: dict) -> None:
     if not isinstance(modules, list) or not all(isinstance(m, str) and m for m in modules):
         raise ConfigError("singa.layer_modules", f"a list of importable module names, e.g. [mypkg.layers], got {modules!r}")
     require_choice(cfg, "singa.arch", arch_names())  # the presets in conf/singa/arch/
-    if s.get("data") is not None:  # the dataset registry (apps/dataset.py)
+    if s.get("data") is not None:  # the dataset registry (data.py)
         require_choice(cfg, "singa.data", list(DATASETS))
     require_path(cfg, "singa.data_dir", kind="dir")
     require_path(cfg, "singa.resume", kind="dir")
@@ -70,9 +71,9 @@ def validate(cfg: dict) -> None:
         raise ConfigError("singa.cluster.worker_groups", "1 for arch local")
     _reject_ignored_keys(cfg, arch)
     # [last] build the net(s) on real samples: one line naming the layer, before Ray starts
-    from workloads.singa.net import NetError
+    from workloads.singa.model import NetError
 
-    from workloads.singa.apps.dataset import InputTooLarge
+    from workloads.singa.data import InputTooLarge
 
     try:
         check_net(cfg)
@@ -165,7 +166,7 @@ def resume(cfg: dict, previous_run_dir: str) -> None:
     """``python -m orchard resume <run id>``: go on from that run's last checkpointed epoch."""
     from orchard.errors import ConfigError
     from orchard.storage import Storage
-    from workloads.singa.train import CHECKPOINT_NAME
+    from workloads.singa.checkpoint import CHECKPOINT_NAME
 
     # the run storage (orchard/storage.py), so the driver's run folder may be gone
     if not Storage.for_run(cfg, previous_run_dir).exists(CHECKPOINT_NAME):
@@ -205,7 +206,7 @@ def headline_metric(metrics: dict) -> tuple[str, float]:
 def dataset(cfg: dict) -> dict:
     """What a train run learns from, for its MLflow dataset input (orchard/datasets.py): the
     files of ``singa.data_dir``, or a dataset a package ships or a loader makes (by its settings)."""
-    from workloads.singa.apps.dataset import DATASETS
+    from workloads.singa.data import DATASETS
     from workloads.singa.settings import load_net
 
     s = cfg["singa"]
@@ -215,14 +216,3 @@ def dataset(cfg: dict) -> dict:
     return {"name": f"{data}{' (smoke)' if cfg.get('smoke') else ''}", "generator": DATASETS.get(data, data),
             "settings": {"data": data, "smoke": bool(cfg.get("smoke")), "seed": cfg["seed"]}}
 
-
-def run(cfg: dict, ctx) -> dict[str, float]:
-    """Train ``singa.app`` under ``singa.arch`` (returns the final metrics), or, with
-    mode=predict, classify files with a trained net (predict.py)."""
-    if cfg["mode"] == "predict":
-        from workloads.singa.predict import run_predict
-
-        return run_predict(cfg, ctx)
-    from workloads.singa.train import run_app
-
-    return run_app(cfg, ctx)

@@ -1,4 +1,5 @@
-"""The ``Dataset`` record every app trains on, and the name -> loader registry.
+"""singa's data: the ``Dataset`` record every app trains on, the name -> loader registry
+(``DATASETS``, ``singa.data``) and ``load_dataset``; the loaders themselves are in apps/.
 
 A dataset is a dict of numpy arrays per split (``train``/``test``), each field with a leading
 sample dimension: ``{"pixel": (N, 64) float32, "label": (N,) int64}``.  Data layers of a net

@@ -91,6 +91,30 @@ def tsne_figure(features: np.ndarray, labels: np.ndarray, title: str, seed: int 
     return fig
 
 
+def log_tsne_figures(spec: dict, params: dict, layers: list[str], samples: int, ctx) -> dict[str, float]:
+    """Appendix A: one t-SNE figure per layer for ``samples`` test images; returns each layer's
+    neighbourhood purity (how well its features cluster by class)."""
+    from workloads.singa.evaluate import features_of_test_set, local_net, neighbourhood_purity
+
+    net, data = local_net(spec, params)
+    feats = features_of_test_set(net, data, layers, limit=samples)
+    labels = data.test["label"][: len(next(iter(feats.values())))]
+    if labels.ndim > 1:
+        labels = labels.argmax(1)
+    plt, out = pyplot(), {}
+    for name, f in feats.items():
+        problem = tsne_problem(f)
+        if problem is not None:  # a line instead of a figure (or a crash: see tsne_problem)
+            print(f"singa: no t-SNE figure of {name}: its features {problem}", flush=True)
+            continue
+        out[f"tsne/{name}_purity"] = neighbourhood_purity(f, labels)
+        fig = tsne_figure(f, labels, f"t-SNE of {name} ({len(f)} test samples; 10-NN class purity "
+                          f"{out[f'tsne/{name}_purity']:.2f})", seed=spec["seed"])
+        ctx.log_figure(fig, f"figures/tsne_{name}.png")
+        plt.close(fig)
+    return out
+
+
 # What makes two runs comparable, and what tells their architectures apart (MLflow params).
 _SAME = ("workload.name", "singa.app", "singa.net", "singa.resolved_data", "smoke", "seed")
 _COMPARED = ("time/to_target_s", "comm/bytes_per_step", "test/accuracy", "test/target_accuracy",

@@ -28,7 +28,7 @@ import ray
 import torch
 
 from workloads.singa.layers.base import import_layer_modules
-from workloads.singa.net import NeuralNet
+from workloads.singa.model import NeuralNet
 from workloads.singa.partition import PartitionedNet
 
 BRIDGE_TIMEOUT_S = 300.0

@@ -26,7 +26,7 @@ import torch
 
 from workloads.singa.layers import Layer, layer_class
 from workloads.singa.layers.connection import piece_bounds
-from workloads.singa.net import NeuralNet
+from workloads.singa.model import NeuralNet
 
 SCHEMES = ("none", "data", "model", "hybrid")
 

@@ -34,7 +34,7 @@ class SingaModel:
 
     def __init__(self, config: dict, params: dict):
         from workloads.singa.layers.base import import_layer_modules
-        from workloads.singa.net import NeuralNet
+        from workloads.singa.model import NeuralNet
 
         import_layer_modules(config.get("layer_modules") or [])
         self.config = config
@@ -78,7 +78,7 @@ def log_model(ctx, spec: dict, params: dict) -> Path | None:
     import tempfile
 
     from orchard.models import save_model, save_pyfunc
-    from workloads.singa.apps import load_dataset
+    from workloads.singa.data import load_dataset
     from workloads.singa.retrieval_model import is_retrieval_net, save_retrieval_model
 
     data = load_dataset(spec["data"], spec.get("data_dir"), spec["seed"], True,
@@ -149,7 +149,7 @@ def read_samples(path: Path, config: dict, max_bytes: int | None = None) -> tupl
     ``max_bytes`` (singa.max_input_mb; None: its default)."""
     import cv2
 
-    from workloads.singa.apps.dataset import MAX_INPUT_MB, InputTooLarge, check_input_size
+    from workloads.singa.data import MAX_INPUT_MB, InputTooLarge, check_input_size
 
     max_bytes = int(max_bytes or MAX_INPUT_MB * 2**20)
     name = path.name.lower()
@@ -246,19 +246,10 @@ def sample_files(source) -> list[Path]:
             and p.name not in ("batches.meta", "readme.html")]
 
 
-def run_predict(cfg: dict, ctx) -> dict[str, float]:
-    """``mode=predict``: ``_predict`` into ``<run folder>/predictions``, renamed into place whole
-    once every output is written (a run that fails leaves no partial folder)."""
-    from orchard import models
-
-    with models.predictions(ctx) as out:
-        return _predict(cfg, ctx, out)
-
-
-def _predict(cfg: dict, ctx, out: Path) -> dict[str, float]:
-    """Classify every sample of ``input``; accuracy over the samples with known labels."""
+def predict(cfg: dict, ctx, out: Path) -> dict[str, float]:
+    """``mode=predict``: classify every sample of ``input`` into ``out`` (the predictions folder the
+    core opened: orchard/registry.py ``entry``); accuracy over the samples with known labels."""
     from orchard import models, skipped
-    from orchard.storage import Storage
 
     model_dir, meta = models.resolve_model(cfg["model"], "singa", ctx.tracking_uri, Path(ctx.run_dir) / "model_in")
     if meta.get("kind") == "retrieval":
@@ -271,7 +262,7 @@ def _predict(cfg: dict, ctx, out: Path) -> dict[str, float]:
     files, unusable = skipped.readable(sample_files(source))
     (out / "labels").mkdir(exist_ok=True)
     started = time.perf_counter()
-    rows = models.predict_files(files, Predictor, {"max_input_mb": cfg["singa"].get("max_input_mb")}, ctx, Storage.for_run(cfg, ctx.run_dir), model_dir, out,
+    rows = models.predict_files(files, Predictor, {"max_input_mb": cfg["singa"].get("max_input_mb")}, ctx, ctx.storage, model_dir, out,
                                 companions=idx_labels, desc="classifying", batch_size=16) if files else []
     rows += skipped.as_rows(unusable, source if source.is_dir() else source.parent)
     elapsed = time.perf_counter() - started

@@ -35,7 +35,7 @@ class RetrievalModel:
 
     def __init__(self, config: dict, params: dict, database: dict):
         from workloads.singa.layers.base import import_layer_modules
-        from workloads.singa.net import NeuralNet
+        from workloads.singa.model import NeuralNet
 
         import_layer_modules(config.get("layer_modules") or [])
         self.config = config

@@ -107,7 +107,7 @@ def group_spec(cfg: dict, app: dict, train: dict, arch: dict, layers: list[dict]
         "cd_k": int(train.get("cd_k", 1)),
         "data": train["data"],
         "data_dir": s.get("data_dir"),
-        "max_input_mb": s.get("max_input_mb"),   # the most one input file may hold (apps/dataset.py)
+        "max_input_mb": s.get("max_input_mb"),   # the most one input file may hold (data.py)
         "seed": int(cfg.get("seed", 0)),
         "smoke": bool(cfg.get("smoke", False)),
         "batch_size": int(train["batch_size"]),
@@ -136,9 +136,9 @@ def check_net(cfg: dict) -> None:
     starts.  The user's ``singa.layer_modules`` are imported here first."""
     import torch
 
-    from workloads.singa.apps import load_dataset
+    from workloads.singa.data import load_dataset
     from workloads.singa.layers.base import import_layer_modules
-    from workloads.singa.net import NetError, NeuralNet
+    from workloads.singa.model import NetError, NeuralNet
 
     s = cfg["singa"]
     import_layer_modules(s.get("layer_modules") or [])

@@ -15,10 +15,10 @@ import numpy as np
 import torch
 
 from orchard.divergence import non_finite
-from workloads.singa.apps import load_dataset
 from workloads.singa.apps.augment import deform
+from workloads.singa.data import load_dataset
 from workloads.singa.layers.base import import_layer_modules
-from workloads.singa.net import NeuralNet
+from workloads.singa.model import NeuralNet
 from workloads.singa.partition import partition_net
 from workloads.singa.updaters import Updater, learning_rate
 

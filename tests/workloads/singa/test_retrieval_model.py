@@ -34,7 +34,7 @@ def test_the_msae_retrieves_both_ways_and_logs_a_model_that_finds_what_the_run_m
     """The msae run retrieves better than chance both ways; its model, loaded alone, ranks the
     run's test images against its database of tag documents as the run did: its precision at 10
     is the run's test/precision_at_10_img2txt."""
-    from workloads.singa.apps import load_dataset
+    from workloads.singa.data import load_dataset
 
     result = run_orchard("workload=singa", "debug=smoke", "singa.app=msae", "singa.arch=local", "singa.tsne=false",
                          "singa.epochs=15")

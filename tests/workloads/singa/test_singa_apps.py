@@ -6,11 +6,10 @@ import pickle
 import numpy as np
 import pytest
 
-from workloads.singa.apps import load_dataset
 from workloads.singa.apps.cifar import read_cifar_batch
 from workloads.singa.apps.digits import read_idx, write_idx
-from workloads.singa.retrieval import mean_average_precision, precision_at_k
-from workloads.singa.tsne import neighbourhood_purity
+from workloads.singa.data import load_dataset
+from workloads.singa.evaluate import mean_average_precision, neighbourhood_purity, precision_at_k
 
 
 def write_mnist(folder, n_train=30, n_test=12, gz=False):
@@ -165,7 +164,7 @@ def test_singa_max_input_mb_bounds_every_input_file_and_is_checked_before_ray(tm
     import workloads.singa as singa
     from orchard.config import validate
     from orchard.errors import ConfigError
-    from workloads.singa.apps.dataset import InputTooLarge
+    from workloads.singa.data import InputTooLarge
 
     write_mnist(tmp_path)   # 30 x 28 x 28 = 23,520 bytes of training images
     assert load_dataset("mnist", str(tmp_path), 0, False, max_input_mb=0.1).num_train == 30

@@ -9,15 +9,15 @@ from orchard.errors import Diverged
 
 
 def test_a_checkpoint_is_never_overwritten_by_non_finite_weights(tmp_path):
-    """What ``fit`` hands the checkpointer (``_finite``): finite weights are written, NaN ones
+    """What ``fit`` hands the checkpointer (``checkpoint.finite``): finite weights are written, NaN ones
     raise ``Diverged`` and leave the previous checkpoint as it was."""
     from orchard.storage import Storage
-    from workloads.singa.train import CHECKPOINT_NAME, Checkpointer, _finite, load_checkpoint
+    from workloads.singa.checkpoint import CHECKPOINT_NAME, Checkpointer, finite, load_checkpoint
 
     saver, lr = Checkpointer(Storage(tmp_path), every=1), {"key": "singa.lr", "value": 1e30}
-    saver(1, 2, lambda: _finite({"w": np.ones((2, 2), np.float32)}, 1, 10, lr))
+    saver(1, 2, lambda: finite({"w": np.ones((2, 2), np.float32)}, 1, 10, lr))
     with pytest.raises(Diverged, match=r"^weights are NaN or inf at epoch 2 step 20: lower singa.lr \(now 1e\+30\)$"):
-        saver(2, 2, lambda: _finite({"w": np.full((2, 2), np.nan, np.float32)}, 2, 20, lr))
+        saver(2, 2, lambda: finite({"w": np.full((2, 2), np.nan, np.float32)}, 2, 20, lr))
     kept = load_checkpoint(tmp_path / CHECKPOINT_NAME)
     assert kept["epoch"] == 1 and np.array_equal(kept["params"]["w"], np.ones((2, 2), np.float32))
     assert sorted(p.name for p in tmp_path.iterdir()) == [CHECKPOINT_NAME]  # no partial file left beside it
@@ -40,7 +40,7 @@ def test_a_run_that_diverges_after_a_checkpoint_keeps_it_and_offers_resume_with_
     """singa.lr=1e5 trains epoch 1 to finite weights (checkpointed) and diverges in epoch 2."""
     from pathlib import Path
 
-    from workloads.singa.train import CHECKPOINT_NAME, load_checkpoint
+    from workloads.singa.checkpoint import CHECKPOINT_NAME, load_checkpoint
 
     result = run_orchard("workload=singa", "singa.arch=local", "debug=smoke", "singa.epochs=4", "singa.lr=1e5")
     console = "".join(capsys.readouterr())

@@ -9,7 +9,7 @@ import torch
 import yaml
 
 from workloads.singa.layers import AutogradLayer, layer_class, register_layer
-from workloads.singa.net import NeuralNet, topological_order
+from workloads.singa.model import NeuralNet, topological_order
 from workloads.singa.settings import load_app
 from workloads.singa.updaters import Updater
 

@@ -9,7 +9,7 @@ import ray
 import torch
 
 from workloads.singa.group_nodes import NodeGroup
-from workloads.singa.net import NeuralNet
+from workloads.singa.model import NeuralNet
 from workloads.singa.partition import PartitionedNet, partition_net, plan_partition
 from workloads.singa.settings import load_app
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from workloads.singa.apps.dataset import MAX_INPUT_MB, Dataset, check_input_size, stratified_split
+from workloads.singa.data import MAX_INPUT_MB, Dataset, check_input_size, stratified_split
 
 _ALLOWED_GLOBALS = {
     ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),

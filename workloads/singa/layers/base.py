@@ -2,7 +2,7 @@
 
 A layer owns ``data`` (its feature blob and the loss gradient w.r.t. that feature), ``params``
 (each a ``Param`` with ``val`` and ``grad``), and the meta fields ``type``, ``name``, ``shape``
-and ``src_layers``.  The runtime (``net.py``) calls the four methods of the paper:
+and ``src_layers``.  The runtime (``model.py``) calls the four methods of the paper:
 
     setup(src_layers, conf)                          shapes, blobs, parameter init
     setup_after_partition(src_layers, conf, shape)   re-shape after partitioning (section 5.2)
