@@ -14,6 +14,7 @@ every worker shares the same few cores, a worker moved between streams adds no c
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -21,6 +22,9 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+# Where the runs' MLflow stores and output folders are kept when set (the test suite reads the
+# shifted run's own records from there); a temporary folder, removed at the end, otherwise.
+KEEP_RUNS_ENV = "ORCHARD_BENCH_RUNS_DIR"
 
 SIZES = {
     # the default run (6 classes, 6 epochs, rgb + flow) stopped once the averaged streams reach top-1 0.6
@@ -52,7 +56,8 @@ def measure(size: dict, repeats: int) -> list[dict]:
     from bench.rows import row
 
     runs: dict[bool, list[dict]] = {True: [], False: []}
-    with tempfile.TemporaryDirectory() as name:
+    keep = os.environ.get(KEEP_RUNS_ENV)
+    with (contextlib.nullcontext(keep) if keep else tempfile.TemporaryDirectory()) as name:
         for i in range(repeats):
             for shift in (True, False):  # alternate: a change of load hits both
                 m = one_run(size["overrides"], shift, Path(name), i)

@@ -143,13 +143,42 @@ def test_bad_arguments_are_one_line_and_exit_2(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_the_video_shift_bench_runs_both_sides_at_smoke_size(tmp_path):
-    # a bench run by name only (not in `python -m bench`): two smoke video runs, a shift in one
+def test_the_video_shift_bench_runs_both_sides_and_the_shifted_run_relaunches_with_the_new_counts(
+        tmp_path, monkeypatch):
+    """A bench run by name only (not in `python -m bench`): two smoke video runs, the notes' worker
+    shift applied in one. The shifted run is also the end-to-end test of video.shift_apply (one
+    run serves both): the rule moves a worker between the streams' Train runs at an epoch mark
+    (ratio 1.0 makes any gap in validation loss a shift; shallow queues keep the feeder within an
+    epoch or two of the trainers, so the shift lands inside the run), and every epoch is still
+    trained and validated once by each stream."""
+    from mlflow.tracking import MlflowClient
+
+    from bench.video_shift import KEEP_RUNS_ENV
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    monkeypatch.setenv(KEEP_RUNS_ENV, str(runs))
     done = bench_cli("video_shift", "--smoke", "--out", str(tmp_path), timeout=800)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     (r,) = json.loads((tmp_path / "video_shift.json").read_text())["rows"]
     assert r["status"] == "ok" and r["orchard"]["median"] > 0 and r["peer"]["median"] > 0
     assert r["quality"]["orchard"]["shifts applied"] >= 1 and r["quality"]["peer"]["shifts applied"] == 0
+
+    client = MlflowClient(f"sqlite:///{runs}/shift1_0.db")
+    (run,) = client.search_runs([client.get_experiment_by_name("video").experiment_id])
+    m = run.data.metrics
+    assert m["alloc/shifts_applied"] >= 1 and m["alloc/shift_wait_s"] >= 0
+    table = client.download_artifacts(run.info.run_id, "tables/worker_allocation.json", str(tmp_path))
+    history = json.loads(Path(table).read_text())["epochs"]
+    assert [h for h in history if "applied from epoch" in h["shift_rule"]], history
+    # the counts that trained each epoch: 2 + 2 at first, then one worker moved (the total is kept)
+    per_epoch = [{s: h["workers"][s] for s in ("spatial", "temporal")} for h in history]
+    assert per_epoch[0] == {"spatial": 2, "temporal": 2}
+    assert any(w != per_epoch[0] for w in per_epoch) and all(sum(w.values()) == 4 for w in per_epoch)
+    assert m["train/epochs_run"] == 4  # every epoch trained and validated once by each stream, relaunch or not
+    for stream in ("spatial", "temporal"):
+        steps = [mm.step for mm in client.get_metric_history(run.info.run_id, f"val/{stream}_top1")]
+        assert sorted(steps) == [0, 1, 2, 3]
 
 
 @pytest.mark.slow

@@ -102,32 +102,6 @@ def test_smoke_run_end_to_end_records_streams_fusion_skips_and_stages(run_orchar
     assert len(records["videos"]) == 2 and all(v["windows"] for v in records["videos"])
 
 
-@pytest.mark.slow
-def test_applied_worker_shift_relaunches_the_streams_with_the_new_counts_and_trains_every_epoch_once(
-        run_orchard, tmp_path):
-    """video.shift_apply: the notes' rule moves a worker between the streams' Train runs at an epoch
-    mark. ratio 1.0 makes any difference in validation loss a shift; shallow queues keep the feeder
-    within an epoch or two of the trainers, so the shift lands inside the run."""
-    result = run_orchard("workload=video", "debug=smoke", "video.epochs=4", "video.queue_depth=2",
-                         "video.workers={spatial: 2, temporal: 2}", "video.shift_apply=true",
-                         "video.shift_ratio=1.0")
-    assert result.exit_code == 0, result.outcome.error
-    m = result.run.data.metrics
-    assert m["alloc/shifts_applied"] >= 1 and m["alloc/shift_wait_s"] >= 0
-    history = _artifact_json(result, "tables/worker_allocation.json", tmp_path)["epochs"]
-    applied = [h for h in history if "applied from epoch" in h["shift_rule"]]
-    assert applied, history
-    # the counts that trained each epoch: 2 + 2 at first, then one worker moved (the total is kept)
-    per_epoch = [{s: h["workers"][s] for s in ("spatial", "temporal")} for h in history]
-    assert per_epoch[0] == {"spatial": 2, "temporal": 2}
-    assert any(w != per_epoch[0] for w in per_epoch) and all(sum(w.values()) == 4 for w in per_epoch)
-    # every epoch trained and validated once by each stream, relaunch or not
-    assert m["train/epochs_run"] == 4
-    for stream in ("spatial", "temporal"):
-        steps = [mm.step for mm in result.client.get_metric_history(result.run.info.run_id, f"val/{stream}_top1")]
-        assert sorted(steps) == [0, 1, 2, 3]
-
-
 def test_decode_is_elastic_end_to_end_the_pool_grows_shrinks_and_the_run_pauses_and_resumes_it(cli_run):
     """Elastic decode, end to end, in a CLI process with its own embedded Ray (the pool can only
     grow into CPUs nobody else holds). The decode stage is an autoscaling actor pool (min 1,
