@@ -1,7 +1,7 @@
 """``python -m orchard workload=<name> [strategy=<name>] [key=value ...]``: parses argv only.
 
 Everything a run goes through (config, checks, Ray, MLflow, the workload, its status and exit
-code) is ``orchard/lifecycle.py``; ``runs`` and ``resume`` are its maintenance commands.
+code) is ``orchard/lifecycle.py``; ``runs`` (here: ``runs_command``) and ``resume`` (orchard/resume.py) are its maintenance commands.
 """
 from __future__ import annotations
 
@@ -137,13 +137,13 @@ def _dispatch(argv: list[str]) -> None:
 
 def _maintenance(argv: list[str]) -> int:
     if argv[0] == "runs":
-        from orchard import runs
-
-        return runs.main(argv[1:])
+        return runs_command(argv[1:])
     if len(argv) < 2 or "=" in argv[1]:
         say("usage: python -m orchard resume <run id> [tracking.uri=...]", file=sys.stderr)
         return 2
-    return lifecycle.resume(argv[1], argv[2:])
+    from orchard import resume
+
+    return resume.resume(argv[1], argv[2:])
 
 
 def _show(flags) -> int:
@@ -169,4 +169,47 @@ def _show(flags) -> int:
     except ConfigError as err:
         say(f"orchard: bad config: {err}", file=sys.stderr)
         return 2
+    return 0
+
+
+def runs_command(argv: list[str]) -> int:
+    """``python -m orchard runs reap|list [tracking.uri=...]``."""
+    from mlflow.tracking import MlflowClient
+
+    from orchard.runs import open_runs, reap, store_now, why_lost
+    from orchard.tracking_store import resolve_uri
+
+    usage = "usage: python -m orchard runs {reap|list} [tracking.uri=sqlite:///mlflow.db]"
+    if not argv or argv[0] not in ("reap", "list"):
+        print(usage, file=sys.stderr)
+        return 2
+    uri = "sqlite:///mlflow.db"
+    for arg in argv[1:]:
+        if not arg.startswith("tracking.uri="):
+            print(f"orchard runs: unknown argument {arg!r}; {usage}", file=sys.stderr)
+            return 2
+        uri = arg.split("=", 1)[1]
+    from orchard.errors import ConfigError
+    from orchard.tracking_store import check_store
+
+    try:
+        check_store(uri, create=False)  # listing or reaping a store that is not there never makes one
+    except ConfigError as err:
+        print(f"orchard: {err}", file=sys.stderr)
+        return 2
+    client = MlflowClient(resolve_uri(uri))
+    if argv[0] == "reap":
+        closed = reap(client)
+        print(f"orchard: closed {len(closed)} run(s) whose driver was lost" + (": " + ", ".join(closed) if closed else ""))
+        return 0
+    now = store_now(client.tracking_uri)
+    running = open_runs(client)
+    if not running:  # an empty listing would look like a command that did nothing
+        from orchard import redact
+
+        print(f"orchard: no RUNNING runs in {redact.text(uri)}; finished, failed and killed runs are in the MLflow UI")
+    for run in running:
+        tags = run.data.tags
+        state = why_lost(tags, now) or f"alive (pid {tags.get('orchard.pid', '?')} on {tags.get('orchard.host', '?')})"
+        print(f"{run.info.run_id}  {tags.get('mlflow.runName', '')}  {state}")
     return 0

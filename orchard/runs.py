@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 import threading
 import time
 from pathlib import Path
@@ -253,45 +252,3 @@ def reap(client) -> list[str]:
         retried(client.set_terminated, run.info.run_id, status="FAILED")
         closed.append(run.info.run_id)
     return closed
-
-
-def main(argv: list[str]) -> int:
-    """``python -m orchard runs reap|list [tracking.uri=...]``."""
-    from mlflow.tracking import MlflowClient
-
-    from orchard.tracking_store import resolve_uri
-
-    usage = "usage: python -m orchard runs {reap|list} [tracking.uri=sqlite:///mlflow.db]"
-    if not argv or argv[0] not in ("reap", "list"):
-        print(usage, file=sys.stderr)
-        return 2
-    uri = "sqlite:///mlflow.db"
-    for arg in argv[1:]:
-        if not arg.startswith("tracking.uri="):
-            print(f"orchard runs: unknown argument {arg!r}; {usage}", file=sys.stderr)
-            return 2
-        uri = arg.split("=", 1)[1]
-    from orchard.errors import ConfigError
-    from orchard.tracking_store import check_store
-
-    try:
-        check_store(uri, create=False)  # listing or reaping a store that is not there never makes one
-    except ConfigError as err:
-        print(f"orchard: {err}", file=sys.stderr)
-        return 2
-    client = MlflowClient(resolve_uri(uri))
-    if argv[0] == "reap":
-        closed = reap(client)
-        print(f"orchard: closed {len(closed)} run(s) whose driver was lost" + (": " + ", ".join(closed) if closed else ""))
-        return 0
-    now = store_now(client.tracking_uri)
-    running = open_runs(client)
-    if not running:  # an empty listing would look like a command that did nothing
-        from orchard import redact
-
-        print(f"orchard: no RUNNING runs in {redact.text(uri)}; finished, failed and killed runs are in the MLflow UI")
-    for run in running:
-        tags = run.data.tags
-        state = why_lost(tags, now) or f"alive (pid {tags.get('orchard.pid', '?')} on {tags.get('orchard.host', '?')})"
-        print(f"{run.info.run_id}  {tags.get('mlflow.runName', '')}  {state}")
-    return 0

@@ -49,7 +49,7 @@ def test_resume_takes_no_code_environment_or_secret_from_the_store():
     """What a teammate can write in a tag must not run on the resumer's machine: recorded
     overrides naming a runtime_env, Hydra, module lists or a masked secret, and recorded config
     folders, are left out (and named) unless the command line gives them again."""
-    from orchard.lifecycle import _trusted
+    from orchard.resume import _trusted
 
     recorded = ["workload=singa", "debug=smoke", "cluster.runtime_env.pip=[git+https://evil/pkg]",
                 "+cluster.runtime_env.env_vars.X=1", "hydra.searchpath=[file:///tmp/evil]",

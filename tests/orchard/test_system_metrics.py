@@ -1,7 +1,7 @@
 """Resource sampling: NVML through a fake (no GPU here), psutil for real, summaries."""
 import pytest
 
-from orchard.resources import NvmlReader, ResourceSampler, sample_once, summarize
+from orchard.system_metrics import NvmlReader, ResourceSampler, sample_once, summarize
 from tests.tiny_workload.fake_nvml import FakeNvml
 
 
@@ -96,7 +96,7 @@ def test_the_runs_own_cpu_counts_its_process_tree_and_not_a_busy_neighbour():
     import sys
     import time
 
-    from orchard.resources import RunCpu
+    from orchard.system_metrics import RunCpu
 
     spin = [sys.executable, "-c", "import sys; sys.stdout.write('go\\n'); sys.stdout.flush()\nwhile True: pass"]
     idle = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
