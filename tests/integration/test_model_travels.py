@@ -1,10 +1,10 @@
 """A logged model travels (issue 33): downloaded from the store, its environment is built from its
 own requirements.txt in a fresh virtualenv (pip's cache or the package registry; no orchard, no
 checkout on the path), where it loads and predicts, and ``mlflow models serve --env-manager
-local`` answers its serving example on ``/invocations``.  Forest only: building the venv costs
-about a minute (2.5 min on a busy 2-core box), and forest's loader is the one with a compiled
-dependency (numba).  The other workloads' requirements and code/ are checked in
-tests/integration/test_mlflow_ui.py; docs/models.md gives the same commands for any model."""
+local`` answers its serving example on ``/invocations``: every workload's model, from the
+session's shared smoke runs.  Building a venv costs about a minute (torch's wheel most of it), so
+the three torch models share one, built up from their own requirements one model at a time.
+docs/models.md gives the same commands for any model."""
 from __future__ import annotations
 
 import json
@@ -18,6 +18,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from tests.integration.test_console import SMOKE
 
 pytestmark = pytest.mark.slow
 
@@ -33,29 +35,67 @@ print(json.dumps({"shape": list(out.shape), "ray": "ray" in sys.modules}))
 
 
 def test_the_forest_model_loads_predicts_and_serves_in_a_fresh_venv_from_its_own_requirements(cli_run, tmp_path):
+    local = _download_model(cli_run(*SMOKE["forest"]), tmp_path / "dl")
+    venv, env = _fresh_venv(tmp_path / "venv")
+    _install_requirements(venv, env, local)
+    got = _load_and_serve(venv, env, local, tmp_path)
+    assert len(got["predictions"]) == 1 and len(got["predictions"][0]) == got["shape"][1]  # one label image, as tall as the example
+
+
+def test_the_torch_models_load_predict_and_serve_in_one_venv_built_from_their_own_requirements(cli_run, tmp_path):
+    """flower, singa and video in one venv, so torch is installed once: their requirements nest
+    (each file is a subset of the next), each model's own requirements are installed just before it
+    is served, and a model is served before any later file adds to the venv: what each model meets
+    is exactly what its own requirements.txt brings, so an undeclared import still fails."""
+    locals_ = {w: _download_model(cli_run(*SMOKE[w]), tmp_path / w) for w in ("flower", "singa", "video")}
+    pins = {w: set((local / "requirements.txt").read_text().split()) for w, local in locals_.items()}
+    order = sorted(locals_, key=lambda w: len(pins[w]))
+    for smaller, larger in zip(order, order[1:]):
+        assert pins[smaller] <= pins[larger], f"{smaller}'s requirements are not inside {larger}'s: give it a venv of its own"
+    venv, env = _fresh_venv(tmp_path / "venv")
+    for workload in order:
+        _install_requirements(venv, env, locals_[workload])
+        got = _load_and_serve(venv, env, locals_[workload], tmp_path / workload)
+        example = json.loads((locals_[workload] / "serving_input_example.json").read_text())["inputs"]
+        assert got["shape"][0] == len(example) and len(got["predictions"]) == len(example), (workload, got)
+
+
+def _download_model(run, dst: Path) -> Path:
+    """The run's logged model, downloaded from its store as a user's ``models:/`` URI gives it."""
     import mlflow
 
-    run = cli_run("workload=forest")
     assert run.exit_code == 0, run.console[-3000:]
     (output,) = run.run.outputs.model_outputs
     mlflow.set_tracking_uri(run.uri)   # models:/ resolves through MLflow's current store
-    local = Path(mlflow.artifacts.download_artifacts(f"models:/{output.model_id}", dst_path=str(tmp_path / "dl")))
-    venv = tmp_path / "venv"
+    return Path(mlflow.artifacts.download_artifacts(f"models:/{output.model_id}", dst_path=str(dst)))
+
+
+def _fresh_venv(venv: Path) -> tuple[Path, dict]:
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"   # the server execs the venv's uvicorn
+    return venv, env
+
+
+def _install_requirements(venv: Path, env: dict, local: Path) -> None:
     pip = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "-r", str(local / "requirements.txt")],
                          capture_output=True, text=True, timeout=900, env=env)
     assert pip.returncode == 0, pip.stderr[-3000:]
+
+
+def _load_and_serve(venv: Path, env: dict, local: Path, cwd: Path) -> dict:
+    """Load the model in the venv without orchard and predict its input example; then serve it
+    with ``mlflow models serve --env-manager local`` and post its serving example to /invocations.
+    Returns the loaded prediction's shape and the server's predictions."""
+    cwd.mkdir(parents=True, exist_ok=True)
     loaded = subprocess.run([str(venv / "bin" / "python"), "-c", _LOAD, str(local)], capture_output=True, text=True,
-                            timeout=600, cwd=tmp_path, env=env)
+                            timeout=600, cwd=cwd, env=env)
     assert loaded.returncode == 0, loaded.stderr[-3000:]
     got = json.loads(loaded.stdout.strip().splitlines()[-1])
-    assert got["shape"][0] == 1 and not got["ray"]
-
+    assert not got["ray"]
     port = _free_port()
     server = subprocess.Popen([str(venv / "bin" / "mlflow"), "models", "serve", "-m", str(local), "--env-manager",
-                               "local", "-h", "127.0.0.1", "-p", str(port)], cwd=tmp_path, env=env,
+                               "local", "-h", "127.0.0.1", "-p", str(port)], cwd=cwd, env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         _wait_for(f"http://127.0.0.1:{port}/ping", server)
@@ -63,9 +103,7 @@ def test_the_forest_model_loads_predicts_and_serves_in_a_fresh_venv_from_its_own
         request = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", data=body,
                                          headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=120) as reply:
-            answer = json.loads(reply.read())
-        labels = answer["predictions"]
-        assert len(labels) == 1 and len(labels[0]) == got["shape"][1]   # one label image, as tall as the example
+            return {**got, "predictions": json.loads(reply.read())["predictions"]}
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=60)
