@@ -18,7 +18,7 @@ import time
 
 import psutil
 
-from orchard.process_cpu import OwnCpu  # shared with the run's resource sampler
+from orchard.tracking.process_cpu import OwnCpu  # shared with the run's resource sampler
 
 # the peers and the stack under orchard whose versions change the figures
 PACKAGES = ("ray", "torch", "numpy", "numba", "mlflow", "hydra-core", "pyarrow", "av", "opencv-python-headless",
@@ -63,7 +63,7 @@ def describe() -> dict:
     """The machine and software a result belongs to."""
     import torch
 
-    from orchard.tracking import git_commit
+    from orchard.tracking.mlflow_run import git_commit
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],

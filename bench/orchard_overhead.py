@@ -87,9 +87,9 @@ def per_step_overhead(tmp: Path, n: int) -> dict:
 
     from bench.machine import start_ray
     from orchard import cluster
-    from orchard.context import RunContext
-    from orchard.metrics_sink import MetricsSink
-    from orchard.tracking import ensure_experiment
+    from orchard.tracking.context import RunContext
+    from orchard.tracking.sink import MetricsSink
+    from orchard.tracking.mlflow_run import ensure_experiment
 
     uri = f"sqlite:///{tmp}/steps.db"
     client = mlflow.tracking.MlflowClient(uri)

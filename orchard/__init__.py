@@ -13,7 +13,7 @@ __all__ = ["ConfigError", "RunContext", "register_workload", "__version__"]
 def __getattr__(name):
     # RunContext pulls in Ray; keep `import orchard` light for config-only use.
     if name == "RunContext":
-        from orchard.context import RunContext
+        from orchard.tracking.context import RunContext
 
         return RunContext
     raise AttributeError(name)

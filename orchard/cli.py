@@ -176,8 +176,8 @@ def runs_command(argv: list[str]) -> int:
     """``python -m orchard runs reap|list [tracking.uri=...]``."""
     from mlflow.tracking import MlflowClient
 
-    from orchard.runs import open_runs, reap, store_now, why_lost
-    from orchard.tracking_store import resolve_uri
+    from orchard.tracking.lost_runs import open_runs, reap, store_now, why_lost
+    from orchard.tracking.store import resolve_uri
 
     usage = "usage: python -m orchard runs {reap|list} [tracking.uri=sqlite:///mlflow.db]"
     if not argv or argv[0] not in ("reap", "list"):
@@ -190,7 +190,7 @@ def runs_command(argv: list[str]) -> int:
             return 2
         uri = arg.split("=", 1)[1]
     from orchard.errors import ConfigError
-    from orchard.tracking_store import check_store
+    from orchard.tracking.store import check_store
 
     try:
         check_store(uri, create=False)  # listing or reaping a store that is not there never makes one

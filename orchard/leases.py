@@ -4,7 +4,7 @@ Two ``resume <id>`` of one run would train into the same Ray Train folder; the s
 in two terminals would drive one Tune experiment from two processes, each closing the other's
 trials. Whoever starts such work first takes a lease: a tag ``orchard.lease`` on the MLflow run
 (the run being resumed, the sweep's parent run) naming its driver, refreshed like the run
-heartbeat (orchard/runs.py). A second taker finds the lease alive and stops with one line
+heartbeat (orchard/tracking/lost_runs.py). A second taker finds the lease alive and stops with one line
 naming the holder; a lease whose driver is gone (same machine: its process; elsewhere: a
 heartbeat older than ``runs.LOST_AFTER_S``) is taken over, with a line saying so.
 
@@ -28,7 +28,7 @@ import time
 import uuid
 from pathlib import Path
 
-from orchard import runs
+from orchard.tracking import lost_runs as runs
 from orchard.console import say
 
 TAG = "orchard.lease"
@@ -74,7 +74,7 @@ def read(client, run_id: str) -> dict | None:
 
 
 def alive(holder: dict, now: float | None = None) -> bool:
-    """The holder's driver may still be working (the reaper's rule, orchard/runs.py); ``now``:
+    """The holder's driver may still be working (the reaper's rule, orchard/tracking/lost_runs.py); ``now``:
     the store's time, the clock beats are written on."""
     tags = {"orchard.host": holder.get("host"), "orchard.boot_id": holder.get("boot_id"),
             "orchard.pid": holder.get("pid"), "orchard.pid_start": holder.get("pid_start"),

@@ -17,7 +17,7 @@ Endings (exit code, MLflow status):
     130 KILLED     Ctrl-C (SIGINT)
     143 KILLED     SIGTERM
 A driver killed without a word (SIGKILL, OOM) leaves its run to the next start's reaper
-(``orchard/runs.py``), which closes it FAILED with "driver lost".
+(``orchard/tracking/lost_runs.py``), which closes it FAILED with "driver lost".
 """
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def preflight(cfg: dict) -> None:
     storage.check(cfg)  # storage.uri (s3://...) writable with the AWS_* variables given
     _check_fresh_run_folder(cfg)
     if cfg["tracking"]["enabled"]:
-        from orchard.tracking_store import check_store
+        from orchard.tracking.store import check_store
 
         check_store(cfg["tracking"]["uri"])
 
@@ -140,7 +140,7 @@ def _check_cluster_auth(gcs_address: str, cluster: dict) -> None:
     know: not probed (docs/cluster.md, "Security")."""
     import grpc
 
-    from orchard import ray_private
+    from orchard.cluster import ray_private
 
     if cluster.get("allow_unauthenticated"):
         return
@@ -228,13 +228,13 @@ def check_fits(cfg: dict, module) -> None:
 
 
 def reap_lost_runs(cfg: dict) -> None:
-    """Close the runs of this store whose driver died without a word (see orchard/runs.py)."""
+    """Close the runs of this store whose driver died without a word (see orchard/tracking/lost_runs.py)."""
     if not cfg["tracking"]["enabled"]:
         return
     from mlflow.tracking import MlflowClient
 
-    from orchard import runs
-    from orchard.tracking_store import resolve_uri
+    from orchard.tracking import lost_runs as runs
+    from orchard.tracking.store import resolve_uri
 
     try:
         closed = runs.reap(MlflowClient(resolve_uri(cfg["tracking"]["uri"])))
@@ -306,7 +306,7 @@ def default_run_name(cfg: dict) -> str:
 
 def run_one(cfg: dict, module, parent_run_id: str | None = None, on_metrics=None, quiet: bool = False) -> Outcome:
     """One tracked run of the workload ``module`` (its entry for the mode: registry.entry) on a running Ray session."""
-    from orchard import tracking
+    from orchard.tracking import mlflow_run as tracking
 
     t_start = time.time()
     name = default_run_name(cfg)
@@ -321,7 +321,7 @@ def run_one(cfg: dict, module, parent_run_id: str | None = None, on_metrics=None
             if cfg.get("_resumes"):
                 extra["orchard.resumes"] = cfg["_resumes"]
             tracked = tracking.open_run(cfg, name, parent_run_id, extra_tags=extra)
-            from orchard.runs import Heartbeat
+            from orchard.tracking.lost_runs import Heartbeat
 
             heartbeat = Heartbeat(tracked.client(), tracked.run_id)
             if not quiet:  # where to watch it while it runs (a team's server, or the local store)
@@ -414,9 +414,9 @@ def _start_run_services(cfg: dict, tracked, run_id: str | None, run_dir: Path, o
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from orchard import system_metrics
-    from orchard.context import RunContext
-    from orchard.metrics_sink import MetricsSink, sink_name
+    from orchard.tracking import system_metrics
+    from orchard.tracking.context import RunContext
+    from orchard.tracking.sink import MetricsSink, sink_name
 
     tcfg = cfg["tracking"]
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -489,7 +489,8 @@ def _close(live: _Live | None, tracked, heartbeat, status: str, error, metrics: 
     Each step is guarded: whatever fails here, the run still ends with its true status."""
     import ray
 
-    from orchard import system_metrics, tracking
+    from orchard.tracking import mlflow_run as tracking
+    from orchard.tracking import system_metrics
 
     summary: dict = {}
     if live is not None:
@@ -540,7 +541,8 @@ def _stopped_by_sweep(tracked) -> bool:
 
 def _print_summary(cfg: dict, module, name: str, tracked, status: str, run_dir: Path, metrics: dict,
                    error: BaseException | None = None) -> None:
-    from orchard import summary, tracking
+    from orchard import summary
+    from orchard.tracking import mlflow_run as tracking
 
     label = f"{cfg['workload']['name']}/{cfg['strategy']['name']}"
     took = metrics.get("time/total_s")
@@ -586,7 +588,7 @@ def _figure_names(tracked) -> list[str]:
 def _tracking_address(uri: str) -> str:
     """The tracking store as a user opens it: a server's URL as it is, a local store with the UI
     command that serves it."""
-    from orchard import tracking_store
+    from orchard.tracking import store as tracking_store
 
     return redact.text(uri if uri.startswith(("http://", "https://")) else f"{uri} (view: {tracking_store.ui_command(uri)})")
 

@@ -41,7 +41,7 @@ def _lease(cfg: dict):
     from mlflow.tracking import MlflowClient
 
     from orchard import leases
-    from orchard.tracking_store import resolve_uri
+    from orchard.tracking.store import resolve_uri
 
     previous = cfg["_resumes"]
     try:
@@ -77,14 +77,14 @@ def _resume_config(run_id: str, uri: str, extra: list[str]):
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    from orchard.tracking_store import check_store, resolve_uri
+    from orchard.tracking.store import check_store, resolve_uri
 
     check_store(uri, create=False)  # resume reads a store; it never makes one
     client = MlflowClient(resolve_uri(uri))
     try:
         old = client.get_run(run_id)
     except MlflowException:
-        from orchard.runs import find_run_by_prefix
+        from orchard.tracking.lost_runs import find_run_by_prefix
 
         old = find_run_by_prefix(client, run_id, uri)
     run_id = old.info.run_id

@@ -480,7 +480,7 @@ def node_cache_dir() -> Path:
     ``node-cache`` in this user's own 0700 temp folder, so another user of the node can neither
     read the copies nor plant one). The first use in a process removes the partial copies that
     killed processes of this host left there."""
-    from orchard.private_tmp import private_tmp
+    from orchard.cluster.private_tmp import private_tmp
 
     root = Path(os.environ.get("ORCHARD_NODE_CACHE") or private_tmp() / "node-cache")
     root.mkdir(parents=True, exist_ok=True)

@@ -109,7 +109,7 @@ def note_result(client, run_id: str, module, cfg: dict, metrics: dict) -> None:
     """Append the headline result to the run's description (set when the run opened)."""
     from mlflow.utils.mlflow_tags import MLFLOW_RUN_NOTE
 
-    from orchard.tracking_store import retried
+    from orchard.tracking.store import retried
 
     lines = headline(module, cfg, metrics)
     if not lines:
@@ -120,7 +120,8 @@ def note_result(client, run_id: str, module, cfg: dict, metrics: dict) -> None:
 
 def view_lines(tracking_uri: str, experiment_id: str, run_id: str) -> list[str]:
     """The summary's last lines: how to open the UI on the store, and the run's page in it."""
-    from orchard import redact, tracking_store
+    from orchard import redact
+    from orchard.tracking import store as tracking_store
 
     url = redact.text(tracking_store.run_url(tracking_uri, experiment_id, run_id))
     if tracking_uri.startswith(("http://", "https://")):

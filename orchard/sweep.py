@@ -7,7 +7,7 @@ samples, scheduler).  The sweep is a parent MLflow run; every trial is a child r
     [1] identity    the sweep's key: workload, sweep name and a digest of the command's
                     overrides (``sweep_key``); its state lives in <output_dir>/sweeps/<key>
     [2] resources   the workload says what one run holds (``resources(cfg)``,
-                    orchard/placement.py): a placement group per trial, and as many trials at
+                    orchard/cluster/placement.py): a placement group per trial, and as many trials at
                     once as the cluster holds
     [3] trials      each trial runs ``run_one``; a thread polls the run's metrics sink for the
                     sweep metric, wherever it was logged (driver, task, actor, Train worker),
@@ -133,7 +133,7 @@ def tune_path(cfg: dict) -> str:
 def trial_resources(cfg: dict, module):
     """What one trial holds: the workload's ``resources(cfg)``; a workload that does not say is
     taken to run its tasks in one CPU of the trial's own reservation."""
-    from orchard.placement import Resources, bundles
+    from orchard.cluster.placement import Resources, bundles
 
     fn = getattr(module, "resources", None)
     return fn(cfg) if fn is not None else Resources(in_trial=bundles(1, 1.0))
@@ -381,7 +381,7 @@ def run_sweep(cfg: dict, module, run_one: Callable) -> Outcome:
         parent.record(rows, metric, folder)
         if best and s.get("register") and parent.client is not None:   # sweep.register=<name> (docs/models.md)
             from orchard.models import register_best
-            from orchard.tracking_store import resolve_uri
+            from orchard.tracking.store import resolve_uri
             register_best(resolve_uri(cfg["tracking"]["uri"]), s["register"], best, metric, parent.run_id)
         failed = [t for t in trials if t.status == "ERROR"]
         if best or not (failed or rows):
@@ -419,8 +419,10 @@ class _Parent:
         folder holds it (``leases.take_local``: this machine only)."""
         from filelock import FileLock
 
-        from orchard import leases, tracking, tracking_store
-        from orchard.runs import Heartbeat
+        from orchard import leases
+        from orchard.tracking import mlflow_run as tracking
+        from orchard.tracking import store as tracking_store
+        from orchard.tracking.lost_runs import Heartbeat
 
         what = f"sweep {key}"
         if not cfg["tracking"]["enabled"]:
@@ -504,7 +506,7 @@ class _Parent:
 def _exists(run_id: str, uri: str) -> bool:
     from mlflow.exceptions import MlflowException
 
-    from orchard import tracking
+    from orchard.tracking import mlflow_run as tracking
 
     try:
         tracking.TrackedRun(run_id, "", uri).client().get_run(run_id)
@@ -573,8 +575,8 @@ def _reopen(run_id: str | None, uri: str):
     from mlflow.entities import RunTag
     from mlflow.exceptions import MlflowException
 
-    from orchard import tracking
-    from orchard.runs import driver_tags
+    from orchard.tracking import mlflow_run as tracking
+    from orchard.tracking.lost_runs import driver_tags
 
     if not run_id:
         return None

@@ -10,7 +10,7 @@ as the browser drew it, that
   * the run's page lists its logged model and its dataset;
 
 (MLflow 3.17's UI picks GenAI or Model training per browser, GenAI unless switched, or from the
-``workflowType`` URL parameter that orchard's links carry: orchard/tracking_store.py, ``run_url``)
+``workflowType`` URL parameter that orchard's links carry: orchard/tracking/store.py, ``run_url``)
 
 and saves the pictures docs/ shows:
 
@@ -156,7 +156,7 @@ def visit(store: str, run_id: str, chromium: str, out: Path | None = None, compa
     from mlflow.tracking import MlflowClient
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from orchard.tracking_store import UI_TRAINING_VIEW
+    from orchard.tracking.store import UI_TRAINING_VIEW
 
     client = MlflowClient(store)
     run = client.get_run(run_id)

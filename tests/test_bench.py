@@ -109,7 +109,7 @@ sys.stdin.readline()
 def test_cpu_of_a_process_that_left_the_tree_stays_ours():
     import psutil
 
-    from orchard.process_cpu import OwnCpu
+    from orchard.tracking.process_cpu import OwnCpu
 
     child = subprocess.Popen([sys.executable, "-c", ORPHAN], stdin=subprocess.PIPE, text=True)
     own = OwnCpu(psutil.Process(child.pid))  # the child's tree: the test's own CPU is not in it

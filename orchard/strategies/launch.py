@@ -62,7 +62,7 @@ def abort_train_runs() -> int:
 
 def _train_controllers() -> list:
     """Handles of the Ray Train controllers this driver's job runs (the GCS actor table)."""
-    from orchard import ray_private
+    from orchard.cluster import ray_private
 
     return ray_private.live_actor_handles("TrainController")
 
@@ -82,7 +82,7 @@ def free_orphaned_placement_groups() -> int:
     from ray.core.generated import gcs_pb2
     from ray.util.placement_group import PlacementGroup, remove_placement_group
 
-    from orchard import ray_private
+    from orchard.cluster import ray_private
 
     nil = ray.ActorID.nil().binary()
     job = ray.JobID.from_hex(ray.get_runtime_context().get_job_id()).binary()  # this driver's, not a neighbour's
@@ -186,12 +186,12 @@ def launch(train_loop: Callable[[dict], None], loop_config: dict, cfg: dict, ctx
             # A worker that dies, or a node lost under one, restarts the group from the last
             # checkpoint (max_failures); the restarted group waits for its resources (a
             # replacement node) up to cluster.worker_start_timeout_s (the job's
-            # RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S, orchard/cluster.py), then the run ends in
+            # RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S, orchard/cluster/__init__.py), then the run ends in
             # one line: a group that cannot start is never retried (controller_failure_limit 0),
             # which Ray Train would otherwise do forever (-1), a hang
             failure_config=FailureConfig(max_failures=strategy.get("max_failures", 0), controller_failure_limit=0),
             checkpoint_config=CheckpointConfig(num_to_keep=2),
-            # cluster.ray_log_level (orchard/cluster.py): Train's per-report INFO lines off the console
+            # cluster.ray_log_level (orchard/cluster/__init__.py): Train's per-report INFO lines off the console
             logging_config=ray.train.LoggingConfig(log_level=os.environ.get("ORCHARD_RAY_LOG_LEVEL", "WARNING")),
         ),
         datasets=datasets,
@@ -236,7 +236,7 @@ def _scaling(strategy: dict, use_gpu: bool, resources: dict):
 
 
 def _start_bound_s() -> float:
-    """cluster.worker_start_timeout_s, as the job's environment carries it (orchard/cluster.py)."""
+    """cluster.worker_start_timeout_s, as the job's environment carries it (orchard/cluster/__init__.py)."""
     return float(os.environ.get("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "60"))
 
 

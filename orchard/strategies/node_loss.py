@@ -26,7 +26,7 @@ import time
 
 import ray
 
-from orchard import ray_private
+from orchard.cluster import ray_private
 
 POLL_S = 1.0  # how often the driver reads the node table; a loss is timed to within this
 

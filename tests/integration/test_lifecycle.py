@@ -140,7 +140,7 @@ def common(tmp_path: Path, uri: str) -> list[str]:
     (["workload=flower", "strategy=ps", "flower.epochs=1000"], signal.SIGTERM, False, r"epoch (\d+)/"),
     # video: mid-training of a stream, inside its Ray Data + Train pipeline (its SIGINT: the resume
     # test below). SIGTERM to the whole process group, as `timeout -s TERM` sends it: Ray's own
-    # processes are in groups of their own (orchard/cluster.py) and stay up while orchard closes the run
+    # processes are in groups of their own (orchard/cluster/__init__.py) and stay up while orchard closes the run
     (["workload=video", "video.epochs=30"], signal.SIGTERM, True, r"epoch (\d+)"),
     # forest: mid-round of Ray tasks and histogram actors
     (["workload=forest", "forest.num_trees=6"], signal.SIGTERM, False, r"depth (\d+)"),

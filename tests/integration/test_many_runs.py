@@ -29,7 +29,7 @@ def _start(args: list[str], cwd: Path, log: Path, environ: dict | None = None) -
 def _store(uri: str) -> str:
     """The store created (under orchard's lock) before this test's own readers poll it: MLflow
     creating one store from two processes at once breaks it (docs/runs.md)."""
-    from orchard.tracking_store import check_store
+    from orchard.tracking.store import check_store
 
     check_store(uri)
     return uri
@@ -51,7 +51,7 @@ def test_a_flower_sweep_beside_runs_with_their_own_ray_runs_one_trial_at_a_time_
     refused, naming the first, and touches nothing. Folded in, at no extra run: the singa run's
     workload returns a metric name MLflow refuses (bad_metric_workload.py): dropped and counted
     alone, the final metrics arrive."""
-    from orchard.metrics_sink import DROPPED
+    from orchard.tracking.sink import DROPPED
     from tests.integration import bad_metric_workload
 
     uri = _store(f"sqlite:///{tmp_path}/sweep.db")

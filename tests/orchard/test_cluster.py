@@ -107,7 +107,7 @@ def test_embedded_ray_and_local_caches_live_in_a_private_folder_of_the_user(tmp_
     import os
 
     from orchard import cluster
-    from orchard.private_tmp import private_tmp
+    from orchard.cluster.private_tmp import private_tmp
 
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     for var in ("ORCHARD_NODE_CACHE", "NUMBA_CACHE_DIR"):

@@ -1,8 +1,8 @@
-"""orchard/datasets.py: a run's data as an MLflow dataset, its digest from the data's content or the
+"""orchard/tracking/datasets.py: a run's data as an MLflow dataset, its digest from the data's content or the
 generator's settings (the end-to-end record on real runs: tests/integration/test_mlflow_ui.py)."""
 from __future__ import annotations
 
-from orchard.datasets import training_data
+from orchard.tracking.datasets import training_data
 
 
 def test_synthetic_data_is_named_by_its_generator_and_digested_by_its_settings(compose):

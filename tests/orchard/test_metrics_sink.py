@@ -17,7 +17,7 @@ def test_a_bad_metric_name_mid_run_is_dropped_alone_and_the_final_metrics_arrive
     every later step and the final metrics, and counts what it dropped in sink/dropped_metrics."""
     import ray
 
-    from orchard.metrics_sink import DROPPED, MetricsSink
+    from orchard.tracking.sink import DROPPED, MetricsSink
 
     uri, client, run_id = _new_run(tmp_path)
     sink = MetricsSink.remote(uri, run_id, 0.2)
@@ -42,7 +42,7 @@ def test_the_buffer_is_bounded_and_what_it_spills_is_counted(ray_session, tmp_pa
     (sink/spilled_metrics) reach the store."""
     import ray
 
-    from orchard.metrics_sink import SPILLED, MetricsSink
+    from orchard.tracking.sink import SPILLED, MetricsSink
 
     uri, client, run_id = _new_run(tmp_path)
     sink = MetricsSink.remote(uri, run_id, 3600.0, max_pending=10)  # no timer flush: close() is the first
@@ -56,8 +56,8 @@ def test_the_buffer_is_bounded_and_what_it_spills_is_counted(ray_session, tmp_pa
 
 
 def test_log_metrics_refuses_a_bad_name_with_one_line_naming_it_and_sends_nothing(ray_session):
-    from orchard.context import RunContext
-    from orchard.metrics_sink import MetricsSink
+    from orchard.tracking.context import RunContext
+    from orchard.tracking.sink import MetricsSink
 
     sink = MetricsSink.remote(None, None)
     ctx = RunContext(sink, None, "/tmp", "tiny", "tasks")
@@ -78,7 +78,7 @@ def test_the_in_memory_series_are_bounded_and_keep_the_runs_summary_and_the_poll
     drops its oldest points and a poller that has read them all goes on where it was."""
     import ray
 
-    from orchard.metrics_sink import MetricsSink
+    from orchard.tracking.sink import MetricsSink
 
     sink = MetricsSink.remote(None, None, 3600.0, max_series=8)
     ray.get(sink.watch.remote("val/loss"))

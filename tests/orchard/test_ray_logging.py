@@ -3,7 +3,7 @@ import logging
 
 import pytest
 
-from orchard import ray_logging
+from orchard.cluster import ray_logging
 
 
 def _emit(name, level, message):
@@ -50,7 +50,7 @@ def test_runtime_env_carries_the_hook_only_where_orchard_is_importable(monkeypat
     assert local["env_vars"]["RAY_DATA_LOGGING_CONFIG"] == str(ray_logging.RAY_DATA_LOGGING)
     assert ray_logging.RAY_DATA_LOGGING.exists()
     shipped = ray_logging.quiet("WARNING", {}, "shipped")
-    assert shipped["env_vars"]["RAY_DATA_LOGGING_CONFIG"] == "orchard/ray_data_logging.yaml"
+    assert shipped["env_vars"]["RAY_DATA_LOGGING_CONFIG"] == "orchard/cluster/ray_data_logging.yaml"
     modules = ray_logging.quiet("WARNING", {}, "modules")   # Ray Client: no checkout path on the workers
     assert modules["worker_process_setup_hook"] == ray_logging.SETUP_HOOK
     assert "RAY_DATA_LOGGING_CONFIG" not in modules["env_vars"]

@@ -1,4 +1,4 @@
-"""The private Ray APIs orchard relies on are where orchard/ray_private.py expects them, and
+"""The private Ray APIs orchard relies on are where orchard/cluster/ray_private.py expects them, and
 nothing else in orchard reaches into ``ray._private``: a Ray upgrade that moves one fails here,
 by name."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchard import ray_private
+from orchard.cluster import ray_private
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -69,4 +69,4 @@ def test_nothing_else_in_orchard_or_the_workloads_reaches_into_ray_internals():
                 names = ["ray._private"]
             offenders += [f"{path.relative_to(ROOT)}: {n}" for n in names
                           if n.startswith("ray.") and ("._private" in n or "._internal" in n)]
-    assert offenders == [], "private Ray APIs belong in orchard/ray_private.py"
+    assert offenders == [], "private Ray APIs belong in orchard/cluster/ray_private.py"

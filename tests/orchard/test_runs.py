@@ -5,7 +5,7 @@ import subprocess
 import sys
 import time
 
-from orchard import runs
+from orchard.tracking import lost_runs as runs
 from orchard.cli import runs_command
 
 
@@ -44,7 +44,7 @@ def test_runs_without_a_heartbeat_are_never_touched():
 def test_reap_closes_only_lost_runs_and_the_cli_reports_them(tmp_path, capsys):
     from mlflow.tracking import MlflowClient
 
-    from orchard.tracking_store import check_store
+    from orchard.tracking.store import check_store
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     check_store(uri)
@@ -72,7 +72,7 @@ def test_a_run_is_found_by_a_unique_prefix_of_its_id(tmp_path):
     from mlflow.tracking import MlflowClient
 
     from orchard.errors import ConfigError
-    from orchard.runs import find_run_by_prefix
+    from orchard.tracking.lost_runs import find_run_by_prefix
 
     uri = f"sqlite:///{tmp_path}/m.db"
     client = MlflowClient(uri)
@@ -89,7 +89,7 @@ def test_a_run_is_found_by_a_unique_prefix_of_its_id(tmp_path):
 def _store(tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from orchard.tracking_store import check_store
+    from orchard.tracking.store import check_store
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     check_store(uri)
@@ -178,7 +178,7 @@ def test_a_live_run_closed_as_driver_lost_is_reopened_by_its_next_beat(tmp_path,
 def test_a_run_reaped_since_its_last_beat_closes_with_its_true_status(tmp_path, monkeypatch):
     """stop() comes before the driver's close: it reopens a run reaped by mistake, so the close
     records FINISHED without a stale "driver lost"."""
-    from orchard.tracking import TrackedRun, close_run
+    from orchard.tracking.mlflow_run import TrackedRun, close_run
 
     client, exp = _store(tmp_path)
     beats = _counting_offset(monkeypatch, 0.0)

@@ -12,10 +12,10 @@ import pytest
 from orchard import sweep_seal
 from orchard.errors import ConfigError
 from orchard.lifecycle import execute, preflight, prepare
-from orchard.placement import HEAD, Resources, bundles
+from orchard.cluster.placement import HEAD, Resources, bundles
 from orchard.storage import Storage
 from orchard.sweep import identity_overrides, sweep_key
-from orchard.tracking_store import check_store
+from orchard.tracking.store import check_store
 from tests.tiny_workload.cli import tiny_cli, tiny_cli_env
 
 SHIPPED = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "conf" / "sweep").glob("*.yaml"))

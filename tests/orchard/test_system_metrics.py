@@ -1,7 +1,7 @@
 """Resource sampling: NVML through a fake (no GPU here), psutil for real, summaries."""
 import pytest
 
-from orchard.system_metrics import NvmlReader, ResourceSampler, sample_once, summarize
+from orchard.tracking.system_metrics import NvmlReader, ResourceSampler, sample_once, summarize
 from tests.tiny_workload.fake_nvml import FakeNvml
 
 
@@ -37,8 +37,8 @@ def test_only_gpus_claimed_by_the_runs_workers_are_sampled():
 def test_sampler_actor_logs_gpu_series_into_the_run(ray_session):
     import ray
 
-    from orchard.context import RunContext
-    from orchard.metrics_sink import MetricsSink
+    from orchard.tracking.context import RunContext
+    from orchard.tracking.sink import MetricsSink
 
     sink = MetricsSink.remote(None, None)
     ctx = RunContext(sink, None, "/tmp", "tiny", "tasks")
@@ -67,7 +67,7 @@ def test_metrics_the_store_refused_are_written_by_a_later_flush(ray_session, tmp
     import ray
     from mlflow.tracking import MlflowClient
 
-    from orchard.metrics_sink import MetricsSink
+    from orchard.tracking.sink import MetricsSink
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     client = MlflowClient(uri)
@@ -96,7 +96,7 @@ def test_the_runs_own_cpu_counts_its_process_tree_and_not_a_busy_neighbour():
     import sys
     import time
 
-    from orchard.system_metrics import RunCpu
+    from orchard.tracking.system_metrics import RunCpu
 
     spin = [sys.executable, "-c", "import sys; sys.stdout.write('go\\n'); sys.stdout.flush()\nwhile True: pass"]
     idle = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)

@@ -172,7 +172,7 @@ def test_metrics_sink_killed_mid_run_is_restarted_and_the_run_finishes(run_orcha
 @pytest.fixture
 def store(tmp_path):
     """A migrated sqlite MLflow store: ``(uri, path)``."""
-    from orchard.tracking_store import check_store
+    from orchard.tracking.store import check_store
 
     path = tmp_path / "store" / "mlflow.db"
     uri = f"sqlite:///{path}"
@@ -184,7 +184,7 @@ def test_a_store_another_process_holds_locked_is_a_config_error_before_anything_
     import sqlite3
 
     from orchard.errors import ConfigError
-    from orchard.tracking_store import check_store
+    from orchard.tracking.store import check_store
 
     uri, path = store
     blocker = sqlite3.connect(path)
@@ -221,7 +221,7 @@ def _read_only(path: Path):
 @pytest.mark.parametrize("what", ["file", "folder"])
 def test_a_read_only_store_is_a_config_error_before_anything_starts(store, what):
     from orchard.errors import ConfigError
-    from orchard.tracking_store import check_store
+    from orchard.tracking.store import check_store
 
     uri, path = store
     with _read_only(path if what == "file" else path.parent), pytest.raises(ConfigError) as err:
@@ -232,7 +232,7 @@ def test_a_read_only_store_is_a_config_error_before_anything_starts(store, what)
 
 def test_resume_never_creates_a_store(tmp_path):
     from orchard.errors import ConfigError
-    from orchard.tracking_store import check_store
+    from orchard.tracking.store import check_store
 
     path = tmp_path / "elsewhere" / "mlflow.db"
     with pytest.raises(ConfigError, match="tracking.uri: the MLflow store the run was logged to; there is none"):
@@ -245,7 +245,7 @@ def test_a_write_that_meets_a_lock_is_retried_until_the_lock_is_gone(tmp_path, m
     retry helper that every store write goes through."""
     import sqlite3
 
-    from orchard import tracking_store
+    from orchard.tracking import store as tracking_store
 
     monkeypatch.setattr(tracking_store, "RETRY_WAITS_S", (0.05, 0.1, 0.2, 0.4))
     db = tmp_path / "store.db"

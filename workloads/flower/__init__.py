@@ -59,11 +59,11 @@ def resume(cfg: dict, previous_run_dir: str) -> None:
 
 
 def resources(cfg: dict):
-    """What a run holds in Ray (orchard/placement.py).  Training: the Ray Train workers, in a
+    """What a run holds in Ray (orchard/cluster/placement.py).  Training: the Ray Train workers, in a
     placement group of their own; inside the run's own reservation, the 1-CPU tasks of the
     tiling step and of the blob counter's calibration (tiles.prepare_tiles, baseline_counter; one
     at a time there) and, for strategy=ps, servers that hold CPUs."""
-    from orchard.placement import Resources, bundles
+    from orchard.cluster.placement import Resources, bundles
 
     s = cfg["strategy"]
     if cfg["mode"] == "predict":  # an actor pool of 1 CPU each, as many as fit (orchard/models.py)
@@ -86,7 +86,7 @@ def headline_metric(metrics: dict) -> tuple[str, float]:
 
 
 def dataset(cfg: dict) -> dict:
-    """What a train run learns from, for its MLflow dataset input (orchard/datasets.py)."""
+    """What a train run learns from, for its MLflow dataset input (orchard/tracking/datasets.py)."""
     f = cfg["flower"]
     if f["data_dir"]:
         return {"name": f"field photos {Path(f['data_dir']).name}", "path": f["data_dir"]}

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from orchard import divergence
-from orchard.private_tmp import private_tmp
+from orchard.cluster.private_tmp import private_tmp
 from orchard.errors import Diverged
 from workloads.flower.checkpoint import save_model
 from workloads.flower.model import FlowerCounterCNN, euclidean_loss

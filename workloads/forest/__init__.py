@@ -86,11 +86,11 @@ def resume(cfg: dict, previous_run_dir: str) -> None:
 
 
 def resources(cfg: dict):
-    """What a run holds in Ray (orchard/placement.py): plain tasks and actors, all started by the
+    """What a run holds in Ray (orchard/cluster/placement.py): plain tasks and actors, all started by the
     run itself, so all inside a sweep trial's placement group.  ``strategy.num_workers`` tasks in
     flight, each ``strategy.cpus_per_worker`` CPUs (rendering and data-unit tasks: 1 CPU); the
     histogram actors take no CPU."""
-    from orchard.placement import Resources, bundles
+    from orchard.cluster.placement import Resources, bundles
 
     s = cfg["strategy"]
     if cfg["mode"] == "predict":  # an actor pool of 1 CPU each, as many as fit (orchard/models.py)
@@ -115,7 +115,7 @@ def headline_metric(metrics: dict) -> tuple[str, float]:
 
 
 def dataset(cfg: dict) -> dict:
-    """What a train run learns from, for its MLflow dataset input (orchard/datasets.py)."""
+    """What a train run learns from, for its MLflow dataset input (orchard/tracking/datasets.py)."""
     f = cfg["forest"]
     if f["data_dir"]:
         return {"name": f"depth pairs {str(f['data_dir']).rstrip('/').rsplit('/', 1)[-1]}", "path": f["data_dir"]}

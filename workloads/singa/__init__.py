@@ -146,11 +146,11 @@ def _reject_ignored_keys(cfg: dict, arch: dict) -> None:
 
 
 def resources(cfg: dict):
-    """What a run holds in Ray (orchard/placement.py): one ``GroupActor`` per worker group
+    """What a run holds in Ray (orchard/cluster/placement.py): one ``GroupActor`` per worker group
     (``architectures.py``; placed SPREAD, so outside a sweep trial's placement group) with the CPUs
     ``train._cpus_per_group`` gives it, and the parameter servers, started by the run itself,
     where they hold CPUs (``strategy.cpus_per_server``)."""
-    from orchard.placement import Resources, bundles
+    from orchard.cluster.placement import Resources, bundles
     from workloads.singa.settings import resolve_arch
     from workloads.singa.train import _cpus_per_group
 
@@ -204,7 +204,7 @@ def headline_metric(metrics: dict) -> tuple[str, float]:
 
 
 def dataset(cfg: dict) -> dict:
-    """What a train run learns from, for its MLflow dataset input (orchard/datasets.py): the
+    """What a train run learns from, for its MLflow dataset input (orchard/tracking/datasets.py): the
     files of ``singa.data_dir``, or a dataset a package ships or a loader makes (by its settings)."""
     from workloads.singa.data import DATASETS
     from workloads.singa.settings import load_net

@@ -101,11 +101,11 @@ def _frames_needed(feature: str, stack: int) -> int:
 
 
 def resources(cfg: dict):
-    """What a run holds in Ray (orchard/placement.py): each stream's Ray Train workers, in
+    """What a run holds in Ray (orchard/cluster/placement.py): each stream's Ray Train workers, in
     placement groups of their own (the streams train at once); inside the run's own reservation,
     the index's 1-CPU probe tasks, then the Ray Data decode and feature pools at their smallest
     (an autoscaling pool grows into what that bundle has spare)."""
-    from orchard.placement import Resources, bundles
+    from orchard.cluster.placement import Resources, bundles
 
     def smallest(pool) -> int:  # a pool size: n or [min, max]
         return int(pool) if isinstance(pool, int) else int(pool[0])
@@ -141,7 +141,7 @@ def headline_metric(metrics: dict) -> tuple[str, float]:
 
 
 def dataset(cfg: dict) -> dict:
-    """What a train run learns from, for its MLflow dataset input (orchard/datasets.py)."""
+    """What a train run learns from, for its MLflow dataset input (orchard/tracking/datasets.py)."""
     v = cfg["video"]
     if v["root"]:
         return {"name": f"videos {str(v['root']).rstrip('/').rsplit('/', 1)[-1]}", "path": v["root"]}

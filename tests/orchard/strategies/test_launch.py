@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from orchard.context import RunContext
+from orchard.tracking.context import RunContext
 from orchard.strategies import launch, worker
 
 OPT = {"name": "sgd", "lr": 0.05, "momentum": 0.5}
@@ -44,7 +44,7 @@ def regression_loop(config):
 
 
 def _run(ray_session, tmp_path, strategy, **loop):
-    from orchard.metrics_sink import MetricsSink
+    from orchard.tracking.sink import MetricsSink
 
     sink = MetricsSink.remote(None, None)
     ctx = RunContext(sink, None, str(tmp_path), "test", strategy["name"])

@@ -262,7 +262,7 @@ def test_a_profiled_steps_trace_is_logged_from_the_users_own_folder_and_not_kept
     import os
     import stat
 
-    from orchard.private_tmp import private_tmp
+    from orchard.cluster.private_tmp import private_tmp
     from workloads.flower import train
     from workloads.flower.train import profiled_step
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import ray
 
-from orchard.tracking_store import first_line, quiet_store_logs, refused, retried
+from orchard.tracking.store import first_line, quiet_store_logs, refused, retried
 
 MAX_BATCH = 900  # MLflow's log_batch takes at most 1000 metrics per call
 MAX_PENDING = 100_000  # metrics buffered while the store is away (~25 MB); past it the oldest are spilled

@@ -127,7 +127,7 @@ class Heartbeat:
     def _beat(self) -> None:
         from mlflow.entities import RunTag
 
-        from orchard.tracking_store import retried
+        from orchard.tracking.store import retried
 
         try:  # measured at every beat: a clock stepped (NTP) mid-run must not age our beats
             self._offset = store_clock_offset(self.client.tracking_uri)
@@ -145,7 +145,7 @@ class Heartbeat:
         """A reaper closed this run FAILED "driver lost" (a stall longer than the bound, a clock
         or namespace it misjudged), yet its driver is here: make it RUNNING again.  Runs closed
         for any other reason (by the sweep, by the user) are left as they are."""
-        from orchard.tracking_store import retried
+        from orchard.tracking.store import retried
 
         with self._reopening:
             if by_beat and self._stop.is_set():
@@ -236,7 +236,7 @@ def find_run_by_prefix(client, prefix: str, uri: str):
 
 def reap(client) -> list[str]:
     """Close every lost run as FAILED with the reason; returns their ids."""
-    from orchard.tracking_store import retried
+    from orchard.tracking.store import retried
 
     now = store_now(client.tracking_uri)
     closed = []

@@ -6,7 +6,7 @@ Each workload says what it trains on with ``dataset(cfg) -> dict`` in its contra
 synthetic data it generates).  The digest is of the data's content (a folder's files) or of the
 generator's settings (same settings, same seed: the same data), so every trial of a sweep that
 does not sweep the data shares one dataset.  Logged once, when the run opens
-(``orchard.tracking.open_run``), with the context ``training``.
+(``orchard.tracking.mlflow_run.open_run``), with the context ``training``.
 """
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def log_training_data(client, run_id: str, cfg: dict) -> None:
     from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
     from orchard.console import say
-    from orchard.tracking_store import retried
+    from orchard.tracking.store import retried
 
     try:
         found = training_data(cfg)

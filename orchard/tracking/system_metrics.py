@@ -54,7 +54,7 @@ class RunCpu:
 
         import psutil
 
-        from orchard.process_cpu import OwnCpu
+        from orchard.tracking.process_cpu import OwnCpu
 
         self.cores, self.clock = os.cpu_count() or 1, time.monotonic
         self.own = OwnCpu(psutil.Process(root_pid))

@@ -24,13 +24,13 @@ import os
 import sys
 from pathlib import Path
 
-from orchard.ray_private import (TOKEN_SETUP_LOGGER, TRAIN_CHATTY_LOGGERS, TRAIN_PG_CLEANER_LOGGER,
+from orchard.cluster.ray_private import (TOKEN_SETUP_LOGGER, TRAIN_CHATTY_LOGGERS, TRAIN_PG_CLEANER_LOGGER,
                                  reconfigure_data_logging)
 
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 RAY_DATA_LOGGING = Path(__file__).resolve().parent / "ray_data_logging.yaml"
 LEVEL_ENV = "ORCHARD_RAY_LOG_LEVEL"
-SETUP_HOOK = "orchard.ray_logging.install_filters"
+SETUP_HOOK = "orchard.cluster.ray_logging.install_filters"
 
 # Loggers whose INFO records are chatter for an orchard user.
 CHATTY = (*TRAIN_CHATTY_LOGGERS, "ray.train.torch.config", "ray.train.torch.train_loop_utils")
@@ -84,7 +84,7 @@ def _keep_data_logging_config() -> None:
     if not name or os.path.isabs(name):
         return
     try:
-        from orchard.private_tmp import private_tmp
+        from orchard.cluster.private_tmp import private_tmp
 
         text = Path(name).read_bytes() if os.path.exists(name) else RAY_DATA_LOGGING.read_bytes()
         kept = private_tmp() / f"ray_data_logging-{hashlib.sha256(text).hexdigest()[:16]}.yaml"
@@ -134,7 +134,7 @@ def quiet(level: str, runtime_env: dict, where: str) -> dict:
     out = dict(runtime_env)
     if where != "foreign":
         if quiet_data and where != "modules":
-            worker_env["RAY_DATA_LOGGING_CONFIG"] = ("orchard/ray_data_logging.yaml" if where == "shipped"
+            worker_env["RAY_DATA_LOGGING_CONFIG"] = ("orchard/cluster/ray_data_logging.yaml" if where == "shipped"
                                                      else str(RAY_DATA_LOGGING))
         out.setdefault("worker_process_setup_hook", SETUP_HOOK)
     out["env_vars"] = {**worker_env, **(runtime_env.get("env_vars") or {})}

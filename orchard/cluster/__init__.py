@@ -9,10 +9,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from orchard import ray_logging, ray_private
-from orchard.private_tmp import private_tmp
+from orchard.cluster import ray_logging
+from orchard.cluster import ray_private
+from orchard.cluster.private_tmp import private_tmp
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 # What a cluster=remote job ships, an allow-list (docs/cluster.md "Security"): these folders of the
 # checkout, plus the packages of workloads registered from outside it, and in them only files
 # of these kinds. Never the rest of the checkout: a .env, mlflow.db, outputs/, a key file.

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from orchard import config as config_lib
 from orchard import redact
-from orchard.runs import driver_tags
-from orchard.tracking_store import resolve_uri, retried, store_lock
+from orchard.tracking.lost_runs import driver_tags
+from orchard.tracking.store import resolve_uri, retried, store_lock
 
 # The experiment tag MLflow 3's UI reads to pick an experiment's view, and the value of its
 # "Model training" view; MLflow names no constant for either in its Python package.
@@ -43,7 +43,7 @@ class TrackedRun:
 
 def git_commit() -> str:
     try:
-        root = Path(__file__).resolve().parent.parent
+        root = Path(__file__).resolve().parents[2]
         out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
         return out.stdout.strip() or "unknown"
     except Exception:
@@ -93,7 +93,8 @@ def open_run(cfg: dict, run_name: str, parent_run_id: str | None = None, extra_t
     from mlflow.tracking import MlflowClient
     from mlflow.utils.mlflow_tags import MLFLOW_GIT_COMMIT, MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NOTE, MLFLOW_SOURCE_NAME
 
-    from orchard import datasets, summary
+    from orchard import summary
+    from orchard.tracking import datasets
 
     tcfg = cfg["tracking"]
     uri = resolve_uri(tcfg["uri"])
