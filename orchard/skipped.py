@@ -108,7 +108,7 @@ def kind_of(exc: BaseException) -> str:
 
 # --------------------------------------------------------------------------- mode=predict inputs
 def listed_inputs(path: str | Path, suffixes: Iterable[str]) -> list[Path]:
-    """What a user put in an input folder, as ``orchard.models.input_files`` lists it (the file
+    """What a user put in an input folder, as ``orchard.batch_predict.input_files`` lists it (the file
     itself, or the folder's non-hidden entries with one of ``suffixes``, by name) but with the
     entries it cannot use kept: links to nothing, unreadable files, folders named like files.
     ``readable`` then sets those aside, counted, instead of dropping them unseen."""
@@ -138,7 +138,7 @@ def readable(paths: Iterable[Path]) -> tuple[list[Path], list[SkippedFile]]:
 
 
 def as_rows(skipped: Iterable[SkippedFile], folder: str | Path) -> list[dict]:
-    """Inputs set aside before predicting, as rows of ``orchard.models.predict_files`` (``path``,
+    """Inputs set aside before predicting, as rows of ``orchard.batch_predict.predict_files`` (``path``,
     ``error``, ``kind``), so the predictions table lists them with the rest of the skipped."""
     return [{"path": str(Path(folder) / s.file), "error": s.reason, "kind": s.kind} for s in skipped]
 

@@ -212,7 +212,7 @@ def test_run_on_two_nodes_with_s3_storage_resumes_from_the_bucket_alone(case, s3
 def _predict_on_two_nodes(fs, depths: list[str], run_id: str, uri: str, common: list[str], env: dict,
                           tmp_path: Path) -> None:
     """``mode=predict`` on the cluster (issue 17): the model and the driver's input files reach the
-    predictor actors through the bucket (orchard.models.predict_files), ground truth beside them."""
+    predictor actors through the bucket (orchard.batch_predict.predict_files), ground truth beside them."""
     import csv
 
     folder = tmp_path / "to_label"   # on the driver only

@@ -89,7 +89,7 @@ def test_resolve_model_takes_a_model_folder_or_a_run_folder_and_refuses_others(t
 def test_predict_files_runs_an_actor_pool_and_counts_bad_files(ray_session, tmp_path):
     import cv2
 
-    from orchard import models
+    from orchard import batch_predict, models
     from orchard.storage import Storage
     from workloads.forest.predict import Predictor
 
@@ -106,23 +106,23 @@ def test_predict_files_runs_an_actor_pool_and_counts_bad_files(ray_session, tmp_
     for i in range(5):
         cv2.imwrite(str(inputs / f"d{i}.png"), (np.arange(48 * 32).reshape(48, 32) % 3 * 1000).astype(np.uint16))
     (inputs / "e.png").write_text("not an image")
-    out = models.output_dir(Ctx())
+    out = batch_predict.output_dir(Ctx())
     (out / "labels").mkdir()
-    files = models.input_files(inputs, (".png",))
+    files = batch_predict.input_files(inputs, (".png",))
     ctx = Ctx()
     store = Storage(tmp_path / "store")
-    rows = models.predict_files(files, Predictor, {}, ctx, store, path, out, batch_size=2)
+    rows = batch_predict.predict_files(files, Predictor, {}, ctx, store, path, out, batch_size=2)
     assert [Path(r["path"]).name for r in rows] == [f.name for f in files]
-    assert not store.exists(models.STAGING_DIR)  # the staged copies are gone; the inputs stay
+    assert not store.exists(batch_predict.STAGING_DIR)  # the staged copies are gone; the inputs stay
     assert len(list(inputs.iterdir())) == 6
-    metrics = models.report(rows, ["path", "width", "height"], ctx, out, "images", 1.0)
+    metrics = batch_predict.report(rows, ["path", "width", "height"], ctx, out, "images", 1.0)
     assert metrics["predict/images"] == 5 and metrics["predict/skipped"] == 1
     assert ctx.seen[-1][0] == 6 and ctx.seen[-1][1] == 6 and ctx.seen[-1][2]["items/s"] > 0
     with open(out / "skipped.csv") as f:
         assert [r["file"] for r in csv.DictReader(f)] == ["e.png"]
     assert len(list((out / "labels").glob("*.png"))) == 5
     with pytest.raises(ConfigError, match="readable images"):
-        models.report([r for r in rows if r["error"]], ["path"], ctx, out, "images", 1.0)
+        batch_predict.report([r for r in rows if r["error"]], ["path"], ctx, out, "images", 1.0)
 
 
 def test_register_best_puts_the_trials_model_in_the_registry_with_its_metric_and_config(tmp_path):
@@ -187,7 +187,7 @@ def test_a_training_run_logs_an_mlflow_logged_model_too(cli_run, tmp_path):
 def test_predict_files_actors_read_staged_copies_never_the_drivers_paths(ray_session, tmp_path):
     """Workers on another node cannot open the driver's files: the model, every input and its
     companions reach the actors through the storage location, and what they write comes back."""
-    from orchard import models
+    from orchard import batch_predict, models
     from orchard.storage import Storage
 
     class Ctx:
@@ -219,11 +219,11 @@ def test_predict_files_actors_read_staged_copies_never_the_drivers_paths(ray_ses
     for i in range(3):
         (inputs / f"a{i}.txt").write_text(f"input{i}")
         (inputs / f"a{i}.truth").write_text("t")
-    out = models.output_dir(Ctx())
+    out = batch_predict.output_dir(Ctx())
     (out / "notes").mkdir()
     files = sorted(inputs.glob("*.txt"))
     store = Storage(tmp_path / "store")
-    rows = models.predict_files(files, SeenPaths, {"tag": "ok"}, Ctx(), store, model, out,
+    rows = batch_predict.predict_files(files, SeenPaths, {"tag": "ok"}, Ctx(), store, model, out,
                                 companions=lambda p: [p.with_suffix(".truth")], batch_size=2)
     assert [r["path"] for r in rows] == [str(f) for f in files]    # reported by the user's names
     for r, f in zip(rows, files):
@@ -232,7 +232,7 @@ def test_predict_files_actors_read_staged_copies_never_the_drivers_paths(ray_ses
         assert r["model_files"] == "MLmodel,_COMPLETE"
     for i in range(3):   # written on the actor's node, sent back, written here
         assert (out / "notes" / f"a{i}.txt").read_text() == f"ok input{i} ['a{i}.truth', 'a{i}.txt']"
-    assert not store.exists(models.STAGING_DIR)
+    assert not store.exists(batch_predict.STAGING_DIR)
 
 
 def test_predict_imports_only_the_modules_the_user_names_not_those_a_model_names(tmp_path):
@@ -256,7 +256,7 @@ def test_predict_imports_only_the_modules_the_user_names_not_those_a_model_names
 def test_an_input_that_vanishes_after_listing_is_skipped_with_its_reason_and_the_rest_predicted(ray_session, tmp_path):
     """A file listed, then removed before it was staged (a sync client, a user tidying up): the
     predict run lists it as skipped (kind ``missing``) and predicts the others."""
-    from orchard import models, skipped
+    from orchard import batch_predict, models, skipped
     from orchard.storage import Storage
 
     class Ctx:
@@ -281,16 +281,16 @@ def test_an_input_that_vanishes_after_listing_is_skipped_with_its_reason_and_the
     inputs.mkdir()
     for i in range(3):
         (inputs / f"a{i}.txt").write_text("x" * (i + 1))
-    files = models.input_files(inputs, (".txt",))
+    files = batch_predict.input_files(inputs, (".txt",))
     (inputs / "a1.txt").unlink()                      # gone between listing and staging
-    out = models.output_dir(Ctx())
+    out = batch_predict.output_dir(Ctx())
     store = Storage(tmp_path / "store")
-    rows = models.predict_files(files, Length, {}, Ctx(), store, model, out, batch_size=2)
+    rows = batch_predict.predict_files(files, Length, {}, Ctx(), store, model, out, batch_size=2)
     assert [(Path(r["path"]).name, r["error"][:11], r.get("chars")) for r in rows] == [
         ("a0.txt", "", 1), ("a1.txt", "not staged:", None), ("a2.txt", "", 3)]
     assert skipped.from_rows(rows)[0][:2] == ("a1.txt", "missing")
-    assert not store.exists(models.STAGING_DIR)
-    metrics = models.report(rows, ["path", "chars"], Ctx(), out, "files", 1.0)
+    assert not store.exists(batch_predict.STAGING_DIR)
+    metrics = batch_predict.report(rows, ["path", "chars"], Ctx(), out, "files", 1.0)
     assert metrics["predict/files"] == 2 and metrics["predict/skipped"] == 1
     with open(out / "skipped.csv") as f:
         assert [r["file"] for r in csv.DictReader(f)] == ["a1.txt"]

@@ -180,7 +180,7 @@ def predict(cfg: dict, ctx, out: Path) -> dict[str, float]:
     skipped.csv; images/s."""
     import ray
 
-    from orchard import models, skipped
+    from orchard import batch_predict, models, skipped
 
     model_dir, meta = models.resolve_model(cfg["model"], "flower", ctx.tracking_uri, Path(ctx.run_dir) / "model_in")
     source = Path(cfg["input"]).expanduser()
@@ -190,7 +190,7 @@ def predict(cfg: dict, ctx, out: Path) -> dict[str, float]:
     (out / "density").mkdir(exist_ok=True)
     started = time.perf_counter()
     device = cfg["flower"]["eval_device"]
-    rows = models.predict_files(files, Predictor, {"tile_size": int(meta.get("tile_size", 64)),
+    rows = batch_predict.predict_files(files, Predictor, {"tile_size": int(meta.get("tile_size", 64)),
                                                    "batch_size": int(cfg["flower"]["eval_batch_size"]),
                                                    "device": device, "max_pixels": cfg["flower"].get("max_image_pixels")},
                                 ctx, ctx.storage, model_dir, out, desc="counting",
@@ -198,7 +198,7 @@ def predict(cfg: dict, ctx, out: Path) -> dict[str, float]:
     rows += skipped.as_rows(unusable, source if source.is_dir() else source.parent)
     elapsed = time.perf_counter() - started
     skipped.record(ctx, skipped.from_rows(rows))   # data/skipped_files, data/skipped/<kind>, skipped.csv
-    metrics = models.report(rows, ["path", "width", "height", "count"], ctx, out, "images", elapsed)
+    metrics = batch_predict.report(rows, ["path", "width", "height", "count"], ctx, out, "images", elapsed)
     good = [r for r in rows if not r["error"]]
     pixels = sum(int(r["width"]) * int(r["height"]) for r in good)
     return {**metrics, "predict/megapixels_per_s": pixels / 1e6 / max(elapsed, 1e-9),

@@ -168,7 +168,7 @@ def depth_files(folder) -> list[Path]:
 def predict(cfg: dict, ctx, out: Path) -> dict[str, float]:
     """``mode=predict``: label every depth PNG of ``input`` into ``out`` (the predictions folder
     the core opened: orchard/registry.py ``entry``); accuracy where ground-truth labels sit beside."""
-    from orchard import models, skipped
+    from orchard import batch_predict, models, skipped
 
     from .body_parts import NUM_PARTS, PART_NAMES
     from .evaluate import accuracy_metrics
@@ -178,13 +178,13 @@ def predict(cfg: dict, ctx, out: Path) -> dict[str, float]:
     files, unusable = skipped.readable(depth_files(source))
     (out / "labels").mkdir(exist_ok=True)
     started = time.perf_counter()
-    rows = models.predict_files(files, Predictor, {}, ctx, ctx.storage, model_dir, out,
+    rows = batch_predict.predict_files(files, Predictor, {}, ctx, ctx.storage, model_dir, out,
                                 companions=lambda p: [t for t in [truth_file(p)] if t is not None],
                                 desc="labelling") if files else []
     rows += skipped.as_rows(unusable, source if source.is_dir() else source.parent)
     elapsed = time.perf_counter() - started
     skipped.record(ctx, skipped.from_rows(rows))   # data/skipped_files, data/skipped/<kind>, skipped.csv
-    metrics = models.report(rows, ["path", "width", "height", "labelled_pixels", "scored"], ctx, out, "images", elapsed)
+    metrics = batch_predict.report(rows, ["path", "width", "height", "labelled_pixels", "scored"], ctx, out, "images", elapsed)
     good = [r for r in rows if not r["error"]]
     metrics["predict/pixels_per_s"] = sum(int(r["width"]) * int(r["height"]) for r in good) / max(elapsed, 1e-9)
     scored = [r for r in good if r["scored"]]

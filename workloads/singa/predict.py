@@ -249,7 +249,7 @@ def sample_files(source) -> list[Path]:
 def predict(cfg: dict, ctx, out: Path) -> dict[str, float]:
     """``mode=predict``: classify every sample of ``input`` into ``out`` (the predictions folder the
     core opened: orchard/registry.py ``entry``); accuracy over the samples with known labels."""
-    from orchard import models, skipped
+    from orchard import batch_predict, models, skipped
 
     model_dir, meta = models.resolve_model(cfg["model"], "singa", ctx.tracking_uri, Path(ctx.run_dir) / "model_in")
     if meta.get("kind") == "retrieval":
@@ -262,12 +262,12 @@ def predict(cfg: dict, ctx, out: Path) -> dict[str, float]:
     files, unusable = skipped.readable(sample_files(source))
     (out / "labels").mkdir(exist_ok=True)
     started = time.perf_counter()
-    rows = models.predict_files(files, Predictor, {"max_input_mb": cfg["singa"].get("max_input_mb")}, ctx, ctx.storage, model_dir, out,
+    rows = batch_predict.predict_files(files, Predictor, {"max_input_mb": cfg["singa"].get("max_input_mb")}, ctx, ctx.storage, model_dir, out,
                                 companions=idx_labels, desc="classifying", batch_size=16) if files else []
     rows += skipped.as_rows(unusable, source if source.is_dir() else source.parent)
     elapsed = time.perf_counter() - started
     skipped.record(ctx, skipped.from_rows(rows))   # data/skipped_files, data/skipped/<kind>, skipped.csv
-    metrics = models.report(rows, ["path", "samples", "label", "confidence", "labelled", "correct"], ctx, out,
+    metrics = batch_predict.report(rows, ["path", "samples", "label", "confidence", "labelled", "correct"], ctx, out,
                             "files", elapsed)
     good = [r for r in rows if not r["error"]]
     samples = sum(int(r["samples"]) for r in good)

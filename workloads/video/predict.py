@@ -382,7 +382,7 @@ def predict(cfg: dict, ctx, out: Path) -> dict[str, float]:
     """``mode=predict``: classify every video of ``input``; highlight segments; tIoU and mAP@0.5
     against ``segments.csv`` when the input folder has one. ``out`` is the predictions folder the
     core opened (orchard/registry.py ``entry``: renamed into place once written whole)."""
-    from orchard import models, skipped
+    from orchard import batch_predict, models, skipped
 
     model_dir, _ = models.resolve_model(cfg["model"], "video", ctx.tracking_uri, Path(ctx.run_dir) / "model_in")
     models.trusted_modules(model_dir, SETTINGS_FILE, "extractor_modules", cfg["video"].get("extractor_modules"),
@@ -391,12 +391,12 @@ def predict(cfg: dict, ctx, out: Path) -> dict[str, float]:
     files, unusable = skipped.readable(p for p in skipped.listed_inputs(source, ()) if p.name != TRUTH_FILE)
     started = time.perf_counter()
     held = int(cfg["video"]["inference"].get("max_frames_in_memory") or MAX_FRAMES_IN_MEMORY)
-    rows = models.predict_files(files, Predictor, {"max_frames": held}, ctx, ctx.storage, model_dir, out,
+    rows = batch_predict.predict_files(files, Predictor, {"max_frames": held}, ctx, ctx.storage, model_dir, out,
                                 desc="classifying", batch_size=2) if files else []
     rows += skipped.as_rows(unusable, source if source.is_dir() else source.parent)
     elapsed = time.perf_counter() - started
     skipped.record(ctx, skipped.from_rows(rows))   # data/skipped_files, data/skipped/<kind>, skipped.csv
-    metrics = models.report(rows, ["path", "label", "confidence", "frames", "kept", "segments"], ctx, out, "videos", elapsed)
+    metrics = batch_predict.report(rows, ["path", "label", "confidence", "frames", "kept", "segments"], ctx, out, "videos", elapsed)
     good = [r for r in rows if not r["error"]]
     metrics["predict/frames_per_s"] = sum(int(r["frames"]) for r in good) / max(elapsed, 1e-9)
     truth_path = source / TRUTH_FILE if source.is_dir() else source.with_name(TRUTH_FILE)
@@ -406,5 +406,5 @@ def predict(cfg: dict, ctx, out: Path) -> dict[str, float]:
                                             "segments": [tuple(s) for s in json.loads(r["segments"])]} for r in good}
         found = highlight_metrics(predicted, truth, "predict")
         metrics.update(found)
-        models.log_outputs(ctx, out)
+        batch_predict.log_outputs(ctx, out)
     return metrics
