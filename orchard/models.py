@@ -29,8 +29,6 @@ from orchard.errors import ConfigError
 from orchard.logged_models import (MODEL_DIR, free_dims, pip_requirements, record_model_input,  # noqa: F401
                                    save_model, save_pyfunc)
 
-from orchard.registry import PREDICTIONS_DIR  # noqa: E402, F401  (a predict run's folder, among its artifacts too)
-
 
 # --------------------------------------------------------------------------- resolving model=
 def _one_line(exc: BaseException) -> str:

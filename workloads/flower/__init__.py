@@ -10,7 +10,7 @@ from pathlib import Path
 
 from orchard import ConfigError
 from orchard.config import require
-from workloads.flower.checkpoint import TRAIN_STORAGE_NOTE, train_storage  # noqa: F401 (part of the contract)
+from workloads.flower.checkpoint import train_storage
 
 STRATEGIES = ("ring", "ps")
 
