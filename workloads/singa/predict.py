@@ -8,8 +8,8 @@ its output is the class probabilities (N, K) of the net's ``softmax_loss`` layer
 nets (one data field besides ``label``, a ``softmax_loss`` layer) are logged so; the msae app's
 net as its retrieval (retrieval_model.py: images in, the nearest tag documents out); no other.
 
-Prediction over files (each file a row of predictions.csv, per-sample labels in
-``predictions/labels/<file>.csv``):
+Prediction over files with a classifier (each file a row of predictions.csv, per-sample labels in
+``predictions/labels/<file>.csv``; the msae's files of query images: retrieval_model.py):
 - MNIST IDX images (``*-images-idx3-ubyte[.gz]``), labels from the ``*-labels-idx1-ubyte`` beside;
 - CIFAR-10 python batches (``data_batch_*``, ``test_batch``), with their labels;
 - images (.png, .jpg, ...), resized to the net's input, labelled by a numeric class folder
@@ -248,31 +248,43 @@ def sample_files(source) -> list[Path]:
 
 def predict(cfg: dict, ctx, out: Path) -> dict[str, float]:
     """``mode=predict``: classify every sample of ``input`` into ``out`` (the predictions folder the
-    core opened: orchard/registry.py ``entry``); accuracy over the samples with known labels."""
+    core opened: orchard/registry.py ``entry``), accuracy over the samples with known labels; for
+    the msae's model, retrieve each query image's nearest tag documents (retrieval_model.py)."""
     from orchard import batch_predict, models, skipped
 
     model_dir, meta = models.resolve_model(cfg["model"], "singa", ctx.tracking_uri, Path(ctx.run_dir) / "model_in")
-    if meta.get("kind") == "retrieval":
-        from orchard import ConfigError
-
-        raise ConfigError("model", "a singa classifier for mode=predict over files; this is the msae's retrieval "
-                          "model: mlflow.pyfunc.load_model(<model>).predict(images) gives each image's nearest tags")
     models.trusted_modules(model_dir, NET_FILE, "layer_modules", cfg["singa"].get("layer_modules"), "singa.layer_modules")
     source = Path(cfg["input"]).expanduser()
-    files, unusable = skipped.readable(sample_files(source))
-    (out / "labels").mkdir(exist_ok=True)
+    if meta.get("kind") == "retrieval":   # the msae: files of query images in, their nearest tag documents out
+        from workloads.singa import retrieval_model as retrieval
+
+        listed = skipped.listed_inputs(source, ())   # every file, so one of another kind is named, not passed over
+        predictor, companions, desc, totals = retrieval.QueryPredictor, None, "retrieving", retrieval.totals
+        subdir, columns = retrieval.RETRIEVED_DIR, retrieval.COLUMNS
+    else:
+        listed = sample_files(source)
+        predictor, companions, desc, totals = Predictor, idx_labels, "classifying", _classified
+        subdir, columns = "labels", ["path", "samples", "label", "confidence", "labelled", "correct"]
+    files, unusable = skipped.readable(listed)
+    (out / subdir).mkdir(exist_ok=True)
     started = time.perf_counter()
-    rows = batch_predict.predict_files(files, Predictor, {"max_input_mb": cfg["singa"].get("max_input_mb")}, ctx, ctx.storage, model_dir, out,
-                                companions=idx_labels, desc="classifying", batch_size=16) if files else []
+    rows = batch_predict.predict_files(files, predictor, {"max_input_mb": cfg["singa"].get("max_input_mb")}, ctx,
+                                       ctx.storage, model_dir, out, companions=companions, desc=desc,
+                                       batch_size=16) if files else []
     rows += skipped.as_rows(unusable, source if source.is_dir() else source.parent)
     elapsed = time.perf_counter() - started
     skipped.record(ctx, skipped.from_rows(rows))   # data/skipped_files, data/skipped/<kind>, skipped.csv
-    metrics = batch_predict.report(rows, ["path", "samples", "label", "confidence", "labelled", "correct"], ctx, out,
-                            "files", elapsed)
-    good = [r for r in rows if not r["error"]]
+    metrics = batch_predict.report(rows, columns, ctx, out, "files", elapsed)
+    metrics.update(totals([r for r in rows if not r["error"]], elapsed))
+    return metrics
+
+
+def _classified(good: list[dict], elapsed_s: float) -> dict[str, float]:
+    """The metrics of the files classified: ``predict/samples`` and their rate, and
+    ``predict/accuracy`` over the samples with known labels."""
     samples = sum(int(r["samples"]) for r in good)
     labelled = sum(int(r["labelled"]) for r in good)
-    metrics.update({"predict/samples": float(samples), "predict/samples_per_s": samples / max(elapsed, 1e-9)})
+    metrics = {"predict/samples": float(samples), "predict/samples_per_s": samples / max(elapsed_s, 1e-9)}
     if labelled:
         metrics["predict/accuracy"] = sum(int(r["correct"]) for r in good) / labelled
         metrics["predict/labelled_samples"] = float(labelled)

@@ -5,10 +5,17 @@ model's database nearest to it in the shared latent space out.  The database is 
 documents coded by the trained text encoder (``database.npz``: codes and labels; their words in
 ``net.json``), so the model answers without the training data.  Loaded by
 ``workloads.singa.predict._load_pyfunc`` like the classifiers (no pickle, no Ray).
+
+``mode=predict`` over files (``predict.predict`` hands an msae model to ``QueryPredictor``): each
+file holds query images as the app's data has them, image feature vectors (N, *image shape), in
+numpy's own formats, read with ``allow_pickle=False``: a ``.npy`` of the images, or a ``.npz``
+with ``image`` (N, ...) and optionally ``label`` (N,) class ids (then precision@k is reported).
+Each file's retrieval, the pyfunc's table, goes to ``predictions/retrieved/<file>.csv``.
 """
 from __future__ import annotations
 
 import tempfile
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -103,3 +110,129 @@ def save_retrieval_model(ctx, config: dict, params: dict, data, write_net) -> Pa
                         "workloads.singa.predict", folder, example, model.predict(example), free_outputs=())
 
     return save_model(ctx, "singa", write)
+
+
+# --------------------------------------------------------------------------- mode=predict over files
+QUERY_SUFFIXES = (".npy", ".npz")
+RETRIEVED_DIR = "retrieved"   # in the predictions folder: <file>.csv, the pyfunc's table of that file's images
+COLUMNS = ["path", "queries", "labelled", "relevant", "nearest"]   # predictions.csv, one row per file
+
+
+class NotQueries(ValueError):
+    """A file that holds no images this model takes: another format, array, shape or type."""
+
+    kind = "not_queries"   # data/skipped/not_queries (orchard/skipped.py)
+
+
+def allowed(shape: tuple) -> str:
+    """What a query file may be, for the line that refuses one."""
+    dims = ", ".join(map(str, ("N", *shape)))
+    return f"allowed: .npy of images ({dims}), or .npz with `{QUERY_FIELD}` ({dims}) and optionally `label` (N,)"
+
+
+def read_queries(path: Path, shape: tuple, max_bytes: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """A query file -> (images (N, *shape) float32, class ids (N,) or None).  ``NotQueries`` for a
+    file of another kind, ``InputTooLarge`` for one over ``max_bytes`` (an .npz: unpacked),
+    ValueError for one numpy cannot read.  Never unpickles (``allow_pickle=False``)."""
+    from workloads.singa.data import InputTooLarge, check_input_size
+
+    suffix = path.suffix.lower()
+    if suffix not in QUERY_SUFFIXES:
+        raise NotQueries(f"not a query file; {allowed(shape)}")
+    magic = {".npy": b"\x93NUMPY", ".npz": b"PK"}[suffix]   # without it, np.load would try the file as a pickle
+    with open(path, "rb") as fh:
+        if fh.read(len(magic)) != magic:
+            raise ValueError(f"not a {suffix} file as numpy writes one; {allowed(shape)}")
+    size = path.stat().st_size
+    if suffix == ".npz":   # compressed members: what they unpack to
+        try:
+            with zipfile.ZipFile(path) as packed:
+                size = max(size, sum(info.file_size for info in packed.infolist()))
+        except zipfile.BadZipFile as exc:
+            raise ValueError(f"not a readable .npz file ({str(exc)[:80]}); {allowed(shape)}") from None
+    try:
+        check_input_size(path, size, max_bytes)
+    except InputTooLarge as exc:
+        raise InputTooLarge(str(exc).replace(f"{path} ", "", 1)) from None
+    try:
+        loaded = np.load(path, allow_pickle=False)
+        if isinstance(loaded, np.lib.npyio.NpzFile):
+            with loaded:
+                if QUERY_FIELD not in loaded.files:
+                    held = ", ".join(loaded.files) or "nothing"
+                    raise NotQueries(f"an .npz without `{QUERY_FIELD}` (it holds {held}); {allowed(shape)}")
+                x, y = loaded[QUERY_FIELD], (loaded["label"] if "label" in loaded.files else None)
+        else:
+            x, y = loaded, None
+    except NotQueries:
+        raise
+    except Exception as exc:  # a truncated or foreign file, or Python objects (a pickle inside)
+        if "allow_pickle" in str(exc):
+            raise NotQueries(f"holds Python objects, which are never unpickled; {allowed(shape)}") from None
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:80]
+        raise ValueError(f"not a readable {suffix} file ({reason}); {allowed(shape)}") from None
+    if not (np.issubdtype(x.dtype, np.integer) or np.issubdtype(x.dtype, np.floating)):
+        raise NotQueries(f"holds {x.dtype} values, not numbers; {allowed(shape)}")
+    if x.shape == shape:   # one image
+        x = x[None]
+    if x.shape[1:] != shape or not len(x):
+        raise NotQueries(f"holds an array of shape {x.shape}; {allowed(shape)}")
+    x = x.astype(np.float32)
+    if not np.isfinite(x).all():
+        raise NotQueries("holds NaN or infinite values; images are finite numbers")
+    if y is not None and (y.shape != (len(x),) or not np.issubdtype(y.dtype, np.integer)):
+        raise NotQueries(f"`label` is {y.dtype} {y.shape}; it must be class ids (N,), one per image ({len(x)})")
+    return x, y
+
+
+class QueryPredictor:
+    """Ray Data actor (orchard.batch_predict.predict_files): holds the retrieval model, answers
+    each query file with its table in ``retrieved/<file>.csv`` and a row of counts."""
+
+    def __init__(self, model_dir: str, out_dir: str, max_input_mb: float | None = None):
+        import torch
+
+        from workloads.singa.data import MAX_INPUT_MB
+        from workloads.singa.predict import NET_FILE, _load_pyfunc
+
+        torch.set_num_threads(1)
+        self.model = _load_pyfunc(str(next(Path(model_dir).rglob(NET_FILE)).parent))
+        self.out = Path(out_dir) / RETRIEVED_DIR
+        self.max_bytes = round(float(max_input_mb or MAX_INPUT_MB) * 2**20)
+        # documents of one class each (digits_tags) make a labelled image's retrieval right or wrong;
+        # NUS-WIDE's carry several concepts (the table's label is -1 there): no precision
+        self.by_class = self.model.labels.ndim == 1
+
+    def __call__(self, batch: dict) -> dict:
+        from orchard.skipped import kind_of, one_line
+
+        cols = {k: [] for k in ("path", "error", "kind", "queries", "labelled", "relevant", "nearest")}
+        for path in batch["path"]:
+            path = Path(str(path))
+            try:
+                x, y = read_queries(path, self.model.shapes[QUERY_FIELD], self.max_bytes)
+                table = self.model.predict(x)
+                table.to_csv(self.out / f"{path.name}.csv", index=False)
+                labelled = y is not None and self.by_class
+                relevant = int((table["label"].to_numpy() == y[table["query"].to_numpy()]).sum()) if labelled else 0
+                values = ("", "", len(x), len(x) if labelled else 0, relevant, int(table["rank"].max()) + 1)
+            except Exception as exc:  # one bad file never stops the run: skipped and counted by kind
+                values = (one_line(exc), kind_of(exc), 0, 0, 0, 0)
+            cols["path"].append(str(path))
+            for key, value in zip(list(cols)[1:], values):
+                cols[key].append(value)
+        return {k: np.asarray(v) for k, v in cols.items()}
+
+
+def totals(good: list[dict], elapsed_s: float) -> dict[str, float]:
+    """The metrics of the files answered: ``predict/queries`` (images), ``predict/queries_per_s``
+    and, over the images with a class id, ``predict/precision_at_<k>`` (the run's
+    ``test/precision_at_10_img2txt`` on new images) and ``predict/labelled_queries``."""
+    queries = sum(int(r["queries"]) for r in good)
+    metrics = {"predict/queries": float(queries), "predict/queries_per_s": queries / max(elapsed_s, 1e-9)}
+    labelled = sum(int(r["labelled"]) for r in good)
+    if labelled:
+        k = max(int(r["nearest"]) for r in good)
+        metrics[f"predict/precision_at_{k}"] = sum(int(r["relevant"]) for r in good) / (labelled * k)
+        metrics["predict/labelled_queries"] = float(labelled)
+    return metrics

@@ -1,13 +1,16 @@
 """The msae app logs an MLflow Model too: its retrieval (image -> tag documents, Fig. 11) as the
-prediction, loaded with ``mlflow.pyfunc.load_model`` in a fresh process without Ray."""
+prediction, loaded with ``mlflow.pyfunc.load_model`` in a fresh process without Ray, and applied
+by ``mode=predict`` to files of query images (.npy, .npz) as the pyfunc applies it."""
 from __future__ import annotations
 
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from tests.orchard.model_helpers import ROOT
@@ -30,10 +33,13 @@ print(json.dumps({"ray_loaded": "ray" in sys.modules, "metadata": Model.load(loc
 
 
 @pytest.mark.slow
-def test_the_msae_retrieves_both_ways_and_logs_a_model_that_finds_what_the_run_measured(run_orchard, tmp_path):
+def test_the_msae_retrieves_both_ways_and_logs_a_model_that_finds_what_the_run_measured(run_orchard, tmp_path,
+                                                                                       capsys):
     """The msae run retrieves better than chance both ways; its model, loaded alone, ranks the
     run's test images against its database of tag documents as the run did: its precision at 10
-    is the run's test/precision_at_10_img2txt."""
+    is the run's test/precision_at_10_img2txt.  ``mode=predict`` with that model over a .npy and
+    an .npz of the same images retrieves what the pyfunc did, and skips a file of text vectors
+    with one line saying what a query file may be (the same run: CI trains the msae once)."""
     from workloads.singa.data import load_dataset
 
     result = run_orchard("workload=singa", "debug=smoke", "singa.app=msae", "singa.arch=local", "singa.tsne=false",
@@ -62,3 +68,38 @@ def test_the_msae_retrieves_both_ways_and_logs_a_model_that_finds_what_the_run_m
     assert all(r["tags"] for r in rows)                                            # each document's words
     precision = np.mean([r["label"] == test["label"][r["query"]] for r in rows])
     assert precision == pytest.approx(m["test/precision_at_10_img2txt"], abs=0.01)
+
+    # mode=predict over files (issue 33): the pyfunc's table per file, in predictions/retrieved/
+    queries = tmp_path / "queries"
+    queries.mkdir()
+    np.save(queries / "some.npy", test["image"][:5])                                   # test images 0..4
+    np.savez(queries / "labelled.npz", image=test["image"][5:12], label=test["label"][5:12])   # 5..11
+    np.save(queries / "bad.npy", test["text"][:3])    # the documents' side: not what the model takes
+    capsys.readouterr()
+    predicted = run_orchard("workload=singa", "mode=predict", f"model=runs:/{run_id}/model", f"input={queries}",
+                            "singa.arch=local")
+    console = "".join(capsys.readouterr())
+    assert predicted.exit_code == 0, predicted.outcome
+    assert "Traceback" not in console
+    assert (f"skipped bad.npy: holds an array of shape (3, {test['text'].shape[1]}); allowed: .npy of images "
+            "(N, 64), or .npz with `image` (N, 64)") in console
+    assert "predicted: 2 files" in console and "1 skipped" in console and "queries 12" in console
+    pm = predicted.run.data.metrics
+    assert pm["predict/files"] == 2 and pm["predict/skipped"] == 1 and pm["predict/queries"] == 12
+    assert pm["data/skipped/not_queries"] == 1                                         # counted by kind
+    out = Path(predicted.run.data.tags["orchard.run_dir"]) / "predictions"
+    by_file = {r["file"]: r for r in pd.read_csv(out / "predictions.csv").to_dict("records")}
+    assert set(by_file) == {"some.npy", "labelled.npz"} and by_file["labelled.npz"]["labelled"] == 7
+    assert pd.read_csv(out / "skipped.csv")["file"].tolist() == ["bad.npy"]
+    for name, first, count in (("some.npy", 0, 5), ("labelled.npz", 5, 7)):
+        table = pd.read_csv(out / "retrieved" / f"{name}.csv", keep_default_na=False).to_dict("records")
+        mine = [r for r in rows if first <= r["query"] < first + count]    # the pyfunc's, in the fresh process
+        assert len(table) == len(mine) == count * 10
+        for written, fresh in zip(table, mine):
+            assert written["query"] + first == fresh["query"]
+            assert {k: written[k] for k in ("rank", "document", "label", "tags")} == \
+                {k: fresh[k] for k in ("rank", "document", "label", "tags")}
+            assert written["distance"] == pytest.approx(fresh["distance"], rel=1e-4, abs=1e-5)
+    labelled = [r for r in rows if 5 <= r["query"] < 12]
+    assert pm["predict/precision_at_10"] == pytest.approx(np.mean([r["label"] == test["label"][r["query"]]
+                                                                   for r in labelled]))
