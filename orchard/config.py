@@ -37,7 +37,6 @@ def searchpath_override() -> list[str]:
     return ["hydra.searchpath=[" + ",".join(f"file://{d}" for d in extra) + "]"] if extra else []
 
 
-MODES = ("train", "predict")
 MODEL_SCHEMES = ("runs:/", "models:/")  # model= values MLflow resolves; anything else is a path
 
 RUN_ID = "<run id>"  # what ${orchard.run_id:} stands for until the run opens: then its MLflow run id
@@ -258,8 +257,7 @@ def validate(cfg: dict, module) -> None:
     if cfg["strategy"]["name"] == "ps":
         schema.check(schema.ParameterServers, cfg["strategy"], "strategy")
     if cfg["cluster"]["mode"] == "remote":
-        require(cfg, "cluster.address", lambda v: v == "auto" or str(v).startswith(("ray://", "http")) or ":" in str(v),
-                "auto, ray://host:10001 or host:6379")
+        schema.check(schema.RemoteCluster, cfg["cluster"], "cluster")
     validate_mode(cfg)  # mode / model / input (docs/models.md)
     if cfg["tracking"]["enabled"]:
         schema.check(schema.Tracking, cfg["tracking"], "tracking")
@@ -269,8 +267,8 @@ def validate(cfg: dict, module) -> None:
 
 
 def validate_mode(cfg: dict) -> None:
-    """Top-level ``mode``/``model``/``input``; raises ConfigError (one line, exit 2)."""
-    require_choice(cfg, "mode", MODES)
+    """Top-level ``model``/``input`` of ``mode=predict`` (``mode`` itself: orchard/schema.py);
+    raises ConfigError (one line, exit 2)."""
     if cfg["mode"] != "predict":
         return
     require(cfg, "model", lambda v: isinstance(v, str) and bool(v) and (

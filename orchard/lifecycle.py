@@ -320,7 +320,13 @@ def run_one(cfg: dict, module, parent_run_id: str | None = None, on_metrics=None
                 extra["orchard.config_dirs"] = json.dumps(registry.user_config_dirs())
             if cfg.get("_resumes"):
                 extra["orchard.resumes"] = cfg["_resumes"]
-            tracked = tracking.open_run(cfg, name, parent_run_id, extra_tags=extra)
+            trial = cfg.get("_trial")  # a sweep's trial (orchard/sweep.py): its retry finds its run by these
+            if trial:
+                extra.update({"orchard.trial_id": trial["id"], "orchard.sweep_session": trial["session"]})
+            if trial and trial.get("reopen"):  # the retry of an attempt lost with its node: the same run
+                tracked = tracking.reopen_run(cfg, trial["reopen"], trial["attempt"], extra_tags=extra)
+            else:
+                tracked = tracking.open_run(cfg, name, parent_run_id, extra_tags=extra)
             from orchard.tracking.lost_runs import Heartbeat
 
             heartbeat = Heartbeat(tracked.client(), tracked.run_id)

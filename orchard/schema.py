@@ -49,6 +49,11 @@ class Cluster(Section):
     worker_start_timeout_s: Optional[float] = Field(default=None, gt=0, description="a positive number (or null)")
 
 
+class RemoteCluster(Cluster):
+    """``cluster=remote``."""
+    address: str = Field(pattern=r"^(auto|ray://.+|https?://.+|.+:.*)$", description="auto, ray://host:10001 or host:6379")
+
+
 class Tracking(Section):
     """``tracking.enabled=true``."""
     uri: str = Field(pattern=MLFLOW_URI,
@@ -63,11 +68,34 @@ class Logs(Section):
 
 
 class Core(Section):
+    mode: Literal["train", "predict"] = Field(description="one of train, predict")
     progress: Literal["auto", "always", "never"] = Field(description="one of auto, always, never")
     verbose: bool = Field(description="one of True, False")
     strategy: Strategy
     cluster: Cluster
     logs: Logs
+
+
+class Asha(Section):
+    max_t: int = Field(default=1000, gt=0, description="a positive integer")
+    grace_period: int = Field(default=1, gt=0, description="a positive integer")
+    reduction_factor: float = Field(default=2, gt=1, description="a number > 1")
+
+
+class Sweep(Section):
+    """``sweep=<name>`` (conf/sweep/*.yaml, docs/sweeps.md); ``params`` is checked against the
+    composed config in ``sweep.validate_sweep`` (its keys are the config's)."""
+    name: str = Field(min_length=1, description="a name")
+    metric: str = Field(pattern=r"^[^/\s]+/\S+$", description="a metric key such as val/mae")
+    mode: Literal["min", "max"] = Field(description="one of min, max")
+    num_samples: int = Field(gt=0, description="a positive integer")
+    max_concurrent_trials: Optional[int] = Field(default=None, gt=0, description="a positive integer (or null)")
+    scheduler: Literal["fifo", "asha"] = Field(description="one of fifo, asha")
+    asha: Optional[Asha] = None
+    # ``register`` is a name of pydantic's BaseModel too: the field takes it as its alias
+    register_name: Optional[str] = Field(default=None, alias="register", pattern=r"\S",
+                                         description="null or a Model Registry name for the best trial's model")
+    max_failures: int = Field(default=2, ge=0, description="an integer >= 0 (retries of a trial whose process was lost)")
 
 
 def check(model: type[BaseModel], values: dict, prefix: str = "") -> None:
@@ -99,7 +127,7 @@ def _field(model: type[BaseModel], loc: tuple):
     """The schema's field at ``loc`` (through nested models), or None."""
     field = None
     for part in loc:
-        fields = getattr(model, "model_fields", {})
+        fields = {f.alias or name: f for name, f in getattr(model, "model_fields", {}).items()}
         if part not in fields:
             return field
         field = fields[part]

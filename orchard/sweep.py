@@ -25,6 +25,7 @@ import math
 import signal
 import sys
 import threading
+import uuid
 from pathlib import Path
 from typing import Callable
 
@@ -43,19 +44,13 @@ STOPPED_EARLY = "stopped early by the {scheduler} scheduler (its {metric} lagged
 
 
 def validate_sweep(cfg: dict) -> None:
+    from orchard import schema
+
     s = cfg["sweep"]
-    config_lib.require(cfg, "sweep.metric", lambda v: isinstance(v, str) and "/" in v, "a metric key such as val/mae")
-    config_lib.require_choice(cfg, "sweep.mode", ("min", "max"))
-    config_lib.require_positive(cfg, "sweep.num_samples", integer=True)
-    if s.get("max_concurrent_trials") is not None:
-        config_lib.require_positive(cfg, "sweep.max_concurrent_trials", integer=True)
-    config_lib.require_choice(cfg, "sweep.scheduler", ("fifo", "asha"))
     if "resources_per_trial" in s:
         raise ConfigError("sweep.resources_per_trial", "not a sweep key any more: a trial's resources come from the "
                           "workload's resources(cfg) (docs/sweeps.md); remove it")
-    if s.get("register") is not None:
-        config_lib.require(cfg, "sweep.register", lambda v: isinstance(v, str) and v.strip() != "",
-                           "null or a Model Registry name for the best trial's model")
+    schema.check(schema.Sweep, s, "sweep")  # types and ranges (orchard/schema.py)
     if not s.get("params"):
         raise ConfigError("sweep.params", "at least one config key to search over")
     for key, spec in s["params"].items():
@@ -216,18 +211,24 @@ class _Watched:
 
 
 def _make_trainable(base: dict, module_name: str, parent_run_id: str | None, metric: str, run_one: Callable):
+    session = uuid.uuid4().hex  # this invocation of the sweep: a retry looks for its trial's run of it
+    uri = base["tracking"]["uri"] if base["tracking"]["enabled"] else None
+
     def trainable(values: dict) -> None:
         import importlib
 
         from ray import tune
 
         cfg = trial_config(base, values)
-        trial = tune.get_context().get_trial_name()
+        context = tune.get_context()
+        trial = context.get_trial_name()
         cfg["run_name"] = f"{base['sweep']['name']}-{trial}"
         cfg["sweep"] = None
+        module = importlib.import_module(module_name)
+        cfg["_trial"] = {"id": context.get_trial_id(), "session": session,
+                         **_retry_of(uri, parent_run_id, context.get_trial_id(), session, trial, cfg, module)}
         feed = MetricFeed(metric)
-        outcome = run_one(cfg, _Watched(importlib.import_module(module_name), feed), parent_run_id=parent_run_id,
-                          quiet=True)
+        outcome = run_one(cfg, _Watched(module, feed), parent_run_id=parent_run_id, quiet=True)
         feed.stop()
         if outcome.exit_code != 0:
             raise RuntimeError(f"trial {trial} failed: {outcome.error}")
@@ -240,6 +241,44 @@ def _make_trainable(base: dict, module_name: str, parent_run_id: str | None, met
             tune.report({**final, "run_id": outcome.run_id or "", FINAL: 1.0})
 
     return trainable
+
+
+def _retry_of(uri: str | None, parent_run_id: str | None, trial_id: str, session: str, trial: str,
+              cfg: dict, module) -> dict:
+    """What this attempt of a trial continues (Tune retries a trial whose actor died,
+    ``sweep.max_failures`` times): nothing for a first attempt; for a retry of an attempt lost
+    with its process (its node, its worker: the run was left RUNNING, or reaped as "driver
+    lost"), its MLflow run and checkpoints (the workload's ``resume`` pointed at its own folder).
+    An attempt that ended by itself (the run FAILED with its error) is not trained again: its
+    error is raised at once. Runs of an earlier invocation (an interrupted sweep resumed) are
+    not continued: the trial starts afresh, as before retries existed."""
+    if uri is None or parent_run_id is None:
+        return {}  # untracked: no run to find; a retried trial starts over in a new folder
+    from orchard.tracking.lost_runs import LOST_REASON, TAG_ERROR
+    from orchard.tracking.store import resolve_uri, retried
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(resolve_uri(uri))
+    found = retried(client.search_runs, [client.get_run(parent_run_id).info.experiment_id],
+                    f"tags.mlflow.parentRunId = '{parent_run_id}' and tags.`orchard.trial_id` = '{trial_id}' "
+                    f"and tags.`orchard.sweep_session` = '{session}'")
+    if not found:
+        return {}
+    run = found[0]
+    error = run.data.tags.get(TAG_ERROR, "")
+    if run.info.status not in ("RUNNING", "FAILED") or (run.info.status == "FAILED" and not error.startswith(LOST_REASON)):
+        raise RuntimeError(f"trial {trial} failed: {error or run.info.status} (not retried: the run ended by itself)")
+    attempt = int(run.data.tags.get("orchard.trial_attempt", "1")) + 1
+    folder = run.data.tags.get("orchard.run_dir")
+    say(f"orchard: trial {trial}: attempt {attempt - 1} was lost with its process; attempt {attempt} continues "
+        f"run {run.info.run_id} from its last checkpoint", file=sys.stderr)
+    resume = getattr(module, "resume", None)
+    if folder and resume is not None:
+        try:
+            resume(cfg, folder)  # the workload points its config at the lost attempt's checkpoint
+        except ConfigError as why:  # lost before its first checkpoint: the same folder, from the start
+            say(f"orchard: trial {trial}: no checkpoint to continue ({why}); it starts over", file=sys.stderr)
+    return {"reopen": run.info.run_id, "attempt": attempt}
 
 
 def _trial_stopper(parent: "_Parent", scheduler: str, metric: str, signals_before: int):
@@ -350,7 +389,9 @@ def run_sweep(cfg: dict, module, run_one: Callable) -> Outcome:
             tune_config=tune.TuneConfig(metric=metric, mode=mode, num_samples=s["num_samples"],
                                         max_concurrent_trials=concurrent, scheduler=_scheduler(s)),
             run_config=tune.RunConfig(name="tune", storage_path=exp_path.rsplit("/", 1)[0], verbose=0,
-                                      callbacks=[stopper]),
+                                      callbacks=[stopper],
+                                      # a trial whose actor dies (its node lost) is run again (_retry_of)
+                                      failure_config=tune.FailureConfig(max_failures=s.get("max_failures", 2))),
         )
         sealed = {"tuner.pkl": sweep_seal.digest(_state(cfg).read_bytes("tuner.pkl"))}  # written just now, by us
     grid, second_signal = None, None
@@ -612,10 +653,12 @@ def _saved_statuses(staging: Path | None) -> dict[str, str]:
 
 
 def _trial_error(trial) -> str:
+    """The last line of the trial's error: Tune's error.txt (text, never its pickled error)."""
     try:
-        return str(trial.error_msg or "").strip().splitlines()[-1][:300]
-    except Exception:
-        return "see the trial's error.txt"
+        lines = [line.strip() for line in str(trial.get_error() or "").splitlines() if line.strip()]
+    except Exception:  # the trial's storage is gone
+        lines = []
+    return lines[-1][:300] if lines else "see the trial's error.txt"
 
 
 def leaderboard(trials, keys: list[str], metric: str, mode: str) -> list[dict]:

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,6 +129,30 @@ def open_run(cfg: dict, run_name: str, parent_run_id: str | None = None, extra_t
     if cfg.get("mode", "train") == "train":
         datasets.log_training_data(client, run_id, cfg)
     return TrackedRun(run_id, exp_id, uri)
+
+
+def reopen_run(cfg: dict, run_id: str, attempt: int, extra_tags: dict | None = None) -> TrackedRun:
+    """A sweep trial's run again RUNNING, driven by this process: the retry of an attempt whose
+    process was lost with its node (orchard/sweep.py, ``lost_attempt``). Params, config and data
+    stay as the first attempt logged them (the same trial config); the run gets this driver's
+    tags, the attempt's number and ``trial/retries``, and loses the reaper's "driver lost"."""
+    from mlflow.entities import Metric, RunTag
+
+    from mlflow.tracking import MlflowClient
+
+    from orchard.tracking.lost_runs import TAG_ERROR
+
+    uri = resolve_uri(cfg["tracking"]["uri"])
+    client = MlflowClient(uri)
+    run = retried(client.get_run, run_id)
+    if run.info.status != "RUNNING":
+        retried(client.update_run, run_id, status="RUNNING")
+    if TAG_ERROR in run.data.tags:
+        retried(client.delete_tag, run_id, TAG_ERROR)
+    tags = {**driver_tags(), **(extra_tags or {}), "orchard.trial_attempt": str(attempt)}
+    retried(client.log_batch, run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()],
+            metrics=[Metric("trial/retries", float(attempt - 1), int(time.time() * 1000), attempt - 1)])
+    return TrackedRun(run_id, run.info.experiment_id, uri)
 
 
 def log_config(client, run_id: str, cfg: dict) -> None:

@@ -314,3 +314,59 @@ def test_a_sweep_whose_every_trial_diverged_has_no_best_and_says_so(tracking_uri
     assert not [t for t in run.data.tags if t.startswith("best")] and "best/train/loss" not in run.data.metrics
     board = json.loads((tmp_path / "leaderboard.json").read_text())   # json.loads accepts NaN: check the text
     assert [r["metric"] for r in board] == [None, None, None] and "NaN" not in (tmp_path / "leaderboard.json").read_text()
+
+
+@pytest.mark.slow
+def test_a_trial_that_failed_by_itself_is_not_trained_again(tiny_sweep, tracking_uri):
+    """``sweep.max_failures`` retries a trial whose process was lost (tests/integration/
+    test_node_loss.py); a trial whose run failed by itself raises its error again at once on
+    Tune's retry: one FAILED run for the trial, not one per attempt."""
+    from mlflow.tracking import MlflowClient
+
+    outcome, _ = tiny_sweep("tiny.fail=true", "tiny.steps=5", "sweep.max_failures=2")
+    assert outcome.exit_code == 1
+    client = MlflowClient(tracking_uri)
+    parent = client.get_run(outcome.run_id)
+    (child,) = _children(client, parent)
+    assert child.info.status == "FAILED" and "asked to fail" in child.data.tags["orchard.error"]
+    assert "orchard.trial_attempt" not in child.data.tags and "trial/retries" not in child.data.metrics
+    assert parent.info.status == "FAILED" and "asked to fail" in parent.data.tags["orchard.error"]
+
+
+def test_the_retry_of_a_lost_attempt_reopens_its_run_and_a_closed_one_is_not_continued(tracking_uri, tmp_path):
+    """What a trial's next attempt continues (``sweep._retry_of``): the run its lost attempt left
+    RUNNING (or a reaper closed as "driver lost"), reopened by ``reopen_run`` with the attempt's
+    number; a run another invocation of the sweep left is not continued; one that failed by
+    itself is its error again."""
+    from mlflow.tracking import MlflowClient
+
+    from orchard.sweep import _retry_of
+    from orchard.tracking.lost_runs import LOST_REASON
+    from orchard.tracking.mlflow_run import reopen_run
+
+    client = MlflowClient(tracking_uri)
+    exp = client.get_experiment_by_name("retries") or client.get_experiment(client.create_experiment("retries"))
+    parent = client.create_run(exp.experiment_id).info.run_id
+    cfg, module = prepare(["workload=tiny", f"tracking.uri={tracking_uri}", f"output_dir={tmp_path}"])
+
+    def trial_run(trial_id: str, status: str, error: str = "") -> str:
+        tags = {"mlflow.parentRunId": parent, "orchard.trial_id": trial_id, "orchard.sweep_session": "s1",
+                "orchard.run_dir": str(tmp_path / trial_id)}
+        run_id = client.create_run(exp.experiment_id, tags={**tags, **({"orchard.error": error} if error else {})}).info.run_id
+        if status != "RUNNING":
+            client.set_terminated(run_id, status)
+        return run_id
+
+    lost, reaped = trial_run("t_0", "RUNNING"), trial_run("t_1", "FAILED", LOST_REASON)
+    trial_run("t_2", "FAILED", "RuntimeError: tiny workload asked to fail")
+    assert _retry_of(tracking_uri, parent, "t_0", "s1", "t_0", cfg, module) == {"reopen": lost, "attempt": 2}
+    assert _retry_of(tracking_uri, parent, "t_1", "s1", "t_1", cfg, module) == {"reopen": reaped, "attempt": 2}
+    assert _retry_of(tracking_uri, parent, "t_0", "another session", "t_0", cfg, module) == {}
+    assert _retry_of(tracking_uri, parent, "t_9", "s1", "t_9", cfg, module) == {}   # a first attempt
+    with pytest.raises(RuntimeError, match="asked to fail.*not retried"):
+        _retry_of(tracking_uri, parent, "t_2", "s1", "t_2", cfg, module)
+    reopen_run(cfg, reaped, 2)
+    run = client.get_run(reaped)
+    assert run.info.status == "RUNNING" and "orchard.error" not in run.data.tags
+    assert run.data.tags["orchard.trial_attempt"] == "2" and run.data.metrics["trial/retries"] == 1
+    assert _retry_of(tracking_uri, parent, "t_1", "s1", "t_1", cfg, module)["attempt"] == 3
