@@ -18,9 +18,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from workloads.flower.checkpoint import MODEL_FILE
 from workloads.flower.data import DEFAULT_MAX_PIXELS, IMAGE_SUFFIXES, PhotoError, photo_size, read_rgb
-
-STATE_FILE = "model.pt"
 
 
 BAND_BYTES = 64 * 2**20   # tiles of one band of tile rows held at once by count_image (64 MiB)
@@ -118,11 +117,11 @@ def log_model(ctx, model_file: Path) -> Path:
 
 def state_file(model_dir: Path) -> Path:
     """The weights-only state dict inside a flower MLflow Model."""
-    found = sorted(Path(model_dir).rglob(STATE_FILE))
+    found = sorted(Path(model_dir).rglob(MODEL_FILE))
     if not found:
         from orchard import ConfigError
 
-        raise ConfigError("model", f"a flower model holding {STATE_FILE}; {model_dir} has none")
+        raise ConfigError("model", f"a flower model holding {MODEL_FILE}; {model_dir} has none")
     return found[0]
 
 

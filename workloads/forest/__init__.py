@@ -72,10 +72,10 @@ def resume(cfg: dict, previous_run_dir: str) -> None:
 
     from orchard.storage import Storage
 
-    from .checkpoint import CHECKPOINT_NAME, resolve_checkpoint
+    from .checkpoint import CHECKPOINT_NAME, checkpoint_exists, resolve_checkpoint
 
     kept = Storage.for_run(cfg, previous_run_dir)  # the run storage: the driver's folder may be gone
-    if resolve_checkpoint(previous_run_dir).is_file():
+    if checkpoint_exists(resolve_checkpoint(previous_run_dir)):  # a local folder, or a run folder's URI
         cfg["forest"]["resume"] = str(previous_run_dir)
     elif kept.exists(CHECKPOINT_NAME):
         cfg["forest"]["resume"] = f"{kept.uri}/{CHECKPOINT_NAME}"
