@@ -274,9 +274,12 @@ def _retry_of(uri: str | None, parent_run_id: str | None, trial_id: str, session
         f"run {run.info.run_id} from its last checkpoint", file=sys.stderr)
     resume = getattr(module, "resume", None)
     if folder and resume is not None:
+        fresh = copy.deepcopy(cfg)
         try:
             resume(cfg, folder)  # the workload points its config at the lost attempt's checkpoint
         except ConfigError as why:  # lost before its first checkpoint: the same folder, from the start
+            cfg.clear()
+            cfg.update(fresh)  # as it was: a hook may have set its key before it found no checkpoint
             say(f"orchard: trial {trial}: no checkpoint to continue ({why}); it starts over", file=sys.stderr)
     return {"reopen": run.info.run_id, "attempt": attempt}
 

@@ -370,3 +370,19 @@ def test_the_retry_of_a_lost_attempt_reopens_its_run_and_a_closed_one_is_not_con
     assert run.info.status == "RUNNING" and "orchard.error" not in run.data.tags
     assert run.data.tags["orchard.trial_attempt"] == "2" and run.data.metrics["trial/retries"] == 1
     assert _retry_of(tracking_uri, parent, "t_1", "s1", "t_1", cfg, module)["attempt"] == 3
+
+    # the workload's resume hook points the config at the lost attempt's folder; one that finds no
+    # checkpoint there (lost before its first) leaves the config as it was: the trial starts over
+    import types
+
+    def resume(cfg, folder):
+        cfg["tiny"]["resume"] = folder
+        if not folder.endswith("t_0"):
+            raise ConfigError("tiny.resume", "a folder holding a checkpoint")
+
+    hooked = types.SimpleNamespace(resume=resume)
+    assert _retry_of(tracking_uri, parent, "t_0", "s1", "t_0", cfg, hooked)["attempt"] == 2
+    assert cfg["tiny"]["resume"] == str(tmp_path / "t_0")
+    del cfg["tiny"]["resume"]
+    assert _retry_of(tracking_uri, parent, "t_1", "s1", "t_1", cfg, hooked)["attempt"] == 3
+    assert "resume" not in cfg["tiny"]
