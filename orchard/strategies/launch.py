@@ -197,7 +197,7 @@ def launch(train_loop: Callable[[dict], None], loop_config: dict, cfg: dict, ctx
         datasets=datasets,
         **({"dataset_config": dataset_config} if dataset_config is not None else {}),
     )
-    watch = node_loss.NodeWatch(ctx)
+    watch = node_loss.NodeWatch(ctx, elastic=elastic)
     # an elastic group waits for its minimum without Ray's start bound: orchard keeps it
     bound = node_loss.StartBound(recovery, _start_bound_s()) if states is not None else None
     needed = min(scaling.num_workers) if elastic else scaling.num_workers
@@ -231,7 +231,10 @@ def _scaling(strategy: dict, use_gpu: bool, resources: dict):
     most, least = int(strategy["num_workers"]), strategy.get("min_workers")
     if not least or int(least) >= most:
         return ScalingConfig(num_workers=most, use_gpu=use_gpu, resources_per_worker=resources)
+    # SPREAD: Ray's PACK would put every worker that fits on one node, and losing that node
+    # would take the whole group; spread, the group goes on with the workers on the nodes left
     return ScalingConfig(num_workers=(int(least), most), use_gpu=use_gpu, resources_per_worker=resources,
+                         placement_strategy="SPREAD",
                          elastic_resize_monitor_interval_s=float(strategy.get("resize_every_s") or 60.0))
 
 

@@ -39,10 +39,13 @@ class NodeWatch:
     """Nodes that die or join while the run trains, with the time each loss was seen.
 
     Use as a context manager around training; ``ctx`` (a RunContext, or None) gets
-    ``cluster/nodes_lost`` / ``cluster/nodes_joined`` as they change."""
+    ``cluster/nodes_lost`` / ``cluster/nodes_joined`` as they change. ``elastic``: an elastic
+    Ray Train group trains meanwhile, so a node that joins is shown to Ray's autoscaling
+    coordinator at once (``_refresh_node_view``): the group grows back at its next resize
+    check, not up to 20 s later."""
 
-    def __init__(self, ctx=None, poll_s: float = POLL_S):
-        self.ctx, self.poll_s = ctx, poll_s
+    def __init__(self, ctx=None, poll_s: float = POLL_S, elastic: bool = False):
+        self.ctx, self.poll_s, self.elastic = ctx, poll_s, elastic
         self.lost_at: list[float] = []   # time.time() of each loss, in order
         self.joined = 0
         self._known: set[str] = set()
@@ -81,6 +84,8 @@ class NodeWatch:
         self.lost_at += [now] * len(gone)
         self.joined += len(new)
         self._known = alive
+        if new and self.elastic:
+            _refresh_node_view()
         if self.ctx is not None:
             self.ctx.log_metrics({"cluster/nodes_lost": len(self.lost_at), "cluster/nodes_joined": self.joined})
 

@@ -25,10 +25,11 @@ def validate(cfg: dict) -> None:
     from orchard import ConfigError, schema
     from orchard.config import require, require_choice, require_path
 
-    from .schema import Synthetic, Video
+    from .schema import StreamScaling, Synthetic, Video
 
     v = cfg["video"]
     schema.check(Video, v, "video")  # each key's type and range (workloads/video/schema.py)
+    schema.check(StreamScaling, cfg["strategy"], "strategy")  # elastic stream groups
     if v["root"] is None:
         schema.check(Synthetic, v["synthetic"], "video.synthetic")
     require_path(cfg, "video.root", allow_none=True)
@@ -48,6 +49,8 @@ def validate(cfg: dict) -> None:
             "a single-frame feature (rgb, hog, or a registered extractor whose frames_needed is 1)")
     require(cfg, "video.workers", lambda w: set(w) == set(v["streams"]) and all(int(n) >= 1 for n in w.values()),
             f"one worker count >= 1 per stream ({', '.join(v['streams'])})")
+    require(cfg, "video.cpus_per_worker", lambda c: {s for s, n in c.items() if n is not None} <= set(v["streams"]),
+            f"CPU shares of the streams' workers, by stream name ({', '.join(v['streams'])})")
     if any(int(n) < int(v["min_workers"]) for n in v["workers"].values()):
         raise ConfigError("video.min_workers", f"at most the smallest video.workers count, got {v['min_workers']}")
     for key in ("decode_concurrency", "extract_concurrency"):
@@ -116,9 +119,16 @@ def resources(cfg: dict):
     stages = len(set(v["streams"].values()))
     pools = smallest(v["decode_concurrency"]) * float(v["decode_cpus"]) \
         + stages * smallest(v["extract_concurrency"]) * float(v["extract_cpus"])
-    workers = sum(int(n) for n in v["workers"].values())
-    return Resources(in_trial=bundles(1, max(1.0, pools)),
-                     outside=bundles(workers, s.get("cpus_per_worker", 1), s.get("gpus_per_worker", 0)))
+    trainers = tuple(b for stream, n in v["workers"].items()
+                     for b in bundles(n, trainer_cpus(cfg, stream), s.get("gpus_per_worker", 0)))
+    return Resources(in_trial=bundles(1, max(1.0, pools)), outside=trainers)
+
+
+def trainer_cpus(cfg: dict, stream: str) -> float:
+    """The CPU share of each of ``stream``'s Ray Train workers: ``video.cpus_per_worker`` by
+    stream, else ``strategy.cpus_per_worker``."""
+    share = (cfg["video"].get("cpus_per_worker") or {}).get(stream)
+    return float(cfg["strategy"].get("cpus_per_worker", 1) if share is None else share)
 
 
 def headline(cfg: dict, metrics: dict) -> list[str]:

@@ -5,7 +5,7 @@ and files that must exist, the streams against the registered extractors and the
 a pool's [min, max] order, a checkpoint to resume from."""
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Annotated, Dict, Literal, Optional
 
 from pydantic import Field
 
@@ -50,6 +50,15 @@ class Synthetic(Section):
     shake: float = Field(ge=0, description=DEVIATION)
 
 
+class StreamScaling(Section):
+    """``strategy.*`` as the streams' Train groups read it (train.launch_streams): with
+    ``min_workers`` each stream's group is elastic between min(``min_workers``, its
+    ``video.workers`` count) and that count, shrinking after a lost node, growing back when
+    one joins (docs/cluster.md, "Losing nodes")."""
+    min_workers: Optional[int] = Field(default=None, ge=1, description="null or a worker count >= 1")
+    resize_every_s: float = Field(default=60, gt=0, description="a positive number of seconds")
+
+
 class Video(Section):
     split: int = Field(ge=1, le=9, description="an official split number (1..3)")
     cache: Literal["none", "memory", "disk"] = Field(description="one of none, memory, disk")
@@ -64,6 +73,8 @@ class Video(Section):
     pipeline_batch: int = positive_int()
     offset_stride: int = positive_int()
     min_workers: int = positive_int()
+    cpus_per_worker: Dict[str, Optional[Annotated[float, Field(gt=0, le=64)]]] = Field(
+        description="a mapping of stream names to null or a CPU share in (0, 64]")
     queue_depth: int = positive_int()
     val_fraction: float = Field(gt=0, lt=1, description="a fraction between 0 and 1")
     target_top1: Optional[float] = Field(ge=0, le=1, description="null or a top-1 accuracy in [0, 1]")

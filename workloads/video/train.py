@@ -74,7 +74,10 @@ def _train(config: dict) -> None:
     elif config.get("state") is not None:
         replica.load_state_dict(torch.load(io.BytesIO(config["state"]), weights_only=True))
     stream, ctx = config["stream"], config["ctx"]
-    queue, results = config["queues"][env.rank], config["results"]
+    # every world_size-th queue of the stream: one per worker, but a group that shrank after a
+    # lost node (elastic: strategy.min_workers) reads the queues of the workers it lacks too, so
+    # the stream's global batch and the feeder's dealing do not change with the group's size
+    mine, results = config["queues"][env.rank::env.world_size], config["results"]
     loss_fn = nn.CrossEntropyLoss()
     advice = {"key": "video.optimizer.lr", "value": float(config["optimizer"]["lr"])}
 
@@ -84,29 +87,42 @@ def _train(config: dict) -> None:
         seen = correct = 0
         loss_sum = wait_s = 0.0
         t0 = time.perf_counter()
+        going = list(mine)   # this worker's queues whose epoch has not ended yet
         while True:
-            # [2] this worker's part of the next global batch, from the feeder's queue;
-            #     the time spent waiting for it is the trainer's view of starvation
+            # [2] this worker's part of the next global batch, one item from each of its
+            #     queues; the time spent waiting for it is the trainer's view of starvation
             t_wait = time.perf_counter()
-            try:
-                item = queue.get(block=True)
-            except RayActorError:
-                # the driver shut the queues down: the run was interrupted or failed there. Ending
-                # here (not raising) spares Train its retries, so the driver's Ctrl-C ends at once
-                return
+            parts = []
+            for queue in list(going):
+                try:
+                    item = queue.get(block=True)
+                except RayActorError:
+                    # the driver shut the queues down: the run was interrupted or failed there.
+                    # Ending here (not raising) spares Train its retries, so Ctrl-C ends at once
+                    return
+                if isinstance(item, tuple) and item[0] in (STOP, RESIZE):
+                    # STOP: the run met its target, the driver already has the state it validated;
+                    # RESIZE: the driver relaunches this stream with another worker count from the
+                    # state of the epoch just finished (its checkpoint)
+                    return
+                if isinstance(item, tuple) and item[0] == END:
+                    # the feeder's count of the epoch wins: a group restarted after a lost node
+                    # from the checkpoint before the epoch its queue is in goes on in step with it
+                    epoch = int(item[1])
+                    going.remove(queue)
+                    continue
+                parts.append(item)
             wait_s += time.perf_counter() - t_wait
-            if isinstance(item, tuple) and item[0] in (STOP, RESIZE):
-                # STOP: the run met its target, the driver already has the state it validated;
-                # RESIZE: the driver relaunches this stream with another worker count from the
-                # state of the epoch just finished (its checkpoint)
-                return
-            if isinstance(item, tuple) and item[0] == END:
-                # the feeder's count of the epoch wins: a group restarted after a lost node
-                # from the checkpoint before the epoch its queue is in goes on in step with it
-                epoch = int(item[1])
+            if not _every_rank_has(bool(parts), env.world_size):
+                # the epoch ends for all ranks at once (DDP steps together): a rank whose queues
+                # are a batch ahead of another's (one taken by a worker lost in the restart) drops
+                # what is left of its epoch
+                epoch = _drain_to_end(going, epoch)
+                if epoch is None:
+                    return
                 break
-            x = torch.tensor(item["x"]).to(env.device)          # a copy: arrays from the queue are read-only
-            y = torch.tensor(item["y"], dtype=torch.long).to(env.device)
+            x = torch.tensor(np.concatenate([p["x"] for p in parts])).to(env.device)   # a copy: read-only arrays
+            y = torch.tensor(np.concatenate([p["y"] for p in parts]), dtype=torch.long).to(env.device)
             # [3] forward, backward, all-reduce (DDP), step
             logits = replica.model(x)
             loss = loss_fn(logits, y)
@@ -132,7 +148,9 @@ def _train(config: dict) -> None:
         metrics = {f"train/{stream}_epoch_loss": loss_all / max(seen_all, 1),
                    f"pipeline/{stream}_trainer_wait_fraction": wait_sum / env.world_size,
                    f"train/{stream}_top1": correct_all / max(seen_all, 1),
-                   f"throughput/{stream}_clips_per_s": seen_all / max(elapsed, 1e-9)}
+                   f"throughput/{stream}_clips_per_s": seen_all / max(elapsed, 1e-9),
+                   # the group that trained the epoch (elastic groups shrink after a lost node)
+                   f"train/{stream}_workers": float(env.world_size)}
         # [5] rank 0 hands the epoch's state to the driver; every rank reports a checkpoint (of
         #     finite weights only: the last update of the epoch may have left them NaN)
         divergence.check_weights(replica.module.parameters(), epoch=epoch + 1, step=step, **advice)
@@ -148,6 +166,40 @@ def _train(config: dict) -> None:
                 return   # as above: the driver stopped the run and shut its queues down
         worker.save_checkpoint({**state, "stream_steps": step}, {**metrics, "steps": step}, epoch)
         epoch += 1
+
+
+def _every_rank_has(have: bool, world_size: int) -> bool:
+    """Whether every rank of the group has a batch for the next step (one rank alone: ``have``)."""
+    if world_size == 1:
+        return have
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([1 if have else 0], dtype=torch.int32)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def _drain_to_end(queues: list, epoch: int) -> int | None:
+    """Read ``queues`` up to their end-of-epoch marks, dropping the batches; the feeder's epoch
+    there (``epoch`` if every queue had ended already), or None when the run stopped meanwhile
+    (a stop or resize mark, or the queues shut down)."""
+    from ray.exceptions import RayActorError
+
+    from .feeder import END
+
+    for queue in queues:
+        while True:
+            try:
+                item = queue.get(block=True)
+            except RayActorError:
+                return None
+            if isinstance(item, tuple):
+                if item[0] != END:
+                    return None
+                epoch = int(item[1])
+                break
+    return epoch
 
 
 def shift_workers(alloc: dict[str, int], val_loss: dict[str, float], ratio: float,
@@ -183,11 +235,15 @@ def launch_streams(streams: dict[str, dict], alloc: dict[str, int], queues: dict
     """
     from orchard.strategies import launch
 
+    from . import trainer_cpus
+
     vcfg = cfg["video"]
 
     def one(stream: str):
         spec = streams[stream]
-        stream_cfg = {**cfg, "strategy": {**cfg["strategy"], "num_workers": alloc[stream]}}
+        # strategy.min_workers: each stream's group elastic between it and its own count
+        stream_cfg = {**cfg, "strategy": {**cfg["strategy"], "num_workers": alloc[stream],
+                                          "cpus_per_worker": trainer_cpus(cfg, stream)}}
         loop_config = {
             "stream": stream, "feature": spec["feature"], "in_channels": spec["in_channels"],
             "num_classes": spec["num_classes"], "widths": vcfg["widths"], "dropout": vcfg["dropout"],
