@@ -11,6 +11,11 @@ no batch (`shape` is None): it ignores partials until the driver resets it, and 
 phase-3 answer names no partials, so the driver sees the loss, resets it and has the lost
 partials recomputed by deterministic phase-2 tasks (train.py). Partials are therefore
 never kept in the object store past the add that consumes them.
+
+Histogram subtraction (subtraction.py): a reset may carry `init`, the parents' columns that
+derived nodes start from (sent again with every reset, so a restarted actor gets them too);
+`best` subtracts each derived column's sibling first, and, asked to `keep`, holds the batch's
+histogram until the driver `take`s the columns it keeps as the next round's parents.
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ import time
 import numpy as np
 
 from .shuffle import add_partial
+from .subtraction import apply_init, subtract_siblings
 
 
 def _keep_a_current_folder() -> None:
@@ -53,11 +59,16 @@ class HistogramActor:
         self.busy_s = 0.0
         self.peak_bytes = 0
 
-    def reset(self, n_columns: int, n_features: int, n_bins: int, dtype: str = "int32") -> bool:
+    def reset(self, n_columns: int, n_features: int, n_bins: int, dtype: str = "int32", init=None) -> bool:
         """Start a node batch; the histogram (counts of `dtype`, wide enough for the batch's
-        largest column: shuffle.count_dtype) is allocated lazily on the first add."""
+        largest column: shuffle.count_dtype) is allocated lazily on the first add, or now when
+        `init` [(first column, parent columns)] starts derived nodes from their parents."""
         self.shape, self.dtype = (n_columns, n_features, n_bins), np.dtype(dtype)
         self.hist, self.parts, self.busy_s, self.peak_bytes = None, set(), 0.0, 0
+        if init:
+            self.hist = np.zeros(self.shape, self.dtype)
+            self.peak_bytes = self.hist.nbytes
+            apply_init(self.hist, init)
         return True
 
     def add(self, part_id: int, feature_start: int, partial: dict) -> int:
@@ -77,9 +88,11 @@ class HistogramActor:
         return len(self.parts)
 
     def best(self, col_start: np.ndarray, col_class: np.ndarray, class_weights: np.ndarray,
-             min_child_examples: int) -> dict:
+             min_child_examples: int, derive=None, keep: bool = False) -> dict:
         """Phase 3 over this actor's nodes (their columns: col_start (S+1,), col_class);
-        see `histogram_kernels.best_splits`. {"parts": None} when it has no batch."""
+        see `histogram_kernels.best_splits`. {"parts": None} when it has no batch.
+        derive: (P, 2) (derived column, sibling column) pairs to subtract first; keep: hold the
+        histogram for `take` (else it is freed here)."""
         from .histogram_kernels import best_splits
 
         _keep_a_current_folder()  # the folder may go after the actor started
@@ -88,6 +101,7 @@ class HistogramActor:
         start = time.perf_counter()
         if self.hist is None:
             self.hist = np.zeros(self.shape, self.dtype)
+        subtract_siblings(self.hist, derive)
         weights = np.asarray(class_weights, np.float64)
         feature, threshold, gain, left, right = best_splits(
             self.hist, col_start, col_class, weights, int(min_child_examples), len(weights))
@@ -95,8 +109,17 @@ class HistogramActor:
         result = {"parts": sorted(self.parts), "feature": feature, "threshold": threshold,
                   "gain": gain, "left": left, "right": right, "busy_s": self.busy_s,
                   "peak_bytes": self.peak_bytes}
-        self.hist = None  # free the batch's memory before the next batch arrives
+        if not keep:
+            self.hist = None  # free the batch's memory before the next batch arrives
         return result
+
+    def take(self, columns) -> np.ndarray | None:
+        """The kept columns (C, features, bins) of the batch `best` just answered, as the next
+        round's parents; frees the histogram. None when it has none (restarted since)."""
+        hist, self.hist = self.hist, None
+        if hist is None or self.shape is None:
+            return None
+        return hist[np.asarray(columns, np.int64)]
 
     def pid(self) -> int:
         import os

@@ -57,6 +57,7 @@ class Forest(Section):
     pixel_fraction: float = Field(gt=0, le=1, description="a fraction in (0, 1]")
     unary_fraction: float = Field(ge=0, le=1, description="a fraction in [0, 1]")
     min_gain: float = Field(ge=0, description=AT_LEAST_0)
+    histogram_subtraction: bool = Field(default=True, description="true or false")  # subtraction.py
     small_round_example_features: float = Field(ge=0, description=AT_LEAST_0)
     actor_cpus: float = Field(ge=0, le=64, description="CPUs in [0, 64]")
     stop_after_rounds: Optional[int] = Field(default=None, gt=0, description="a positive integer (or null)")

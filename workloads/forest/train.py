@@ -16,6 +16,8 @@ Phases 2-3 run once per node *batch*: batches are sized so that no task's and no
 actor's histogram exceeds `forest.memory_budget_mb` (section 3's "gigabytes at the
 bottom of the tree"), which is why the frontier is never materialised as one histogram.
 Histograms are compact: one column per (node, class seen there by phase 1).
+Below the root, of two siblings only the smaller is counted in phase 2; the larger's histogram
+is its parent's minus the smaller's (`forest.histogram_subtraction`, subtraction.py).
 
 The tasks' bodies are in round_tasks.py, the batch plan in batch_plan.py; `grow_forest`
 grows the T trees of a run, each from its own candidate pool (`tree_pool`).
@@ -39,6 +41,7 @@ from .histogram_actor import HistogramActor
 from .model import Tree
 from .round_tasks import phase1_task, phase2_task, traversal_arrays
 from .shuffle import count_dtype
+from .subtraction import ParentStore, apply_init, plan_derivations, subtract_siblings
 
 
 class TrainingInterrupted(RuntimeError):
@@ -72,6 +75,9 @@ class RoundRunner:
         self.stopping = threading.Event()  # set by the driver's main thread on an interrupt
         self.rounds_this_run = 0
         self.actor_replays = 0  # lost partials recomputed after an actor died or restarted
+        # the split nodes' histograms kept on the driver for the next round's subtraction
+        self.parents = ParentStore(int(forest_cfg["memory_budget_mb"] * 2**20),
+                                   forest_cfg.get("histogram_subtraction", True))
         self._phase1_task = ray.remote(phase1_task)
         self._phase2_task = ray.remote(phase2_task)
 
@@ -217,7 +223,7 @@ class RoundRunner:
                     ok = self._acked(acks[k])
                     if not ok:
                         continue
-                result = ray.get(self.actors[k].best.remote(*b["best_args"][k]))
+                result = ray.get(self.actors[k].best.remote(*b["best_args"][k], keep=b["keep"]))
                 if result["parts"] == expected:
                     return result, extra
                 ok = False
@@ -229,7 +235,9 @@ class RoundRunner:
     def _batch(self, traversal_ref, batch, node_bounds, itemsize, counts_of, pool, degrees, data_parts,
                selection, weights, depth, batch_index) -> dict:
         """Everything phases 2 and 3 of one node batch need: its compact columns (one per node
-        and class present there, node by node), their count dtype, jobs, and each actor's share."""
+        and class present there, node by node), their count dtype, jobs, and each actor's share;
+        the nodes derived by subtraction (tasks skip their examples) and what each actor needs
+        to derive them (subtraction.plan_derivations)."""
         offsets, thresholds = pool
         n_actors = len(node_bounds) - 1
         present = np.stack([counts_of[n] for n in batch]) > 0
@@ -239,17 +247,22 @@ class RoundRunner:
         column_bounds = [int(col_start[i]) for i in node_bounds]
         n_bins = thresholds.shape[1] + 1
         dtype = {1: "uint8", 2: "uint16", 4: "int32"}[itemsize]
+        derivations = plan_derivations(self.parents, batch, node_bounds, col_start, col_class)
+        column_of[derivations["derived"]] = -1  # phase 2 counts only what is not derived
         return {"depth": depth, "index": batch_index, "pool": pool, "selection": selection, "dtype": dtype,
                 "data_parts": data_parts, "traversal": traversal_ref,
                 "nodes": ray.put(np.asarray(batch, np.int64)), "column_of": ray.put(column_of),
                 "jobs": [(d, p) for p in range(degrees["features"]) for d in range(len(data_parts))],
                 "feature_bounds": [f * len(offsets) // degrees["features"] for f in range(degrees["features"] + 1)],
-                "column_bounds": column_bounds,
+                "column_bounds": column_bounds, "node_bounds": node_bounds,
+                "col_start": col_start, "col_class": col_class,
+                "itemsize": itemsize, "derived": derivations["derived"], "inits": derivations["inits"],
+                "keep": self.parents.enabled and depth + 1 < self.cfg["max_depth"],
                 "shapes": [(column_bounds[k + 1] - column_bounds[k], len(offsets), n_bins, dtype)
                            for k in range(n_actors)],
                 "best_args": [(col_start[node_bounds[k]:node_bounds[k + 1] + 1] - col_start[node_bounds[k]],
                                col_class[column_bounds[k]:column_bounds[k + 1]], weights,
-                               self.cfg["min_child_examples"]) for k in range(n_actors)]}
+                               self.cfg["min_child_examples"], derivations["pairs"][k]) for k in range(n_actors)]}
 
     def _phases_2_3_on_driver(self, b: dict) -> tuple[list, dict]:
         """Phases 2 and 3 of a small round's batch: one phase-2 task per data partition over
@@ -271,6 +284,7 @@ class RoundRunner:
                 raise TrainingInterrupted("stopped: the run was interrupted")
             refs.append(self._submit_phase2(b, d, 0, n_features, 0, total, [0, total]))
         hist = np.zeros(b["shapes"][0][:3], b["dtype"])
+        apply_init(hist, b["inits"][0])  # derived nodes start from their parents
         stats, pending = [], {stat: part for part, stat in refs}
         while pending:  # sum each partial as it arrives; its object is freed right after
             stat_ref = self._wait_one(list(pending))
@@ -278,12 +292,14 @@ class RoundRunner:
             stats.append(ray.get(stat_ref))
         phase2_s = time.perf_counter() - start
         start = time.perf_counter()
-        col_start, col_class, weights, min_child = b["best_args"][0]
+        col_start, col_class, weights, min_child, pairs = b["best_args"][0]
+        subtract_siblings(hist, pairs)
         feature, threshold, gain, left, right = best_splits(hist, col_start, col_class,
                                                             np.asarray(weights, np.float64), int(min_child),
                                                             len(weights))
         phase3_s = time.perf_counter() - start
-        result = {"feature": feature, "threshold": threshold, "gain": gain, "left": left, "right": right}
+        result = {"feature": feature, "threshold": threshold, "gain": gain, "left": left, "right": right,
+                  "hist": hist if b["keep"] else None}  # the next round's parents are taken from it
         return [result], self._batch_stats(stats, phase2_s, phase3_s, phase3_s, [hist.nbytes])
 
     def _phases_2_3(self, b: dict) -> tuple[list, dict]:
@@ -291,6 +307,8 @@ class RoundRunner:
         returns (results per actor, stats)."""
         n_actors = len(b["shapes"])
         self._ensure_actors(n_actors)
+        # derived nodes' parents go with every reset of the batch (a restarted actor gets them too)
+        b["shapes"] = [(*shape, ray.put(init) if init else None) for shape, init in zip(b["shapes"], b["inits"])]
         depth, batch_index, column_bounds = b["depth"], b["index"], b["column_bounds"]
         self._reset_all(b["shapes"])
         start = time.perf_counter()
@@ -311,6 +329,31 @@ class RoundRunner:
         phase3_s = time.perf_counter() - start
         return results, self._batch_stats(stats, phase2_s, phase3_s, sum(r["busy_s"] for r in results),
                                           [r["peak_bytes"] for r in results])
+
+    def _keep_parents(self, b: dict, batch: list, results: list, tree, next_frontier: list, small: bool) -> None:
+        """After phase 4 of batch `b`: take from its reducers the columns that the next round
+        derives its larger children from (subtraction.py): from the driver's histogram in a
+        small round, else one `take` per actor (which also frees its histogram). An actor that
+        died or restarted since phase 3 gives nothing: those children are counted in full."""
+        if not b["keep"]:
+            return
+        _, n_features, n_bins, *_ = b["shapes"][0]
+        wanted = self.parents.requests(tree, batch, b["col_start"], b["col_class"], b["node_bounds"],
+                                       b["itemsize"], n_features, n_bins, set(next_frontier))
+        columns = {k: np.concatenate([w[3] for w in want]) for k, want in wanted.items()}
+        if small:
+            for k, want in wanted.items():
+                self.parents.keep(want, results[0]["hist"][columns[k]])
+            results[0]["hist"] = None
+            return
+        refs = [self.actors[k].take.remote(columns.get(k, np.zeros(0, np.int64))) for k in range(len(results))]
+        for k, ref in enumerate(refs):
+            try:
+                taken = ray.get(ref)
+            except ray.exceptions.RayError:
+                taken = None
+            if k in wanted:
+                self.parents.keep(wanted[k], taken)
 
     # ---- one tree -----------------------------------------------------------------
     def _data_partitions(self, degree: int) -> list[list]:
@@ -337,6 +380,7 @@ class RoundRunner:
         selection = {"seed": self.seed, "tree_index": tree_index,
                      "image_fraction": cfg["image_fraction"], "pixel_fraction": cfg["pixel_fraction"]}
         budget = int(cfg["memory_budget_mb"] * 2**20)
+        self.parents.clear()  # a tree's first round, or the first after a resume: nothing to derive from
         if state["partial"] is None:
             tree, frontier, depth = Tree(NUM_PARTS), [0], 0
             tree.add_node(0, np.zeros(NUM_PARTS))
@@ -385,12 +429,15 @@ class RoundRunner:
             totals = {"phase2_s": 0.0, "phase3_s": 0.0, "task_busy_s": phase1_busy,
                       "actor_busy_s": 0.0, "example_features": 0, "hist_peak_bytes": 0,
                       "shuffle_bytes": counts_bytes, "dense_bytes": 0}
+            derived_examples, last_parents = 0, set(self.parents.held)  # the parents this round uses
+            self.parents.reset_peak()
             # [4] phase 4 (interleaved per batch): split nodes, grow the next frontier
             next_frontier, phase4_s = [], 0.0
             for b, (batch, node_bounds, itemsize) in enumerate(batches):
                 plan = self._batch(traversal_ref, batch, node_bounds, itemsize, counts_of, pool, degrees, data_parts,
                                    selection, weights, depth, b)
                 results, stats = self._phases_2_3_on_driver(plan) if small else self._phases_2_3(plan)
+                derived_examples += sum(int(counts_of[n].sum()) for n, d in zip(batch, plan["derived"]) if d)
                 for key in totals:
                     totals[key] = max(totals[key], stats[key]) if key == "hist_peak_bytes" \
                         else totals[key] + stats[key]
@@ -403,13 +450,17 @@ class RoundRunner:
                                       and tree.counts[c].sum() >= cfg["min_examples"]]
                 if "phase4" in self.hooks:
                     self.hooks["phase4"](self, depth, b)
+                self.parents.release(batch)  # this batch's parents are used: room for its own
+                self._keep_parents(plan, batch, results, tree, next_frontier, small)
                 phase4_s += time.perf_counter() - start
+            self.parents.release(last_parents)
             frontier, depth = next_frontier, depth + 1
             state.update(partial=tree.arrays(), frontier=frontier, next_depth=depth)
             start = time.perf_counter()
             save_checkpoint(self.checkpoint_path, state)
             phase4_s += time.perf_counter() - start
             wall = time.perf_counter() - round_start
+            examples = int(sum(counts_of[n].sum() for n in active))
             if self.on_round:
                 self.on_round(tree_index, depth - 1, {
                     "round/tree": tree_index, "round/depth": depth - 1,
@@ -417,7 +468,12 @@ class RoundRunner:
                     "round/phase3_s": totals["phase3_s"], "round/phase4_s": phase4_s,
                     "round/total_s": wall, "round/frontier_size": len(active),
                     "round/node_batches": len(batches),
-                    "round/examples": int(sum(counts_of[n].sum() for n in active)),
+                    "round/examples": examples,
+                    # histogram subtraction: examples phase 2 counted, the share of the round's
+                    # example-feature evaluations derived instead, the parents' bytes on the driver
+                    "round/examples_histogrammed": examples - derived_examples,
+                    "round/subtraction_saved": derived_examples / max(examples, 1),
+                    "round/parent_hist_bytes": self.parents.peak_bytes,
                     "round/example_features_per_s": totals["example_features"] / max(totals["phase2_s"], 1e-9),
                     "round/hist_peak_bytes": totals["hist_peak_bytes"],
                     "round/hist_unbatched_bytes": sum(c * i for c, i in zip(columns, itemsizes))
@@ -433,6 +489,7 @@ class RoundRunner:
             self.rounds_this_run += 1
             if cfg.get("stop_after_rounds") and self.rounds_this_run >= cfg["stop_after_rounds"]:
                 raise TrainingInterrupted(f"stopped after {self.rounds_this_run} rounds as configured")
+        self.parents.clear()
         state["trees"].append(tree.arrays())
         state.update(partial=None, frontier=[], next_depth=0)
         save_checkpoint(self.checkpoint_path, state)

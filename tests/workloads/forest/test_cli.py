@@ -54,8 +54,10 @@ def test_smoke_run_records_everything_and_resumes_identically(run_orchard):
     rounds = full.history("round/phase2_s")
     assert len(rounds) == 2 * 5                                     # trees x max_depth rounds
     for key in ("round/phase1_s", "round/phase3_s", "round/phase4_s", "round/frontier_size", "round/shuffle_bytes",
-                "round/example_features_per_s", "round/hist_peak_bytes", "round/effective_parallelism"):
+                "round/example_features_per_s", "round/hist_peak_bytes", "round/effective_parallelism",
+                "round/examples_histogrammed", "round/subtraction_saved", "round/parent_hist_bytes"):
         assert len(full.history(key)) == len(rounds), key
+    assert 0.2 < m["train/subtraction_saved"] < 1   # below the root, larger children were derived
     assert {"figures/confusion_matrix.png", "figures/predicted_labelings.png",
             "figures/class_accuracy.png"} <= set(full.artifacts("figures"))
     assert "model/forest_checkpoint.npz" in full.artifacts("model")

@@ -1,4 +1,5 @@
-"""The distributed rounds: partition-invariance, resume, actor failure, memory budget."""
+"""The distributed rounds: partition-invariance, histogram subtraction, resume, actor failure,
+memory budget."""
 import os
 import signal
 import time
@@ -71,6 +72,22 @@ def test_tree_is_identical_with_1_and_4_partitions(reference, block_refs, tmp_pa
                 partitions_by_depth=[{"from_depth": 2, "data_units": 3, "features": 2, "nodes": 3}])
     state, rounds = train(block_refs, four, tmp_path / "ckpt.npz")
     assert_same_forest(state, ref_state)
+    assert any(m["round/subtraction_saved"] > 0 for m in rounds)   # derived in the actors too
+
+
+def test_histogram_subtraction_grows_the_same_tree_with_less_counting(reference, block_refs, tmp_path):
+    """The reference derives each split's larger child (parent - smaller child, on the driver in
+    its small rounds); without subtraction every example is counted: the same tree either way."""
+    fcfg, ref_state, ref_rounds = reference
+    state, rounds = train(block_refs, dict(fcfg, histogram_subtraction=False), tmp_path / "ckpt.npz")
+    assert_same_forest(state, ref_state)
+    assert all(m["round/examples_histogrammed"] == m["round/examples"] and m["round/subtraction_saved"] == 0
+               for m in rounds)
+    assert ref_rounds[0]["round/subtraction_saved"] == 0                # the root has no parent
+    for m in ref_rounds[1:]:                                           # below it about half is derived
+        assert 0.4 < m["round/subtraction_saved"] < 1, (m["round/depth"], m["round/subtraction_saved"])
+        assert m["round/examples_histogrammed"] < 0.6 * m["round/examples"]
+        assert 0 < m["round/parent_hist_bytes"] <= fcfg["memory_budget_mb"] * 2**20
 
 
 def test_resume_after_interruption_equals_uninterrupted_run(compose, block_refs, tmp_path):
@@ -84,6 +101,8 @@ def test_resume_after_interruption_equals_uninterrupted_run(compose, block_refs,
     resumed, rounds = train(block_refs, dict(fcfg, resume=str(ckpt)), tmp_path / "resumed.npz",
                             state=initial_state(dict(fcfg, resume=str(ckpt)), 0))
     assert [(m["round/tree"], m["round/depth"]) for m in rounds] == [(1, 1), (1, 2)]
+    # parents are not checkpointed: the first resumed round counts everything, the next derives
+    assert rounds[0]["round/subtraction_saved"] == 0 and rounds[1]["round/subtraction_saved"] > 0
     assert_same_forest(resumed, full)
 
 
@@ -156,18 +175,21 @@ def test_memory_budget_holds_where_unbatched_histograms_would_not_fit(reference,
     assert deep["round/hist_unbatched_bytes"] > 2 * budget_mb * 2**20   # would not fit ...
     assert deep["round/node_batches"] > 1                              # ... so it was batched
     assert all(m["round/hist_peak_bytes"] <= budget_mb * 2**20 for m in rounds)
+    # the parents kept for subtraction keep to the budget too (the rest counted in full)
+    assert all(m["round/parent_hist_bytes"] <= budget_mb * 2**20 for m in rounds)
     assert max(m["round/hist_peak_bytes"] for m in ref_rounds) > budget_mb * 2**20
     assert_same_forest(state, ref_state)
 
 
 def test_shuffle_bytes_are_sparse_and_within_the_docs_model(reference):
     """docs/forest.md models the shuffle at the paper's scale with shuffle.model_round_bytes:
-    here the same model, fed each round's measured shape, bounds the measured counter."""
+    here the same model, fed each round's measured shape (the examples phase 2 counted: with
+    histogram subtraction, not the derived ones), bounds the measured counter."""
     from workloads.forest.shuffle import model_round_bytes
 
     fcfg, _, rounds = reference
     for m in rounds:
-        model = model_round_bytes(m["round/examples"], m["round/frontier_size"],
+        model = model_round_bytes(m["round/examples_histogrammed"], m["round/frontier_size"],
                                   m["round/hist_columns"] / m["round/frontier_size"], fcfg["n_offsets"],
                                   fcfg["n_thresholds"] + 1, int(m["round/data_partitions"]),
                                   int(m["round/feature_partitions"]))
