@@ -77,6 +77,7 @@ class HistogramActor:
         -1 when the actor has no batch (it was restarted: the driver will reset it)."""
         if self.shape is None:
             return -1
+        _keep_a_current_folder()  # numba may compile here (a partial of a new type) after the folder went
         start = time.perf_counter()
         if part_id not in self.parts:  # a replayed partial must not be counted twice
             if self.hist is None:
