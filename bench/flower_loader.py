@@ -11,7 +11,8 @@ CNN's inference against the thesis's blob counter.
    thread: the main process does the work, as orchard's single loader thread does), the conversion
    in ``collate_fn`` so that it runs in the workers, ``persistent_workers`` with workers (their start
    is paid once, before timing), ``pin_memory`` only where CUDA exists. A second row times the host's
-   share of a CUDA batch alone (the two gathers into reused buffers) against the DataLoader's
+   share of a CUDA batch alone (the two gathers into reused buffers, on the loader's ``threads``
+   threads, ``depth`` batches ahead, as ``TileLoader`` does on CUDA) against the DataLoader's
    uint8 batches (default collate, no conversion). Timed alike: one untimed warm-up epoch each,
    then ``batches`` batches wall to wall. Quality: each side's first batch checksum (the same tiles
    in the same order must give the same float sum).
@@ -23,8 +24,9 @@ CNN's inference against the thesis's blob counter.
 from __future__ import annotations
 
 import os
+import queue
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
 import numpy as np
 
@@ -32,6 +34,7 @@ SIZES = {"full": {"tile": 224, "batch": 64, "tiles": 512, "batches": 40, "infer_
          "smoke": {"tile": 32, "batch": 8, "tiles": 64, "batches": 4, "infer_tiles": 4}}
 ESTIMATE = "~3 min on 2 idle cores (3 repeats)"
 SCALE = 100.0
+INFER_BATCH = 8  # tiles per CNN forward in the inference row
 
 
 def tiles_in_ram(n: int, tile: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -96,16 +99,34 @@ def orchard_loader(images, targets, size: dict, threads: int, floats: bool):
     order = np.random.default_rng(1).permutation(len(images))
     if floats:
         return lambda: loader.epoch(order)
+    # the host's share of a CUDA batch, as the loader does it on CUDA: `threads` loader threads
+    # make the two gathers into reused (pinned where CUDA exists) buffers, `depth` batches ahead
     pin = torch.cuda.is_available()
-    x = torch.empty((size["batch"],) + images.shape[1:], dtype=torch.uint8, pin_memory=pin)
-    y = torch.empty((size["batch"],) + targets.shape[1:], dtype=torch.float16, pin_memory=pin)
+    held = [(torch.empty((size["batch"],) + images.shape[1:], dtype=torch.uint8, pin_memory=pin),
+             torch.empty((size["batch"],) + targets.shape[1:], dtype=torch.float16, pin_memory=pin))
+            for _ in range(loader.depth + 1)]  # depth in flight + the one the step holds
 
-    def gathers():  # the host's share of a CUDA batch: two gathers into reused (pinned) buffers
-        for start in range(0, len(order) - size["batch"] + 1, size["batch"]):
-            index = torch.from_numpy(order[start:start + size["batch"]])
-            torch.index_select(loader.images, 0, index, out=x)
-            torch.index_select(loader.targets, 0, index, out=y)
-            yield x, y
+    def fill(buffers, start):
+        x, y = buffers.get()
+        index = torch.from_numpy(order[start:start + size["batch"]])
+        torch.index_select(loader.images, 0, index, out=x)
+        torch.index_select(loader.targets, 0, index, out=y)
+        return x, y
+
+    def gathers():
+        buffers: queue.Queue = queue.Queue()  # all free at an epoch's start, even after a break
+        for pair in held:
+            buffers.put(pair)
+        starts = iter(range(0, len(order) - size["batch"] + 1, size["batch"]))
+        with ThreadPoolExecutor(threads) as pool:
+            pending = [pool.submit(fill, buffers, s) for _, s in zip(range(loader.depth), starts)]
+            while pending:
+                x, y = pending.pop(0).result()
+                start = next(starts, None)
+                if start is not None:
+                    pending.append(pool.submit(fill, buffers, start))
+                yield x, y
+                buffers.put((x, y))  # consumed: the copy to the device would have been queued
     return gathers
 
 
@@ -140,13 +161,12 @@ def inference_rates(size: dict, cores: int) -> tuple[float, float, str]:
     torch.set_num_threads(cores)
     model = FlowerCounterCNN().eval().to(device)
     x = torch.from_numpy(tiles).permute(0, 3, 1, 2).float().div_(255.0).contiguous().to(device)
+    batch = min(INFER_BATCH, len(x))
     with torch.inference_mode():
-        model(x[:2])  # warm-up: kernels chosen, memory allocated
-        if device == "cuda":
-            torch.cuda.synchronize()
+        model(x[:batch]).sum(dim=(1, 2, 3)).cpu()  # warm-up at the timed shape: kernels chosen, memory allocated
         t0 = time.perf_counter()
-        for start in range(0, len(x), 8):
-            model(x[start:start + 8]).sum(dim=(1, 2, 3)).cpu()
+        for start in range(0, len(x), batch):  # .cpu() waits for the device: the counts are the output
+            model(x[start:start + batch]).sum(dim=(1, 2, 3)).cpu()
         cnn = len(x) / (time.perf_counter() - t0)
     chunks = [c for c in np.array_split(tiles, cores) if len(c)]
     with ProcessPoolExecutor(cores) as pool:
@@ -179,7 +199,8 @@ def measure(size: dict, repeats: int) -> list[dict]:
                             quality={"orchard": {"first batch sum": o[-1][1]}, "peer": {"first batch": same}}))
     runs = [inference_rates(size, cores) for _ in range(repeats)]
     device = runs[-1][2]
-    rows.append(row(f"flower inference, tile {size['tile']}: CNN vs blob counter, {cores} cores", "tiles/s",
+    rows.append(row(f"flower inference on {device.upper()}, tile {size['tile']}: CNN vs blob counter, {cores} cores",
+                    "tiles/s",
                     [r[0] for r in runs], [r[1] for r in runs], higher_is_better=True,
                     orchard_label=f"FlowerCounterCNN on {device}", peer_label=f"blob counter (DoH), {cores} processes",
                     quality={"orchard": {"device": device}, "peer": {"device": "cpu"}},

@@ -36,10 +36,22 @@ def row(name: str, unit: str, orchard: list[float], peer: list[float] | None, *,
     return out
 
 
+# Statuses of a peer that cannot run on this machine: the row says why, and nothing was measured.
+ABSENT = ("not installed", "needs ")
+
+
+def absent(name: str, peer_label: str, why: str, unit: str = "s", higher_is_better: bool = False,
+           note: str = "") -> dict:
+    """The row of a peer that cannot run here; `why` starts with one of ABSENT ("needs a CUDA
+    build of torch (GPU machine)")."""
+    assert why.startswith(ABSENT), why
+    return row(name, unit, [], [], orchard_label="orchard", peer_label=peer_label,
+               higher_is_better=higher_is_better, status=why, note=note)
+
+
 def missing(name: str, peer_label: str, package: str, unit: str = "s") -> dict:
     """The row of a peer whose package is not installed."""
-    return row(name, unit, [], [], orchard_label="orchard", peer_label=peer_label, higher_is_better=False,
-               status=f"not installed ({package})")
+    return absent(name, peer_label, f"not installed ({package})", unit)
 
 
 def installed(package: str) -> bool:

@@ -1,5 +1,5 @@
 """workload=video pipeline benchmark: orchard's decode and feature stages against plain loops on
-the same clips and the same number of cores, plus decord and torchcodec where they are installed.
+the same clips and the same number of cores, decord among them, and torchcodec where a CUDA torch is.
 
     python -m bench video            # ~6 min on 2 idle cores (3 repeats)
 
@@ -19,10 +19,15 @@ Why it is fair:
   - in N processes x 1 FFmpeg thread (a ProcessPoolExecutor, the loop split across them), and
   - in 1 process with FFmpeg's own threading as PyAV documents it (`stream.thread_type = "AUTO"`,
     `codec_context.thread_count = N`): frame and slice threads inside the decoder;
-  decord (`VideoReader(num_threads=N).get_batch`, resized by decord itself, and again resized as
-  orchard resizes for the checksum row) and torchcodec (`VideoDecoder(seek_mode="exact",
-  num_ffmpeg_threads=N).get_frames_at`) with N threads, as their docs use them; torchcodec's
-  registry wheel needs a CUDA build of torch, so its row is measured only on a GPU machine;
+  decord (`VideoReader(width=W, height=H, num_threads=N).get_batch`, resized by decord itself,
+  and again decoded at the file's size and resized as orchard resizes for the checksum row) and
+  torchcodec (`VideoDecoder(seek_mode="exact", num_ffmpeg_threads=N).get_frames_at`) with N
+  threads, as their docs use them; torchcodec's registry wheel links torch's CUDA libraries, so
+  beside a CPU torch its row says "needs a CUDA build of torch (GPU machine)" and is measured
+  only where a CUDA torch is. The synthetic files are encoded at the decoded size (as the
+  workload's default is), so neither resize runs and both decord rows compare their checksums;
+- no steady-state figure: a rate from the first batch on would leave orchard's pipeline fill out
+  and count blocks decoded before the clock started, which the peers cannot do;
 - the target: orchard's decode stage >= 0.9x the fastest peer with the same cores (the row that
   carries it is the fastest peer's);
 - `+ rgb + flow`: orchard's decode + rgb + DIS-flow stages against the N-process PyAV loop running
@@ -160,14 +165,21 @@ def orchard_run(segments, index, vcfg, features, cache=None) -> tuple[float, int
     return time.perf_counter() - t0, checksum
 
 
-def torchcodec_absent() -> str | None:
-    """Why torchcodec cannot be measured here, or None when it loads."""
+TORCHCODEC_NEEDS = "needs a CUDA build of torch (GPU machine)"
+
+
+def torchcodec_absent() -> tuple[str, str] | None:
+    """(status, note) saying why torchcodec cannot be measured here, or None when it loads."""
+    import torch
+
+    if torch.version.cuda is None:  # its registry wheel links libtorch_cuda.so: it cannot load here
+        return TORCHCODEC_NEEDS, f"torch {torch.__version__} here; torchcodec's wheel links libtorch_cuda"
     if importlib.util.find_spec("torchcodec") is None:
-        return "not installed (torchcodec; its registry wheel needs a CUDA build of torch: a GPU-machine row)"
+        return "not installed (torchcodec)", ""
     try:
-        import torchcodec.decoders  # noqa: F401 - loads libtorchcodec, which links torch's CUDA libraries
-    except Exception as exc:  # noqa: BLE001 - OSError: libtorch_cuda.so not found beside a CPU torch
-        return f"cannot load here ({type(exc).__name__}: {str(exc)[:60]}): measured only where a CUDA torch is"
+        import torchcodec.decoders  # noqa: F401 - loads libtorchcodec and FFmpeg's shared libraries
+    except Exception as exc:  # noqa: BLE001 - OSError: a torch or FFmpeg it was not built for
+        return "needs FFmpeg's shared libraries and the torch it was built for", f"{type(exc).__name__}: {str(exc)[:80]}"
     return None
 
 
@@ -221,7 +233,7 @@ def measure(size: dict, repeats: int) -> list[dict]:
     import ray
 
     from bench.machine import start_ray
-    from bench.rows import missing, row
+    from bench.rows import absent, row
     from orchard import cluster
     from workloads.video.cache import make_cache
     from workloads.video.data import scan
@@ -321,10 +333,11 @@ def measure(size: dict, repeats: int) -> list[dict]:
                     quality={"orchard": {"frames": frames}, "peer": same("orchard@1", "orchard")}))
     for name in ("decord", "decord+cv2"):
         rows.append(decode_row(name, decoders[name]) if has_decord else
-                    missing(f"decode: orchard vs {decoders[name]}", decoders[name], "decord", "frames/s"))
+                    absent(f"decode: orchard vs {decoders[name]}", decoders[name], "not installed (decord)", "frames/s",
+                           higher_is_better=True))
     if no_torchcodec:
-        rows.append(row(f"decode: orchard vs {decoders['torchcodec']}", "frames/s", [], [], orchard_label="orchard",
-                        peer_label=decoders["torchcodec"], higher_is_better=True, status=no_torchcodec))
+        rows.append(absent(f"decode: orchard vs {decoders['torchcodec']}", decoders["torchcodec"], no_torchcodec[0],
+                           "frames/s", higher_is_better=True, note=no_torchcodec[1]))
     else:
         rows.append(decode_row("torchcodec", decoders["torchcodec"]))
     title = f"decode + rgb + DIS flow, {clips} clips: orchard vs PyAV loop with the same extractors"
