@@ -110,6 +110,8 @@ def resources(cfg: dict):
     (an autoscaling pool grows into what that bundle has spare)."""
     from orchard.cluster.placement import Resources, bundles
 
+    from .train import trainer_cpus
+
     def smallest(pool) -> int:  # a pool size: n or [min, max]
         return int(pool) if isinstance(pool, int) else int(pool[0])
 
@@ -122,13 +124,6 @@ def resources(cfg: dict):
     trainers = tuple(b for stream, n in v["workers"].items()
                      for b in bundles(n, trainer_cpus(cfg, stream), s.get("gpus_per_worker", 0)))
     return Resources(in_trial=bundles(1, max(1.0, pools)), outside=trainers)
-
-
-def trainer_cpus(cfg: dict, stream: str) -> float:
-    """The CPU share of each of ``stream``'s Ray Train workers: ``video.cpus_per_worker`` by
-    stream, else ``strategy.cpus_per_worker``."""
-    share = (cfg["video"].get("cpus_per_worker") or {}).get(stream)
-    return float(cfg["strategy"].get("cpus_per_worker", 1) if share is None else share)
 
 
 def headline(cfg: dict, metrics: dict) -> list[str]:

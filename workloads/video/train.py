@@ -202,6 +202,13 @@ def _drain_to_end(queues: list, epoch: int) -> int | None:
     return epoch
 
 
+def trainer_cpus(cfg: dict, stream: str) -> float:
+    """The CPU share of each of ``stream``'s Ray Train workers: ``video.cpus_per_worker`` by
+    stream, else ``strategy.cpus_per_worker``."""
+    share = (cfg["video"].get("cpus_per_worker") or {}).get(stream)
+    return float(cfg["strategy"].get("cpus_per_worker", 1) if share is None else share)
+
+
 def shift_workers(alloc: dict[str, int], val_loss: dict[str, float], ratio: float,
                   min_workers: int) -> tuple[dict[str, int], str]:
     """The notes' dynamic allocation, evaluated between epochs.
@@ -234,8 +241,6 @@ def launch_streams(streams: dict[str, dict], alloc: dict[str, int], queues: dict
     from the run before it (a new run, not a restart of the old one).
     """
     from orchard.strategies import launch
-
-    from . import trainer_cpus
 
     vcfg = cfg["video"]
 
