@@ -100,6 +100,10 @@ def store_lock(uri: str):
         yield
 
 
+# What MLflow's migration of a fresh sqlite store says when another process migrates it at once
+HALF_MIGRATED = ("already exists", "duplicate column name")
+
+
 def check_store(uri: str, timeout_s: float = 10.0, create: bool = True,
                 lock_wait_s: float = STORE_LOCK_WAIT_S) -> None:
     """Fail fast with one line (``ConfigError``) if the tracking store cannot be used.
@@ -148,8 +152,9 @@ def check_store(uri: str, timeout_s: float = 10.0, create: bool = True,
                 raise ConfigError("tracking.uri", _locked(path, lock_wait_s)) from None
             # A process that is not orchard (a notebook's MlflowClient, a watcher) creating the same
             # fresh store at this moment, outside orchard's lock: MLflow's migration then finds its
-            # tables half made ("table ... already exists"). The other one finishes it: wait, retry.
-            if "already exists" not in str(exc) or time.monotonic() > deadline:
+            # tables or columns half made ("table ... already exists", "duplicate column name").
+            # The other one finishes it: wait, retry.
+            if not any(s in str(exc) for s in HALF_MIGRATED) or time.monotonic() > deadline:
                 raise
             time.sleep(1.0)
 

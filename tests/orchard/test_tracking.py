@@ -299,3 +299,32 @@ def test_a_multirun_job_takes_the_single_runs_path_fit_check_and_teardown_includ
     assert "63 CPU" in lines[0] and "64 CPU" in lines[1]
     assert len(ended) == 3  # each job's Ray session ended, then the multirun's; the Ray itself (the fixture's) runs on
     assert ray.is_initialized()
+
+
+def test_a_fresh_store_migrated_by_another_process_at_once_is_waited_for(tmp_path, monkeypatch):
+    """MLflow's migration of a fresh sqlite store fails with "duplicate column name" (or "table
+    ... already exists") when a process outside orchard's lock (a watcher polling the store, a
+    notebook) migrates it at the same moment (seen in ../shared/checks/node-loss): check_store
+    waits for the other one to finish and goes on, instead of failing the run."""
+    import mlflow.tracking
+    import sqlalchemy.exc
+
+    from orchard.tracking import store
+
+    real, calls = mlflow.tracking.MlflowClient, []
+
+    class Racing:
+        def __init__(self, uri):
+            calls.append(uri)
+            if len(calls) == 1:
+                raise sqlalchemy.exc.OperationalError("ALTER TABLE evaluation_dataset_records ADD COLUMN outputs JSON",
+                                                      {}, Exception("duplicate column name: outputs"))
+            self.client = real(uri)
+
+        def search_experiments(self, **kwargs):
+            return self.client.search_experiments(**kwargs)
+
+    monkeypatch.setattr(mlflow.tracking, "MlflowClient", Racing)
+    monkeypatch.setattr(store.time, "sleep", lambda s: None)
+    store.check_store(f"sqlite:///{tmp_path}/mlflow.db")
+    assert len(calls) == 2 and (tmp_path / "mlflow.db").is_file()
