@@ -101,7 +101,8 @@ def store_lock(uri: str):
 
 
 # What MLflow's migration of a fresh sqlite store says when another process migrates it at once
-HALF_MIGRATED = ("already exists", "duplicate column name")
+# (SQLite's, then alembic's words: a table or column the other made, a version it moved on)
+HALF_MIGRATED = ("already exists", "duplicate column name", "Online migration expected to match one row")
 
 
 def check_store(uri: str, timeout_s: float = 10.0, create: bool = True,
@@ -152,8 +153,8 @@ def check_store(uri: str, timeout_s: float = 10.0, create: bool = True,
                 raise ConfigError("tracking.uri", _locked(path, lock_wait_s)) from None
             # A process that is not orchard (a notebook's MlflowClient, a watcher) creating the same
             # fresh store at this moment, outside orchard's lock: MLflow's migration then finds its
-            # tables or columns half made ("table ... already exists", "duplicate column name").
-            # The other one finishes it: wait, retry.
+            # tables, columns or versions half moved (``HALF_MIGRATED``). The other one finishes
+            # it: wait, retry.
             if not any(s in str(exc) for s in HALF_MIGRATED) or time.monotonic() > deadline:
                 raise
             time.sleep(1.0)
