@@ -42,8 +42,8 @@ ABSENT = ("not installed", "needs ")
 
 def absent(name: str, peer_label: str, why: str, unit: str = "s", higher_is_better: bool = False,
            note: str = "") -> dict:
-    """The row of a peer that cannot run here; `why` starts with one of ABSENT ("needs a CUDA
-    build of torch (GPU machine)")."""
+    """The row of a peer that cannot run here; `why` starts with one of ABSENT ("not installed
+    (decord)", "needs a torchcodec built for this torch ...")."""
     assert why.startswith(ABSENT), why
     return row(name, unit, [], [], orchard_label="orchard", peer_label=peer_label,
                higher_is_better=higher_is_better, status=why, note=note)

@@ -1,5 +1,5 @@
 """workload=video pipeline benchmark: orchard's decode and feature stages against plain loops on
-the same clips and the same number of cores, decord among them, and torchcodec where a CUDA torch is.
+the same clips and the same number of cores, decord and torchcodec among them.
 
     python -m bench video            # ~6 min on 2 idle cores (3 repeats)
 
@@ -22,9 +22,9 @@ Why it is fair:
   decord (`VideoReader(width=W, height=H, num_threads=N).get_batch`, resized by decord itself,
   and again decoded at the file's size and resized as orchard resizes for the checksum row) and
   torchcodec (`VideoDecoder(seek_mode="exact", num_ffmpeg_threads=N).get_frames_at`) with N
-  threads, as their docs use them; torchcodec's registry wheel links torch's CUDA libraries, so
-  beside a CPU torch its row says "needs a CUDA build of torch (GPU machine)" and is measured
-  only where a CUDA torch is. The synthetic files are encoded at the decoded size (as the
+  threads, as their docs use them; torchcodec runs in a child process over the FFmpeg 8 that
+  PyAV's wheel ships (`bench/torchcodec_peer.py`), so it and PyAV call the very same FFmpeg
+  build, and where it cannot load its row says why. The synthetic files are encoded at the decoded size (as the
   workload's default is), so neither resize runs and both decord rows compare their checksums;
 - no steady-state figure: a rate from the first batch on would leave orchard's pipeline fill out
   and count blocks decoded before the clock started, which the peers cannot do;
@@ -137,18 +137,6 @@ def decord_run(jobs, size, cores, own_resize: bool = True) -> tuple[float, int]:
     return time.perf_counter() - t0, checksum
 
 
-def torchcodec_run(jobs, size, cores) -> tuple[float, int]:
-    import torch
-    from torchcodec.decoders import VideoDecoder
-
-    t0, checksum = time.perf_counter(), 0
-    for path, _, offset, count in jobs:
-        dec = VideoDecoder(path, seek_mode="exact", num_ffmpeg_threads=cores)
-        frames = dec.get_frames_at(list(range(offset, offset + count))).data  # (N, C, H, W) uint8
-        checksum += int(frames.sum(dtype=torch.int64))
-    return time.perf_counter() - t0, checksum
-
-
 def orchard_run(segments, index, vcfg, features, cache=None) -> tuple[float, int]:
     """(seconds, checksum of the first feature) of the Ray Data pipeline, wall to wall: from the
     request (the dataset built) to the last frame consumed, as the peers are timed. The pipeline's
@@ -163,24 +151,6 @@ def orchard_run(segments, index, vcfg, features, cache=None) -> tuple[float, int
     for batch, _ in consume(ds, 16, columns):
         checksum += int(batch[columns[0]].sum(dtype="int64"))
     return time.perf_counter() - t0, checksum
-
-
-TORCHCODEC_NEEDS = "needs a CUDA build of torch (GPU machine)"
-
-
-def torchcodec_absent() -> tuple[str, str] | None:
-    """(status, note) saying why torchcodec cannot be measured here, or None when it loads."""
-    import torch
-
-    if torch.version.cuda is None:  # its registry wheel links libtorch_cuda.so: it cannot load here
-        return TORCHCODEC_NEEDS, f"torch {torch.__version__} here; torchcodec's wheel links libtorch_cuda"
-    if importlib.util.find_spec("torchcodec") is None:
-        return "not installed (torchcodec)", ""
-    try:
-        import torchcodec.decoders  # noqa: F401 - loads libtorchcodec and FFmpeg's shared libraries
-    except Exception as exc:  # noqa: BLE001 - OSError: a torch or FFmpeg it was not built for
-        return "needs FFmpeg's shared libraries and the torch it was built for", f"{type(exc).__name__}: {str(exc)[:80]}"
-    return None
 
 
 def memory_run(cores: int, store_mb: float, times: float) -> dict:
@@ -232,6 +202,7 @@ ESTIMATE = "~10 min on 2 idle cores (3 repeats)"
 def measure(size: dict, repeats: int) -> list[dict]:
     import ray
 
+    from bench import torchcodec_peer
     from bench.machine import start_ray
     from bench.rows import absent, row
     from orchard import cluster
@@ -253,7 +224,7 @@ def measure(size: dict, repeats: int) -> list[dict]:
                 "extractor_options": {"flow": {"method": "dis_medium", "bound": 20}}, "pipeline_batch": 8,
                 "decode_concurrency": cores, "decode_cpus": 1.0, "extract_concurrency": cores, "extract_cpus": 0.5}
         has_decord = importlib.util.find_spec("decord") is not None
-        no_torchcodec = torchcodec_absent()
+        no_torchcodec = torchcodec_peer.absent()
         peers = {"orchard": lambda: orchard_run(segments, index, vcfg, []),
                  # the same stage with one decode actor: the 1 -> N actor speed-up (docs/scaling.md)
                  "orchard@1": lambda: orchard_run(segments, index, dict(vcfg, decode_concurrency=1), []),
@@ -261,7 +232,7 @@ def measure(size: dict, repeats: int) -> list[dict]:
                  "threads": lambda: plain_threads(jobs, px, cores),
                  **({"decord": lambda: decord_run(jobs, px, cores),
                      "decord+cv2": lambda: decord_run(jobs, px, cores, own_resize=False)} if has_decord else {}),
-                 **({} if no_torchcodec else {"torchcodec": lambda: torchcodec_run(jobs, px, cores)}),
+                 **({} if no_torchcodec else {"torchcodec": lambda: torchcodec_peer.run(jobs, px, cores)}),
                  "orchard+flow": lambda: orchard_run(segments, index, vcfg, ["rgb", "flow"]),
                  "procs+flow": lambda: plain_procs(pool, jobs, px, cores, ["rgb", "flow"], count - 1)}
         got = {name: [] for name in peers}
