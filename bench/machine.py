@@ -59,6 +59,10 @@ def versions() -> dict[str, str]:
     return out
 
 
+# names the commit of a tree copied without .git, which git cannot read there
+COPY_OF_COMMIT = "ORCHARD_BENCH_COMMIT"
+
+
 def describe() -> dict:
     """The machine and software a result belongs to."""
     import torch
@@ -66,12 +70,21 @@ def describe() -> dict:
     from orchard.tracking.mlflow_run import git_commit
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
-                           check=False, capture_output=True, text=True).stdout.strip() != ""
+    try:
+        status = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+                                check=False, capture_output=True, text=True)
+        readable, changes = status.returncode == 0, status.stdout.strip()
+    except OSError:  # no git at all
+        readable, changes = False, ""
+    commit, dirty, source = git_commit(), changes != "", "git"
+    if not readable and os.environ.get(COPY_OF_COMMIT):
+        # a copy of the tree without its .git (the lent GPU machine gets one): the commit is the
+        # one its sender named, who copied a clean tree of it (docs/benchmarks/flower.md)
+        commit, dirty, source = os.environ[COPY_OF_COMMIT], False, COPY_OF_COMMIT
     return {"cpu_model": cpu_model(), "cores": os.cpu_count(),
             "memory_gib": round(psutil.virtual_memory().total / 2**30, 1), "platform": platform.platform(),
             "gpus": gpus(), "torch": torch.__version__, "cuda": torch.version.cuda,
-            "versions": versions(), "git_commit": git_commit(), "git_dirty": dirty}
+            "versions": versions(), "git_commit": commit, "git_dirty": dirty, "git_source": source}
 
 
 def loadavg() -> float:
