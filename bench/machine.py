@@ -59,7 +59,7 @@ def versions() -> dict[str, str]:
     return out
 
 
-# names the commit of a tree copied without .git, which git cannot read there
+# names the commit of a copied tree whose own git cannot say it (set by whoever copied a clean tree)
 COPY_OF_COMMIT = "ORCHARD_BENCH_COMMIT"
 
 
@@ -76,10 +76,11 @@ def describe() -> dict:
         readable, changes = status.returncode == 0, status.stdout.strip()
     except OSError:  # no git at all
         readable, changes = False, ""
-    commit, dirty, source = git_commit(), changes != "", "git"
-    if not readable and os.environ.get(COPY_OF_COMMIT):
-        # a copy of the tree without its .git (the lent GPU machine gets one): the commit is the
-        # one its sender named, who copied a clean tree of it (docs/benchmarks/flower.md)
+    commit, dirty, source = git_commit(), changes != "" or not readable, "git"
+    if os.environ.get(COPY_OF_COMMIT):
+        # a copy of the tree whose own git cannot be trusted (the lent GPU machine gets a tree
+        # whose .git names an older commit): the commit is the one its sender named, who copied
+        # a clean tree of it (docs/benchmarks/flower.md)
         commit, dirty, source = os.environ[COPY_OF_COMMIT], False, COPY_OF_COMMIT
     return {"cpu_model": cpu_model(), "cores": os.cpu_count(),
             "memory_gib": round(psutil.virtual_memory().total / 2**30, 1), "platform": platform.platform(),
