@@ -238,6 +238,7 @@ def _train(config: dict, run_storage) -> None:
     sampler = GpuSampler(env.device)
     global_step = first_epoch * steps_per_epoch
     steps_run, steps_s, first_step_at = 0, 0.0, None
+    checkpoint_s = validation_s = 0.0  # where the loop's time goes besides steps (time_split)
     epochs = int(config["epochs"])
     advice = lr_advice(config)
     for epoch in range(first_epoch, epochs):
@@ -298,21 +299,27 @@ def _train(config: dict, run_storage) -> None:
         # [7] checkpoint every `checkpoint_every` epochs and after the last one (every rank reports)
         last = epoch == epochs - 1
         if last or (epoch + 1) % int(config["checkpoint_every"]) == 0:
+            t0 = time.perf_counter()
             # the last update may have left non-finite weights: never a checkpoint of them
             divergence.check_weights(replica.module.parameters(), epoch=epoch + 1, step=global_step, **advice)
             state = {**replica.state_dict(), "precision": precision.state_dict()}
             worker.save_checkpoint(state, {"train/epoch_loss": epoch_loss / max(epoch_steps, 1)}, epoch)
+            checkpoint_s += time.perf_counter() - t0
         if env.rank == 0:
             epoch_metrics = {"train/epoch": epoch + 1}
             if config.get("val_idx") and (epoch + 1) % int(config.get("val_every", 1)) == 0:
+                t0 = time.perf_counter()
                 epoch_metrics["val/mae"] = validation_mae(replica.model, tiles, config["val_idx"], scale, env.device,
                                                           int(config.get("eval_batch_size", 32)))
+                validation_s += time.perf_counter() - t0
             ctx.log_metrics(epoch_metrics, step=global_step)
 
     # [8] hand the driver this worker's completion time and throughput; rank 0 keeps the model
     summary = {"rank": env.rank, "completion_s": time.time() - started, "throughput": series,
                "window_steps": window_steps, "first_epoch": first_epoch, "gpu_util": sampler.stop(),
-               "first_step_at": first_step_at, "steps_s": steps_s,
+               "first_step_at": first_step_at, "steps_s": steps_s, "started_at": started,
+               "checkpoint_s": checkpoint_s, "validation_s": validation_s,
+               **replica.comm_stats(),  # ps: the time this worker waited on the servers, bytes a step
                # what this worker's node cache evicted to copy its tiles (storage.node_cache_max_gb)
                "cache_evicted_bytes": evicted_bytes() - evicted_from, "pid": os.getpid()}
     run_storage.write_json(f"workers/rank{env.rank}.json", summary)

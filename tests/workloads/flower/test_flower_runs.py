@@ -53,6 +53,14 @@ def test_smoke_run_records_the_thesis_metrics(smoke_runs, label):
     assert m["throughput/mean_images_per_s"] > 0
     assert m["throughput/var_images_per_s"] == pytest.approx(m["throughput/std_images_per_s"] ** 2, rel=1e-6)
     assert m["time/completion_s"] == max(m["time/w0_completion_s"], m["time/w1_completion_s"])
+    # where the slowest worker's loop went: its start, its steps, its checkpoints (one an epoch),
+    # and with parameter servers its waits on them, inside its steps
+    assert 0 < m["time/loop_start_s"] and 0 < m["time/checkpoint_s"]
+    assert m["time/loop_start_s"] + m["time/steps_s"] + m["time/checkpoint_s"] <= m["time/completion_s"]
+    if label.startswith("ps"):
+        assert 0 < m["time/ps_wait_s"] <= m["time/steps_s"] and m["comm/ps_bytes_per_step"] > 0
+    else:
+        assert "time/ps_wait_s" not in m
     # the run's own processes' CPU (driver, raylet, Train workers) beside the whole machine's
     assert 0 < m["system/run_cpu_pct_mean"] <= 100 and "system/cpu_pct_mean" in m
     losses = client.get_metric_history(run.info.run_id, "train/loss")
