@@ -66,7 +66,7 @@ def cache_evicted(summaries: list[dict], driver_bytes: int) -> float:
 def time_split(summaries: list[dict], train_started: float) -> dict[str, float]:
     """Where the training wall time went: until the first step of any worker (Ray Train's start,
     worker start-up, the shard load), then the slowest worker's loop (the one whose
-    ``completion_s`` is the run's): its start to its first step, its step loops, its checkpoints
+    ``completion_s`` is the run's): its start until its step loops begin, its step loops, its checkpoints
     (the report every rank makes, rank 0 writing) and, with parameter servers, its steps' waits on
     the servers (``time/ps_wait_s``, the bytes one step moves beside it); rank 0's validation."""
     firsts = [s["first_step_at"] for s in summaries if s.get("first_step_at")]
@@ -74,9 +74,8 @@ def time_split(summaries: list[dict], train_started: float) -> dict[str, float]:
     out = {"time/steps_s": float(slowest.get("steps_s", 0.0))}
     if firsts:
         out["time/train_start_s"] = min(firsts) - train_started
-    if slowest.get("first_step_at") and slowest.get("started_at"):
-        out["time/loop_start_s"] = slowest["first_step_at"] - slowest["started_at"]
-    for key, metric in (("checkpoint_s", "time/checkpoint_s"), ("comm/wait_s", "time/ps_wait_s"),
+    for key, metric in (("loop_start_s", "time/loop_start_s"), ("checkpoint_s", "time/checkpoint_s"),
+                        ("comm/wait_s", "time/ps_wait_s"),
                         ("comm/bytes_per_step", "comm/ps_bytes_per_step")):
         if key in slowest:
             out[metric] = float(slowest[key])

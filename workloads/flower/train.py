@@ -239,6 +239,7 @@ def _train(config: dict, run_storage) -> None:
     global_step = first_epoch * steps_per_epoch
     steps_run, steps_s, first_step_at = 0, 0.0, None
     checkpoint_s = validation_s = 0.0  # where the loop's time goes besides steps (time_split)
+    steps_from = None  # when the first epoch's step loop began: the loop's start ends there
     epochs = int(config["epochs"])
     advice = lr_advice(config)
     for epoch in range(first_epoch, epochs):
@@ -250,6 +251,7 @@ def _train(config: dict, run_storage) -> None:
         sums = torch.zeros(2, device=env.device)
         in_window, epoch_loss, epoch_steps = 0, 0.0, 0
         util_from = len(sampler.samples)
+        steps_from = steps_from or time.time()
         tick = time.perf_counter()
         for i, (x, target) in enumerate(loader.epoch(shuffled)):
             if first_step_at is None:
@@ -317,7 +319,7 @@ def _train(config: dict, run_storage) -> None:
     # [8] hand the driver this worker's completion time and throughput; rank 0 keeps the model
     summary = {"rank": env.rank, "completion_s": time.time() - started, "throughput": series,
                "window_steps": window_steps, "first_epoch": first_epoch, "gpu_util": sampler.stop(),
-               "first_step_at": first_step_at, "steps_s": steps_s, "started_at": started,
+               "first_step_at": first_step_at, "steps_s": steps_s, "loop_start_s": (steps_from or time.time()) - started,
                "checkpoint_s": checkpoint_s, "validation_s": validation_s,
                **replica.comm_stats(),  # ps: the time this worker waited on the servers, bytes a step
                # what this worker's node cache evicted to copy its tiles (storage.node_cache_max_gb)

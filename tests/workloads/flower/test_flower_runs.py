@@ -56,7 +56,7 @@ def test_smoke_run_records_the_thesis_metrics(smoke_runs, label):
     # where the slowest worker's loop went: its start, its steps, its checkpoints (one an epoch),
     # and with parameter servers its waits on them, inside its steps
     assert 0 < m["time/loop_start_s"] and 0 < m["time/checkpoint_s"]
-    assert m["time/loop_start_s"] + m["time/steps_s"] + m["time/checkpoint_s"] <= m["time/completion_s"]
+    assert m["time/loop_start_s"] + m["time/steps_s"] + m["time/checkpoint_s"] <= m["time/completion_s"] + 0.01
     if label.startswith("ps"):
         assert 0 < m["time/ps_wait_s"] <= m["time/steps_s"] and m["comm/ps_bytes_per_step"] > 0
     else:
