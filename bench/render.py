@@ -22,6 +22,8 @@ TITLES = {
     "video": "video: decode and feature stages vs plain PyAV loops",
     "flower": "flower: ring and parameter servers vs plain PyTorch DDP",
     "flower_loader": "flower: the tile loader vs torch DataLoader; CNN inference vs the blob counter",
+    # the same bench run on a lent GPU machine (a copy of a clean tree: ORCHARD_BENCH_COMMIT names it)
+    "flower_loader_gpu": "flower on a GPU machine: the tile loader vs torch DataLoader; CNN inference on CUDA",
 }
 
 
