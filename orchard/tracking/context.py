@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import io
 import json
+import posixpath
+import re
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -117,12 +119,30 @@ class RunContext:
         return ray.get(self._sink.last_values.remote())
 
 
+# Names MLflow accepts on every platform, checked without importing it: ASCII letters, digits and
+# _ . - / and spaces (a subset of its rule, which adds colons and non-ASCII word characters off
+# Windows), a path that normalizes to itself, within its key length. Anything else goes to
+# MLflow's own rules. Why: mlflow.utils.validation loads the whole mlflow package (1.7 s on
+# 2 cores), which a Ray Train worker paid in its first logged step (docs/benchmarks/flower.md).
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_./\- ]+")
+_PLAIN_MAX = 250  # MLflow's MAX_ENTITY_KEY_LENGTH (test_metrics_sink checks they agree)
+
+
+def _plainly_valid(key) -> bool:
+    return (isinstance(key, str) and len(key) <= _PLAIN_MAX and _PLAIN_NAME.fullmatch(key) is not None
+            and posixpath.normpath(key) == key and not key.startswith((".", "/")))
+
+
 def check_metric_name(key) -> None:
     """Raise ``ValueError`` naming ``key`` unless MLflow accepts it as a metric name.
 
     The rules are MLflow's own (``mlflow.utils.validation``): the store refuses a whole batch for
-    one bad name, so a bad name is stopped where it is logged, with the line that logged it."""
+    one bad name, so a bad name is stopped where it is logged, with the line that logged it.
+    Plain names (``_plainly_valid``, a subset of those rules) pass without loading MLflow."""
     if key in _VALID_NAMES:
+        return
+    if _plainly_valid(key):
+        _VALID_NAMES.add(key)
         return
     from mlflow.utils.validation import (MAX_ENTITY_KEY_LENGTH, bad_character_message, bad_path_message,
                                          path_not_unique, validate_param_and_metric_name)

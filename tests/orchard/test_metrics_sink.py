@@ -72,6 +72,30 @@ def test_log_metrics_refuses_a_bad_name_with_one_line_naming_it_and_sends_nothin
     assert ctx.last_values() == {"train/loss": 3.0, "time/epoch_s": 0.5}  # the refused calls sent nothing
 
 
+def test_plain_names_pass_without_loading_mlflow_and_only_names_mlflow_accepts_do():
+    """A Train worker's first ``ctx.log_metrics`` must not import mlflow (1.7 s) for a plain name;
+    the fast path accepts nothing MLflow's own rules refuse, and hands everything else to them."""
+    import subprocess
+    import sys
+
+    from mlflow.utils.validation import MAX_ENTITY_KEY_LENGTH, path_not_unique, validate_param_and_metric_name
+
+    from orchard.tracking.context import _PLAIN_MAX, _plainly_valid
+
+    code = ("import sys; from orchard.tracking.context import check_metric_name; "
+            "check_metric_name('train/loss'); check_metric_name('throughput/w1_images_per_s'); "
+            "print('mlflow' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stderr
+    assert _PLAIN_MAX == MAX_ENTITY_KEY_LENGTH
+    names = ["train/loss", "a b", "x.y-z_1", "train//loss", "./a", "../a", "/a", "a/", "a/./b", ".", "..",
+             "val/acc (%)", "t:1", "é", "a" * 250, "a" * 251, "", " ", "a/.b"]
+    for name in names:
+        if _plainly_valid(name):
+            assert validate_param_and_metric_name(name) and not path_not_unique(name) \
+                and len(name) <= MAX_ENTITY_KEY_LENGTH, name
+
+
 def test_the_in_memory_series_are_bounded_and_keep_the_runs_summary_and_the_pollers_place(ray_session):
     """A long run's resource series and a sweep's watched metric hold at most ``max_series`` points
     in the sink: the resource series is thinned (its mean stays the run's), the watched metric
