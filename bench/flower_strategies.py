@@ -39,6 +39,9 @@ from pathlib import Path
 import numpy as np
 
 
+# where a worker's loop goes (each the slowest worker's): the whole-loop rows show them side by side
+SPLIT = ("completion_s", "loop_start_s", "steps_s", "checkpoint_s")
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -137,9 +140,6 @@ def run_orchard(overrides: list[str], train_tiles: int, batch: int, epochs: int,
             "split": {k: m[f"time/{k}"] for k in SPLIT if f"time/{k}" in m}
             | ({"ps_wait_s": m["time/ps_wait_s"]} if "time/ps_wait_s" in m else {})}
 
-
-# where a worker's loop goes (each the slowest worker's): the whole-loop rows show them side by side
-SPLIT = ("completion_s", "loop_start_s", "steps_s", "checkpoint_s")
 
 
 STRATEGIES = {"ring": ["strategy=ring"], "ps-sync": ["strategy=ps", "strategy.mode=sync"],

@@ -224,12 +224,15 @@ def measure(size: dict, repeats: int) -> list[dict]:
         index = scan(str(root), val_fraction=0.0)
         segments = sample_segments(index.labels, index.lengths, list(range(len(index.paths))), clips, count,
                                    seed=0, epoch=0)
-        jobs = [(index.paths[s["video"]], index.pts[s["video"]], s["offset"], s["count"]) for s in segments]
+        def as_jobs(segs):  # what the plain loops decode: (path, pts, offset, count) per segment
+            return [(index.paths[s["video"]], index.pts[s["video"]], s["offset"], s["count"]) for s in segs]
+
+        jobs = as_jobs(segments)
         # twice the clips (the first half the same segments): the marginal rate of each side is the
         # extra frames over the extra time, so fixed costs (a pipeline's start) cancel on both sides
         more = segments + sample_segments(index.labels, index.lengths, list(range(len(index.paths))), clips, count,
                                           seed=1, epoch=0)
-        more_jobs = [(index.paths[s["video"]], index.pts[s["video"]], s["offset"], s["count"]) for s in more]
+        more_jobs = as_jobs(more)
         vcfg = {"size": px, "stack": count - 1, "short_rule": "loop", "decoder": "pyav",
                 "extractor_options": {"flow": {"method": "dis_medium", "bound": 20}}, "pipeline_batch": 8,
                 "decode_concurrency": cores, "decode_cpus": 1.0, "extract_concurrency": cores, "extract_cpus": 0.5}
