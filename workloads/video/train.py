@@ -87,13 +87,14 @@ def _train(config: dict) -> None:
         seen = correct = 0
         loss_sum = wait_s = 0.0
         t0 = time.perf_counter()
-        going = list(mine)   # this worker's queues whose epoch has not ended yet
+        going = dict(enumerate(mine))   # this worker's queues whose epoch has not ended yet
+        ended: dict[int, int] = {}      # queue -> the epoch its end-of-epoch mark closed
         while True:
             # [2] this worker's part of the next global batch, one item from each of its
             #     queues; the time spent waiting for it is the trainer's view of starvation
             t_wait = time.perf_counter()
             parts = []
-            for queue in list(going):
+            for i, queue in list(going.items()):
                 try:
                     item = queue.get(block=True)
                 except RayActorError:
@@ -106,10 +107,8 @@ def _train(config: dict) -> None:
                     # state of the epoch just finished (its checkpoint)
                     return
                 if isinstance(item, tuple) and item[0] == END:
-                    # the feeder's count of the epoch wins: a group restarted after a lost node
-                    # from the checkpoint before the epoch its queue is in goes on in step with it
-                    epoch = int(item[1])
-                    going.remove(queue)
+                    ended[i] = int(item[1])
+                    del going[i]
                     continue
                 parts.append(item)
             wait_s += time.perf_counter() - t_wait
@@ -117,9 +116,10 @@ def _train(config: dict) -> None:
                 # the epoch ends for all ranks at once (DDP steps together): a rank whose queues
                 # are a batch ahead of another's (one taken by a worker lost in the restart) drops
                 # what is left of its epoch
-                epoch = _drain_to_end(going, epoch)
-                if epoch is None:
+                closed = _drain_to_end(going)
+                if closed is None:
                     return
+                ended |= closed
                 break
             x = torch.tensor(np.concatenate([p["x"] for p in parts])).to(env.device)   # a copy: read-only arrays
             y = torch.tensor(np.concatenate([p["y"] for p in parts]), dtype=torch.long).to(env.device)
@@ -138,6 +138,16 @@ def _train(config: dict) -> None:
             divergence.check({f"{stream} loss": value}, epoch=epoch + 1, step=step, **advice)
             if env.rank == 0:
                 ctx.log_metrics({f"train/{stream}_loss": value}, step=step)
+        # the feeder's count of the epoch wins. A group restarted (a lost node, an elastic
+        # resize) while one queue had passed its end-of-epoch mark and another had not finds its
+        # queues an epoch apart: every queue of every rank goes on to the latest mark any of them
+        # reached (dropping the batches between), and the state after this pass is handed over
+        # for each epoch from the one the group began with to that one, so the driver, which
+        # validates epoch by epoch, misses none
+        last = _close_epoch(mine, ended, env.world_size)
+        if last is None:
+            return
+        handed, epoch = range(min(epoch, last), last + 1), last
         elapsed = time.perf_counter() - t0
         totals = torch.tensor([seen, correct, loss_sum, wait_s / max(elapsed, 1e-9)], dtype=torch.float64)
         if env.world_size > 1:
@@ -160,8 +170,9 @@ def _train(config: dict) -> None:
             buf = io.BytesIO()
             torch.save(state, buf)
             try:
-                results.put({"stream": stream, "epoch": epoch, "state": buf.getvalue(), "metrics": metrics,
-                             "steps": step})
+                for each in handed:
+                    results.put({"stream": stream, "epoch": each, "state": buf.getvalue(), "metrics": metrics,
+                                 "steps": step})
             except RayActorError:
                 return   # as above: the driver stopped the run and shut its queues down
         worker.save_checkpoint({**state, "stream_steps": step}, {**metrics, "steps": step}, epoch)
@@ -180,15 +191,40 @@ def _every_rank_has(have: bool, world_size: int) -> bool:
     return bool(flag.item())
 
 
-def _drain_to_end(queues: list, epoch: int) -> int | None:
-    """Read ``queues`` up to their end-of-epoch marks, dropping the batches; the feeder's epoch
-    there (``epoch`` if every queue had ended already), or None when the run stopped meanwhile
-    (a stop or resize mark, or the queues shut down)."""
+def _close_epoch(mine: list, ended: dict[int, int], world_size: int) -> int | None:
+    """The epoch this pass closes: the latest any queue of any rank saw end (``ended``: index in
+    ``mine`` -> the epoch its mark closed), after reading the queues that are behind it up to its
+    mark; None when the run stopped meanwhile."""
+    last = _agree_on_latest(max(ended.values()), world_size)
+    behind = {i: mine[i] for i, e in ended.items() if e < last}
+    if behind and _drain_to_end(behind, until=last) is None:
+        return None
+    return last
+
+
+def _agree_on_latest(epoch: int, world_size: int) -> int:
+    """The latest epoch any rank of the group saw end (one rank alone: ``epoch``)."""
+    if world_size == 1:
+        return epoch
+    import torch
+    import torch.distributed as dist
+
+    latest = torch.tensor([epoch], dtype=torch.int64)
+    dist.all_reduce(latest, op=dist.ReduceOp.MAX)
+    return int(latest.item())
+
+
+def _drain_to_end(queues, until: int | None = None) -> dict[int, int] | None:
+    """Read ``queues`` (a list, or index -> queue) up to their end-of-epoch marks, dropping the
+    batches; with ``until``, up to the mark that closes that epoch. Returns index -> the epoch
+    its last mark closed, or None when the run stopped meanwhile (a stop or resize mark, or the
+    queues shut down)."""
     from ray.exceptions import RayActorError
 
     from .feeder import END
 
-    for queue in queues:
+    closed = {}
+    for i, queue in (queues.items() if isinstance(queues, dict) else enumerate(queues)):
         while True:
             try:
                 item = queue.get(block=True)
@@ -197,9 +233,10 @@ def _drain_to_end(queues: list, epoch: int) -> int | None:
             if isinstance(item, tuple):
                 if item[0] != END:
                     return None
-                epoch = int(item[1])
-                break
-    return epoch
+                closed[i] = int(item[1])
+                if until is None or closed[i] >= until:
+                    break
+    return closed
 
 
 def trainer_cpus(cfg: dict, stream: str) -> float:

@@ -12,7 +12,7 @@ def _batches(epochs: int, rows: int, size: int):
 
 
 def _drain(queue) -> list:
-    from workloads.video.feeder import END
+    from workloads.video.feeder import END, STOP
 
     out = []
     while True:
@@ -145,3 +145,37 @@ def test_a_requested_resize_ends_the_streams_runs_after_an_epoch_and_deals_on_to
     assert [t for t in temporal if isinstance(t, tuple)] == [(END, 1), (END, 2)]
     # spatial never noticed: three epochs, three end marks, no resize mark
     assert [t for t in spatial if isinstance(t, tuple)] == [(END, 0), (END, 1), (END, 2)]
+
+
+class _Listed:
+    """A queue's ``get`` over a fixed list (what a worker reads, in order)."""
+
+    def __init__(self, items):
+        self.items = list(items)
+
+    def get(self, block=True):
+        return self.items.pop(0)
+
+
+def test_a_restarted_worker_whose_queues_are_an_epoch_apart_goes_on_to_the_latest_mark():
+    """A group restarted while one of its queues had passed an end-of-epoch mark and another had
+    not (a worker lost between reading its mark and handing the epoch over): the pass closes the
+    later epoch, the queue behind reads (and drops) its batches up to that mark, and both queues
+    then begin the same epoch."""
+    from workloads.video.feeder import END, STOP
+    from workloads.video.train import _close_epoch, _drain_to_end
+
+    ahead = _Listed([(END, 7), "a8"])                       # its epoch 6 ended before the loss
+    behind = _Listed([(END, 6), "b7", "b7'", (END, 7), "b8"])
+    mine = [ahead, behind]
+    ended = _drain_to_end(mine)
+    assert ended == {0: 7, 1: 6}
+    assert _close_epoch(mine, ended, world_size=1) == 7
+    assert ahead.get() == "a8" and behind.get() == "b8"
+    # queues in step: nothing is read past the marks
+    even = [_Listed([(END, 3), "x"]), _Listed([(END, 3), "y"])]
+    assert _close_epoch(even, _drain_to_end(even), world_size=1) == 3
+    assert [q.get() for q in even] == ["x", "y"]
+    # a stop mark met while catching up ends the run's pass (None)
+    stopped = [_Listed([(END, 5)]), _Listed([(END, 4), (STOP, 5)])]
+    assert _close_epoch(stopped, _drain_to_end(stopped), world_size=1) is None
