@@ -485,6 +485,11 @@ class RoundRunner:
                     "round/shuffle_bytes": totals["shuffle_bytes"],
                     "round/shuffle_dense_bytes": totals["dense_bytes"] + len(data_parts) * n_tree_nodes * NUM_PARTS * 8,
                     "round/effective_parallelism": (totals["task_busy_s"] + totals["actor_busy_s"]) / wall,
+                    # the same per phase: phase 1's tasks over its wall time (0 where the counts
+                    # came from the last split), phases 2-3's tasks and actors over theirs
+                    "round/phase1_parallelism": phase1_busy / max(phase1_s, 1e-9),
+                    "round/phase23_parallelism": (totals["task_busy_s"] - phase1_busy + totals["actor_busy_s"])
+                    / max(totals["phase2_s"] + totals["phase3_s"], 1e-9),
                 })
             self.rounds_this_run += 1
             if cfg.get("stop_after_rounds") and self.rounds_this_run >= cfg["stop_after_rounds"]:

@@ -60,6 +60,9 @@ def test_reference_tree_grows_and_reports_rounds(reference):
     assert len(tree["left"]) > 7 and tree["depth"].max() == fcfg["max_depth"]
     assert [m["round/depth"] for m in rounds] == list(range(fcfg["max_depth"]))
     assert all(m["round/example_features_per_s"] > 0 and m["round/effective_parallelism"] > 0 for m in rounds)
+    # per phase: the root scans the data (phase 1 busy); every round counts histograms
+    assert rounds[0]["round/phase1_parallelism"] > 0
+    assert all(m["round/phase23_parallelism"] > 0 for m in rounds)
     # every internal node has two children whose counts add up to the parent's
     for n in np.nonzero(tree["left"] >= 0)[0]:
         np.testing.assert_array_equal(tree["counts"][tree["left"][n]] + tree["counts"][tree["right"][n]],
