@@ -23,6 +23,7 @@ BENCHES = {
 EXTRA_BENCHES = {
     "forest_paper": ("bench.forest_vs_peers", "paper"),  # 500k pixels x 2,000 offsets: ~17 GB RAM (LightGBM's peak)
     "video_shift": ("bench.video_shift", "full"),          # worker shifting on vs off: ~14 min
+    "flower_profile": ("bench.flower_profile", "full"),    # where the ring and ps-sync step loops go: ~6 min
 }
 # Benches of which one repeat is already a result worth keeping (about an hour each on 2 cores):
 # `--repeats 1` is allowed for them alone; the tables show such a figure with n=1 and no spread.

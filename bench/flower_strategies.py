@@ -57,6 +57,7 @@ def ddp_worker(rank: int, world: int, port: int, setup: dict, out_dir: str) -> N
     from workloads.flower.evaluate import count_errors, predict_density
     from workloads.flower.loader import TileLoader
     from workloads.flower.model import FlowerCounterCNN, euclidean_loss
+    from workloads.flower.train import trace_step
 
     started = time.time()
     torch.set_num_threads(1)
@@ -72,19 +73,33 @@ def ddp_worker(rank: int, world: int, port: int, setup: dict, out_dir: str) -> N
     model = torch.nn.parallel.DistributedDataParallel(FlowerCounterCNN())
     opt = torch.optim.Adam(model.parameters(), lr=setup["lr"])
     series, steps_from, steps_s, checkpoint_s = [], None, 0.0, 0.0
+    # as orchard's worker records them (workloads/flower/train.py): its process's CPU time over
+    # the step windows and the wall clock of the first and last step (bench/flower_profile.py)
+    steps_cpu_s, first_step_at, last_step_at, step = 0.0, None, None, 0
+    profile_step = setup.get("profile_step")  # as flower.profile_every: that step under the torch profiler
+
+    def run_step(x, target):
+        loss = euclidean_loss(model(x), target)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
     for epoch in range(setup["epochs"]):
         positions = np.random.default_rng((setup["seed"], epoch, rank)).permutation(len(shard))
         steps_from = steps_from or time.time()
-        tick = time.perf_counter()
+        tick, tick_cpu = time.perf_counter(), time.process_time()
         for x, target in loader.epoch(positions):
-            loss = euclidean_loss(model(x), target)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            now = time.perf_counter()
+            first_step_at = first_step_at or time.time()
+            if step == profile_step:
+                trace_step(lambda: run_step(x, target), Path(out_dir, f"trace_rank{rank}.json"))
+            else:
+                run_step(x, target)
+            step += 1
+            now, now_cpu = time.perf_counter(), time.process_time()
             series.append(len(x) / (now - tick))
             steps_s += now - tick
-            tick = now
+            steps_cpu_s += now_cpu - tick_cpu
+            tick, tick_cpu, last_step_at = now, now_cpu, time.time()
         # a checkpoint every epoch, as orchard's default (strategy.checkpoint_every: 1) and as
         # PyTorch's DDP tutorial writes one: rank 0 saves model and optimizer, the others wait
         t0 = time.perf_counter()
@@ -96,7 +111,8 @@ def ddp_worker(rank: int, world: int, port: int, setup: dict, out_dir: str) -> N
     dist.barrier()
     completion = time.time() - started
     out = {"throughput": series, "completion_s": completion, "loop_start_s": steps_from - started,
-           "steps_s": steps_s, "checkpoint_s": checkpoint_s}
+           "steps_s": steps_s, "checkpoint_s": checkpoint_s, "steps_cpu_s": steps_cpu_s,
+           "first_step_at": first_step_at, "last_step_at": last_step_at, "rank": rank, "pid": os.getpid()}
     if rank == 0:  # the test MAE of the trained model on the held-out tiles, as orchard measures it
         test = np.asarray(setup["test_idx"])
         maps, _ = predict_density(model.module.eval(), np.asarray(tiles.images[test]), setup["density_scale"])
@@ -117,13 +133,17 @@ def summarize(runs: list[dict], batch: int) -> dict:
             "split": {k: slowest[k] for k in SPLIT}}
 
 
-def run_plain_ddp(world: int, setup: dict) -> dict:
+def plain_ddp_ranks(world: int, setup: dict, out: Path) -> list[dict]:
+    """Run the plain-DDP peer with ``world`` processes; each rank's record (its traces in ``out``)."""
     import torch.multiprocessing as mp
 
+    mp.spawn(ddp_worker, args=(world, free_port(), setup, str(out)), nprocs=world, join=True)
+    return [json.loads(p.read_text()) for p in sorted(Path(out).glob("rank*.json"))]
+
+
+def run_plain_ddp(world: int, setup: dict) -> dict:
     with tempfile.TemporaryDirectory() as out:
-        mp.spawn(ddp_worker, args=(world, free_port(), setup, out), nprocs=world, join=True)
-        return summarize([json.loads(p.read_text()) for p in sorted(Path(out).glob("rank*.json"))],
-                         setup["batch_size"])
+        return summarize(plain_ddp_ranks(world, setup, Path(out)), setup["batch_size"])
 
 
 def run_orchard(overrides: list[str], train_tiles: int, batch: int, epochs: int, world: int) -> dict:

@@ -22,6 +22,7 @@ TITLES = {
     "video": "video: decode and feature stages vs plain PyAV loops",
     "flower": "flower: ring and parameter servers vs plain PyTorch DDP",
     "flower_loader": "flower: the tile loader vs torch DataLoader; CNN inference vs the blob counter",
+    "flower_profile": "flower: where ring's step loop goes beside plain DDP's (CPU by process, one profiled step)",
     # the same bench run on a lent GPU machine (a copy of a clean tree: ORCHARD_BENCH_COMMIT names it)
     "flower_loader_gpu": "flower on a GPU machine: the tile loader vs torch DataLoader; CNN inference on CUDA",
 }

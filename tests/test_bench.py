@@ -257,3 +257,32 @@ def test_the_forest_bench_script_prints_the_table_and_orchards_profile_per_round
     assert "load average at start:" in out and "load average at end:" in out
     with pytest.raises(SystemExit):
         main(["--systems", "CatBoost"])
+
+
+def test_the_flower_profile_counts_self_time_per_op_and_cpu_per_process(tmp_path):
+    """bench/flower_profile.py's two measures: an op's self time is its duration less that of the
+    ops nested in it on its thread (a Chrome trace as the torch profiler writes it), and a
+    process's CPU seconds over a window come from psutil's samples (this process, burning CPU)."""
+    from bench.flower_profile import CpuAccount, self_times
+
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"traceEvents": [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::conv2d", "ts": 0, "dur": 10_000, "tid": 1},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::convolution", "ts": 1_000, "dur": 8_000, "tid": 1},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::add_", "ts": 12_000, "dur": 2_000, "tid": 1},
+        {"ph": "X", "cat": "cpu_op", "name": "c10d::allreduce_", "ts": 3_000, "dur": 5_000, "tid": 2},
+        {"ph": "X", "cat": "python_function", "name": "not an op", "ts": 0, "dur": 99_000, "tid": 1}]}))
+    span, own = self_times(trace)
+    assert span == 14.0
+    assert own == {"aten::conv2d": 2.0, "aten::convolution": 8.0, "aten::add_": 2.0, "c10d::allreduce_": 5.0}
+
+    with CpuAccount(every_s=0.1) as cpu:
+        start, cpu_from = time.time(), time.process_time()
+        while time.time() - start < 1.0:   # busy: CPU time this process spends in the window
+            sum(range(10_000))
+        end, spent = time.time(), time.process_time() - cpu_from
+        time.sleep(0.3)
+    # what the process itself counted, within the samples' interpolation at the window's ends
+    assert spent > 0.05 and abs(cpu.used(os.getpid(), start, end) - spent) <= 0.25
+    assert cpu.group(os.getpid(), set()) == "bench process (driver)"
+    assert cpu.group(os.getpid(), {os.getpid()}) == "training workers"

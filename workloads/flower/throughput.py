@@ -66,7 +66,9 @@ def cache_evicted(summaries: list[dict], driver_bytes: int) -> float:
 def time_split(summaries: list[dict], train_started: float) -> dict[str, float]:
     """Where the training wall time went: until the first step of any worker (Ray Train's start,
     worker start-up, the shard load), then the slowest worker's loop (the one whose
-    ``completion_s`` is the run's): its start until its step loops begin, its step loops, its checkpoints
+    ``completion_s`` is the run's): its start until its step loops begin, its step loops (and the
+    CPU time its process had in them, ``time/steps_cpu_s``: less than ``time/steps_s`` where it
+    waited for a core, more where its threads ran side by side), its checkpoints
     (the report every rank makes, rank 0 writing) and, with parameter servers, its steps' waits on
     the servers (``time/ps_wait_s``, the bytes one step moves beside it); rank 0's validation."""
     firsts = [s["first_step_at"] for s in summaries if s.get("first_step_at")]
@@ -75,6 +77,7 @@ def time_split(summaries: list[dict], train_started: float) -> dict[str, float]:
     if firsts:
         out["time/train_start_s"] = min(firsts) - train_started
     for key, metric in (("loop_start_s", "time/loop_start_s"), ("checkpoint_s", "time/checkpoint_s"),
+                        ("steps_cpu_s", "time/steps_cpu_s"),
                         ("comm/wait_s", "time/ps_wait_s"),
                         ("comm/bytes_per_step", "comm/ps_bytes_per_step")):
         if key in slowest:

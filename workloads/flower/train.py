@@ -31,7 +31,7 @@ from workloads.flower.tiles import TileSet
 DIVERGED_FILE = "diverged.json"  # in the run storage: where training went non-finite (orchard/divergence.py)
 
 
-def _profile_step(run_step, trace_path: Path) -> None:
+def trace_step(run_step, trace_path: Path) -> None:
     """Run one training step under the torch profiler and write its Chrome trace."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -48,7 +48,7 @@ def profiled_step(run_step, ctx, rank: int, step: int) -> None:
     path another user could read or plant), sent to the run, then removed: nothing piles up."""
     with tempfile.TemporaryDirectory(prefix="traces-", dir=private_tmp()) as tmp:
         trace = Path(tmp) / f"rank{rank}_step{step}.json"
-        _profile_step(run_step, trace)
+        trace_step(run_step, trace)
         ctx.log_artifact(trace, "traces")
 
 
@@ -237,7 +237,8 @@ def _train(config: dict, run_storage) -> None:
     window_steps: list[int] = []  # steps in each window
     sampler = GpuSampler(env.device)
     global_step = first_epoch * steps_per_epoch
-    steps_run, steps_s, first_step_at = 0, 0.0, None
+    steps_run, steps_s, first_step_at, last_step_at = 0, 0.0, None, None
+    steps_cpu_s = 0.0  # this process's CPU time over the same windows: below steps_s, it waited for a core
     checkpoint_s = validation_s = 0.0  # where the loop's time goes besides steps (time_split)
     steps_from = None  # when the first epoch's step loop began: the loop's start ends there
     epochs = int(config["epochs"])
@@ -252,7 +253,7 @@ def _train(config: dict, run_storage) -> None:
         in_window, epoch_loss, epoch_steps = 0, 0.0, 0
         util_from = len(sampler.samples)
         steps_from = steps_from or time.time()
-        tick = time.perf_counter()
+        tick, tick_cpu = time.perf_counter(), time.process_time()
         for i, (x, target) in enumerate(loader.epoch(shuffled)):
             if first_step_at is None:
                 first_step_at = time.time()
@@ -277,10 +278,11 @@ def _train(config: dict, run_storage) -> None:
             sums.zero_()
             # every rank checks its own loss: the first NaN/inf stops the run (orchard/divergence.py)
             divergence.check({"loss": loss_sum}, epoch=epoch + 1, step=global_step, **advice)
-            now = time.perf_counter()
+            now, now_cpu = time.perf_counter(), time.process_time()
             images_per_s = in_window * len(x) / max(now - tick, 1e-9)
             steps_s += now - tick
-            tick = now
+            steps_cpu_s += now_cpu - tick_cpu
+            tick, tick_cpu, last_step_at = now, now_cpu, time.time()
             series.append(images_per_s)
             window_steps.append(in_window)
             epoch_loss, epoch_steps = epoch_loss + loss_sum, epoch_steps + in_window
@@ -319,7 +321,8 @@ def _train(config: dict, run_storage) -> None:
     # [8] hand the driver this worker's completion time and throughput; rank 0 keeps the model
     summary = {"rank": env.rank, "completion_s": time.time() - started, "throughput": series,
                "window_steps": window_steps, "first_epoch": first_epoch, "gpu_util": sampler.stop(),
-               "first_step_at": first_step_at, "steps_s": steps_s, "loop_start_s": (steps_from or time.time()) - started,
+               "first_step_at": first_step_at, "last_step_at": last_step_at, "steps_s": steps_s,
+               "steps_cpu_s": steps_cpu_s, "loop_start_s": (steps_from or time.time()) - started,
                "checkpoint_s": checkpoint_s, "validation_s": validation_s,
                **replica.comm_stats(),  # ps: the time this worker waited on the servers, bytes a step
                # what this worker's node cache evicted to copy its tiles (storage.node_cache_max_gb)

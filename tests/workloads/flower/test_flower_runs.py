@@ -57,6 +57,9 @@ def test_smoke_run_records_the_thesis_metrics(smoke_runs, label):
     # and with parameter servers its waits on them, inside its steps
     assert 0 < m["time/loop_start_s"] and 0 < m["time/checkpoint_s"]
     assert m["time/loop_start_s"] + m["time/steps_s"] + m["time/checkpoint_s"] <= m["time/completion_s"] + 0.01
+    # the CPU time the slowest worker's process had in its steps: real, and no more than the
+    # machine's cores could give it
+    assert 0 < m["time/steps_cpu_s"] <= (os.cpu_count() or 1) * m["time/steps_s"] + 0.05
     if label.startswith("ps"):
         assert 0 < m["time/ps_wait_s"] <= m["time/steps_s"] and m["comm/ps_bytes_per_step"] > 0
     else:

@@ -273,7 +273,7 @@ def test_a_profiled_steps_trace_is_logged_from_the_users_own_folder_and_not_kept
         run_step()
         path.write_text(json.dumps({"traceEvents": [{"name": "step"}]}))
 
-    monkeypatch.setattr(train, "_profile_step", trace_of)
+    monkeypatch.setattr(train, "trace_step", trace_of)
 
     class Ctx:
         logged = []
