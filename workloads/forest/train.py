@@ -19,7 +19,8 @@ Histograms are compact: one column per (node, class seen there by phase 1).
 Below the root, of two siblings only the smaller is counted in phase 2; the larger's histogram
 is its parent's minus the smaller's (`forest.histogram_subtraction`, subtraction.py).
 
-The tasks' bodies are in round_tasks.py, the batch plan in batch_plan.py; `grow_forest`
+The tasks' bodies are in round_tasks.py, the batch plan in batch_plan.py, the histogram actors'
+lifecycle (start, reset, revive or replace) in histogram_pool.py; `grow_forest`
 grows the T trees of a run, each from its own candidate pool (`tree_pool`).
 """
 from __future__ import annotations
@@ -37,7 +38,7 @@ from .batch_plan import partitions_at, plan_batches
 from .body_parts import NUM_PARTS
 from .checkpoint import save_checkpoint
 from .features import candidate_pool
-from .histogram_actor import HistogramActor
+from .histogram_pool import HistogramPool
 from .model import Tree
 from .round_tasks import phase1_task, phase2_task, traversal_arrays
 from .shuffle import count_dtype
@@ -71,7 +72,7 @@ class RoundRunner:
         # (captured, default scheduling); elsewhere actors reserve CPUs and spread over nodes.
         self.in_group = ray.util.get_current_placement_group() is not None
         self.actor_cpus = 0.0 if self.in_group else float(forest_cfg.get("actor_cpus", 0.25))
-        self.actors: list = []
+        self.reducers = HistogramPool(self.actor_cpus, self.in_group, self.max_failures)
         self.stopping = threading.Event()  # set by the driver's main thread on an interrupt
         self.rounds_this_run = 0
         self.actor_replays = 0  # lost partials recomputed after an actor died or restarted
@@ -80,6 +81,11 @@ class RoundRunner:
                                    forest_cfg.get("histogram_subtraction", True))
         self._phase1_task = ray.remote(phase1_task)
         self._phase2_task = ray.remote(phase2_task)
+
+    @property
+    def actors(self) -> list:
+        """The histogram actors (phase 3's reducers), by node partition."""
+        return self.reducers.actors
 
     # ---- resources ----------------------------------------------------------------
     def _task_cpus(self) -> float:
@@ -100,55 +106,6 @@ class RoundRunner:
                 for ref in refs:
                     ray.cancel(ref, force=True)
                 raise TrainingInterrupted("stopped: the run was interrupted")
-
-    # ---- actors -------------------------------------------------------------------
-    def _new_actor(self):
-        options = dict(num_cpus=self.actor_cpus, max_restarts=self.max_failures, max_task_retries=0)
-        if not self.in_group:
-            options["scheduling_strategy"] = "SPREAD"  # node partitions on different machines
-        return ray.remote(HistogramActor).options(**options).remote()
-
-    def _ensure_actors(self, count: int) -> None:
-        while len(self.actors) < count:
-            self.actors.append(self._new_actor())
-
-    def _reset(self, k: int, shape) -> None:
-        """Empty actor k's histograms for a new batch; an actor that died in an earlier phase
-        (or is still restarting) gets time to come back, or is replaced."""
-        for _ in range(self.max_failures + 2):
-            try:
-                ray.get(self.actors[k].reset.remote(*shape))
-                return
-            except ray.exceptions.RayError:  # RayActorError, ActorUnavailableError (restarting)
-                self._revive(k)
-        raise RuntimeError(f"histogram actor {k} failed {self.max_failures + 2} times")
-
-    def _reset_all(self, shapes: list) -> None:
-        """Reset actors 0..len(shapes)-1 for a new batch: all at once (one round trip), then
-        one by one with revival for any that failed."""
-        pending = [self.actors[k].reset.remote(*shape) for k, shape in enumerate(shapes)]
-        for k, ref in enumerate(pending):
-            try:
-                ray.get(ref)
-            except ray.exceptions.RayError:
-                self._revive(k)
-                self._reset(k, shapes[k])
-
-    def _revive(self, k: int) -> None:
-        """After a failed call: wait for Ray to restart actor k, or replace it."""
-        try:
-            ray.get(self.actors[k].ping.remote(), timeout=60)
-        except Exception:
-            ray.kill(self.actors[k], no_restart=True)
-            self.actors[k] = self._new_actor()
-
-    @staticmethod
-    def _acked(acks: list) -> bool:
-        """Did every add of these reach a live actor that had its batch?"""
-        try:
-            return all(v >= 0 for v in ray.get(acks))
-        except ray.exceptions.RayError:
-            return False
 
     # ---- phases 2 and 3 of one node batch ------------------------------------------
     def _phase2(self, b: dict, targets: list, col_lo: int, col_hi: int, bounds: list, hook=None):
@@ -217,10 +174,10 @@ class RoundRunner:
             try:
                 if not ok:
                     self.actor_replays += 1
-                    self._reset(k, b["shapes"][k])
+                    self.reducers.reset(k, b["shapes"][k])
                     stats, acks = self._phase2(b, [k], c0, c1, [0, c1 - c0])
                     extra += stats
-                    ok = self._acked(acks[k])
+                    ok = self.reducers.acked(acks[k])
                     if not ok:
                         continue
                 result = ray.get(self.actors[k].best.remote(*b["best_args"][k], keep=b["keep"]))
@@ -229,7 +186,7 @@ class RoundRunner:
                 ok = False
             except ray.exceptions.RayError:  # died in phase 3, or restarting
                 ok = False
-                self._revive(k)
+                self.reducers.revive(k)
         raise RuntimeError(f"histogram actor {k} failed {self.max_failures + 2} times")
 
     def _batch(self, traversal_ref, batch, node_bounds, itemsize, counts_of, pool, degrees, data_parts,
@@ -306,15 +263,15 @@ class RoundRunner:
         """Histograms in tasks, sums and best splits in the histogram actors, for batch `b`;
         returns (results per actor, stats)."""
         n_actors = len(b["shapes"])
-        self._ensure_actors(n_actors)
+        self.reducers.ensure(n_actors)
         # derived nodes' parents go with every reset of the batch (a restarted actor gets them too)
         b["shapes"] = [(*shape, ray.put(init) if init else None) for shape, init in zip(b["shapes"], b["inits"])]
         depth, batch_index, column_bounds = b["depth"], b["index"], b["column_bounds"]
-        self._reset_all(b["shapes"])
+        self.reducers.reset_all(b["shapes"])
         start = time.perf_counter()
         stats, acks = self._phase2(b, list(range(n_actors)), 0, column_bounds[-1], column_bounds,
                                    hook=self.hooks.get("phase2"))
-        ok = [self._acked(acks[k]) for k in range(n_actors)]  # every slice summed (or lost)
+        ok = [self.reducers.acked(acks[k]) for k in range(n_actors)]  # every slice summed (or lost)
         phase2_s = time.perf_counter() - start
         if "after_phase2" in self.hooks:
             self.hooks["after_phase2"](self, depth, batch_index)
@@ -500,9 +457,7 @@ class RoundRunner:
         save_checkpoint(self.checkpoint_path, state)
 
     def shutdown(self) -> None:
-        for actor in self.actors:
-            ray.kill(actor)
-        self.actors = []
+        self.reducers.shutdown()
 
 
 def _by_node(results):

@@ -1,0 +1,75 @@
+"""The histogram actors of a run's rounds (phase 3's reducers, one per node partition).
+
+Started when a batch first needs them and kept for the run; each node batch resets them. An
+actor that died (its node lost, its process killed) in any phase is restarted by Ray
+(``max_restarts``) or replaced here; the round runner then recomputes only its share of the
+batch (train.py, ``RoundRunner._collect``), so a lost actor never loses a round.
+"""
+from __future__ import annotations
+
+import ray
+
+from .histogram_actor import HistogramActor
+
+
+class HistogramPool:
+    """``actors[k]``: the reducer of node partition k. ``actor_cpus``: each one's CPU share;
+    ``in_group``: inside a sweep trial's placement group (captured, default scheduling), else
+    spread over the nodes; ``max_failures``: restarts of each before it is replaced."""
+
+    def __init__(self, actor_cpus: float, in_group: bool, max_failures: int):
+        self.actor_cpus, self.in_group, self.max_failures = actor_cpus, in_group, max_failures
+        self.actors: list = []
+
+    def _new(self):
+        options = dict(num_cpus=self.actor_cpus, max_restarts=self.max_failures, max_task_retries=0)
+        if not self.in_group:
+            options["scheduling_strategy"] = "SPREAD"  # node partitions on different machines
+        return ray.remote(HistogramActor).options(**options).remote()
+
+    def ensure(self, count: int) -> None:
+        while len(self.actors) < count:
+            self.actors.append(self._new())
+
+    def reset(self, k: int, shape) -> None:
+        """Empty actor k's histograms for a new batch; an actor that died in an earlier phase
+        (or is still restarting) gets time to come back, or is replaced."""
+        for _ in range(self.max_failures + 2):
+            try:
+                ray.get(self.actors[k].reset.remote(*shape))
+                return
+            except ray.exceptions.RayError:  # RayActorError, ActorUnavailableError (restarting)
+                self.revive(k)
+        raise RuntimeError(f"histogram actor {k} failed {self.max_failures + 2} times")
+
+    def reset_all(self, shapes: list) -> None:
+        """Reset actors 0..len(shapes)-1 for a new batch: all at once (one round trip), then
+        one by one with revival for any that failed."""
+        pending = [self.actors[k].reset.remote(*shape) for k, shape in enumerate(shapes)]
+        for k, ref in enumerate(pending):
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayError:
+                self.revive(k)
+                self.reset(k, shapes[k])
+
+    def revive(self, k: int) -> None:
+        """After a failed call: wait for Ray to restart actor k, or replace it."""
+        try:
+            ray.get(self.actors[k].ping.remote(), timeout=60)
+        except Exception:
+            ray.kill(self.actors[k], no_restart=True)
+            self.actors[k] = self._new()
+
+    @staticmethod
+    def acked(acks: list) -> bool:
+        """Did every add of these reach a live actor that had its batch?"""
+        try:
+            return all(v >= 0 for v in ray.get(acks))
+        except ray.exceptions.RayError:
+            return False
+
+    def shutdown(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor)
+        self.actors = []
