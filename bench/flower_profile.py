@@ -12,10 +12,10 @@ threads: flower_strategies.prepare_tiles_once), every side measured the same way
   side by side;
 - everything else on the machine over the step loop's window (first step of any worker to the
   last step of any): every process's CPU time (psutil, sampled every second, interpolated at the
-  window's ends), grouped as Ray's own processes (raylet, GCS, its monitors), Ray actors and idle
-  workers (orchard's metrics sink and samplers, Ray Train's controller, the parameter servers),
-  this bench's process (the orchard driver on orchard's side; on the DDP side it only waits) and
-  the rest: what else asked for the 2 cores while the workers stepped;
+  window's ends), by process: Ray's daemons (raylet, GCS, monitors), each Ray actor by its class
+  (orchard's metrics sink and samplers, Ray Train's controller, the parameter servers), idle Ray
+  workers, this bench's process (the orchard driver on orchard's side; on the DDP side it only
+  waits) and the rest: what else asked for the 2 cores while the workers stepped;
 - one step under the torch profiler (step 6, rank 0, ring and DDP, in one extra run each, so the
   profiler's start does not count in the timed runs): its ops' self CPU time, so a difference in
   the step's own work (an extra op, a slower all-reduce) would show.
@@ -40,12 +40,13 @@ PROFILE_STEP = 6   # past the first steps (graph building, the first all-reduce)
 SIZES = {"full": {**FLOWER_SIZES["full"], "workers": [WORKERS], "strategies": ["ring", "ps-sync"]},
          "smoke": {**FLOWER_SIZES["smoke"], "workers": [WORKERS], "strategies": ["ring"]}}
 ESTIMATE = "~6 min on 2 idle cores (3 repeats)"
-GROUPS = ("training workers", "Ray's own processes", "Ray actors and idle workers", "bench process (driver)",
-          "everything else")
+TRAINING = "training workers"
 
 
 class CpuAccount:
-    """Every process's CPU time (user + system), sampled every ``every_s`` by a thread."""
+    """Every process's CPU time (user + system), sampled every ``every_s`` by a thread, and what
+    each process is (its command line; a Ray worker's is re-read until it names an actor, since
+    an idle worker becomes one when Ray hands it an actor)."""
 
     def __init__(self, every_s: float = 1.0):
         self.every_s = every_s
@@ -71,11 +72,11 @@ class CpuAccount:
                 times = proc.info["cpu_times"]
                 if times is None:
                     continue
-                if proc.pid not in self.names:   # a new process: its command line, once
+                if proc.pid not in self.names or _undecided(self.names[proc.pid]):
                     try:
                         self.names[proc.pid] = " ".join(proc.cmdline() or [proc.name()])[:200]
                     except psutil.Error:
-                        self.names[proc.pid] = ""
+                        self.names.setdefault(proc.pid, "")
                 self.samples[proc.pid].append((now, times.user + times.system))
             if self._stop.wait(self.every_s):
                 return
@@ -91,22 +92,35 @@ class CpuAccount:
         return max(0.0, float(np.interp(end, times, cpu)) - at_start)
 
     def by_group(self, workers: set[int], start: float, end: float) -> dict[str, float]:
-        out = dict.fromkeys(GROUPS, 0.0)
+        out: dict[str, float] = defaultdict(float)
         for pid in self.samples:
             out[self.group(pid, workers)] += self.used(pid, start, end)
-        return out
+        return dict(out)
 
     def group(self, pid: int, workers: set[int]) -> str:
+        """What process ``pid`` is: the training workers, this bench's process, a Ray actor by its
+        class (``ray::MetricsSink``), Ray's own daemons by name, idle Ray workers, or the rest."""
         name = self.names.get(pid, "")
         if pid in workers:
-            return "training workers"
+            return TRAINING
         if pid == os.getpid():
             return "bench process (driver)"
         if name.startswith("ray::"):
-            return "Ray actors and idle workers"
-        if any(part in name for part in ("raylet", "gcs_server", "ray/_private", "ray/dashboard", "ray/autoscaler")):
-            return "Ray's own processes"
+            actor = name[5:].split()[0].split(".")[0]
+            return "idle Ray workers" if actor == "IDLE" else f"ray::{actor}"
+        if "default_worker.py" in name:
+            return "idle Ray workers"
+        for daemon in ("raylet", "gcs_server", "dashboard", "log_monitor", "monitor.py", "runtime_env"):
+            if daemon in name:
+                return f"Ray: {daemon.removesuffix('.py')}"
+        if "ray/_private" in name or "ray/autoscaler" in name:
+            return "Ray: other"
         return "everything else"
+
+
+def _undecided(name: str) -> bool:
+    """A Ray worker process that may yet become an actor."""
+    return "default_worker.py" in name or name.startswith("ray::IDLE") or not name
 
 
 def window(ranks: list[dict]) -> tuple[float, float]:
@@ -122,7 +136,7 @@ def account(ranks: list[dict], cpu: CpuAccount) -> dict:
     groups = cpu.by_group({int(r["pid"]) for r in ranks}, start, end)
     return {"steps_s": slowest["steps_s"], "window_s": end - start,
             "workers_cpu_s": [r["steps_cpu_s"] for r in sorted(ranks, key=lambda r: r["rank"])],
-            "groups": groups, "beside_workers_s": sum(v for k, v in groups.items() if k != "training workers")}
+            "groups": groups, "beside_workers_s": sum(v for k, v in groups.items() if k != TRAINING)}
 
 
 def self_times(trace: Path) -> tuple[float, dict[str, float]]:
@@ -199,8 +213,12 @@ def measure(size: dict, repeats: int) -> list[dict]:
         return {"workers' CPU s in their steps": " + ".join(f"{w:.2f}" for w in workers),
                 "step loop window s": f"{med(side, 'window_s'):.2f}"}
 
-    def groups_note(side: str) -> dict:
-        return {k: f"{np.median([r['groups'][k] for r in got[side]]):.2f}" for k in GROUPS}
+    def groups_note(side: str, most: int = 6) -> dict:
+        """The processes beside the workers that used the most CPU over the window (medians)."""
+        names = {k for r in got[side] for k in r["groups"] if k != TRAINING}
+        medians = {k: float(np.median([r["groups"].get(k, 0.0) for r in got[side]])) for k in names}
+        top = sorted(medians.items(), key=lambda kv: -kv[1])[:most]
+        return {"by process, CPU s": "; ".join(f"{k} {v:.2f}" for k, v in top if v >= 0.005) or "none"}
 
     def loop_rows(side: str, peer: str, labels: dict) -> list[dict]:
         what = f"{side} vs {'plain DDP' if peer == 'plain' else peer}, {WORKERS} workers, step loop"
