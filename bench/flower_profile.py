@@ -106,7 +106,8 @@ class CpuAccount:
         if pid == os.getpid():
             return "bench process (driver)"
         if name.startswith("ray::"):
-            actor = name[5:].split()[0].split(".")[0]
+            # "ray::Class.method", or a named actor's "ray::<name>:Class": the class
+            actor = name[5:].split()[0].split(".")[0].rsplit(":", 1)[-1]
             return "idle Ray workers" if actor == "IDLE" else f"ray::{actor}"
         if "default_worker.py" in name:
             return "idle Ray workers"

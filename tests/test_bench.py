@@ -288,7 +288,7 @@ def test_the_flower_profile_counts_self_time_per_op_and_cpu_per_process(tmp_path
     assert cpu.group(os.getpid(), set()) == "bench process (driver)"
     assert cpu.group(os.getpid(), {os.getpid()}) == "training workers"
     # Ray's processes by what they are: an actor by its class, whatever method it runs
-    cpu.names.update({1: "ray::MetricsSink.log_metrics", 2: "ray::IDLE", 3: "/venv/lib/ray/core/src/ray/raylet/raylet --x",
+    cpu.names.update({1: "ray::orchard-sink-5b9e7f92:MetricsSink.log_metrics", 2: "ray::IDLE", 3: "/venv/lib/ray/core/src/ray/raylet/raylet --x",
                       4: "python /venv/lib/ray/_private/workers/default_worker.py --node-ip-address=1"})
     assert [cpu.group(p, set()) for p in (1, 2, 3, 4)] == ["ray::MetricsSink", "idle Ray workers", "Ray: raylet",
                                                            "idle Ray workers"]

@@ -94,12 +94,22 @@ def _private_token() -> None:
         pass
 
 
+PREEMPTION_WATCHER = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
+
+
 def worker_env(cluster: dict) -> dict:
-    """Environment variables every process of the run's Ray job gets (the job's runtime_env):
-    the bound on a Ray Train worker group's start (``cluster.worker_start_timeout_s``), read by
-    Train's controller wherever it runs."""
+    """Environment variables every process of the run's Ray job gets (the job's runtime_env),
+    read by Ray Train's controller wherever it runs: the bound on a worker group's start
+    (``cluster.worker_start_timeout_s``), and on an embedded Ray no preemption watcher. That is
+    an actor per worker group polling the GCS for nodes a cloud provider drains (spot
+    preemption); an embedded Ray is one machine no provider drains, and the actor only took CPU
+    from the workers (0.2-0.9 CPU s at the start of a 2-worker flower run on 2 cores:
+    ``python -m bench flower_profile``). A user's own setting of the variable wins."""
     bound = cluster.get("worker_start_timeout_s")
-    return {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(float(bound))} if bound else {}
+    env = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(float(bound))} if bound else {}
+    if cluster.get("mode") == "local" and PREEMPTION_WATCHER not in os.environ:
+        env[PREEMPTION_WATCHER] = "0"
+    return env
 
 
 @contextlib.contextmanager

@@ -45,7 +45,8 @@ def lookup():
     # by "auto", which fails with "Found multiple active Ray instances" unless RAY_ADDRESS names one
     from ray._private import services
     return {"auto": services.canonicalize_bootstrap_address("auto"),
-            "timeout": os.environ.get("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S")}
+            "timeout": os.environ.get("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"),
+            "preemption_watcher": os.environ.get("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER")}
 
 seen = ray.get(lookup.remote())
 driver = os.environ.get("RAY_ADDRESS")
@@ -73,6 +74,8 @@ def test_an_embedded_ray_is_found_by_its_own_address_beside_other_ray_instances(
     assert seen["own"] != ray_session.get_runtime_context().gcs_address  # two instances on this machine
     assert seen["worker"]["auto"] == seen["own"] and seen["driver"] == seen["own"]
     assert seen["worker"]["timeout"] == "77.0"  # cluster.worker_start_timeout_s reaches Train's controller
+    # one machine that no cloud provider drains: no preemption watcher beside the workers
+    assert seen["worker"]["preemption_watcher"] == "0"
     assert seen["after"] is None and seen["port_var"] is None  # nothing left pointing at a stopped Ray
     assert os.environ.get("RAY_GCS_SERVER_PORT") is None
 
