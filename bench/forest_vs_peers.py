@@ -26,7 +26,9 @@ Why it is fair:
                     their default sqrt(columns), which would search fewer candidates than orchard.
 - orchard's numba kernels are compiled and its Ray workers started by an untimed one-tree warm-up;
   the peers' libraries are imported before their timer starts.
-Full mode also times orchard with 1 worker against 2 (the 1 -> 2 worker speed-up).
+Full mode also times orchard with 1 worker against 2 (the 1 -> 2 worker speed-up), and orchard
+without histogram subtraction (forest.histogram_subtraction=false: the same trees, every example
+counted), the "before" of that change.
 """
 from __future__ import annotations
 
@@ -269,6 +271,8 @@ def run_peer(name: str, cfg, data_dir: Path) -> dict:
 def _child(name, cfg, data_dir, profile, queue):
     try:
         if name.startswith("orchard"):  # "orchard@1": one worker, for the 1 -> 2 worker speed-up
+            if name == NO_SUBTRACTION:  # every example counted: subtraction's "before"
+                cfg = {**cfg, "forest": {**cfg["forest"], "histogram_subtraction": False}}
             out = run_orchard(cfg, data_dir, profile, int(name.split("@")[1]) if "@" in name else None)
         else:
             out = run_peer(name, cfg, data_dir)
@@ -327,12 +331,15 @@ def measure_one(name: str, cfg, data_dir: Path, profile: bool = False, limit_s: 
 
 # ---------------------------------------------------------------------------- the rows
 PEERS = ("LightGBM rf", "XGBoost rf", "sklearn ExtraTrees", "sklearn RF")
+NO_SUBTRACTION = "orchard-nosub"
 PACKAGE = {"LightGBM rf": "lightgbm", "XGBoost rf": "xgboost", "sklearn ExtraTrees": "sklearn", "sklearn RF": "sklearn"}
 SMOKE = ["forest.train_images=4", "forest.test_images=2", "forest.image_height=120", "forest.image_width=160",
          "forest.images_per_block=2", "forest.examples_per_image=300", "forest.num_trees=1", "forest.max_depth=4",
          "forest.n_offsets=16", "forest.n_thresholds=8", "forest.preprocess.compose_prob=0.0",
          "forest.partitions_by_depth=[]"]
-SIZES = {"full": {"shape": "today", "overrides": SHAPES["today"], "scaling": True},
+# "subtraction": also orchard without histogram subtraction (forest.histogram_subtraction=false),
+# the "before" of issue 34's before/after: the same trees, so the same accuracy, and its time
+SIZES = {"full": {"shape": "today", "overrides": SHAPES["today"], "scaling": True, "subtraction": True},
          "paper": {"shape": "paper", "overrides": SHAPES["paper"], "scaling": False,
                    # a peer still training after 15 min (1.5x orchard's ~10 min) is stopped: the
                    # bench stays about an hour, and "slower than orchard" is already decided
@@ -340,7 +347,7 @@ SIZES = {"full": {"shape": "today", "overrides": SHAPES["today"], "scaling": Tru
                    # RandomForest sorts every one of its 2,000 candidates' values at every node (exact
                    # splits, not 50 thresholds): hours for one tree on 2 cores, so not run here
                    "skip": {"sklearn RF": "exact splits over 2,000 candidates at every node take hours on 2 cores"}},
-         "smoke": {"shape": "smoke", "overrides": SMOKE, "scaling": False}}
+         "smoke": {"shape": "smoke", "overrides": SMOKE, "scaling": False, "subtraction": True}}
 ESTIMATE = "today shape ~8 min on 2 idle cores (3 repeats); paper shape ~25 min (a peer is stopped after 15 min) and ~17 GB RAM"
 
 
@@ -376,6 +383,8 @@ def measure(size: dict, repeats: int, only: list[str] | None = None, profile: bo
                             and (only is None or p in only)]]
     if size["scaling"] and (only is None or "orchard@1" in only):
         systems.append("orchard@1")
+    if size.get("subtraction") and (only is None or NO_SUBTRACTION in only):
+        systems.append(NO_SUBTRACTION)
     runs = {name: [] for name in systems}
     try:
         for _ in range(repeats):
@@ -436,6 +445,15 @@ def measure(size: dict, repeats: int, only: list[str] | None = None, profile: bo
                         quality={"orchard": acc(o[-1]),
                                  "peer": {**acc(p[-1]), "matrix s": p[-1]["matrix_s"], "train s": p[-1]["train_s"]}},
                         note=shape if peer == PEERS[0] else ""))
+    if NO_SUBTRACTION in runs:
+        before = runs[NO_SUBTRACTION]
+        same = "yes" if round(before[-1]["acc"][1], 4) == round(o[-1]["acc"][1], 4) else "NO"
+        rows.append(row(f"{size['shape']}: orchard with histogram subtraction vs without", "s",
+                        [r["train_s"] for r in o], [r["train_s"] for r in before], higher_is_better=False,
+                        orchard_label=f"orchard, {cpus} workers, subtraction", peer_label=f"orchard, {cpus} workers, "
+                        "every example counted (forest.histogram_subtraction=false)",
+                        quality={"orchard": {**acc(o[-1]), "same class acc to 4 decimals": same},
+                                 "peer": acc(before[-1])}))
     if "orchard@1" in runs:
         one = runs["orchard@1"]
         rows.append(row(f"{size['shape']}: orchard {cpus} workers vs 1 (speed-up)", "s",
@@ -469,7 +487,7 @@ def main(argv: list[str] | None = None) -> None:
     from bench.render import quality, side
     from bench.rows import summarize
 
-    names = ("orchard@1", *PEERS)
+    names = ("orchard@1", NO_SUBTRACTION, *PEERS)
     parser = argparse.ArgumentParser(prog="python bench/forest_vs_peers.py", description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=["today", "paper", "both", "smoke"], default="both",
                         help="smoke: a few small images, to try the command in seconds")
