@@ -33,12 +33,13 @@ from pathlib import Path
 import numpy as np
 
 from bench.flower_strategies import SIZES as FLOWER_SIZES
-from bench.flower_strategies import STRATEGIES, plain_ddp_ranks, prepare_tiles_once
+from bench.flower_strategies import STRATEGIES, orchard_outcome, plain_ddp_ranks, prepare_tiles_once
 
 WORKERS = 2
-PROFILE_STEP = 6   # past the first steps (graph building, the first all-reduce) on both sides
-SIZES = {"full": {**FLOWER_SIZES["full"], "workers": [WORKERS], "strategies": ["ring", "ps-sync"]},
-         "smoke": {**FLOWER_SIZES["smoke"], "workers": [WORKERS], "strategies": ["ring"]}}
+# profile_step: the step profiled on both sides, past the first ones (graph building, the first
+# all-reduce); the smoke size has only a few steps an epoch
+SIZES = {"full": {**FLOWER_SIZES["full"], "workers": [WORKERS], "strategies": ["ring", "ps-sync"], "profile_step": 6},
+         "smoke": {**FLOWER_SIZES["smoke"], "workers": [WORKERS], "strategies": ["ring"], "profile_step": 2}}
 ESTIMATE = "~6 min on 2 idle cores (3 repeats)"
 TRAINING = "training workers"
 
@@ -172,12 +173,7 @@ def top_ops(profile: dict[str, float], n: int = 6) -> str:
 
 def run_orchard_ranks(overrides: list[str], out: Path) -> tuple[list[dict], str]:
     """One orchard run through the CLI's entry; its workers' records and its MLflow run id."""
-    from orchard.lifecycle import execute, prepare
-
-    cfg, module = prepare(overrides)
-    outcome = execute(cfg, module)
-    if outcome.exit_code != 0:
-        raise RuntimeError(f"orchard run failed ({outcome.error}): {' '.join(overrides)}")
+    outcome = orchard_outcome(overrides)
     folder = out / "flower" / outcome.run_id / "workers"
     return [json.loads(p.read_text()) for p in sorted(folder.glob("rank*.json"))], outcome.run_id
 
@@ -199,11 +195,12 @@ def measure(size: dict, repeats: int) -> list[dict]:
     ring = orchard["ring"]
 
     # one step of each side under the torch profiler, in a run of its own (not timed above)
+    step = int(size["profile_step"])
     with tempfile.TemporaryDirectory() as tmp:
-        plain_ddp_ranks(WORKERS, {**setup, "profile_step": PROFILE_STEP}, Path(tmp))
+        plain_ddp_ranks(WORKERS, {**setup, "profile_step": step}, Path(tmp))
         plain_span, plain_ops = self_times(Path(tmp) / "trace_rank0.json")
-    _, run_id = run_orchard_ranks([*ring, f"flower.profile_every={PROFILE_STEP}"], out)
-    trace = next((out / "artifacts").rglob(f"{run_id}/**/traces/rank0_step{PROFILE_STEP}.json"))
+    _, run_id = run_orchard_ranks([*ring, f"flower.profile_every={step}"], out)
+    trace = next((out / "artifacts").rglob(f"{run_id}/**/traces/rank0_step{step}.json"))
     ring_span, ring_ops = self_times(trace)
 
     def med(side: str, key: str) -> float:
@@ -238,7 +235,7 @@ def measure(size: dict, repeats: int) -> list[dict]:
         ]
 
     rows = loop_rows("ring", "plain", {"orchard_label": "orchard ring", "peer_label": "plain PyTorch DDP (gloo)"})
-    rows.append(row(f"ring vs plain DDP, one step under the torch profiler (step {PROFILE_STEP}, rank 0): its span", "ms",
+    rows.append(row(f"ring vs plain DDP, one step under the torch profiler (step {step}, rank 0): its span", "ms",
                     [ring_span], [plain_span], higher_is_better=False,
                     orchard_label="orchard ring", peer_label="plain PyTorch DDP (gloo)",
                     quality={"orchard": {"top ops, self CPU ms": top_ops(ring_ops)},

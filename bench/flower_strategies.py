@@ -146,14 +146,19 @@ def run_plain_ddp(world: int, setup: dict) -> dict:
         return summarize(plain_ddp_ranks(world, setup, Path(out)), setup["batch_size"])
 
 
-def run_orchard(overrides: list[str], train_tiles: int, batch: int, epochs: int, world: int) -> dict:
+def orchard_outcome(overrides: list[str]):
+    """One orchard run through the CLI's own entry (orchard.lifecycle prepare/execute); its Outcome."""
     from orchard.lifecycle import execute, prepare
 
     cfg, module = prepare(overrides)
     outcome = execute(cfg, module)
     if outcome.exit_code != 0:
         raise RuntimeError(f"orchard run failed ({outcome.error}): {' '.join(overrides)}")
-    m = outcome.metrics
+    return outcome
+
+
+def run_orchard(overrides: list[str], train_tiles: int, batch: int, epochs: int, world: int) -> dict:
+    m = orchard_outcome(overrides).metrics
     images = train_tiles // world // batch * batch * world * epochs
     return {"step": m["throughput/mean_images_per_s"], "loop": images / m["time/completion_s"],
             "test_mae": m["test/mae"], "blob_mae": m["baseline/mae"],

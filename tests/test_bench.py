@@ -292,3 +292,18 @@ def test_the_flower_profile_counts_self_time_per_op_and_cpu_per_process(tmp_path
                       4: "python /venv/lib/ray/_private/workers/default_worker.py --node-ip-address=1"})
     assert [cpu.group(p, set()) for p in (1, 2, 3, 4)] == ["ray::MetricsSink", "idle Ray workers", "Ray: raylet",
                                                            "idle Ray workers"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_flower_profile_bench_runs_every_side_and_profiles_a_step_of_each(tmp_path):
+    """`python -m bench flower_profile --smoke` (run by name only): plain DDP and orchard's ring
+    measured alike, the CPU beside the workers attributed by process, one profiled step each."""
+    done = bench_cli("flower_profile", "--smoke", "--out", str(tmp_path), timeout=800)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    rows = {r["name"]: r for r in json.loads((tmp_path / "flower_profile.json").read_text())["rows"]}
+    assert all(r["status"] == "ok" and r["orchard"]["median"] > 0 and r["peer"]["median"] > 0 for r in rows.values())
+    beside = rows["ring vs plain DDP, 2 workers, step loop: CPU used beside the workers over its window"]
+    assert "ray::" in beside["quality"]["orchard"]["by process, CPU s"]   # Ray's actors ran beside orchard's workers
+    (step,) = [r for name, r in rows.items() if "torch profiler" in name]
+    assert "aten::" in step["quality"]["orchard"]["top ops, self CPU ms"] and "aten::" in step["quality"]["peer"]["top ops, self CPU ms"]
