@@ -21,10 +21,12 @@ BENCHES = {
 }
 # benches that need more than the development machine: run by name only
 EXTRA_BENCHES = {
-    "forest_paper": ("bench.forest_vs_peers", "paper"),  # 500k pixels x 2,000 offsets: ~17 GB RAM (LightGBM's peak)
+    "forest_mid": ("bench.forest_vs_peers", "mid"),      # 150k pixels x 1,000 offsets: issue 34's deciding shape, ~30 min
+    "forest_paper": ("bench.forest_vs_peers", "paper"),
+    "forest_beyond": ("bench.forest_vs_peers", "beyond"),  # 3M pixels x 2,000 offsets: the peers' matrix (24 GB) does not fit; ~30 min  # 500k pixels x 2,000 offsets: ~17 GB RAM (LightGBM's peak)
     "video_shift": ("bench.video_shift", "full"),          # worker shifting on vs off: ~14 min
     "flower_profile": ("bench.flower_profile", "full"),    # where the ring and ps-sync step loops go: ~6 min
 }
 # Benches of which one repeat is already a result worth keeping (about an hour each on 2 cores):
 # `--repeats 1` is allowed for them alone; the tables show such a figure with n=1 and no spread.
-ONE_REPEAT_BENCHES = {"forest_paper"}
+ONE_REPEAT_BENCHES = {"forest_paper", "forest_beyond"}

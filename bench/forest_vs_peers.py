@@ -1,6 +1,7 @@
 """orchard's forest vs LightGBM, XGBoost and scikit-learn forests on the same pixels and candidates.
 
     python -m bench forest           # the 'today' shape: ~8 min on 2 idle cores (3 repeats)
+    python -m bench forest_mid       # 150,000 pixels x 1,000 offsets, depth 14: issue 34's deciding shape (3 repeats)
     python -m bench forest_paper --repeats 1   # 500,000 pixels x 2,000 offsets: ~17 GB RAM (LightGBM's peak), ~25 min a repeat
 
 What is compared: the time to train a random forest of body-part classifiers on depth pixels,
@@ -26,9 +27,13 @@ Why it is fair:
                     their default sqrt(columns), which would search fewer candidates than orchard.
 - orchard's numba kernels are compiled and its Ray workers started by an untimed one-tree warm-up;
   the peers' libraries are imported before their timer starts.
-Full mode also times orchard with 1 worker against 2 (the 1 -> 2 worker speed-up), and orchard
+Full mode also times orchard with 1 worker against 2 (the 1 -> 2 worker speed-up), the same 2
+workers on a two-node ray.cluster_utils.Cluster (a CPU each; the paper's effective parallelism on
+one node and on two), and orchard
 without histogram subtraction (forest.histogram_subtraction=false: the same trees, every example
-counted), the "before" of that change.
+counted) and without the bin cache (forest.bin_cache_mb=0: the same trees, eq. 1 evaluated on the
+fly every round), the "before" of each change. Each shape's last row is issue 34's: orchard against
+the fastest peer whose mean per-class accuracy is within 0.01 of orchard's or above it.
 """
 from __future__ import annotations
 
@@ -57,34 +62,61 @@ SHAPES = {
               # partial histograms to allocate, encode and sum; 2 histogram actors throughout (4
               # would hold twice the histogram memory the bench compares)
               "forest.partitions_by_depth=[{from_depth:10,data_units:2}]"],
+    # issue 34's deciding shape: 3 repeats of every system in under an hour, with the paper shape's
+    # settings (one tree, 50 thresholds, all pixels; the peers' matrix 150k x 1,000 x 4 B = 0.6 GB)
+    "mid": ["forest.train_images=75", "forest.test_images=8", "forest.num_trees=1", "forest.max_depth=14",
+            "forest.n_offsets=1000", "forest.n_thresholds=50", "forest.image_fraction=1.0",
+            "forest.pixel_fraction=1.0", "forest.preprocess.compose_prob=0.0", "forest.memory_budget_mb=512",
+            "forest.partitions_by_depth=[{from_depth:10,data_units:2}]"],
+    # issue 34, Must-have 3: the seed's regime, data whose feature matrix outgrows the machine:
+    # 1,500 scenes x 2,000 pixels = 3M pixels x 2,000 offsets, 24 GB as the peers' float32 matrix
+    # on a 24 GiB machine. orchard evaluates eq. 1 on the fly for what its bin cache (3 GiB of the
+    # 5.6 GiB of bins) does not hold; its histograms keep to memory_budget_mb.
+    "beyond": ["forest.train_images=1500", "forest.test_images=8", "forest.num_trees=1", "forest.max_depth=16",
+               "forest.n_offsets=2000", "forest.n_thresholds=50", "forest.image_fraction=1.0",
+               "forest.pixel_fraction=1.0", "forest.preprocess.compose_prob=0.0", "forest.memory_budget_mb=512",
+               "forest.bin_cache_mb=3072", "forest.partitions_by_depth=[{from_depth:10,data_units:2}]"],
 }
 
 
 # ---------------------------------------------------------------------------- data
-def corpus(cfg, folder: Path):
-    """Train and test blocks built by the workload's own renderer, PNG writer and loader."""
+def _render_pair(seed, split, i, f, stem):
     from workloads.forest.avatar import render_avatar_image
-    from workloads.forest.data_unit import build_block
     from workloads.forest.depth_png import palette_array, write_pair
 
-    f = cfg["forest"]
-    pal = palette_array(f["palette"])
+    d, lab = render_avatar_image([seed, split, i], f["image_height"], f["image_width"])
+    write_pair(stem, d, lab, palette_array(f["palette"]))
+
+
+def _block(stems, ids, block_id, seed, f):
+    from workloads.forest.data_unit import build_block
+    from workloads.forest.depth_png import palette_array
+
+    block = build_block(stems, ids, block_id, seed, palette_array(f["palette"]), f["preprocess"],
+                        f["examples_per_image"], keep_labels=True)
+    block.pop("skipped")
+    return block
+
+
+def corpus(cfg, folder: Path):
+    """Train and test blocks built by the workload's own renderer, PNG writer and loader, on all
+    CPUs (the beyond-memory shape renders 1,500 scenes); the same blocks however many CPUs."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    f, seed = dict(cfg["forest"]), cfg["seed"]
     blocks = []
-    for split, count in ((0, f["train_images"]), (1, f["test_images"])):
-        stems = []
-        for i in range(count):
-            d, lab = render_avatar_image([cfg["seed"], split, i], f["image_height"], f["image_width"])
-            write_pair(folder / f"{split}_{i:05d}", d, lab, pal)
-            stems.append(str(folder / f"{split}_{i:05d}"))
-        per = f["images_per_block"]
-        split_blocks = []
-        for b, i in enumerate(range(0, count, per)):
-            ids = list(range(split * 10**6 + i, split * 10**6 + i + len(stems[i:i + per])))
-            block = build_block(stems[i:i + per], ids, split * 10**6 + b, cfg["seed"], pal, f["preprocess"],
-                                f["examples_per_image"], keep_labels=True)
-            block.pop("skipped")
-            split_blocks.append(block)
-        blocks.append(split_blocks)
+    with ProcessPoolExecutor(os.cpu_count(), mp_context=mp.get_context("spawn")) as pool:
+        for split, count in ((0, f["train_images"]), (1, f["test_images"])):
+            stems = [str(folder / f"{split}_{i:05d}") for i in range(count)]
+            list(pool.map(_render_pair, [seed] * count, [split] * count, range(count), [f] * count, stems,
+                          chunksize=8))
+            per = f["images_per_block"]
+            starts = list(range(0, count, per))
+            blocks.append(list(pool.map(_block, [stems[i:i + per] for i in starts],
+                                        [list(range(split * 10**6 + i, split * 10**6 + i + len(stems[i:i + per])))
+                                         for i in starts],
+                                        [split * 10**6 + b for b in range(len(starts))], [seed] * len(starts),
+                                        [f] * len(starts))))
     return blocks
 
 
@@ -152,7 +184,21 @@ def peak_memory_sampler(pid: int, stop: threading.Event, out: list) -> None:
     out.extend([peak_rss, peak_pss])
 
 
-def run_orchard(cfg, data_dir: Path, profile: bool, workers: int | None = None) -> dict:
+def start_two_nodes(cpus: int):
+    """A two-node ``ray.cluster_utils.Cluster`` on this machine, the CPUs split between the nodes:
+    the same cores as one node, with every block, bin cache and partial histogram that a task on
+    the other node needs crossing between two object stores. Returns the cluster (to shut down)."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": cpus // 2})
+    cluster.add_node(num_cpus=cpus - cpus // 2)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, logging_level="ERROR")
+    return cluster
+
+
+def run_orchard(cfg, data_dir: Path, profile: bool, workers: int | None = None, two_nodes: bool = False) -> dict:
     import ray
 
     from bench.machine import start_ray
@@ -162,7 +208,7 @@ def run_orchard(cfg, data_dir: Path, profile: bool, workers: int | None = None) 
 
     f, seed, cpus = cfg["forest"], cfg["seed"], os.cpu_count()
     train_blocks, test_blocks = load_blocks(data_dir / "train.npz"), load_blocks(data_dir / "test.npz")
-    start_ray(num_cpus=cpus)
+    cluster = start_two_nodes(cpus) if two_nodes else start_ray(num_cpus=cpus)
     refs = [ray.put(b) for b in train_blocks]
     del train_blocks
     strategy = {"num_workers": workers or cpus, "cpus_per_worker": 1, "max_failures": 3}
@@ -180,15 +226,18 @@ def run_orchard(cfg, data_dir: Path, profile: bool, workers: int | None = None) 
 
     fit(dict(f, num_trees=1, max_depth=2))  # compile/load numba caches and start workers: not timed
     state, seconds, rounds = fit(f)
+    nodes = len({n["NodeID"] for n in ray.nodes() if n["Alive"]})
     ray.shutdown()
+    if cluster is not None:
+        cluster.shutdown()
     te = stacked_examples(test_blocks, all_body_pixels=True)
     packed = pack_forest(state["trees"], state["class_weights"])
     pred = predict_pixels(te[0], te[1], te[2], te[3], packed["offsets"], packed["threshold"], packed["left"],
                           packed["right"], packed["dist"], packed["roots"], np.float32(f["background_mm"]))
     out = {"train_s": seconds, "matrix_s": 0.0, "acc": mean_class_accuracy(te[4], pred),
-           "parallelism": effective_parallelism(rounds)}
+           "parallelism": effective_parallelism(rounds), "nodes": nodes}
     if profile:
-        keys = ("phase1_s", "phase2_s", "phase3_s", "phase4_s", "total_s")
+        keys = ("bin_cache_s", "phase1_s", "phase2_s", "phase3_s", "phase4_s", "total_s")
         out["profile"] = [{"tree": int(m["round/tree"]), "depth": int(m["round/depth"]),
                            "frontier": int(m["round/frontier_size"]), "batches": int(m["round/node_batches"]),
                            "parallelism": m["round/effective_parallelism"],
@@ -284,9 +333,10 @@ def run_peer(name: str, cfg, data_dir: Path) -> dict:
 def _child(name, cfg, data_dir, profile, queue):
     try:
         if name.startswith("orchard"):  # "orchard@1": one worker, for the 1 -> 2 worker speed-up
-            if name == NO_SUBTRACTION:  # every example counted: subtraction's "before"
-                cfg = {**cfg, "forest": {**cfg["forest"], "histogram_subtraction": False}}
-            out = run_orchard(cfg, data_dir, profile, int(name.split("@")[1]) if "@" in name else None)
+            if name in VARIANTS:  # a change switched off: its "before"
+                cfg = {**cfg, "forest": {**cfg["forest"], **VARIANTS[name]["forest"]}}
+            out = run_orchard(cfg, data_dir, profile, int(name.split("@")[1]) if "@" in name else None,
+                              two_nodes=name == TWO_NODES)
         else:
             out = run_peer(name, cfg, data_dir)
     except ImportError as exc:
@@ -344,15 +394,24 @@ def measure_one(name: str, cfg, data_dir: Path, profile: bool = False, limit_s: 
 
 # ---------------------------------------------------------------------------- the rows
 PEERS = ("LightGBM rf", "XGBoost rf", "sklearn ExtraTrees", "sklearn RF")
-NO_SUBTRACTION = "orchard-nosub"
+# orchard with one of its changes switched off (the same trees): that change's "before"
+VARIANTS = {"orchard-nosub": {"forest": {"histogram_subtraction": False}, "change": "histogram subtraction",
+                              "label": "every example counted (forest.histogram_subtraction=false)"},
+            "orchard-nocache": {"forest": {"bin_cache_mb": 0}, "change": "the bin cache",
+                                "label": "eq. 1 on the fly every round (forest.bin_cache_mb=0)"}}
+TWO_NODES = "orchard-2nodes"  # the same workers on a two-node ray.cluster_utils.Cluster (start_two_nodes)
+FASTEST_WITHIN = 0.01  # issue 34: a peer counts when its class accuracy is within this of orchard's, or above
 PACKAGE = {"LightGBM rf": "lightgbm", "XGBoost rf": "xgboost", "sklearn ExtraTrees": "sklearn", "sklearn RF": "sklearn"}
 SMOKE = ["forest.train_images=4", "forest.test_images=2", "forest.image_height=120", "forest.image_width=160",
          "forest.images_per_block=2", "forest.examples_per_image=300", "forest.num_trees=1", "forest.max_depth=4",
          "forest.n_offsets=16", "forest.n_thresholds=8", "forest.preprocess.compose_prob=0.0",
          "forest.partitions_by_depth=[]"]
-# "subtraction": also orchard without histogram subtraction (forest.histogram_subtraction=false),
-# the "before" of issue 34's before/after: the same trees, so the same accuracy, and its time
-SIZES = {"full": {"shape": "today", "overrides": SHAPES["today"], "scaling": True, "subtraction": True},
+# "variants": orchard with a change switched off (VARIANTS), the "before" of issue 34's
+# before/after: the same trees, so the same accuracy, and its time
+SIZES = {"full": {"shape": "today", "overrides": SHAPES["today"], "scaling": True, "variants": list(VARIANTS)},
+         "mid": {"shape": "mid", "overrides": SHAPES["mid"], "scaling": True, "variants": list(VARIANTS),
+                 "limit_s": 10 * 60,
+                 "skip": {"sklearn RF": "exact splits over 1,000 candidates at every node: over an hour on 2 cores"}},
          "paper": {"shape": "paper", "overrides": SHAPES["paper"], "scaling": False,
                    # a peer still training after 15 min (1.5x orchard's ~10 min) is stopped: the
                    # bench stays about an hour, and "slower than orchard" is already decided
@@ -360,12 +419,18 @@ SIZES = {"full": {"shape": "today", "overrides": SHAPES["today"], "scaling": Tru
                    # RandomForest sorts every one of its 2,000 candidates' values at every node (exact
                    # splits, not 50 thresholds): hours for one tree on 2 cores, so not run here
                    "skip": {"sklearn RF": "exact splits over 2,000 candidates at every node take hours on 2 cores"}},
-         "smoke": {"shape": "smoke", "overrides": SMOKE, "scaling": True, "subtraction": True}}
-ESTIMATE = "today shape ~8 min on 2 idle cores (3 repeats); paper shape ~25 min (a peer is stopped after 15 min) and ~17 GB RAM"
+         "beyond": {"shape": "beyond", "overrides": SHAPES["beyond"], "scaling": False,
+                    # what orchard's process tree may peak at (PSS): half the machine, where the
+                    # peers' matrix alone is more than all of it
+                    "memory_budget_gib": 12},
+         "smoke": {"shape": "smoke", "overrides": SMOKE, "scaling": True, "variants": list(VARIANTS)}}
+ESTIMATE = ("today shape ~8 min on 2 idle cores (3 repeats); mid shape ~30 min (3 repeats); "
+            "paper shape ~25 min (a peer is stopped after 15 min) and ~17 GB RAM")
 
 
-def prepare(overrides: list[str]) -> tuple[dict, Path, str]:
-    """The composed config, a folder with the train/test blocks, and a line describing them."""
+def prepare(overrides: list[str]) -> tuple[dict, Path, str, int]:
+    """The composed config, a folder with the train/test blocks, a line describing them, and the
+    bytes of the peers' float32 feature matrix."""
     from orchard.config import compose
 
     cfg = compose(["workload=forest", *overrides])
@@ -376,10 +441,23 @@ def prepare(overrides: list[str]) -> tuple[dict, Path, str]:
     save_blocks(data_dir / "test.npz", test_blocks)
     pixels = sum(len(b["ex_img"]) for b in train_blocks)
     test_pixels = int(sum(((b["labels"] < 31) & (b["depths"] > 0)).sum() for b in test_blocks))
+    matrix_bytes = pixels * f["num_trees"] * f["n_offsets"] * 4
     shape = (f"{pixels:,} training pixels ({f['train_images']} scenes), {test_pixels:,} test pixels; "
              f"{f['num_trees']} trees x {f['n_offsets']} offsets x {f['n_thresholds']} thresholds, depth "
-             f"{f['max_depth']}; peers' matrix {pixels * f['num_trees'] * f['n_offsets'] * 4 / 2**30:.2f} GiB")
-    return cfg, data_dir, shape
+             f"{f['max_depth']}; peers' matrix {matrix_bytes / 2**30:.2f} GiB")
+    return cfg, data_dir, shape, matrix_bytes
+
+
+def refusal(matrix_bytes: int) -> str | None:
+    """Why a peer is not started: its float32 feature matrix alone exceeds this machine's memory
+    (it would be killed for memory after building part of it; the bench says so up front)."""
+    import psutil
+
+    total = psutil.virtual_memory().total
+    if matrix_bytes <= total:
+        return None
+    return (f"refused before start: its feature matrix ({matrix_bytes / 2**30:.1f} GiB as float32) exceeds "
+            f"this machine's memory ({total / 2**30:.1f} GiB)")
 
 
 def measure(size: dict, repeats: int, only: list[str] | None = None, profile: bool = False) -> list[dict]:
@@ -389,15 +467,18 @@ def measure(size: dict, repeats: int, only: list[str] | None = None, profile: bo
 
     from bench.rows import installed, missing, row
 
-    cfg, data_dir, shape = prepare(size["overrides"])
+    cfg, data_dir, shape, matrix_bytes = prepare(size["overrides"])
     print(f"  forest {size['shape']}: {shape}", flush=True)
     cpus = os.cpu_count()
-    systems = ["orchard", *[p for p in PEERS if installed(PACKAGE[p]) and p not in size.get("skip", {})
+    refused = refusal(matrix_bytes)
+    skip = {**size.get("skip", {}), **({p: refused for p in PEERS} if refused else {})}
+    systems = ["orchard", *[p for p in PEERS if installed(PACKAGE[p]) and p not in skip
                             and (only is None or p in only)]]
     if size["scaling"] and (only is None or "orchard@1" in only):
         systems.append("orchard@1")
-    if size.get("subtraction") and (only is None or NO_SUBTRACTION in only):
-        systems.append(NO_SUBTRACTION)
+    systems += [v for v in size.get("variants", []) if only is None or v in only]
+    if size["scaling"] and (only is None or TWO_NODES in only):
+        systems.append(TWO_NODES)
     runs = {name: [] for name in systems}
     try:
         for _ in range(repeats):
@@ -419,12 +500,25 @@ def measure(size: dict, repeats: int, only: list[str] | None = None, profile: bo
         return {"pixel acc": r["acc"][0], "class acc": r["acc"][1], "peak RSS GiB": r["peak_bytes"] / 2**30,
                 "peak PSS GiB": r.get("peak_pss_bytes", 0) / 2**30}
 
+    def parallelism(side: list[dict]) -> dict:  # the paper's effective parallelism, medians over the repeats
+        return {f"effective parallelism, {k}": float(np.median([r["parallelism"][k] for r in side]))
+                for k in side[-1]["parallelism"]}
+
     rows = []
     for peer in PEERS:
         name = f"{size['shape']}: orchard vs {peer}"
-        if peer in size.get("skip", {}):
+        if refused and peer in skip:  # issue 34, Must-have 3: orchard trains where the peer cannot start
+            budget = size["memory_budget_gib"]
+            rows.append(row(name, "s", [r["train_s"] for r in o], [], orchard_label=f"orchard, {cpus} workers",
+                            peer_label=peer, higher_is_better=False, status=refused,
+                            target={"text": f"orchard trains on it, its peak memory (PSS) under {budget} GiB",
+                                    "met": o[-1]["peak_pss_bytes"] < budget * 2**30, "any_n": True},
+                            quality={"orchard": {**acc(o[-1]), **parallelism(o)}},
+                            note=shape if peer == PEERS[0] else ""))
+            continue
+        if peer in skip:
             rows.append(row(name, "s", [], [], orchard_label="orchard", peer_label=peer, higher_is_better=False,
-                            status=f"not run at this shape: {size['skip'][peer]}"))
+                            status=f"not run at this shape: {skip[peer]}"))
             continue
         if only is not None and peer not in only:
             continue  # left out on the command line
@@ -458,34 +552,60 @@ def measure(size: dict, repeats: int, only: list[str] | None = None, profile: bo
                         quality={"orchard": acc(o[-1]),
                                  "peer": {**acc(p[-1]), "matrix s": p[-1]["matrix_s"], "train s": p[-1]["train_s"]}},
                         note=shape if peer == PEERS[0] else ""))
-    if NO_SUBTRACTION in runs:
-        before = runs[NO_SUBTRACTION]
+    for name, variant in VARIANTS.items():
+        if name not in runs or name in failed:
+            continue
+        before = runs[name]
         same = "yes" if round(before[-1]["acc"][1], 4) == round(o[-1]["acc"][1], 4) else "NO"
-        rows.append(row(f"{size['shape']}: orchard with histogram subtraction vs without", "s",
+        rows.append(row(f"{size['shape']}: orchard with {variant['change']} vs without", "s",
                         [r["train_s"] for r in o], [r["train_s"] for r in before], higher_is_better=False,
-                        orchard_label=f"orchard, {cpus} workers, subtraction", peer_label=f"orchard, {cpus} workers, "
-                        "every example counted (forest.histogram_subtraction=false)",
+                        orchard_label=f"orchard, {cpus} workers", peer_label=f"orchard, {cpus} workers, {variant['label']}",
                         quality={"orchard": {**acc(o[-1]), "same class acc to 4 decimals": same},
                                  "peer": acc(before[-1])}))
+    fastest = fastest_peer(runs, failed, o)
+    if fastest:  # issue 34, Must-have 1
+        p = runs[fastest]
+        rows.append(row(f"{size['shape']}: orchard vs the fastest peer at its class accuracy", "s",
+                        [r["train_s"] for r in o], [r["train_s"] + r["matrix_s"] for r in p],
+                        orchard_label=f"orchard, {cpus} workers", peer_label=f"{fastest} (matrix + train)",
+                        higher_is_better=False,
+                        target={"text": f"at most 0.8x the time of the fastest peer whose class accuracy is within "
+                                        f"{FASTEST_WITHIN} of orchard's or above", "min_ratio": 1 / 0.8},
+                        quality={"orchard": acc(o[-1]), "peer": acc(p[-1])}))
     if "orchard@1" in runs:
         one = runs["orchard@1"]
-
-        def parallelism(side: list[dict]) -> dict:  # the paper's effective parallelism, medians over the repeats
-            return {f"effective parallelism, {k}": float(np.median([r["parallelism"][k] for r in side]))
-                    for k in side[-1]["parallelism"]}
 
         rows.append(row(f"{size['shape']}: orchard {cpus} workers vs 1 (speed-up)", "s",
                         [r["train_s"] for r in o], [r["train_s"] for r in one], higher_is_better=False,
                         orchard_label=f"orchard, {cpus} workers", peer_label="orchard, 1 worker",
                         quality={"orchard": {**acc(o[-1]), **parallelism(o)}, "peer": {**acc(one[-1]), **parallelism(one)}}))
+    if TWO_NODES in runs and TWO_NODES not in failed:  # issue 34, Must-have 4: the paper's figure on two nodes
+        two = runs[TWO_NODES]
+        rows.append(row(f"{size['shape']}: orchard on one node vs two nodes (same CPUs)", "s",
+                        [r["train_s"] for r in o], [r["train_s"] for r in two], higher_is_better=False,
+                        orchard_label=f"orchard, {cpus} workers, one node",
+                        peer_label=f"orchard, {cpus} workers on a two-node ray.cluster_utils.Cluster "
+                                   f"({cpus // 2} + {cpus - cpus // 2} CPUs)",
+                        quality={"orchard": {**acc(o[-1]), **parallelism(o)},
+                                 "peer": {**acc(two[-1]), **parallelism(two), "nodes": two[-1]["nodes"]}}))
     return rows
+
+
+def fastest_peer(runs: dict, failed: dict, orchard: list[dict]) -> str | None:
+    """The peer (of LightGBM rf, XGBoost rf, ExtraTrees) with the lowest median time (matrix +
+    training) among those whose class accuracy is at least orchard's less FASTEST_WITHIN."""
+    floor = orchard[-1]["acc"][1] - FASTEST_WITHIN
+    eligible = {p: float(np.median([r["train_s"] + r["matrix_s"] for r in runs[p]]))
+                for p in ("LightGBM rf", "XGBoost rf", "sklearn ExtraTrees")
+                if p in runs and p not in failed and runs[p][-1]["acc"][1] >= floor}
+    return min(eligible, key=eligible.get) if eligible else None
 
 
 def print_profile(rounds: list[dict]) -> None:
     """orchard's seconds per round and phase, and the share of each phase in the whole."""
-    cols = ("phase1_s", "phase2_s", "phase3_s", "phase4_s", "total_s")
-    print("| tree | depth | frontier | batches | phase 1 | phase 2 | phase 3 | phase 4 | round | parallelism | shuffle MB |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    cols = ("bin_cache_s", "phase1_s", "phase2_s", "phase3_s", "phase4_s", "total_s")
+    print("| tree | depth | frontier | batches | bin cache | phase 1 | phase 2 | phase 3 | phase 4 | round | parallelism | shuffle MB |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rounds:
         print(f"| {r['tree']} | {r['depth']} | {r['frontier']} | {r['batches']} | "
               + " | ".join(f"{r[c]:.2f}" for c in cols)
@@ -505,9 +625,9 @@ def main(argv: list[str] | None = None) -> None:
     from bench.render import quality, side
     from bench.rows import summarize
 
-    names = ("orchard@1", NO_SUBTRACTION, *PEERS)
+    names = ("orchard@1", TWO_NODES, *VARIANTS, *PEERS)
     parser = argparse.ArgumentParser(prog="python bench/forest_vs_peers.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", choices=["today", "paper", "both", "smoke"], default="both",
+    parser.add_argument("--shape", choices=["today", "mid", "paper", "beyond", "both", "smoke"], default="both",
                         help="smoke: a few small images, to try the command in seconds")
     parser.add_argument("--profile", action="store_true", help="print orchard's time per round and phase")
     parser.add_argument("--systems", default=None, help=f"comma-separated peers to run besides orchard: {', '.join(names)}")

@@ -78,9 +78,11 @@ def decided(row: dict) -> str:
     target; otherwise 'not decided' and why (one repeat decides nothing on a machine whose speed
     drifts ~1.5x through a day)."""
     n = len(row["orchard"]["values"])
+    t = row["target"]
+    if t.get("any_n") and n:  # a bound orchard either kept or not (its peak memory), not a timing
+        return ("met" if row["target_met"] else "not met") + f" (n={n})"
     if n < 3:
         return f"not decided (n={n})"
-    t = row["target"]
     if "min_ratio" in t and row.get("peer") and row["peer"].get("values"):
         worst, best = spread_ratios(row)
         if worst < t["min_ratio"] <= best:

@@ -73,7 +73,7 @@ def load_blocks(cfg: dict, ctx, run_dir: Path, palette: np.ndarray, parallelism:
     test_refs, test_reports = build_blocks(test_stems, f["images_per_block"], keep_labels=True,
                                            first_block_id=1_000_000, first_image_id=1_000_000, **common)
     # bad pairs are skipped and counted here, before phase 1: one line each, data/skipped_files,
-    # data/skipped/<kind>, skipped.csv (orchard/skipped.py, as flower and video do)
+    # data/skipped_files/<kind>, skipped.csv (orchard/skipped.py, as flower and video do)
     train_refs, train_data = checked_blocks(train_refs, train_reports, ctx, "training")
     test_refs, test_data = checked_blocks(test_refs, test_reports, ctx, "test")
     skipped.report(ctx, train_data["skipped"] + test_data["skipped"], "forest", step=0)

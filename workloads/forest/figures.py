@@ -14,7 +14,8 @@ from orchard.figures import pyplot
 
 from .body_parts import BACKGROUND
 
-PHASES = (("round/phase1_s", "1 scan (tasks)"), ("round/phase2_s", "2 histograms (tasks)"),
+PHASES = (("round/bin_cache_s", "0 bin cache (tasks, a tree's first round)"), ("round/phase1_s", "1 scan (tasks)"),
+          ("round/phase2_s", "2 histograms (tasks)"),
           ("round/phase3_s", "3 best splits (actors)"), ("round/phase4_s", "4 grow + checkpoint (driver)"))
 
 
@@ -97,7 +98,7 @@ def phase_times_figure(rounds: list[dict]):
     x = np.arange(len(rounds))
     fig, ax = plt.subplots(figsize=(max(6.0, 0.35 * len(rounds) + 2), 3.8))
     bottom = np.zeros(len(rounds))
-    for (key, label), colour in zip(PHASES, ("tab:blue", "tab:orange", "tab:green", "tab:grey")):
+    for (key, label), colour in zip(PHASES, ("tab:purple", "tab:blue", "tab:orange", "tab:green", "tab:grey")):
         values = np.array([float(r.get(key, 0.0)) for r in rounds])
         ax.bar(x, values, 0.8, bottom=bottom, label=label, color=colour)
         bottom += values

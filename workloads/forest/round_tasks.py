@@ -2,8 +2,12 @@
 
   phase1_task  one per data partition: re-associate each example with its frontier node by
                traversing the partial tree from the root; class counts per frontier node.
+  encode_task  once per tree, one per data partition: each block's bin cache, the bin of every
+               selected example under every candidate feature (histogram_kernels.encode_bins),
+               block by block while they fit the partition's share of `forest.bin_cache_mb`.
   phase2_task  one per (data partition x feature partition) of a node batch: the partial
-               (node-class column, feature, threshold bin) histograms by the numba kernel,
+               (node-class column, feature, threshold bin) histograms by the numba kernel
+               (counting cached bins, or eq. 1 on the fly for a block without them),
                cut into one encoded slice per receiving histogram actor (shuffle.py).
 The driver side (train.py's RoundRunner) wraps them in ``ray.remote`` and sends their slices on.
 """
@@ -61,8 +65,32 @@ def phase1_task(traversal, frontier, selection, background_mm, threads, *blocks)
     return counts.reshape(len(frontier), NUM_PARTS), time.perf_counter() - start
 
 
-def phase2_task(traversal, batch_nodes, column_of, col_lo, col_hi, offsets, thresholds,
-                column_bounds, hist_dtype, selection, background_mm, threads, fault, *blocks):
+def encode_task(offsets, thresholds, selection, background_mm, threads, budget_bytes, fault, *blocks):
+    """The bin cache of each of `blocks` for one tree: (selected examples, F) uint8 codes in the
+    order of the block's selected examples. Blocks are cached in order while they fit
+    `budget_bytes` (this partition's share of `forest.bin_cache_mb`); a block past it gets None
+    and its examples are evaluated on the fly every round. Returns one value per block, then
+    stats: busy seconds, which blocks were cached, the cache's bytes. `fault`: as phase2_task's."""
+    from .histogram_kernels import encode_bins
+
+    start = time.perf_counter()
+    _set_threads(threads)
+    out, used = [], 0
+    for block in blocks:
+        ex = np.nonzero(tree_selection(block, **selection))[0]
+        if used + len(ex) * len(offsets) > budget_bytes:
+            out.append(None)
+            continue
+        used += len(ex) * len(offsets)
+        out.append(encode_bins(block["depths"], block["ex_img"][ex], block["ex_y"][ex], block["ex_x"][ex],
+                               offsets, thresholds, background_mm))
+        if fault:
+            _die_once(fault)
+    return (*out, {"busy_s": time.perf_counter() - start, "cached": [c is not None for c in out], "bytes": used})
+
+
+def phase2_task(traversal, batch_nodes, column_of, col_lo, col_hi, offsets, thresholds, f0,
+                column_bounds, hist_dtype, selection, background_mm, threads, fault, *units):
     """Partial histograms of one (data partition, feature partition) for one node batch.
 
     batch_nodes (B,) sorted node ids; column_of (B, C) int32: histogram column of (node,
@@ -70,28 +98,34 @@ def phase2_task(traversal, batch_nodes, column_of, col_lo, col_hi, offsets, thre
     the batch normally; one actor's share when its lost partials are recomputed).
     column_bounds: boundaries of each receiving actor's columns, relative to col_lo.
     hist_dtype: the batch's count dtype (shuffle.count_dtype: it holds the largest column's total).
+    offsets, thresholds: the pool's features f0.. of this partition. units: the partition's
+    blocks, then as many bin caches (encode_task; None: evaluate eq. 1 on the fly).
     Returns one encoded slice (shuffle.encode_partial) per receiving actor, then a stats
     dict (busy seconds, example-features, histogram bytes, bytes shipped encoded / dense).
     `fault` (tests only): a marker path; the first task to see it absent creates it and
     kills its own worker process mid-task.
     """
-    from .histogram_kernels import accumulate_histograms
+    from .histogram_kernels import accumulate_bins, accumulate_histograms
     from .shuffle import encode_partial, encoded_bytes
 
     start = time.perf_counter()
     _set_threads(threads)
     hist = np.zeros((col_hi - col_lo, len(offsets), thresholds.shape[1] + 1), hist_dtype)
     example_features = 0
-    for i, block in enumerate(blocks):
+    blocks, caches = units[:len(units) // 2], units[len(units) // 2:]
+    for i, (block, codes) in enumerate(zip(blocks, caches)):
         ex, nodes = _reassociate(block, traversal, selection, background_mm)
         slot = _slots(batch_nodes, nodes)
         columns = np.where(slot >= 0, column_of[np.maximum(slot, 0), block["ex_cls"][ex]], -1)
-        mine = (columns >= col_lo) & (columns < col_hi)
+        mine = np.nonzero((columns >= col_lo) & (columns < col_hi))[0]
         # grouping examples by column keeps one node's histogram rows hot in cache
-        order = np.argsort(columns[mine], kind="stable")
-        ex, columns = ex[mine][order], columns[mine][order] - col_lo
-        accumulate_histograms(hist, block["depths"], block["ex_img"][ex], block["ex_y"][ex],
-                              block["ex_x"][ex], columns, offsets, thresholds, background_mm)
+        rows = mine[np.argsort(columns[mine], kind="stable")]  # positions among the selected = cache rows
+        ex, columns = ex[rows], columns[rows] - col_lo
+        if codes is not None:
+            accumulate_bins(hist, codes, rows, columns, f0)
+        else:
+            accumulate_histograms(hist, block["depths"], block["ex_img"][ex], block["ex_y"][ex],
+                                  block["ex_x"][ex], columns, offsets, thresholds, background_mm)
         example_features += len(ex) * len(offsets)
         if fault and i == 0:
             _die_once(fault)

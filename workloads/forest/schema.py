@@ -58,6 +58,7 @@ class Forest(Section):
     unary_fraction: float = Field(ge=0, le=1, description="a fraction in [0, 1]")
     min_gain: float = Field(ge=0, description=AT_LEAST_0)
     histogram_subtraction: bool = Field(default=True, description="true or false")  # subtraction.py
+    bin_cache_mb: float = Field(default=1024, ge=0, description=AT_LEAST_0)  # round_tasks.encode_task
     small_round_example_features: float = Field(ge=0, description=AT_LEAST_0)
     actor_cpus: float = Field(ge=0, le=64, description="CPUs in [0, 64]")
     stop_after_rounds: Optional[int] = Field(default=None, gt=0, description="a positive integer (or null)")

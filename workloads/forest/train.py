@@ -16,6 +16,10 @@ Phases 2-3 run once per node *batch*: batches are sized so that no task's and no
 actor's histogram exceeds `forest.memory_budget_mb` (section 3's "gigabytes at the
 bottom of the tree"), which is why the frontier is never materialised as one histogram.
 Histograms are compact: one column per (node, class seen there by phase 1).
+Each tree first computes its bin cache (`forest.bin_cache_mb`): the threshold bin of every
+example under every candidate feature, one byte each, held in the object store; phase 2 then
+counts cached bins instead of evaluating eq. 1 again every round. A block whose cache does not
+fit its share of the budget is evaluated on the fly every round, as in the paper (2.1).
 Below the root, of two siblings only the smaller is counted in phase 2; the larger's histogram
 is its parent's minus the smaller's (`forest.histogram_subtraction`, subtraction.py).
 
@@ -40,7 +44,7 @@ from .checkpoint import save_checkpoint
 from .features import candidate_pool
 from .histogram_pool import HistogramPool
 from .model import Tree
-from .round_tasks import phase1_task, phase2_task, traversal_arrays
+from .round_tasks import encode_task, phase1_task, phase2_task, traversal_arrays
 from .shuffle import count_dtype
 from .subtraction import ParentStore, apply_init, plan_derivations, subtract_siblings
 
@@ -56,7 +60,7 @@ class RoundRunner:
     fn(runner, depth, batch_index)} called on the driver at that point of a round (phase2:
     after the first task's partials went out; phase3: after the first of two or more
     actors answered),
-    and {"task_fault": marker path} (see phase2_task).
+    and {"task_fault" | "encode_fault": marker path} (see phase2_task).
     """
 
     def __init__(self, block_refs: list, forest_cfg: dict, strategy_cfg: dict, seed: int,
@@ -79,6 +83,8 @@ class RoundRunner:
         # the split nodes' histograms kept on the driver for the next round's subtraction
         self.parents = ParentStore(int(forest_cfg["memory_budget_mb"] * 2**20),
                                    forest_cfg.get("histogram_subtraction", True))
+        self.bin_cache: dict = {}  # block ref -> its bin cache ref (None: on the fly), this tree's
+        self._encode_task = ray.remote(encode_task)
         self._phase1_task = ray.remote(phase1_task)
         self._phase2_task = ray.remote(phase2_task)
 
@@ -142,9 +148,9 @@ class RoundRunner:
         offsets, thresholds = b["pool"]
         return self._phase2_task.options(num_returns=len(bounds), num_cpus=self._task_cpus(),
                                          max_retries=self.max_failures).remote(
-            b["traversal"], b["nodes"], b["column_of"], col_lo, col_hi, offsets[f0:f1], thresholds[f0:f1],
+            b["traversal"], b["nodes"], b["column_of"], col_lo, col_hi, offsets[f0:f1], thresholds[f0:f1], f0,
             bounds, b["dtype"], b["selection"], self.background, self.threads, self.hooks.get("task_fault"),
-            *b["data_parts"][d])
+            *b["data_parts"][d], *[self.bin_cache.get(ref) for ref in b["data_parts"][d]])
 
     def _wait_all(self, refs: list) -> list:
         """ray.get(refs), interruptible as `_wait_one` is."""
@@ -317,6 +323,29 @@ class RoundRunner:
         degree = max(1, min(degree, len(self.block_refs)))
         return [list(p) for p in np.array_split(np.array(self.block_refs, dtype=object), degree)]
 
+    def _encode_bins(self, pool, selection) -> dict:
+        """The tree's bin cache: one encode task per worker, each caching its blocks' codes in
+        order while they fit its share of `forest.bin_cache_mb` (kept by reference, in the object
+        store); the rest are evaluated on the fly every round. Returns the tasks' busy seconds,
+        the blocks cached and the cache's bytes."""
+        budget = int(round(self.cfg.get("bin_cache_mb", 0) * 2**20))
+        self.bin_cache = {}
+        out = {"busy_s": 0.0, "blocks": 0, "bytes": 0}
+        if budget <= 0:
+            return out
+        offsets, thresholds = pool
+        parts = self._data_partitions(self.workers)
+        refs = [self._encode_task.options(num_returns=len(p) + 1, num_cpus=self._task_cpus(),
+                                          max_retries=self.max_failures).remote(
+            offsets, thresholds, selection, self.background, self.threads, budget * len(p) // len(self.block_refs),
+            self.hooks.get("encode_fault"), *p)
+            for p in parts]
+        for part, part_refs, stats in zip(parts, refs, self._wait_all([r[-1] for r in refs])):
+            self.bin_cache.update((block, code) for block, code, kept in zip(part, part_refs, stats["cached"]) if kept)
+            out = {"busy_s": out["busy_s"] + stats["busy_s"], "blocks": out["blocks"] + sum(stats["cached"]),
+                   "bytes": out["bytes"] + stats["bytes"]}
+        return out
+
     def _phase1(self, traversal_ref, frontier, data_parts, selection, depth):
         """[1] class counts (K, C) of the K frontier nodes; (counts, busy s, bytes returned)."""
         frontier_ref = ray.put(np.asarray(frontier, np.int64))
@@ -343,8 +372,16 @@ class RoundRunner:
             tree.add_node(0, np.zeros(NUM_PARTS))
         else:
             tree, frontier, depth = Tree.from_arrays(state["partial"]), list(state["frontier"]), state["next_depth"]
+        self.bin_cache = {}  # the last tree's cache is freed (its refs dropped)
+        encode = None  # this tree's bin cache is built in its first round of this run
         while frontier and depth < cfg["max_depth"]:
             round_start = time.perf_counter()
+            if encode is None:
+                encode = self._encode_bins(pool, selection)
+                encode_s = time.perf_counter() - round_start
+            else:
+                encode_s = 0.0
+            phase1_start = time.perf_counter()
             degrees = partitions_at(cfg, depth)
             data_parts = self._data_partitions(int(degrees["data_units"]))
             frontier = sorted(frontier)  # children are created in order; sorted for lookups
@@ -369,7 +406,7 @@ class RoundRunner:
             elif not np.array_equal(counts, np.array(tree.counts)[frontier]):
                 raise RuntimeError("re-association disagrees with the counts of the last split")
             weights = state["class_weights"][tree_index]
-            phase1_s = time.perf_counter() - round_start
+            phase1_s = time.perf_counter() - phase1_start
             active = [n for n in frontier if counts_of[n].sum() >= cfg["min_examples"]]
             # a small round is dominated by Ray's per-task cost: one task per worker, one
             # feature partition (the tree does not depend on partitioning)
@@ -383,7 +420,8 @@ class RoundRunner:
             itemsizes = [count_dtype(int(counts_of[n].max())).itemsize for n in active]
             batches = plan_batches(active, columns, len(offsets), -(-len(offsets) // degrees["features"]),
                                    thresholds.shape[1] + 1, int(degrees["nodes"]), budget, itemsizes)
-            totals = {"phase2_s": 0.0, "phase3_s": 0.0, "task_busy_s": phase1_busy,
+            encode_busy = encode["busy_s"] if encode_s else 0.0
+            totals = {"phase2_s": 0.0, "phase3_s": 0.0, "task_busy_s": phase1_busy + encode_busy,
                       "actor_busy_s": 0.0, "example_features": 0, "hist_peak_bytes": 0,
                       "shuffle_bytes": counts_bytes, "dense_bytes": 0}
             derived_examples, last_parents = 0, set(self.parents.held)  # the parents this round uses
@@ -421,6 +459,8 @@ class RoundRunner:
             if self.on_round:
                 self.on_round(tree_index, depth - 1, {
                     "round/tree": tree_index, "round/depth": depth - 1,
+                    "round/bin_cache_s": encode_s, "round/bin_cache_bytes": encode["bytes"],
+                    "round/bin_cache_blocks": encode["blocks"],
                     "round/phase1_s": phase1_s, "round/phase2_s": totals["phase2_s"],
                     "round/phase3_s": totals["phase3_s"], "round/phase4_s": phase4_s,
                     "round/total_s": wall, "round/frontier_size": len(active),
@@ -445,13 +485,15 @@ class RoundRunner:
                     # the same per phase: phase 1's tasks over its wall time (0 where the counts
                     # came from the last split), phases 2-3's tasks and actors over theirs
                     "round/phase1_parallelism": phase1_busy / max(phase1_s, 1e-9),
-                    "round/phase23_parallelism": (totals["task_busy_s"] - phase1_busy + totals["actor_busy_s"])
+                    "round/phase23_parallelism": (totals["task_busy_s"] - phase1_busy - encode_busy
+                                                  + totals["actor_busy_s"])
                     / max(totals["phase2_s"] + totals["phase3_s"], 1e-9),
                 })
             self.rounds_this_run += 1
             if cfg.get("stop_after_rounds") and self.rounds_this_run >= cfg["stop_after_rounds"]:
                 raise TrainingInterrupted(f"stopped after {self.rounds_this_run} rounds as configured")
         self.parents.clear()
+        self.bin_cache = {}
         state["trees"].append(tree.arrays())
         state.update(partial=None, frontier=[], next_depth=0)
         save_checkpoint(self.checkpoint_path, state)

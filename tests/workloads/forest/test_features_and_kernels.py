@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from workloads.forest.features import candidate_pool, feature_matrix, feature_response
-from workloads.forest.histogram_kernels import accumulate_histograms, assign_nodes, best_splits
+from workloads.forest.histogram_kernels import (accumulate_bins, accumulate_histograms, assign_nodes, best_splits,
+                                                encode_bins)
 
 BG = np.float32(10000)
 
@@ -69,6 +70,30 @@ def test_histogram_kernel_matches_numpy_reference(n_thresholds, dtype):
             expected[columns[e], f, np.searchsorted(thresholds[f], r, side="right")] += 1
     np.testing.assert_array_equal(hist, expected)
     assert hist.sum() == len(img) * 9
+
+
+@pytest.mark.parametrize("n_thresholds,dtype", [(1, np.int32), (50, np.uint16), (63, np.uint8)])
+def test_bin_cache_counts_what_the_on_the_fly_kernel_counts(n_thresholds, dtype):
+    """encode_bins gives numpy's searchsorted bin of every (example, feature), and counting a
+    feature partition's cached bins for any subset of rows, in any order, gives the histogram
+    the on-the-fly kernel computes for the same examples."""
+    rng, depths, img, ys, xs = _random_scene(seed=3)
+    offsets, thresholds = candidate_pool(rng, 11, n_thresholds, 20.0, 3000.0, 0.3)
+    codes = encode_bins(depths, img, ys, xs, offsets, thresholds, BG)
+    assert codes.dtype == np.uint8 and codes.shape == (len(img), 11)
+    responses = feature_matrix(depths, img, ys, xs, offsets, BG)
+    for f in range(11):
+        np.testing.assert_array_equal(codes[:, f], np.searchsorted(thresholds[f], responses[:, f], side="right"))
+    rows = rng.permutation(len(img))[:250]                       # the examples one batch counts
+    columns = rng.integers(0, 5, len(rows)).astype(np.int32)
+    f0, f1 = 3, 9                                                # one feature partition of the pool
+    cached = np.zeros((5, f1 - f0, n_thresholds + 1), dtype)
+    accumulate_bins(cached, codes, rows, columns, f0)
+    on_the_fly = np.zeros_like(cached)
+    accumulate_histograms(on_the_fly, depths, img[rows], ys[rows], xs[rows], columns, offsets[f0:f1],
+                          thresholds[f0:f1], BG)
+    np.testing.assert_array_equal(cached, on_the_fly)
+    assert cached.sum() == len(rows) * (f1 - f0)
 
 
 def _numpy_gain(hist_node, weights, f, t):

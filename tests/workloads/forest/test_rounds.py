@@ -93,6 +93,29 @@ def test_histogram_subtraction_grows_the_same_tree_with_less_counting(reference,
         assert 0 < m["round/parent_hist_bytes"] <= fcfg["memory_budget_mb"] * 2**20
 
 
+def test_bin_cache_whole_partial_or_off_grows_the_same_tree(reference, block_refs, tmp_path):
+    """The reference counts every block's cached bins; a budget that holds only some blocks'
+    bins (the rest evaluated on the fly each round) and none at all (the paper's on-the-fly
+    features) grow the identical tree, with the actors' rounds and the driver's."""
+    from workloads.forest.data_unit import tree_selection
+
+    fcfg, ref_state, ref_rounds = reference
+    assert ref_rounds[0]["round/bin_cache_blocks"] == len(block_refs) and ref_rounds[0]["round/bin_cache_s"] > 0
+    assert all(m["round/bin_cache_s"] == 0 for m in ref_rounds[1:])   # once per tree
+    selection = {"seed": 0, "tree_index": 0, "image_fraction": fcfg["image_fraction"],
+                 "pixel_fraction": fcfg["pixel_fraction"]}
+    sizes = [int(tree_selection(ray.get(r), **selection).sum()) * fcfg["n_offsets"] for r in block_refs]
+    # 2 workers: two encode tasks of 2 blocks each, each with half the budget; a half that holds
+    # the largest block but not two caches each task's first block only
+    assert len(block_refs) == 4 and STRATEGY["num_workers"] == 2
+    for budget, cached, held in ((2 * max(sizes), 2, sizes[0] + sizes[2]), (0, 0, 0)):
+        for small in (0, fcfg["small_round_example_features"]):
+            state, rounds = train(block_refs, dict(fcfg, bin_cache_mb=budget / 2**20, small_round_example_features=small),
+                                  tmp_path / f"{budget}-{small}.npz")
+            assert_same_forest(state, ref_state)
+            assert rounds[0]["round/bin_cache_blocks"] == cached and rounds[0]["round/bin_cache_bytes"] == held
+
+
 def test_resume_after_interruption_equals_uninterrupted_run(compose, block_refs, tmp_path):
     fcfg = tiny_forest_cfg(compose, num_trees=2, max_depth=3)
     full, _ = train(block_refs, fcfg, tmp_path / "full.npz")
@@ -136,9 +159,9 @@ def _kill(actor) -> int:
 
 # One small forest, five failures: a histogram actor SIGKILLed in each phase of a round
 # (phase 1: while the data is scanned; 2: after the first partials reached it; 3: while the
-# actors answer, after actor 0 did; 4: while the driver splits), and a phase-2 task's
-# worker process killed mid-task. Each must give the uninterrupted run's tree.
-@pytest.mark.parametrize("phase", ["phase1", "phase2", "phase3", "phase4", "task"])
+# actors answer, after actor 0 did; 4: while the driver splits), and a phase-2 task's or a
+# bin-cache task's worker process killed mid-task. Each must give the uninterrupted run's tree.
+@pytest.mark.parametrize("phase", ["phase1", "phase2", "phase3", "phase4", "task", "encode"])
 def test_a_failure_at_any_phase_does_not_change_the_tree(phase, reference, block_refs, tmp_path):
     fcfg, ref_state, _ = reference
     killed = []
@@ -153,10 +176,12 @@ def test_a_failure_at_any_phase_does_not_change_the_tree(phase, reference, block
     two_actors = dict(fcfg, partitions={"data_units": 2, "features": 1, "nodes": 2}, verify_counts=True,
                       small_round_example_features=0)
     marker = tmp_path / "task_killed"
-    hooks = {"task_fault": str(marker)} if phase == "task" else {phase: kill_actor}
+    hooks = {"task_fault": str(marker)} if phase == "task" else \
+        {"encode_fault": str(marker)} if phase == "encode" else {phase: kill_actor}
     state, rounds = train(block_refs, two_actors, tmp_path / "ckpt.npz", hooks=hooks)
-    if phase == "task":
+    if phase in ("task", "encode"):
         assert marker.exists()                         # a worker died mid-task and Ray re-ran it
+        assert rounds[0]["round/bin_cache_blocks"] == len(block_refs)
     else:
         (pid, runner), = killed
         assert not _alive(pid)
