@@ -1,7 +1,7 @@
 """Files a workload could not read: skipped and counted by kind, never silently dropped.
 
 The bad-data policy (docs/runs.md, issue 31): a file that cannot be read or parsed is set aside
-with its reason, the run counts it (``data/skipped_files`` and ``data/skipped/<kind>``), lists it
+with its reason, the run counts it (``data/skipped_files`` and ``data/skipped_files/<kind>``), lists it
 in the artifact ``skipped.csv`` (file, kind, reason) and says so on the terminal; the run fails
 only when too little is left (``too_many_skipped``: one line naming the first bad file and the
 count, exit 2).  Workloads decide what a kind is (``truncated``, ``not_image``, ...); this module
@@ -23,15 +23,16 @@ SHOWN = 20  # files named on the terminal; the rest are in skipped.csv
 
 class SkippedFile(NamedTuple):
     file: str    # the file's name (or path relative to the data folder)
-    kind: str    # why, in one word: the key of data/skipped/<kind>
+    kind: str    # why, in one word: the key of data/skipped_files/<kind>
     reason: str  # why, in one line
 
 
 def metrics(skipped: Iterable[SkippedFile]) -> dict[str, float]:
-    """``data/skipped_files`` (always, 0 when none) and ``data/skipped/<kind>`` per kind."""
+    """``data/skipped_files`` (always, 0 when none) and ``data/skipped_files/<kind>`` per kind: the
+    breakdown under its total's name, so a runs table or a key sorted by name shows the total first."""
     skipped = list(skipped)
     counts = Counter(s.kind for s in skipped)
-    return {"data/skipped_files": float(len(skipped)), **{f"data/skipped/{k}": float(n) for k, n in counts.items()}}
+    return {"data/skipped_files": float(len(skipped)), **{f"data/skipped_files/{k}": float(n) for k, n in counts.items()}}
 
 
 def to_csv(skipped: Iterable[SkippedFile]) -> str:

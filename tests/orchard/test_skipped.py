@@ -21,8 +21,8 @@ def test_inputs_that_cannot_be_opened_are_set_aside_with_their_kind(tmp_path):
     assert bad[0].reason == "a link to nothing"
     rows = skipped.as_rows(bad, tmp_path) + [{"path": str(tmp_path / "good.png"), "error": ""},
                                              {"path": "x/broken.png", "error": "truncated", "kind": "truncated"}]
-    assert skipped.metrics(skipped.from_rows(rows)) == {"data/skipped_files": 3.0, "data/skipped/missing": 1.0,
-                                                        "data/skipped/not_file": 1.0, "data/skipped/truncated": 1.0}
+    assert skipped.metrics(skipped.from_rows(rows)) == {"data/skipped_files": 3.0, "data/skipped_files/missing": 1.0,
+                                                        "data/skipped_files/not_file": 1.0, "data/skipped_files/truncated": 1.0}
 
 
 def test_the_kind_of_a_reading_error():

@@ -45,7 +45,7 @@ def read_rgb(path: str | Path) -> np.ndarray:
 
 # --------------------------------------------------------------------------- photos that cannot be read
 class PhotoError(ValueError):
-    """A photo that cannot be used; ``kind`` is the key of ``data/skipped/<kind>``: missing, empty,
+    """A photo that cannot be used; ``kind`` is the key of ``data/skipped_files/<kind>``: missing, empty,
     unreadable, not_image, truncated, corrupt, too_large, no_annotation."""
 
     def __init__(self, kind: str, reason: str):

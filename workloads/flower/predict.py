@@ -196,7 +196,7 @@ def predict(cfg: dict, ctx, out: Path) -> dict[str, float]:
                                 num_gpus=predict_gpus(device, ray.cluster_resources().get("GPU", 0))) if files else []
     rows += skipped.as_rows(unusable, source if source.is_dir() else source.parent)
     elapsed = time.perf_counter() - started
-    skipped.record(ctx, skipped.from_rows(rows))   # data/skipped_files, data/skipped/<kind>, skipped.csv
+    skipped.record(ctx, skipped.from_rows(rows))   # data/skipped_files, data/skipped_files/<kind>, skipped.csv
     metrics = batch_predict.report(rows, ["path", "width", "height", "count"], ctx, out, "images", elapsed)
     good = [r for r in rows if not r["error"]]
     pixels = sum(int(r["width"]) * int(r["height"]) for r in good)

@@ -273,7 +273,7 @@ def predict(cfg: dict, ctx, out: Path) -> dict[str, float]:
                                        batch_size=16) if files else []
     rows += skipped.as_rows(unusable, source if source.is_dir() else source.parent)
     elapsed = time.perf_counter() - started
-    skipped.record(ctx, skipped.from_rows(rows))   # data/skipped_files, data/skipped/<kind>, skipped.csv
+    skipped.record(ctx, skipped.from_rows(rows))   # data/skipped_files, data/skipped_files/<kind>, skipped.csv
     metrics = batch_predict.report(rows, columns, ctx, out, "files", elapsed)
     metrics.update(totals([r for r in rows if not r["error"]], elapsed))
     return metrics

@@ -121,7 +121,7 @@ COLUMNS = ["path", "queries", "labelled", "relevant", "nearest"]   # predictions
 class NotQueries(ValueError):
     """A file that holds no images this model takes: another format, array, shape or type."""
 
-    kind = "not_queries"   # data/skipped/not_queries (orchard/skipped.py)
+    kind = "not_queries"   # data/skipped_files/not_queries (orchard/skipped.py)
 
 
 def allowed(shape: tuple) -> str:

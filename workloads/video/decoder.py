@@ -22,7 +22,7 @@ import numpy as np
 
 DECODERS = {"pyav": "workloads.video.decoder:PyAVDecoder"}
 SHORT_RULES = ("loop", "pad")
-# why a file is not a usable video: the keys of data/skipped/<kind> in MLflow (orchard/skipped.py)
+# why a file is not a usable video: the keys of data/skipped_files/<kind> in MLflow (orchard/skipped.py)
 SKIP_KINDS = ("missing", "empty", "unreadable", "image", "audio_only", "no_video_stream", "single_frame",
               "no_frames", "truncated", "corrupt")
 # containers and codecs that hold still images (a .jpg in a class folder opens as a 1-frame "video")

@@ -395,7 +395,7 @@ def predict(cfg: dict, ctx, out: Path) -> dict[str, float]:
                                 desc="classifying", batch_size=2) if files else []
     rows += skipped.as_rows(unusable, source if source.is_dir() else source.parent)
     elapsed = time.perf_counter() - started
-    skipped.record(ctx, skipped.from_rows(rows))   # data/skipped_files, data/skipped/<kind>, skipped.csv
+    skipped.record(ctx, skipped.from_rows(rows))   # data/skipped_files, data/skipped_files/<kind>, skipped.csv
     metrics = batch_predict.report(rows, ["path", "label", "confidence", "frames", "kept", "segments"], ctx, out, "videos", elapsed)
     good = [r for r in rows if not r["error"]]
     metrics["predict/frames_per_s"] = sum(int(r["frames"]) for r in good) / max(elapsed, 1e-9)

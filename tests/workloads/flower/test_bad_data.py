@@ -138,7 +138,7 @@ def test_skipped_files_are_counted_by_kind_and_too_many_is_one_line():
 
     rows = [SkippedFile("a.png", "truncated", "image file is truncated"), SkippedFile("b.png", "not_image", "x"),
             SkippedFile("c.png", "truncated", "image file is truncated")]
-    assert metrics(rows) == {"data/skipped_files": 3.0, "data/skipped/truncated": 2.0, "data/skipped/not_image": 1.0}
+    assert metrics(rows) == {"data/skipped_files": 3.0, "data/skipped_files/truncated": 2.0, "data/skipped_files/not_image": 1.0}
     assert metrics([]) == {"data/skipped_files": 0.0}
     assert too_many_skipped(rows, 10, 0.5, "k") == ""
     line = too_many_skipped(rows, 5, 0.5, "flower.max_skipped_fraction", "photos")
@@ -251,7 +251,7 @@ def test_a_smoke_run_with_a_truncated_photo_finishes_and_counts_it(data, run_orc
     assert result.exit_code == 0, result.outcome
     assert result.run.info.status == "FINISHED"
     m = result.run.data.metrics
-    assert m["data/skipped_files"] == 1.0 and m["data/skipped/truncated"] == 1.0
+    assert m["data/skipped_files"] == 1.0 and m["data/skipped_files/truncated"] == 1.0
     assert "skipped.csv" in result.artifacts()
     local = result.client.download_artifacts(result.run.info.run_id, "skipped.csv", str(data.parent))
     assert Path(local).read_text().splitlines() == ["file,kind,reason", "field_0002.png,truncated,image file is truncated"]

@@ -86,7 +86,7 @@ def test_the_msae_retrieves_both_ways_and_logs_a_model_that_finds_what_the_run_m
     assert "predicted: 2 files" in console and "1 skipped" in console and "queries 12" in console
     pm = predicted.run.data.metrics
     assert pm["predict/files"] == 2 and pm["predict/skipped"] == 1 and pm["predict/queries"] == 12
-    assert pm["data/skipped/not_queries"] == 1                                         # counted by kind
+    assert pm["data/skipped_files/not_queries"] == 1                                         # counted by kind
     out = Path(predicted.run.data.tags["orchard.run_dir"]) / "predictions"
     by_file = {r["file"]: r for r in pd.read_csv(out / "predictions.csv").to_dict("records")}
     assert set(by_file) == {"some.npy", "labelled.npz"} and by_file["labelled.npz"]["labelled"] == 7

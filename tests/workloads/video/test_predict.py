@@ -76,5 +76,5 @@ def test_predict_classifies_videos_finds_highlights_and_skips_a_broken_file(trai
         assert segments and all(0 <= s < e <= 24 for s, e, _ in segments)
     m = result.metrics
     assert m["predict/videos"] == 2 and m["predict/skipped"] == 1 and m["predict/videos_per_s"] > 0
-    assert m["data/skipped_files"] == 1 and sum(v for k, v in m.items() if k.startswith("data/skipped/")) == 1
+    assert m["data/skipped_files"] == 1 and sum(v for k, v in m.items() if k.startswith("data/skipped_files/")) == 1
     assert 0 < m["predict/temporal_iou"] <= 1 and 0 <= m["predict/map_tiou_0.5"] <= 1
