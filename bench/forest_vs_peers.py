@@ -71,8 +71,10 @@ SHAPES = {
     # issue 34, Must-have 3: the seed's regime, data whose feature matrix outgrows the machine:
     # 1,500 scenes x 2,000 pixels = 3M pixels x 2,000 offsets, 24 GB as the peers' float32 matrix
     # on a 24 GiB machine. orchard evaluates eq. 1 on the fly for what its bin cache (3 GiB of the
-    # 5.6 GiB of bins) does not hold; its histograms keep to memory_budget_mb.
-    "beyond": ["forest.train_images=1500", "forest.test_images=8", "forest.num_trees=1", "forest.max_depth=16",
+    # 5.6 GiB of bins) does not hold; its histograms keep to memory_budget_mb. Depth 14 (the mid
+    # shape's): below it a 512 MB budget splits each round into tens of node batches, each a pass
+    # over the 3M pixels, and one repeat would take over an hour.
+    "beyond": ["forest.train_images=1500", "forest.test_images=8", "forest.num_trees=1", "forest.max_depth=14",
                "forest.n_offsets=2000", "forest.n_thresholds=50", "forest.image_fraction=1.0",
                "forest.pixel_fraction=1.0", "forest.preprocess.compose_prob=0.0", "forest.memory_budget_mb=512",
                "forest.bin_cache_mb=3072", "forest.partitions_by_depth=[{from_depth:10,data_units:2}]"],
@@ -409,23 +411,24 @@ SMOKE = ["forest.train_images=4", "forest.test_images=2", "forest.image_height=1
 # "variants": orchard with a change switched off (VARIANTS), the "before" of issue 34's
 # before/after: the same trees, so the same accuracy, and its time
 SIZES = {"full": {"shape": "today", "overrides": SHAPES["today"], "scaling": True, "variants": list(VARIANTS)},
-         "mid": {"shape": "mid", "overrides": SHAPES["mid"], "scaling": True, "variants": list(VARIANTS),
+         "mid": {"shape": "mid", "overrides": SHAPES["mid"], "scaling": True, "variants": list(VARIANTS), "profile": True,
                  "limit_s": 10 * 60,
                  "skip": {"sklearn RF": "exact splits over 1,000 candidates at every node: over an hour on 2 cores"}},
-         "paper": {"shape": "paper", "overrides": SHAPES["paper"], "scaling": False,
-                   # a peer still training after 15 min (1.5x orchard's ~10 min) is stopped: the
-                   # bench stays about an hour, and "slower than orchard" is already decided
+         "paper": {"shape": "paper", "overrides": SHAPES["paper"], "scaling": False, "profile": True,
+                   # a peer still training after 15 min (several times orchard's time) is stopped:
+                   # the bench stays under an hour, and "slower than orchard" is already decided
                    "limit_s": 15 * 60,
                    # RandomForest sorts every one of its 2,000 candidates' values at every node (exact
                    # splits, not 50 thresholds): hours for one tree on 2 cores, so not run here
                    "skip": {"sklearn RF": "exact splits over 2,000 candidates at every node take hours on 2 cores"}},
-         "beyond": {"shape": "beyond", "overrides": SHAPES["beyond"], "scaling": False,
+         "beyond": {"shape": "beyond", "overrides": SHAPES["beyond"], "scaling": False, "profile": True,
                     # what orchard's process tree may peak at (PSS): half the machine, where the
                     # peers' matrix alone is more than all of it
                     "memory_budget_gib": 12},
          "smoke": {"shape": "smoke", "overrides": SMOKE, "scaling": True, "variants": list(VARIANTS)}}
 ESTIMATE = ("today shape ~8 min on 2 idle cores (3 repeats); mid shape ~30 min (3 repeats); "
-            "paper shape ~25 min (a peer is stopped after 15 min) and ~17 GB RAM")
+            "paper shape ~25 min (a peer is stopped after 15 min) and ~17 GB RAM; beyond-memory shape ~30 min "
+            "(1 repeat, orchard alone: rendering 1,500 scenes and one tree over 3M pixels)")
 
 
 def prepare(overrides: list[str]) -> tuple[dict, Path, str, int]:
@@ -467,6 +470,7 @@ def measure(size: dict, repeats: int, only: list[str] | None = None, profile: bo
 
     from bench.rows import installed, missing, row
 
+    profile = profile or size.get("profile", False)  # the big shapes print orchard's rounds into the bench's log
     cfg, data_dir, shape, matrix_bytes = prepare(size["overrides"])
     print(f"  forest {size['shape']}: {shape}", flush=True)
     cpus = os.cpu_count()
