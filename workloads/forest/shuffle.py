@@ -29,24 +29,47 @@ def count_dtype(max_count: int) -> np.dtype:
     return np.dtype(np.uint8 if max_count < 2**8 else np.uint16 if max_count < 2**16 else np.int32)
 
 
-def _narrow(values: np.ndarray) -> np.ndarray:
-    return values.astype(count_dtype(int(values.max()) if values.size else 0), copy=False)
-
-
 def encode_partial(hist: np.ndarray) -> dict:
     """One actor's slice (columns, F_part, bins) of a task's histogram -> the smaller encoding.
 
     Returns {"shape": (3,) int64, "dense": array} or {"shape", "index": uint32, "count": uint*}.
+    Two numba passes over the slice (count and largest count, then gather), not numpy's
+    flatnonzero: deep in the tree a slice is hundreds of MB, and an int64 index of every non-zero
+    cell, a cast and two gathers cost more than counting the cells did.
     """
     shape = np.asarray(hist.shape, np.int64)
-    flat = hist.reshape(-1)
-    index = np.flatnonzero(flat)
-    count = _narrow(flat[index])
-    sparse_bytes = index.size * (INDEX_BYTES + count.itemsize)
-    dense = _narrow(flat)
-    if sparse_bytes < dense.nbytes and flat.size < 2**32:
-        return {"shape": shape, "index": index.astype(np.uint32), "count": count}
-    return {"shape": shape, "dense": dense.reshape(hist.shape)}
+    flat = np.ascontiguousarray(hist).reshape(-1)
+    nonzero, top = _census(flat)
+    dtype = count_dtype(int(top))
+    if nonzero * (INDEX_BYTES + dtype.itemsize) < flat.size * dtype.itemsize and flat.size < 2**32:
+        index, count = np.empty(nonzero, np.uint32), np.empty(nonzero, dtype)
+        _gather(flat, index, count)
+        return {"shape": shape, "index": index, "count": count}
+    return {"shape": shape, "dense": flat.astype(dtype, copy=False).reshape(hist.shape)}
+
+
+@numba.njit(cache=True)
+def _census(flat):
+    """(non-zero cells, largest count) of a flat histogram, in one pass."""
+    nonzero, top = 0, 0
+    for i in range(flat.shape[0]):
+        v = flat[i]
+        if v != 0:
+            nonzero += 1
+            if v > top:
+                top = v
+    return nonzero, top
+
+
+@numba.njit(cache=True)
+def _gather(flat, index, count):
+    """The flat indices and counts of the non-zero cells, in order."""
+    k = 0
+    for i in range(flat.shape[0]):
+        if flat[i] != 0:
+            index[k] = i
+            count[k] = flat[i]
+            k += 1
 
 
 def encoded_bytes(partial: dict) -> int:
@@ -66,12 +89,16 @@ def add_partial(hist: np.ndarray, feature_start: int, partial: dict) -> None:
 @numba.njit(cache=True)
 def _add_sparse(hist, index, count, f_part, bins, feature_start):
     """hist[c, feature_start + f, b] += count for the flat (c, f, b) indices of a sparse partial
-    (a loop: numpy's unravel_index and fancy-index add take ~10x longer deep in the tree)."""
+    (a loop: numpy's unravel_index and fancy-index add take ~10x longer deep in the tree; one
+    division per cell: the partial's (f, b) offset within a column is the same in `hist`)."""
     row = f_part * bins
+    out = hist.reshape(-1)  # hist is C-contiguous (the actor's or the driver's own histogram)
+    full_row = hist.shape[1] * bins
+    base = feature_start * bins
     for i in range(index.shape[0]):
         flat = np.int64(index[i])
-        c, rest = flat // row, flat % row
-        hist[c, feature_start + rest // bins, rest % bins] += count[i]
+        c = flat // row
+        out[c * full_row + base + flat - c * row] += count[i]
 
 
 def model_round_bytes(examples: float, nodes: float, classes_per_node: float, n_features: int,
