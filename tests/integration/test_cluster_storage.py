@@ -143,8 +143,9 @@ CASES = {
     "forest": (["workload=forest", "forest.num_trees=4"], "forest_checkpoint.npz"),
     # video: synthetic and untrimmed videos, frame index and decoded frames (video.cache=disk) in the
     # bucket, read by Ray Data decode stages on both nodes; the driver's checkpoint of every stream.
+    # Three epochs: the first checkpoint (after epoch 1) lands mid-run, the resume trains the other two
     # Half a CPU per Train worker: two streams' workers and the decode/feature pools on two 1-CPU nodes
-    "video": (["workload=video", "video.epochs=6", "video.cache=disk", "strategy.cpus_per_worker=0.5"],
+    "video": (["workload=video", "video.epochs=3", "video.cache=disk", "strategy.cpus_per_worker=0.5"],
               "video_checkpoint.pt"),
 }
 

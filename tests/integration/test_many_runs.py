@@ -50,7 +50,9 @@ def test_a_flower_sweep_beside_runs_with_their_own_ray_runs_one_trial_at_a_time_
     trial's workers start and MLflow never shows two trials RUNNING; the second command is
     refused, naming the first, and touches nothing. Folded in, at no extra run: the singa run's
     workload returns a metric name MLflow refuses (bad_metric_workload.py): dropped and counted
-    alone, the final metrics arrive."""
+    alone, the final metrics arrive; the video run asks three epochs with a target every model
+    meets (video.target_top1=0.0): it stops after the first (the master stops decoding, the
+    trainers stop at their next batch) and decodes again for inference."""
     from orchard.tracking.sink import DROPPED
     from tests.integration import bad_metric_workload
 
@@ -60,7 +62,7 @@ def test_a_flower_sweep_beside_runs_with_their_own_ray_runs_one_trial_at_a_time_
     sweep = _start(sweep_args, tmp_path, tmp_path / "sweep.log")
     most_running, deadline = 0, time.time() + 1500
     plain = [[sys.executable, "-c", bad_metric_workload.BOOTSTRAP, "workload=singa", "singa.arch=local", "debug=smoke"],
-             orchard("workload=video", "debug=smoke")]
+             orchard("workload=video", "debug=smoke", "video.epochs=3", "video.target_top1=0.0")]
     try:
         while not any(r.info.status == "RUNNING" for r in _children(uri)):  # the sweep holds its lease
             assert sweep.poll() is None and time.time() < deadline, (tmp_path / "sweep.log").read_text()[-3000:]
@@ -91,6 +93,10 @@ def test_a_flower_sweep_beside_runs_with_their_own_ray_runs_one_trial_at_a_time_
     (singa,) = runs(f"sqlite:///{tmp_path}/plain0.db")
     assert singa.info.status == "FINISHED" and "test/accuracy" in singa.data.metrics
     assert singa.data.metrics[DROPPED] == 1 and bad_metric_workload.BAD not in singa.data.metrics
+    (video,) = runs(f"sqlite:///{tmp_path}/plain1.db")
+    m = video.data.metrics
+    assert video.info.status == "FINISHED" and m["train/epochs_run"] == 1 and m["time/to_target_s"] > 0, m
+    assert "infer/windows_per_s" in m
 
 
 def test_runs_in_folders_of_one_name_under_two_parents_never_share_checkpoints(tmp_path):

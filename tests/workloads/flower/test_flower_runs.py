@@ -166,8 +166,9 @@ def test_comparison_notebook_executes_on_the_smoke_runs(smoke_runs, tracking_uri
         NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
     finally:
         os.environ.pop("MLFLOW_TRACKING_URI", None)
-    text = "\n".join(o.get("text", "") + str(o.get("data", {}).get("text/plain", ""))
-                     for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    text = "\n".join(o.get("text", "") + str(o.get("data", {}).get("text/plain", "")) for o in outputs)
     for label in STRATEGIES:
         assert label in text
     assert "mean_images_per_s" in text and "bin 0" in text
+    assert sum("image/png" in o.get("data", {}) for o in outputs) >= 2, "the notebook drew fewer than two plots"
