@@ -571,12 +571,18 @@ def measure(size: dict, repeats: int, only: list[str] | None = None, profile: bo
                         orchard_label=f"orchard, {cpus} workers", peer_label=f"orchard, {cpus} workers, {variant['label']}",
                         quality={"orchard": {**acc(o[-1]), "same class acc to 4 decimals": same},
                                  "peer": acc(before[-1])}))
-    fastest = fastest_peer(runs, failed, o)
-    if fastest:  # issue 34, Must-have 1
+    # issue 34, Must-have 1. Where no peer comes within FASTEST_WITHIN of orchard's class accuracy
+    # the condition would hold vacuously: the row then holds orchard to the same ratio against the
+    # most accurate peer, and says so
+    fastest, why = fastest_peer(runs, failed, o), "the fastest at orchard's class accuracy"
+    if fastest is None:
+        fastest = most_accurate_peer(runs, failed)
+        why = f"none within {FASTEST_WITHIN} of orchard's class accuracy: the most accurate peer"
+    if fastest:
         p = runs[fastest]
         rows.append(row(f"{size['shape']}: orchard vs the fastest peer at its class accuracy", "s",
                         [r["train_s"] for r in o], [r["train_s"] + r["matrix_s"] for r in p],
-                        orchard_label=f"orchard, {cpus} workers", peer_label=f"{fastest} (matrix + train)",
+                        orchard_label=f"orchard, {cpus} workers", peer_label=f"{fastest} (matrix + train; {why})",
                         higher_is_better=False,
                         target={"text": f"at most 0.8x the time of the fastest peer whose class accuracy is within "
                                         f"{FASTEST_WITHIN} of orchard's or above", "min_ratio": 1 / 0.8},
@@ -608,6 +614,13 @@ def fastest_peer(runs: dict, failed: dict, orchard: list[dict]) -> str | None:
                 for p in ("LightGBM rf", "XGBoost rf", "sklearn ExtraTrees")
                 if p in runs and p not in failed and runs[p][-1]["acc"][1] >= floor}
     return min(eligible, key=eligible.get) if eligible else None
+
+
+def most_accurate_peer(runs: dict, failed: dict) -> str | None:
+    """The peer (of LightGBM rf, XGBoost rf, ExtraTrees) with the highest class accuracy."""
+    done = {p: runs[p][-1]["acc"][1] for p in ("LightGBM rf", "XGBoost rf", "sklearn ExtraTrees")
+            if p in runs and p not in failed}
+    return max(done, key=done.get) if done else None
 
 
 def print_profile(rounds: list[dict]) -> None:

@@ -287,7 +287,7 @@ def test_where_the_peers_matrix_outgrows_memory_they_are_refused_and_orchard_tra
 def test_the_fastest_peer_is_the_fastest_at_orchards_class_accuracy_or_above():
     """issue 34, Must-have 1: the peer orchard must beat by 1.25x is the fastest of those whose
     class accuracy is within 0.01 of orchard's or above; a faster, less accurate one does not count."""
-    from bench.forest_vs_peers import fastest_peer
+    from bench.forest_vs_peers import fastest_peer, most_accurate_peer
 
     def runs(acc, seconds):
         return [{"acc": (0.6, acc), "train_s": seconds, "matrix_s": 1.0}]
@@ -298,6 +298,9 @@ def test_the_fastest_peer_is_the_fastest_at_orchards_class_accuracy_or_above():
     assert fastest_peer(all_runs, {}, orchard) == "XGBoost rf"
     assert fastest_peer(all_runs, {"XGBoost rf": "died"}, orchard) == "LightGBM rf"
     assert fastest_peer({"orchard": orchard, "sklearn ExtraTrees": runs(0.43, 5.0)}, {}, orchard) is None
+    # then the row holds orchard to the same ratio against the most accurate peer
+    assert most_accurate_peer({**all_runs, "LightGBM rf": runs(0.41, 30.0)}, {}) == "XGBoost rf"
+    assert most_accurate_peer(all_runs, {"LightGBM rf": "died", "XGBoost rf": "died"}) == "sklearn ExtraTrees"
 
 
 def test_the_flower_profile_counts_self_time_per_op_and_cpu_per_process(tmp_path):
