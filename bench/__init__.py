@@ -21,9 +21,9 @@ BENCHES = {
 }
 # benches that need more than the development machine: run by name only
 EXTRA_BENCHES = {
-    "forest_mid": ("bench.forest_vs_peers", "mid"),      # 150k pixels x 1,000 offsets: issue 34's deciding shape, ~30 min
-    "forest_paper": ("bench.forest_vs_peers", "paper"),
-    "forest_beyond": ("bench.forest_vs_peers", "beyond"),  # 3.4M pixels x 2,000 offsets: the peers' matrix (25 GiB) does not fit; ~35 min  # 500k pixels x 2,000 offsets: ~17 GB RAM (LightGBM's peak)
+    "forest_mid": ("bench.forest_vs_peers", "mid"),      # 150k pixels x 1,000 offsets: issue 34's deciding shape, ~16 min
+    "forest_paper": ("bench.forest_vs_peers", "paper"),  # 500k pixels x 2,000 offsets: ~17 GB RAM (LightGBM's peak), ~12 min
+    "forest_beyond": ("bench.forest_vs_peers", "beyond"),  # 3.4M pixels x 2,000 offsets: the peers' matrix (25 GiB) does not fit; ~35 min
     "video_shift": ("bench.video_shift", "full"),          # worker shifting on vs off: ~14 min
     "flower_profile": ("bench.flower_profile", "full"),    # where the ring and ps-sync step loops go: ~6 min
 }
