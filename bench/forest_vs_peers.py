@@ -2,7 +2,8 @@
 
     python -m bench forest           # the 'today' shape: ~8 min on 2 idle cores (3 repeats)
     python -m bench forest_mid       # 150,000 pixels x 1,000 offsets, depth 14: issue 34's deciding shape (3 repeats)
-    python -m bench forest_paper --repeats 1   # 500,000 pixels x 2,000 offsets: ~17 GB RAM (LightGBM's peak), ~25 min a repeat
+    python -m bench forest_paper --repeats 1   # 500,000 pixels x 2,000 offsets: ~17 GB RAM (LightGBM's peak), ~12 min a repeat
+    python -m bench forest_beyond --repeats 1  # 3.4M pixels x 2,000 offsets: the peers' matrix does not fit in memory
 
 What is compared: the time to train a random forest of body-part classifiers on depth pixels,
 and the accuracy on every body pixel of held-out scenes (pixel accuracy, mean per-class accuracy).
@@ -432,8 +433,8 @@ SIZES = {"full": {"shape": "today", "overrides": SHAPES["today"], "scaling": Tru
                     # peers' matrix alone is more than all of it
                     "memory_budget_gib": 12},
          "smoke": {"shape": "smoke", "overrides": SMOKE, "scaling": True, "variants": list(VARIANTS)}}
-ESTIMATE = ("today shape ~8 min on 2 idle cores (3 repeats); mid shape ~30 min (3 repeats); "
-            "paper shape ~25 min (a peer is stopped after 15 min) and ~17 GB RAM; beyond-memory shape ~30 min "
+ESTIMATE = ("today shape ~8 min on 2 idle cores (3 repeats); mid shape ~16 min (3 repeats); "
+            "paper shape ~12 min (a peer is stopped after 15 min) and ~17 GB RAM; beyond-memory shape ~35 min "
             "(1 repeat, orchard alone: rendering 1,700 scenes and one tree over 3.4M pixels)")
 
 
