@@ -53,9 +53,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # orchard's partitioning at the big shapes, on one machine: one data partition, the features split
 # in two (a task per worker), 2 histogram actors throughout (4 would hold twice the histogram memory
 # the bench compares). With the bin cache a task's counting is cheap, and every further data
-# partition only adds a partial histogram to allocate, encode, ship and sum: measured at the mid
-# shape, idle, 2026-11-26 17:02, 12.9-13.4 s against 16.2-16.8 s with the workload's default (4
-# data partitions, 2 from depth 10), the same tree.
+# partition only adds a partial histogram to allocate, encode, ship and sum: at the mid shape,
+# 2026-11-26 17:02 (load average 2.4-2.9, falling), 12.9-13.4 s against 16.2-16.8 s with the
+# workload's default (4 data partitions, 2 from depth 10), the same tree.
 ONE_MACHINE = ["forest.partitions.data_units=1", "forest.partitions.features=2", "forest.partitions.nodes=2",
                "forest.partitions_by_depth=[]"]
 SHAPES = {
@@ -608,20 +608,25 @@ def measure(size: dict, repeats: int, only: list[str] | None = None, profile: bo
     return rows
 
 
+RANKED_PEERS = ("LightGBM rf", "XGBoost rf", "sklearn ExtraTrees")  # the peers issue 34 ranks orchard against
+
+
+def _finished(runs: dict, failed: dict) -> list[str]:
+    return [p for p in RANKED_PEERS if p in runs and p not in failed]
+
+
 def fastest_peer(runs: dict, failed: dict, orchard: list[dict]) -> str | None:
-    """The peer (of LightGBM rf, XGBoost rf, ExtraTrees) with the lowest median time (matrix +
-    training) among those whose class accuracy is at least orchard's less FASTEST_WITHIN."""
+    """The peer (of RANKED_PEERS) with the lowest median time (matrix + training) among those
+    whose class accuracy is at least orchard's less FASTEST_WITHIN."""
     floor = orchard[-1]["acc"][1] - FASTEST_WITHIN
     eligible = {p: float(np.median([r["train_s"] + r["matrix_s"] for r in runs[p]]))
-                for p in ("LightGBM rf", "XGBoost rf", "sklearn ExtraTrees")
-                if p in runs and p not in failed and runs[p][-1]["acc"][1] >= floor}
+                for p in _finished(runs, failed) if runs[p][-1]["acc"][1] >= floor}
     return min(eligible, key=eligible.get) if eligible else None
 
 
 def most_accurate_peer(runs: dict, failed: dict) -> str | None:
-    """The peer (of LightGBM rf, XGBoost rf, ExtraTrees) with the highest class accuracy."""
-    done = {p: runs[p][-1]["acc"][1] for p in ("LightGBM rf", "XGBoost rf", "sklearn ExtraTrees")
-            if p in runs and p not in failed}
+    """The peer (of RANKED_PEERS) with the highest class accuracy."""
+    done = {p: runs[p][-1]["acc"][1] for p in _finished(runs, failed)}
     return max(done, key=done.get) if done else None
 
 
