@@ -58,6 +58,11 @@ def test_smoke_run_records_everything_and_resumes_identically(run_orchard):
                 "round/examples_histogrammed", "round/subtraction_saved", "round/parent_hist_bytes"):
         assert len(full.history(key)) == len(rounds), key
     assert 0.2 < m["train/subtraction_saved"] < 1   # below the root, larger children were derived
+    # the bin cache: every tree encodes its bins in its first round (depth 0), never again, and
+    # every round of the smoke run counts cached blocks
+    encoding = full.history("round/bin_cache_s")
+    assert [s > 0 for s in encoding] == [d == 0 for _ in range(2) for d in range(5)], encoding
+    assert all(v > 0 for v in full.history("round/bin_cache_blocks"))
     assert {"figures/confusion_matrix.png", "figures/predicted_labelings.png",
             "figures/class_accuracy.png"} <= set(full.artifacts("figures"))
     assert "model/forest_checkpoint.npz" in full.artifacts("model")
@@ -74,6 +79,7 @@ def test_smoke_run_records_everything_and_resumes_identically(run_orchard):
     resumed = run_orchard("workload=forest", "debug=smoke", f"forest.resume={crashed_dir}")
     assert resumed.exit_code == 0, resumed.outcome
     assert len(resumed.history("round/phase2_s")) == 3              # only the missing rounds ran
+    assert resumed.history("round/bin_cache_s")[0] > 0                # the resumed tree encodes its bins again
     a = load_checkpoint(f"{run_dir}/{CHECKPOINT_NAME}")
     b = load_checkpoint(f"{resumed.run.data.tags['orchard.run_dir']}/{CHECKPOINT_NAME}")
     for ta, tb in zip(a["trees"], b["trees"], strict=True):
