@@ -1,0 +1,84 @@
+"""A workload's default run, measured: `python -m orchard workload=<name>` as a newcomer types it.
+
+    python -m bench.default_run_record forest        # ~3.5 min on 2 idle cores
+
+Runs the command with its own MLflow store and output folder (nothing else on the command line),
+reads the run's headline figures back from MLflow and writes them, with the commit, the date and the
+load average before and after, under the workload's key in docs/records/default_runs.json. The docs
+quote them as markers (`<!-- fig default_runs.json - forest.test_pixel_accuracy -->`, see
+bench/doc_figures.py), so a new default re-measured here updates the prose with `python -m bench
+--render`, and a changed default that nobody re-measured cannot hide behind hand-typed figures.
+Run it on an idle machine and from a committed tree: the record names the commit.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORD = ROOT / "docs" / "records" / "default_runs.json"
+# the figures worth quoting (not the per-class or per-node ones), each recorded with "/" as "_":
+# MLflow's "time/total_s" is "time_total_s", so a marker's field reads like a name
+KEPT_PREFIXES = ("time/", "test/", "throughput/", "train/", "headline/")
+
+
+def committed_head() -> str:
+    if subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                      text=True, check=True).stdout.strip():
+        raise SystemExit("default_run_record: the tree has uncommitted changes; commit first (the record names a commit)")
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def run_figures(workload: str) -> dict:
+    """Run the default command in a scratch folder; its headline metrics, flattened."""
+    import mlflow
+
+    with tempfile.TemporaryDirectory(prefix=f"orchard-default-{workload}-") as tmp:
+        uri = f"sqlite:///{tmp}/mlflow.db"
+        cmd = [sys.executable, "-m", "orchard", f"workload={workload}", f"tracking.uri={uri}", f"output_dir={tmp}/out"]
+        load_before = os.getloadavg()[0]
+        t0 = time.monotonic()
+        with open(Path(tmp) / "log", "w+") as log:
+            rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+            process_s = time.monotonic() - t0
+            if rc:
+                log.seek(0)
+                raise SystemExit(f"default_run_record: `{' '.join(cmd[1:])}` exited {rc}:\n{log.read()[-2000:]}")
+        client = mlflow.MlflowClient(uri)
+        run = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                                 order_by=["attributes.start_time DESC"], max_results=1)[0]
+        metrics = {k.replace("/", "_"): v for k, v in run.data.metrics.items()
+                   if k.startswith(KEPT_PREFIXES) and "/class_acc/" not in f"/{k}"}
+        return {"command": f"python -m orchard workload={workload}", "status": run.info.status,
+                "process_s": process_s, "load_before": load_before, "load_after": os.getloadavg()[0], **metrics}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.default_run_record", description=__doc__.splitlines()[0])
+    ap.add_argument("workload", choices=["forest", "flower", "video", "singa"])
+    args = ap.parse_args(argv)
+    commit = committed_head()
+    figures = run_figures(args.workload)
+    when = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    record = json.loads(RECORD.read_text()) if RECORD.exists() else {}
+    record[args.workload] = figures
+    record.setdefault("commits", {})[args.workload] = commit
+    record.setdefault("measured_utc", {})[args.workload] = when
+    RECORD.parent.mkdir(parents=True, exist_ok=True)
+    RECORD.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    print(f"default_run_record: wrote {RECORD}: {args.workload} {figures['status']} in "
+          f"{figures.get('time_total_s', float('nan')):.1f} s (process {figures['process_s']:.1f} s), "
+          f"load {figures['load_before']:.2f} -> {figures['load_after']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
