@@ -13,7 +13,8 @@ the CI's test-suite time), a row (a bench row's name; records have none: "-") an
     n                     the repeats behind the row
     verdict               what the row decides about its target: "met", "not met", "not decided (n=1)"
     quality.<side>.<key>  a quality figure of one side: "quality.orchard.class acc"
-    <key>                 for records: a top-level key, formatted by its name (`*_s` as minutes)
+    <key>                 for records: a key (a dotted path), formatted by its name (`*_s` as minutes,
+                          not `*_per_s`), whole numbers as counts
 
 Why markers rather than prose typed by hand: the figures in README and docs/ drifted from the files
 they came from (the issue lists eight); a test re-renders every marker and fails on a difference, so a
@@ -67,8 +68,10 @@ def field_value(result: dict, row_name: str, field: str) -> str:
             return str(v)[:10]
         if field.startswith("commits."):
             return str(v)[:10]
-        if field.endswith("_s") and isinstance(v, (int, float)):
+        if field.endswith("_s") and not field.endswith("_per_s") and isinstance(v, (int, float)):
             return f"{int(v // 60)} min {round(v % 60)} s" if v >= 60 else f"{v:.0f} s"
+        if isinstance(v, float) and v.is_integer() and abs(v) < 1000:  # counts stored as floats: "3 trees"
+            return str(int(v))
         return fmt(v) if isinstance(v, float) else str(v)
     rows = {r["name"]: r for r in result["rows"]}
     if row_name not in rows:

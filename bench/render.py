@@ -178,7 +178,9 @@ the row says "not decided" and why: this machine's speed drifts ~1.5x through a 
 `python -m bench <name>`; then `python -m bench --render`, which also rewrites every figure that README and
 docs/ quote from a results file (a marker pair `<!-- fig FILE "ROW" FIELD -->value<!-- /fig -->`, bench/doc_figures.py;
 a test fails when a quoted figure differs from its file, or when a results file names a commit outside this
-history or a tree with uncommitted changes). Scaling beyond these machines: [scaling](scaling.md).
+history or a tree with uncommitted changes). Records beside the benches, in docs/records/: the README's
+fresh-clone install and test-suite times (`python -m bench.quickstart_record`) and each workload's default
+command (`python -m bench.default_run_record forest`). Scaling beyond these machines: [scaling](scaling.md).
 """
 
 

@@ -66,3 +66,16 @@ def test_a_record_figure_renders_minutes_and_its_date(tmp_path, monkeypatch):
     text = render_text("<!-- fig quickstart.json - passed -->0<!-- /fig --> in <!-- fig quickstart.json - tests_s -->"
                        "?<!-- /fig --> (<!-- fig quickstart.json - measured_utc.tests_s -->?<!-- /fig -->)", "README.md")
     assert ">567<" in text and ">50 min 33 s<" in text and ">2026-11-25<" in text
+
+
+def test_a_default_run_record_renders_rates_counts_and_nested_keys(tmp_path, monkeypatch):
+    import bench.doc_figures as figs
+
+    (tmp_path / "default_runs.json").write_text(json.dumps(
+        {"forest": {"time_total_s": 203.3, "throughput_example_features_per_s": 1.89e8, "train_trees": 3.0,
+                    "test_pixel_accuracy": 0.7217}}))
+    monkeypatch.setattr(figs, "SOURCES", (tmp_path,))
+    text = render_text(" ".join(f"<!-- fig default_runs.json - forest.{k} -->?<!-- /fig -->" for k in
+                                ("time_total_s", "throughput_example_features_per_s", "train_trees",
+                                 "test_pixel_accuracy")), "docs/benchmarks/forest.md")
+    assert ">3 min 23 s<" in text and ">189,000,000<" in text and ">3<" in text and ">0.722<" in text

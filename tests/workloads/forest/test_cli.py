@@ -21,7 +21,7 @@ def test_default_config_composes_and_validates(compose):
     ("forest.image_fraction=1.5", "forest.image_fraction"),
     ("forest.n_thresholds=64", "forest.n_thresholds"),
     ("forest.memory_budget_mb=0.01", "forest.memory_budget_mb"),
-    ("forest.partitions.features=999", "forest.partitions.features"),
+    ("forest.partitions.features=2001", "forest.partitions.features"),  # more parts than the 2,000 offsets
     ("forest.resume=/nonexistent/run", "forest.resume"),
 ])
 def test_bad_config_is_a_config_error(compose, override, key):
