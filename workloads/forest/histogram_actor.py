@@ -23,6 +23,7 @@ import time
 
 import numpy as np
 
+from .round_tasks import die_once
 from .shuffle import add_partial
 from .subtraction import apply_init, subtract_siblings
 
@@ -89,11 +90,12 @@ class HistogramActor:
         return len(self.parts)
 
     def best(self, col_start: np.ndarray, col_class: np.ndarray, class_weights: np.ndarray,
-             min_child_examples: int, derive=None, keep: bool = False) -> dict:
+             min_child_examples: int, derive=None, keep: bool = False, fault=None) -> dict:
         """Phase 3 over this actor's nodes (their columns: col_start (S+1,), col_class);
         see `histogram_kernels.best_splits`. {"parts": None} when it has no batch.
         derive: (P, 2) (derived column, sibling column) pairs to subtract first; keep: hold the
-        histogram for `take` (else it is freed here)."""
+        histogram for `take` (else it is freed here). fault (tests only): a marker path, as
+        round_tasks.phase2_task's: the first actor to see it absent dies before it answers."""
         from .histogram_kernels import best_splits
 
         _keep_a_current_folder()  # the folder may go after the actor started
@@ -103,6 +105,8 @@ class HistogramActor:
         if self.hist is None:
             self.hist = np.zeros(self.shape, self.dtype)
         subtract_siblings(self.hist, derive)
+        if fault:
+            die_once(fault)
         weights = np.asarray(class_weights, np.float64)
         feature, threshold, gain, left, right = best_splits(
             self.hist, col_start, col_class, weights, int(min_child_examples), len(weights))

@@ -85,7 +85,7 @@ def encode_task(offsets, thresholds, selection, background_mm, threads, budget_b
         out.append(encode_bins(block["depths"], block["ex_img"][ex], block["ex_y"][ex], block["ex_x"][ex],
                                offsets, thresholds, background_mm))
         if fault:
-            _die_once(fault)
+            die_once(fault)
     return (*out, {"busy_s": time.perf_counter() - start, "cached": [c is not None for c in out], "bytes": used})
 
 
@@ -128,7 +128,7 @@ def phase2_task(traversal, batch_nodes, column_of, col_lo, col_hi, offsets, thre
                                   block["ex_x"][ex], columns, offsets, thresholds, background_mm)
         example_features += len(ex) * len(offsets)
         if fault and i == 0:
-            _die_once(fault)
+            die_once(fault)
     parts = [encode_partial(hist[column_bounds[k]:column_bounds[k + 1]])
              for k in range(len(column_bounds) - 1)]
     stats = {"busy_s": time.perf_counter() - start, "example_features": example_features,
@@ -137,7 +137,7 @@ def phase2_task(traversal, batch_nodes, column_of, col_lo, col_hi, offsets, thre
     return (*parts, stats)
 
 
-def _die_once(marker: str) -> None:
+def die_once(marker: str) -> None:
     """Test hook: SIGKILL this worker process the first time `marker` does not exist."""
     import os
     import signal

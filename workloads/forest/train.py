@@ -10,7 +10,7 @@ Round i splits every frontier node at depth i:
                (node, feature, threshold bin, class) histograms by the numba kernel; each
                task sends every histogram actor the slice of its nodes.
   [3] phase 3  histogram actors, one per node partition: sum the slices, pick the best
-               feature and threshold per node.
+               feature and threshold per node (all actors asked at once).
   [4] phase 4  driver: split nodes, grow the next (sparse) frontier, checkpoint.
 Phases 2-3 run once per node *batch*: batches are sized so that no task's and no
 actor's histogram exceeds `forest.memory_budget_mb` (section 3's "gigabytes at the
@@ -59,8 +59,9 @@ class RoundRunner:
     hooks (tests only): {"phase1" | "phase2" | "after_phase2" | "phase3" | "phase4":
     fn(runner, depth, batch_index)} called on the driver at that point of a round (phase2:
     after the first task's partials went out; phase3: after the first of two or more
-    actors answered),
-    and {"task_fault" | "encode_fault": marker path} (see phase2_task).
+    actors answered, the others asked and maybe still answering),
+    and {"task_fault" | "encode_fault" | "best_fault": marker path} (see phase2_task; the
+    best_fault kills the first actor to pick splits below the root, mid-answer).
     """
 
     def __init__(self, block_refs: list, forest_cfg: dict, strategy_cfg: dict, seed: int,
@@ -169,29 +170,33 @@ class RoundRunner:
                 "dense_bytes": sum(s["dense_bytes"] for s in stats),
                 "hist_peak_bytes": max([s["hist_bytes"] for s in stats] + reducer_bytes)}
 
-    def _collect(self, k: int, b: dict, ok: bool) -> tuple[dict, list]:
-        """Phase 3 result of actor k. If it lost partials (it died or was restarted in phase
-        1, 2 or 3), it is revived, reset, and only its share of the batch is recomputed by
-        phase-2 tasks (deterministic), until it has summed every partial exactly once.
-        Returns (result, stats of the recomputing tasks)."""
+    def _ask_best(self, k: int, b: dict, fault=None):
+        """Phase 3 of actor k: its nodes' best splits (a ref)."""
+        return self.actors[k].best.remote(*b["best_args"][k], keep=b["keep"], fault=fault)
+
+    def _collect(self, k: int, b: dict, asked) -> tuple[dict, list]:
+        """Phase 3 result of actor k, already `asked` (a ref), or None when it lost partials.
+        An actor that lost partials (it died or was restarted in phase 1, 2 or 3) is revived,
+        reset, and only its share of the batch is recomputed by phase-2 tasks (deterministic),
+        until it has summed every partial exactly once. Returns (result, stats of the
+        recomputing tasks)."""
         c0, c1 = b["column_bounds"][k], b["column_bounds"][k + 1]
         expected, extra = list(range(len(b["jobs"]))), []
         for _ in range(self.max_failures + 2):
             try:
-                if not ok:
+                if asked is None:
                     self.actor_replays += 1
                     self.reducers.reset(k, b["shapes"][k])
                     stats, acks = self._phase2(b, [k], c0, c1, [0, c1 - c0])
                     extra += stats
-                    ok = self.reducers.acked(acks[k])
-                    if not ok:
+                    if not self.reducers.acked(acks[k]):
                         continue
-                result = ray.get(self.actors[k].best.remote(*b["best_args"][k], keep=b["keep"]))
+                    asked = self._ask_best(k, b)
+                result, asked = ray.get(asked), None
                 if result["parts"] == expected:
                     return result, extra
-                ok = False
             except ray.exceptions.RayError:  # died in phase 3, or restarting
-                ok = False
+                asked = None
                 self.reducers.revive(k)
         raise RuntimeError(f"histogram actor {k} failed {self.max_failures + 2} times")
 
@@ -282,9 +287,13 @@ class RoundRunner:
         if "after_phase2" in self.hooks:
             self.hooks["after_phase2"](self, depth, batch_index)
         start = time.perf_counter()
+        # every actor that summed its partials is asked at once: each picks its nodes' splits on
+        # its own core (asked one after the other, phase 3 was a quarter of a 2-worker round)
+        fault = self.hooks.get("best_fault") if depth >= 1 else None
+        asked = [self._ask_best(k, b, fault) if ok[k] else None for k in range(n_actors)]
         results = []
         for k in range(n_actors):
-            result, extra = self._collect(k, b, ok[k])
+            result, extra = self._collect(k, b, asked[k])
             results.append(result)
             stats += extra
             if k == 0 and n_actors > 1 and "phase3" in self.hooks:

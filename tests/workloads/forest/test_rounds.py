@@ -157,18 +157,20 @@ def _kill(actor) -> int:
     return pid
 
 
-# One small forest, five failures: a histogram actor SIGKILLed in each phase of a round
+# One small forest, seven failures: a histogram actor SIGKILLed in each phase of a round
 # (phase 1: while the data is scanned; 2: after the first partials reached it; 3: while the
-# actors answer, after actor 0 did; 4: while the driver splits), and a phase-2 task's or a
-# bin-cache task's worker process killed mid-task. Each must give the uninterrupted run's tree.
-@pytest.mark.parametrize("phase", ["phase1", "phase2", "phase3", "phase4", "task", "encode"])
+# actors answer, after actor 0 did, the other asked and maybe answered; "best": an actor dies
+# inside its phase-3 call, its partials summed, before it answers; 4: while the driver splits),
+# and a phase-2 task's or a bin-cache task's worker process killed mid-task. Each must give the
+# uninterrupted run's tree.
+@pytest.mark.parametrize("phase", ["phase1", "phase2", "phase3", "best", "phase4", "task", "encode"])
 def test_a_failure_at_any_phase_does_not_change_the_tree(phase, reference, block_refs, tmp_path):
     fcfg, ref_state, _ = reference
     killed = []
 
     def kill_actor(runner, depth, batch_index):
         if depth >= 1 and not killed:
-            victim = 1 if phase == "phase3" else 0   # phase 3: the actor not yet asked
+            victim = 1 if phase == "phase3" else 0   # phase 3: the actor not yet collected
             killed.append((_kill(runner.actors[victim]), runner))
 
     # verify_counts: phase 1 runs in every round (by default only at the root); no small rounds:
@@ -176,17 +178,22 @@ def test_a_failure_at_any_phase_does_not_change_the_tree(phase, reference, block
     two_actors = dict(fcfg, partitions={"data_units": 2, "features": 1, "nodes": 2}, verify_counts=True,
                       small_round_example_features=0)
     marker = tmp_path / "task_killed"
+    runners = []
     hooks = {"task_fault": str(marker)} if phase == "task" else \
-        {"encode_fault": str(marker)} if phase == "encode" else {phase: kill_actor}
+        {"encode_fault": str(marker)} if phase == "encode" else \
+        {"best_fault": str(marker), "phase4": lambda runner, *_: runners.append(runner)} if phase == "best" else \
+        {phase: kill_actor}
     state, rounds = train(block_refs, two_actors, tmp_path / "ckpt.npz", hooks=hooks)
     if phase in ("task", "encode"):
         assert marker.exists()                         # a worker died mid-task and Ray re-ran it
         assert rounds[0]["round/bin_cache_blocks"] == len(block_refs)
+    elif phase == "best":
+        assert marker.exists() and runners[0].actor_replays >= 1   # died answering: its share recomputed
     else:
         (pid, runner), = killed
         assert not _alive(pid)
-        if phase in ("phase2", "phase3"):             # its summed partials were lost: recomputed
-            assert runner.actor_replays >= 1
+        if phase == "phase2":                         # its summed partials were lost: recomputed
+            assert runner.actor_replays >= 1          # (phase 3: only if it had not answered yet)
     assert_same_forest(state, ref_state)
     assert all(m["round/shuffle_bytes"] > 0 for m in rounds)
 
