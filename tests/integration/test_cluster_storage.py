@@ -202,12 +202,32 @@ def test_run_on_two_nodes_with_s3_storage_resumes_from_the_bucket_alone(case, s3
     if case == "video":  # the first run's videos, frame index and decoded frames, read from the bucket
         assert _find(fs, f"orchard/{case}/video/data", ".mp4") and _find(fs, f"orchard/{case}/video/cache", ".npz")
         assert new.data.metrics["data/index_reused"] > 0 and new.data.metrics["cache/hits"] > 0
+        _assert_each_epoch_logged_once(uri, killed.info.run_id, new, epochs=3)
         return
     if flower:
         assert new.data.metrics["cache/tiles_hits"] == 1  # the first run's tiles, read from the bucket
         assert new.data.metrics["train/workers"] == 2
     else:
         assert new.data.metrics["test/accuracy"] > 0.5
+
+
+def _assert_each_epoch_logged_once(uri: str, killed_id: str, new, epochs: int) -> None:
+    """Ctrl-C after a checkpointed epoch, then resume: every epoch validated exactly once over the
+    two runs (the first up to its checkpoint, the resume after it), and the per-step losses go on
+    from the checkpointed step count, never restarting at 1 (the local test of this was folded in
+    here: the same lifecycle path, one video run pair less in CI)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    start = int(new.data.metrics["train/resumed_from_epoch"])
+
+    def steps(run_id: str, key: str) -> list[int]:
+        return sorted(m.step for m in client.get_metric_history(run_id, key))
+
+    old, again = steps(killed_id, "val/spatial_top1"), steps(new.info.run_id, "val/spatial_top1")
+    assert again == list(range(start, epochs)) and set(old) <= set(range(start)), (old, again)
+    assert steps(new.info.run_id, "train/temporal_epoch_loss") == list(range(start, epochs))
+    assert min(steps(new.info.run_id, "train/spatial_loss")) > start
 
 
 def _predict_on_two_nodes(fs, depths: list[str], run_id: str, uri: str, common: list[str], env: dict,

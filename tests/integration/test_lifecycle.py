@@ -220,38 +220,6 @@ def test_singa_ctrl_c_mid_training_then_resume_goes_on_from_the_checkpoint(tmp_p
     assert min(steps) > new.data.metrics["train/resumed_from_epoch"]  # no epoch trained twice
 
 
-def test_video_ctrl_c_after_a_checkpointed_epoch_then_resume_trains_only_the_rest(tmp_path):
-    """SIGINT into video's Ray Data pipeline and two Train runs once an epoch's checkpoint is in
-    the run storage, then resume: the remaining epochs only, each logged once."""
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    epochs = 3  # the first checkpoint is written after epoch 1 of 3: the SIGINT lands mid-training
-    run = Orchard("workload=video", f"video.epochs={epochs}", *common(tmp_path, uri), cwd=tmp_path)
-    deadline = time.time() + 600
-    while not list((tmp_path / "out").glob("video/*/video_checkpoint.pt")):  # the file, not a log line
-        if run.proc.poll() is not None or time.time() > deadline:
-            if run.proc.poll() is None:
-                os.killpg(run.proc.pid, signal.SIGKILL)  # leave no orchard (and its Ray) behind
-            raise AssertionError(f"no video checkpoint within 600 s; output:\n{run.output()[-3000:]}")
-        time.sleep(0.1)
-    assert run.stop(signal.SIGINT) == 130, run.output()[-3000:]
-    (killed,) = runs(uri)
-    assert killed.info.status == "KILLED"
-    new = resume_to_finished(killed, uri, tmp_path)
-    start = int(new.data.metrics["train/resumed_from_epoch"])
-    assert start >= 1
-    client = MlflowClient(uri)
-
-    def steps(run_id: str, key: str) -> list[int]:
-        return sorted(m.step for m in client.get_metric_history(run_id, key))
-
-    # every epoch validated exactly once over the two runs: the first up to its checkpoint, the resume after it
-    old, again = steps(killed.info.run_id, "val/spatial_top1"), steps(new.info.run_id, "val/spatial_top1")
-    assert again == list(range(start, epochs)) and set(old) <= set(range(start)), (old, again)
-    assert steps(new.info.run_id, "train/temporal_epoch_loss") == list(range(start, epochs))
-    # the per-step losses go on from the checkpointed step count, never restarting at 1
-    assert min(steps(new.info.run_id, "train/spatial_loss")) > start
-
-
 def test_forest_resume_after_a_crash_continues_from_the_last_round(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     crashed = subprocess.run(orchard("workload=forest", "forest.stop_after_rounds=2", *common(tmp_path, uri)),

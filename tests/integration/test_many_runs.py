@@ -90,6 +90,7 @@ def test_a_flower_sweep_beside_runs_with_their_own_ray_runs_one_trial_at_a_time_
     for r in children:  # finished, or stopped by ASHA and closed saying so; none starved
         assert r.info.status == "FINISHED" or "scheduler" in r.data.tags.get("orchard.error", ""), \
             (r.info.status, r.data.tags.get("orchard.error"), out[-3000:])
+    _assert_the_shipped_flower_sweep_ranked_its_trials(uri, children)
     (singa,) = runs(f"sqlite:///{tmp_path}/plain0.db")
     assert singa.info.status == "FINISHED" and "test/accuracy" in singa.data.metrics
     assert singa.data.metrics[DROPPED] == 1 and bad_metric_workload.BAD not in singa.data.metrics
@@ -97,6 +98,29 @@ def test_a_flower_sweep_beside_runs_with_their_own_ray_runs_one_trial_at_a_time_
     m = video.data.metrics
     assert video.info.status == "FINISHED" and m["train/epochs_run"] == 1 and m["time/to_target_s"] > 0, m
     assert "infer/windows_per_s" in m
+
+
+def _assert_the_shipped_flower_sweep_ranked_its_trials(uri: str, children: list) -> None:
+    """What tests/integration/test_sweeps.py checks of every other shipped sweep, checked of
+    flower_lr here (its whole sweep runs here already): the parent FINISHED with the best trial's
+    metric and id, one dataset for all, each trial's note and headline, and ASHA's time axis:
+    one val/mae per epoch from the Train workers."""
+    client = MlflowClient(uri)
+    parent = client.get_run(children[0].data.tags["mlflow.parentRunId"])
+    assert parent.info.status == "FINISHED" and "best/val/mae" in parent.data.metrics
+    assert parent.data.tags["best_run_id"] in {c.info.run_id for c in children}
+    digests = {r.inputs.dataset_inputs[0].dataset.digest for r in (parent, *children)}
+    assert len(digests) == 1
+    finished = [c for c in children if c.info.status == "FINISHED" and "orchard.error" not in c.data.tags]
+    assert finished  # ASHA lets the best trial train to the end
+    for child in children:
+        assert " · trial " in child.data.tags["mlflow.note.content"]
+        history = client.get_metric_history(child.info.run_id, "val/mae")
+        assert len({m.step for m in history}) == len(history) >= 1
+    for child in finished:
+        assert any(k.startswith("headline/") for k in child.data.metrics)
+        history = client.get_metric_history(child.info.run_id, "val/mae")
+        assert len(history) == int(child.data.params["flower.epochs"])
 
 
 def test_runs_in_folders_of_one_name_under_two_parents_never_share_checkpoints(tmp_path):
