@@ -22,19 +22,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.machine import committed_head
+
 ROOT = Path(__file__).resolve().parents[1]
 RECORD = ROOT / "docs" / "records" / "default_runs.json"
 # the figures worth quoting (not the per-class or per-node ones), each recorded with "/" as "_":
 # MLflow's "time/total_s" is "time_total_s", so a marker's field reads like a name
 KEPT_PREFIXES = ("time/", "test/", "throughput/", "train/", "headline/")
-
-
-def committed_head() -> str:
-    if subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
-                      text=True, check=True).stdout.strip():
-        raise SystemExit("default_run_record: the tree has uncommitted changes; commit first (the record names a commit)")
-    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                          check=True).stdout.strip()
 
 
 def run_figures(workload: str) -> dict:
@@ -65,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.default_run_record", description=__doc__.splitlines()[0])
     ap.add_argument("workload", choices=["forest", "flower", "video", "singa"])
     args = ap.parse_args(argv)
-    commit = committed_head()
+    commit = committed_head("default_run_record")
     figures = run_figures(args.workload)
     when = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     record = json.loads(RECORD.read_text()) if RECORD.exists() else {}

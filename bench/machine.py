@@ -88,6 +88,16 @@ def describe() -> dict:
             "versions": versions(), "git_commit": commit, "git_dirty": dirty, "git_source": source}
 
 
+def committed_head(prog: str) -> str:
+    """HEAD's commit, for a record that names it; exits when the tree has uncommitted changes."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                      text=True, check=True).stdout.strip():
+        raise SystemExit(f"{prog}: the tree has uncommitted changes; commit first (the record names a commit)")
+    return subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
 def loadavg() -> float:
     """The 1-minute load average."""
     return os.getloadavg()[0]

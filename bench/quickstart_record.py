@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.machine import committed_head
+
 ROOT = Path(__file__).resolve().parents[1]
 RECORD = ROOT / "docs" / "records" / "quickstart.json"
 FIRST_COMMAND = ["python", "-m", "orchard", "workload=flower", "strategy=ring"]
@@ -47,11 +49,7 @@ def timed(cmd: list[str], cwd: Path, env: dict, log) -> tuple[int, float]:
 
 
 def measure(tests: bool, keep_log: str | None = None) -> dict:
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                            check=True).stdout.strip()
-    if subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
-                      text=True, check=True).stdout.strip():
-        raise SystemExit("quickstart_record: the tree has uncommitted changes; commit first (the record names a commit)")
+    commit = committed_head("quickstart_record")
     out: dict = {"git_commit": commit, "git_dirty": False, "load_before": os.getloadavg()[0]}
     with tempfile.TemporaryDirectory(prefix="orchard-quickstart-") as tmp:
         clone = Path(tmp) / "orchard"
