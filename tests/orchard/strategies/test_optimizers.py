@@ -1,4 +1,6 @@
 """Parameter servers apply the same update rule as torch.optim (so ring and ps runs agree)."""
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -106,6 +108,12 @@ def test_a_group_started_smaller_resizes_the_sync_barrier(ray_session):
     group = PSGroup.create({"w": np.ones(3, np.float32)}, num_workers=2, mode="sync",
                            optimizer={"name": "sgd", "lr": 0.5})
     group.servers[0].push_pull.remote(np.ones(3, np.float32), None, 1, 7)  # half of step 7, then its pusher is lost
+    # An async actor need not run calls in the order they were sent: wait until the server
+    # holds the half step, or begin(1) could come first and let that push complete step 7.
+    deadline = time.monotonic() + 60
+    while ray_session.get(group.servers[0].stats.remote())["bytes_in"] == 0:
+        assert time.monotonic() < deadline, "the half step never reached the server"
+        time.sleep(0.05)
     group.begin(1)
     fresh = PSClient(group, 0).push_pull({"w": np.ones(3, np.float32)}, step=0)
     np.testing.assert_allclose(fresh["w"], 0.5)  # one worker's gradient, applied once
