@@ -488,6 +488,13 @@ def write_hydra_folder(cfg: dict, run_dir: Path) -> None:
     (folder / "hydra.yaml").write_text(yaml.safe_dump({"hydra": redact.config(hydra)}, sort_keys=False))
 
 
+# How long closing a run waits for the metrics sink while the store is busy: for the system
+# series and for the final metrics, each; then for its last flush (retried inside the sink).
+SINK_CALL_TIMEOUT_S = 60
+SINK_CLOSE_TIMEOUT_S = 120
+CLOSE_BUDGET_S = 2 * SINK_CALL_TIMEOUT_S + SINK_CLOSE_TIMEOUT_S
+
+
 def _close(live: _Live | None, tracked, heartbeat, status: str, error, metrics: dict, t_start: float,
            log_part: tuple[int, Path] | None = None) -> dict:
     """Stop samplers, log the final metrics at the run's last step, flush, end the MLflow run.
@@ -505,12 +512,12 @@ def _close(live: _Live | None, tracked, heartbeat, status: str, error, metrics: 
         except Exception as exc:
             say(f"orchard: resource samplers did not stop cleanly: {exc}", file=sys.stderr)
         try:
-            series = ray.get(live.sink.series.remote("system/"), timeout=60)
+            series = ray.get(live.sink.series.remote("system/"), timeout=SINK_CALL_TIMEOUT_S)
             summary = system_metrics.summarize(series)
             final = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
             ray.get(live.sink.log_final.remote({**summary, **final, "time/total_s": time.time() - t_start},
-                                               int(time.time() * 1000)), timeout=60)
-            ray.get(live.sink.close.remote(), timeout=120)
+                                               int(time.time() * 1000)), timeout=SINK_CALL_TIMEOUT_S)
+            ray.get(live.sink.close.remote(), timeout=SINK_CLOSE_TIMEOUT_S)
         except Exception as exc:
             say(f"orchard: final metrics not all recorded: {str(exc).splitlines()[0][:200]}", file=sys.stderr)
         try:

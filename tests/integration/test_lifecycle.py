@@ -20,6 +20,8 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
+from orchard.lifecycle import CLOSE_BUDGET_S
+
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
@@ -93,10 +95,10 @@ class Orchard:
                 raise AssertionError(f"no line with {text!r} within {timeout_s}s; output:\n{self.output()[-3000:]}")
             time.sleep(0.02)
 
-    # orchard's close gives a busy store up to 240 s (lifecycle._close: the sink's series 60 s,
-    # final metrics 60 s, last flush 120 s); CI once saw a forest run's sqlite store locked at
-    # close under load, still closing 120 s after SIGTERM. The test waits for that budget.
-    def stop(self, sig: int, timeout_s: float = 300, group: bool = False) -> int:
+    # orchard's close gives a busy store up to lifecycle.CLOSE_BUDGET_S; CI once saw a forest
+    # run's sqlite store locked at close under load, still closing 120 s after SIGTERM. The test
+    # waits for that budget and a minute more.
+    def stop(self, sig: int, timeout_s: float = CLOSE_BUDGET_S + 60, group: bool = False) -> int:
         if group:  # to orchard's whole process group, as `timeout`, `kill -TERM -<pgid>` or a shell do
             os.killpg(self.proc.pid, sig)
         else:  # to orchard only, as `kill` or a job scheduler would
