@@ -12,8 +12,9 @@ our objects; every model's ``MLmodel`` metadata names its workload (``orchard_wo
 model of another workload is refused (exit 2).
 
 ``python -m orchard workload=<w> mode=predict model=<runs:/... | models:/name/version | path>
-input=<file or folder>`` resolves the model here (``resolve_model``, ``trusted_modules``); the
-workload's predict.py then runs the batch over the files (orchard/batch_predict.py). The model
+input=<file or folder>`` resolves the model here (``resolve_model``, ``settings_file``,
+``trusted_modules``); the workload's predict.py then runs the batch over the files
+(orchard/batch_predict.py), its predictor loading the settings file found here. The model
 registry (``register``, ``register_best`` for sweeps) is here too.
 """
 from __future__ import annotations
@@ -74,16 +75,28 @@ def resolve_model(spec: str, workload: str, tracking_uri: str | None, scratch: P
 
 
 # --------------------------------------------------------------------------- inputs and outputs
-def trusted_modules(model_dir: Path, settings_file: str, key: str, given, config_key: str) -> None:
-    """Refuse a model that would import modules the user did not name. A model's settings list
-    the Python modules its loader imports (a user's layers, extractors); importing runs their
-    code, and a model comes from a store or bucket teammates can write. So predict imports only
-    modules the user names too (``config_key`` on the command line or in their config): one line
-    naming them otherwise, exit 2, before anything is loaded."""
+def settings_file(model_dir: Path, name: str) -> str:
+    """The one file called ``name`` in a model folder, as a path relative to it: what is checked
+    (``trusted_modules``) and what the loader opens are then the same file. A folder with none,
+    or with more than one (a second one planted beside the real one), is refused: ConfigError
+    naming ``model``, exit 2."""
+    found = sorted(p.relative_to(model_dir).as_posix() for p in Path(model_dir).rglob(name))
+    if len(found) != 1:
+        listed = f": {', '.join(found[:4])}" if found else ""
+        raise ConfigError("model", f"a model folder holding one {name}; {model_dir} holds {len(found)}{listed}")
+    return found[0]
+
+
+def trusted_modules(settings: Path, key: str, given, config_key: str) -> None:
+    """Refuse a model that would import modules the user did not name. A model's settings
+    (``settings``: the file ``settings_file`` found, which the loader then opens) list the Python
+    modules its loader imports (a user's layers, extractors); importing runs their code, and a
+    model comes from a store or bucket teammates can write. So predict imports only modules the
+    user names too (``config_key`` on the command line or in their config): one line naming them
+    otherwise, exit 2, before anything is loaded."""
     import json
 
-    found = sorted(Path(model_dir).rglob(settings_file))
-    named = (json.loads(found[0].read_text()).get(key) or []) if found else []
+    named = json.loads(Path(settings).read_text()).get(key) or []
     untrusted = sorted(set(map(str, named)) - set(map(str, given or [])))
     if untrusted:
         listed = ",".join(untrusted)

@@ -111,7 +111,8 @@ def test_predict_files_runs_an_actor_pool_and_counts_bad_files(ray_session, tmp_
     files = batch_predict.input_files(inputs, (".png",))
     ctx = Ctx()
     store = Storage(tmp_path / "store")
-    rows = batch_predict.predict_files(files, Predictor, {}, ctx, store, path, out, batch_size=2)
+    rows = batch_predict.predict_files(files, Predictor, {"settings": models.settings_file(path, "forest.json")}, ctx,
+                                       store, path, out, batch_size=2)
     assert [Path(r["path"]).name for r in rows] == [f.name for f in files]
     assert not store.exists(batch_predict.STAGING_DIR)  # the staged copies are gone; the inputs stay
     assert len(list(inputs.iterdir())) == 6
@@ -244,13 +245,43 @@ def test_predict_imports_only_the_modules_the_user_names_not_those_a_model_names
     from orchard.models import trusted_modules
 
     (tmp_path / "model" / "net").mkdir(parents=True)
-    (tmp_path / "model" / "net" / "net.json").write_text(json.dumps({"layer_modules": ["evil.layers"]}))
+    net = tmp_path / "model" / "net" / "net.json"
+    net.write_text(json.dumps({"layer_modules": ["evil.layers"]}))
     with pytest.raises(ConfigError) as refused:
-        trusted_modules(tmp_path / "model", "net.json", "layer_modules", [], "singa.layer_modules")
+        trusted_modules(net, "layer_modules", [], "singa.layer_modules")
     assert refused.value.key == "singa.layer_modules" and "singa.layer_modules=[evil.layers]" in str(refused.value)
-    trusted_modules(tmp_path / "model", "net.json", "layer_modules", ["evil.layers"], "singa.layer_modules")
-    (tmp_path / "model" / "net" / "net.json").write_text(json.dumps({"layer_modules": []}))
-    trusted_modules(tmp_path / "model", "net.json", "layer_modules", [], "singa.layer_modules")
+    trusted_modules(net, "layer_modules", ["evil.layers"], "singa.layer_modules")
+    net.write_text(json.dumps({"layer_modules": []}))
+    trusted_modules(net, "layer_modules", [], "singa.layer_modules")
+
+
+def test_a_model_folder_with_a_second_settings_file_is_refused_and_the_loader_gets_the_checked_one(tmp_path):
+    """The trust check and the loader read one file, found once: a harmless ``net.json`` planted
+    beside the real one (which names a module to import) is refused, not checked in its stead."""
+    import json
+
+    from orchard.errors import ConfigError
+    from orchard.models import settings_file
+    from workloads.forest.predict import Predictor
+
+    model = tmp_path / "model"
+    (model / "data").mkdir(parents=True)
+    np.savez(model / "data" / "forest.npz", offsets=np.zeros((1, 4), np.float32), threshold=np.zeros(1, np.float32),
+             left=np.array([-1], np.int32), right=np.array([-1], np.int32), dist=np.ones((1, 31), np.float32),
+             roots=np.array([0], np.int32))
+    (model / "data" / "forest.json").write_text(json.dumps({"background_mm": 1e4, "palette": [[7, 7, 7]] * 32}))
+    found = settings_file(model, "forest.json")
+    assert found == "data/forest.json"
+    predictor = Predictor(str(model), str(tmp_path / "out"), found)   # loads the file named, no search of its own
+    assert predictor.model.palette[0].tolist() == [7, 7, 7]
+    for rel, named in (("data/a/net.json", []), ("data/net/net.json", ["rt_evil_mod"])):
+        (tmp_path / "m" / rel).parent.mkdir(parents=True)
+        (tmp_path / "m" / rel).write_text(json.dumps({"layer_modules": named}))
+    with pytest.raises(ConfigError) as refused:
+        settings_file(tmp_path / "m", "net.json")
+    assert refused.value.key == "model" and "holds 2" in str(refused.value) and "data/net/net.json" in str(refused.value)
+    with pytest.raises(ConfigError, match="holds 0"):
+        settings_file(tmp_path / "m", "video.json")
 
 
 def test_an_input_that_vanishes_after_listing_is_skipped_with_its_reason_and_the_rest_predicted(ray_session, tmp_path):

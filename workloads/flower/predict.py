@@ -115,21 +115,11 @@ def log_model(ctx, model_file: Path) -> Path:
     return save_model(ctx, "flower", write)
 
 
-def state_file(model_dir: Path) -> Path:
-    """The weights-only state dict inside a flower MLflow Model."""
-    found = sorted(Path(model_dir).rglob(MODEL_FILE))
-    if not found:
-        from orchard import ConfigError
-
-        raise ConfigError("model", f"a flower model holding {MODEL_FILE}; {model_dir} has none")
-    return found[0]
-
-
 class Predictor:
     """Ray Data actor: holds the model, counts a batch of image paths, writes density PNGs."""
 
-    def __init__(self, model_dir: str, out_dir: str, tile_size: int, batch_size: int = 64, device: str = "auto",
-                 max_pixels: int | None = DEFAULT_MAX_PIXELS):
+    def __init__(self, model_dir: str, out_dir: str, weights: str, tile_size: int, batch_size: int = 64,
+                 device: str = "auto", max_pixels: int | None = DEFAULT_MAX_PIXELS):
         import torch
 
         from workloads.flower.checkpoint import load_model
@@ -137,7 +127,7 @@ class Predictor:
         torch.set_num_threads(1)
         # auto: a GPU if this actor was given one (Ray hides the GPUs from actors that hold none)
         device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
-        self.model, self.scale = load_model(state_file(Path(model_dir)), device)
+        self.model, self.scale = load_model(Path(model_dir) / weights, device)  # the one predict found
         self.tile, self.out, self.batch = int(tile_size), Path(out_dir), int(batch_size)
         self.max_pixels = max_pixels
 
@@ -182,6 +172,7 @@ def predict(cfg: dict, ctx, out: Path) -> dict[str, float]:
     from orchard import batch_predict, models, skipped
 
     model_dir, meta = models.resolve_model(cfg["model"], "flower", ctx.tracking_uri, Path(ctx.run_dir) / "model_in")
+    weights = models.settings_file(model_dir, MODEL_FILE)   # one, found once: the predictor loads it
     source = Path(cfg["input"]).expanduser()
     if source.is_dir() and (source / "images").is_dir():
         source = source / "images"
@@ -189,7 +180,7 @@ def predict(cfg: dict, ctx, out: Path) -> dict[str, float]:
     (out / "density").mkdir(exist_ok=True)
     started = time.perf_counter()
     device = cfg["flower"]["eval_device"]
-    rows = batch_predict.predict_files(files, Predictor, {"tile_size": int(meta.get("tile_size", 64)),
+    rows = batch_predict.predict_files(files, Predictor, {"weights": weights, "tile_size": int(meta.get("tile_size", 64)),
                                                    "batch_size": int(cfg["flower"]["eval_batch_size"]),
                                                    "device": device, "max_pixels": cfg["flower"].get("max_image_pixels")},
                                 ctx, ctx.storage, model_dir, out, desc="counting",

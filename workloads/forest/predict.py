@@ -112,10 +112,10 @@ def truth_file(path: Path) -> Path | None:
 class Predictor:
     """Ray Data actor: holds the forest, labels a batch of depth PNGs, writes label PNGs."""
 
-    def __init__(self, model_dir: str, out_dir: str):
+    def __init__(self, model_dir: str, out_dir: str, settings: str):
         from .body_parts import NUM_PARTS
 
-        self.model = _load_pyfunc(str(next(Path(model_dir).rglob(SETTINGS_FILE)).parent))
+        self.model = _load_pyfunc(str((Path(model_dir) / settings).parent))  # the file predict found
         self.out, self.parts = Path(out_dir), NUM_PARTS
 
     def __call__(self, batch: dict) -> dict:
@@ -174,11 +174,12 @@ def predict(cfg: dict, ctx, out: Path) -> dict[str, float]:
     from .evaluate import accuracy_metrics
 
     model_dir, _ = models.resolve_model(cfg["model"], "forest", ctx.tracking_uri, Path(ctx.run_dir) / "model_in")
+    settings = models.settings_file(model_dir, SETTINGS_FILE)   # one, found once: the predictor loads it
     source = Path(cfg["input"]).expanduser()
     files, unusable = skipped.readable(depth_files(source))
     (out / "labels").mkdir(exist_ok=True)
     started = time.perf_counter()
-    rows = batch_predict.predict_files(files, Predictor, {}, ctx, ctx.storage, model_dir, out,
+    rows = batch_predict.predict_files(files, Predictor, {"settings": settings}, ctx, ctx.storage, model_dir, out,
                                 companions=lambda p: [t for t in [truth_file(p)] if t is not None],
                                 desc="labelling") if files else []
     rows += skipped.as_rows(unusable, source if source.is_dir() else source.parent)

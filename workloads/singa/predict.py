@@ -197,11 +197,11 @@ def read_samples(path: Path, config: dict, max_bytes: int | None = None) -> tupl
 class Predictor:
     """Ray Data actor: holds the net, classifies a batch of files."""
 
-    def __init__(self, model_dir: str, out_dir: str, max_input_mb: float | None = None):
+    def __init__(self, model_dir: str, out_dir: str, net: str, max_input_mb: float | None = None):
         import torch
 
         torch.set_num_threads(1)
-        self.model = _load_pyfunc(str(next(Path(model_dir).rglob(NET_FILE)).parent))
+        self.model = _load_pyfunc(str((Path(model_dir) / net).parent))  # the net.json predict checked
         self.out = Path(out_dir)
         self.max_bytes = round(float(max_input_mb) * 2**20) if max_input_mb else None
 
@@ -253,7 +253,8 @@ def predict(cfg: dict, ctx, out: Path) -> dict[str, float]:
     from orchard import batch_predict, models, skipped
 
     model_dir, meta = models.resolve_model(cfg["model"], "singa", ctx.tracking_uri, Path(ctx.run_dir) / "model_in")
-    models.trusted_modules(model_dir, NET_FILE, "layer_modules", cfg["singa"].get("layer_modules"), "singa.layer_modules")
+    net = models.settings_file(model_dir, NET_FILE)   # checked here, loaded by the predictor: the same file
+    models.trusted_modules(model_dir / net, "layer_modules", cfg["singa"].get("layer_modules"), "singa.layer_modules")
     source = Path(cfg["input"]).expanduser()
     if meta.get("kind") == "retrieval":   # the msae: files of query images in, their nearest tag documents out
         from workloads.singa import retrieval_model as retrieval
@@ -268,7 +269,7 @@ def predict(cfg: dict, ctx, out: Path) -> dict[str, float]:
     files, unusable = skipped.readable(listed)
     (out / subdir).mkdir(exist_ok=True)
     started = time.perf_counter()
-    rows = batch_predict.predict_files(files, predictor, {"max_input_mb": cfg["singa"].get("max_input_mb")}, ctx,
+    rows = batch_predict.predict_files(files, predictor, {"net": net, "max_input_mb": cfg["singa"].get("max_input_mb")}, ctx,
                                        ctx.storage, model_dir, out, companions=companions, desc=desc,
                                        batch_size=16) if files else []
     rows += skipped.as_rows(unusable, source if source.is_dir() else source.parent)

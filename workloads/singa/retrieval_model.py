@@ -189,14 +189,14 @@ class QueryPredictor:
     """Ray Data actor (orchard.batch_predict.predict_files): holds the retrieval model, answers
     each query file with its table in ``retrieved/<file>.csv`` and a row of counts."""
 
-    def __init__(self, model_dir: str, out_dir: str, max_input_mb: float | None = None):
+    def __init__(self, model_dir: str, out_dir: str, net: str, max_input_mb: float | None = None):
         import torch
 
         from workloads.singa.data import MAX_INPUT_MB
-        from workloads.singa.predict import NET_FILE, _load_pyfunc
+        from workloads.singa.predict import _load_pyfunc
 
         torch.set_num_threads(1)
-        self.model = _load_pyfunc(str(next(Path(model_dir).rglob(NET_FILE)).parent))
+        self.model = _load_pyfunc(str((Path(model_dir) / net).parent))  # the net.json predict checked
         self.out = Path(out_dir) / RETRIEVED_DIR
         self.max_bytes = round(float(max_input_mb or MAX_INPUT_MB) * 2**20)
         # documents of one class each (digits_tags) make a labelled image's retrieval right or wrong;

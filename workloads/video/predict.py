@@ -348,11 +348,11 @@ def read_truth(path: Path) -> dict[str, list[tuple]]:
 class Predictor:
     """Ray Data actor: holds both streams and the fusion, classifies a batch of video files."""
 
-    def __init__(self, model_dir: str, out_dir: str, max_frames: int = MAX_FRAMES_IN_MEMORY):
+    def __init__(self, model_dir: str, out_dir: str, settings: str, max_frames: int = MAX_FRAMES_IN_MEMORY):
         import torch
 
         torch.set_num_threads(1)
-        self.model = _load_pyfunc(str(next(Path(model_dir).rglob(SETTINGS_FILE)).parent))
+        self.model = _load_pyfunc(str((Path(model_dir) / settings).parent))  # the file predict checked
         self.out = Path(out_dir)
         self.max_frames = int(max_frames)
 
@@ -385,13 +385,14 @@ def predict(cfg: dict, ctx, out: Path) -> dict[str, float]:
     from orchard import batch_predict, models, skipped
 
     model_dir, _ = models.resolve_model(cfg["model"], "video", ctx.tracking_uri, Path(ctx.run_dir) / "model_in")
-    models.trusted_modules(model_dir, SETTINGS_FILE, "extractor_modules", cfg["video"].get("extractor_modules"),
+    settings = models.settings_file(model_dir, SETTINGS_FILE)   # checked here, loaded by the predictor: the same file
+    models.trusted_modules(model_dir / settings, "extractor_modules", cfg["video"].get("extractor_modules"),
                            "video.extractor_modules")
     source = Path(cfg["input"]).expanduser()
     files, unusable = skipped.readable(p for p in skipped.listed_inputs(source, ()) if p.name != TRUTH_FILE)
     started = time.perf_counter()
     held = int(cfg["video"]["inference"].get("max_frames_in_memory") or MAX_FRAMES_IN_MEMORY)
-    rows = batch_predict.predict_files(files, Predictor, {"max_frames": held}, ctx, ctx.storage, model_dir, out,
+    rows = batch_predict.predict_files(files, Predictor, {"settings": settings, "max_frames": held}, ctx, ctx.storage, model_dir, out,
                                 desc="classifying", batch_size=2) if files else []
     rows += skipped.as_rows(unusable, source if source.is_dir() else source.parent)
     elapsed = time.perf_counter() - started
