@@ -57,7 +57,10 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # a bug in orchard: one line on the console, the traceback in the log
         import traceback
 
-        traceback.print_exc()  # to the log file once the console is quiet, else to the terminal
+        from orchard import redact
+
+        # to the log file once the console is quiet, else to the terminal; masked like every line
+        print(redact.text(traceback.format_exc()), file=sys.stderr, end="", flush=True)
         where = f"; traceback in {console.log_path()}" if console.active() else ""
         say(f"orchard: internal error: {type(exc).__name__}: {exc}{where}", file=sys.stderr)
         sys.exit(1)
@@ -181,12 +184,12 @@ def runs_command(argv: list[str]) -> int:
 
     usage = "usage: python -m orchard runs {reap|list} [tracking.uri=sqlite:///mlflow.db]"
     if not argv or argv[0] not in ("reap", "list"):
-        print(usage, file=sys.stderr)
+        say(usage, file=sys.stderr)
         return 2
     uri = "sqlite:///mlflow.db"
     for arg in argv[1:]:
         if not arg.startswith("tracking.uri="):
-            print(f"orchard runs: unknown argument {arg!r}; {usage}", file=sys.stderr)
+            say(f"orchard runs: unknown argument {arg!r}; {usage}", file=sys.stderr)
             return 2
         uri = arg.split("=", 1)[1]
     from orchard.errors import ConfigError
@@ -195,21 +198,19 @@ def runs_command(argv: list[str]) -> int:
     try:
         check_store(uri, create=False)  # listing or reaping a store that is not there never makes one
     except ConfigError as err:
-        print(f"orchard: {err}", file=sys.stderr)
+        say(f"orchard: {err}", file=sys.stderr)
         return 2
     client = MlflowClient(resolve_uri(uri))
     if argv[0] == "reap":
         closed = reap(client)
-        print(f"orchard: closed {len(closed)} run(s) whose driver was lost" + (": " + ", ".join(closed) if closed else ""))
+        say(f"orchard: closed {len(closed)} run(s) whose driver was lost" + (": " + ", ".join(closed) if closed else ""))
         return 0
     now = store_now(client.tracking_uri)
     running = open_runs(client)
     if not running:  # an empty listing would look like a command that did nothing
-        from orchard import redact
-
-        print(f"orchard: no RUNNING runs in {redact.text(uri)}; finished, failed and killed runs are in the MLflow UI")
+        say(f"orchard: no RUNNING runs in {uri}; finished, failed and killed runs are in the MLflow UI")
     for run in running:
         tags = run.data.tags
         state = why_lost(tags, now) or f"alive (pid {tags.get('orchard.pid', '?')} on {tags.get('orchard.host', '?')})"
-        print(f"{run.info.run_id}  {tags.get('mlflow.runName', '')}  {state}")
+        say(f"{run.info.run_id}  {tags.get('mlflow.runName', '')}  {state}")
     return 0

@@ -26,6 +26,8 @@ import threading
 import time
 from pathlib import Path
 
+from orchard import redact
+
 LOG_MAX_BYTES = 64 * 2**20   # a log file past this rotates (64 MiB)
 LOG_BACKUPS = 3              # rotated files kept beside the live one
 
@@ -47,7 +49,7 @@ def quiet(log_dir: Path, max_bytes: int | None = None, backups: int | None = Non
         return _log_path
     _rotation["max_bytes"] = int(max_bytes or LOG_MAX_BYTES)
     _rotation["backups"] = max(0, int(LOG_BACKUPS if backups is None else backups))
-    log_dir.mkdir(parents=True, exist_ok=True)
+    redact.private_folder(log_dir)
     path = log_dir / f"orchard-{time.strftime('%y%m%d-%H%M%S')}-{os.getpid()}.log"
     sys.stdout.flush()
     sys.stderr.flush()
@@ -62,7 +64,7 @@ def quiet(log_dir: Path, max_bytes: int | None = None, backups: int | None = Non
 
 def _point_descriptors_at(path: Path) -> None:
     global _log
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, redact.PRIVATE_FILE)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
@@ -125,11 +127,14 @@ def terminal(err: bool = True):
 
 
 def say(*args, file=None, sep: str = " ", end: str = "\n", flush: bool = True) -> None:
-    """``print`` for orchard's own lines: ``file=sys.stderr`` (or none, stdout) is the terminal."""
+    """``print`` for orchard's own lines: ``file=sys.stderr`` (or none, stdout) is the terminal.
+    URIs' user-info and query values are masked (orchard/redact.py): a line may quote an error or
+    a store's address, and the terminal and the log are read by more than the run's owner."""
+    line = redact.text(sep.join(str(a) for a in args))
     if _log is None:
-        builtins.print(*args, file=file, sep=sep, end=end, flush=flush)
+        builtins.print(line, file=file, end=end, flush=flush)
         return
-    text = sep.join(str(a) for a in args) + end
+    text = line + end
     stream = _terminal["err"] if file is sys.stderr else (_terminal["out"] if file in (None, sys.stdout) else file)
     stream.write(text)
     stream.flush()

@@ -76,12 +76,15 @@ def preflight(cfg: dict) -> None:
 
 def _check_ray_auth(cluster: dict) -> None:
     """Ray listens on every interface, even embedded, and runs whatever code reaches its ports:
-    its token is the door (on by default in Ray 2.60). An environment that turns it off gets one
-    line instead of an open port, unless ``cluster.allow_unauthenticated=true`` says it is meant
-    (an isolated network)."""
-    if os.environ.get("RAY_AUTH_MODE", "").strip().lower() == "disabled" and not cluster.get("allow_unauthenticated"):
-        raise ConfigError("cluster.allow_unauthenticated", "true to run Ray without its token (RAY_AUTH_MODE=disabled "
-                          "is set: Ray's ports, open on every interface, would run anyone's code); or unset RAY_AUTH_MODE")
+    its token is the door (on by default in Ray 2.60). Ray keeps it only while ``RAY_AUTH_MODE``
+    is unset or exactly ``token``; any other value (``disabled``, ``off``, ``Token``, empty) turns
+    it off, so any other value gets one line instead of an open port, unless
+    ``cluster.allow_unauthenticated=true`` says it is meant (an isolated network)."""
+    mode = os.environ.get("RAY_AUTH_MODE")
+    if mode not in (None, "token") and not cluster.get("allow_unauthenticated"):
+        raise ConfigError("cluster.allow_unauthenticated", f"true to run Ray without its token (RAY_AUTH_MODE={mode!r} "
+                          "is set, and Ray keeps its token only while it is unset or 'token': its ports, open on every "
+                          "interface, would run anyone's code); or unset RAY_AUTH_MODE")
 
 
 def _check_fresh_run_folder(cfg: dict) -> None:
@@ -250,7 +253,7 @@ def main(cfg: dict, module, print_cfg: bool = False) -> int:
     try:
         preflight(cfg)
     except ConfigError as err:
-        say(f"orchard: bad config: {redact.text(err)}", file=sys.stderr)
+        say(f"orchard: bad config: {err}", file=sys.stderr)
         return 2
     open_console(cfg)
     return execute(cfg, module).exit_code
@@ -328,20 +331,21 @@ def run_one(cfg: dict, module, parent_run_id: str | None = None, on_metrics=None
             else:
                 tracked = tracking.open_run(cfg, name, parent_run_id, extra_tags=extra)
             from orchard.tracking.lost_runs import Heartbeat
+            from orchard.tracking.store import retried
 
             heartbeat = Heartbeat(tracked.client(), tracked.run_id)
             if not quiet:  # where to watch it while it runs (a team's server, or the local store)
                 say(f"orchard: MLflow run {tracked.run_id} at {_tracking_address(tracked.tracking_uri)}")
-    run_id = tracked.run_id if tracked else None
+        run_id = tracked.run_id if tracked else None
+        run_dir = _run_folder(cfg, run_id, name, trial=parent_run_id is not None)
+        if tracked:  # now, not through the metrics sink: a driver killed in its first seconds leaves a resumable run
+            retried(tracked.client().set_tag, run_id, "orchard.run_dir", str(run_dir))
     status, error, metrics, exit_code = "FINISHED", None, {}, 0
-    run_dir = _run_folder(cfg, run_id, name, trial=parent_run_id is not None)
     live = None
     signals_before = len(interrupts.received)
     log_start = console.mark_run_start()
     try:
         live = _start_run_services(cfg, tracked, run_id, run_dir, on_metrics)
-        if tracked:
-            live.ctx.set_tags({"orchard.run_dir": str(run_dir)})
         write_hydra_folder(cfg, run_dir)
         metrics = _run_workload(cfg, module, live, quiet)
         _record_headline(cfg, module, tracked, metrics)
@@ -366,7 +370,7 @@ def run_one(cfg: dict, module, parent_run_id: str | None = None, on_metrics=None
         say(f"orchard: {cfg['workload']['name']} diverged: {error}" + (f" (run {run_id} marked FAILED)" if tracked else ""),
             file=sys.stderr)
     elif error is not None:
-        say(f"orchard: {cfg['workload']['name']} failed: {type(error).__name__}: {redact.text(_one_line(error))}", file=sys.stderr)
+        say(f"orchard: {cfg['workload']['name']} failed: {type(error).__name__}: {_one_line(error)}", file=sys.stderr)
         if tracked:
             say(f"orchard: run {run_id} marked FAILED; traceback in its artifact error.txt", file=sys.stderr)
     if not quiet:
@@ -425,7 +429,7 @@ def _start_run_services(cfg: dict, tracked, run_id: str | None, run_dir: Path, o
     from orchard.tracking.sink import MetricsSink, sink_name
 
     tcfg = cfg["tracking"]
-    run_dir.mkdir(parents=True, exist_ok=True)
+    redact.private_folder(run_dir)
     uri = tracked.tracking_uri if tracked else None
     # The sink lives on the driver's node: a sqlite store is a file only this machine sees.
     here = ray.get_runtime_context().get_node_id()
@@ -570,7 +574,7 @@ def _print_summary(cfg: dict, module, name: str, tracked, status: str, run_dir: 
         if isinstance(error, Diverged):  # the same config would diverge again: not without a change
             footer.extend(_diverged_hint(cfg, module, tracked.run_id, error))
         elif status in ("KILLED", "FAILED") and hasattr(module, "resume"):
-            footer.append(f"resume:    python -m orchard resume {tracked.run_id}" + _uri_arg(cfg))
+            footer.append(f"resume:    python -m orchard resume {tracked.run_id}" + _resume_args(cfg))
         footer.extend(summary.view_lines(tracked.tracking_uri, tracked.experiment_id, tracked.run_id))  # last: the run's page
     say(summary.render(title, summary.headline(module, cfg, metrics), metrics, footer))
 
@@ -579,11 +583,11 @@ def _diverged_hint(cfg: dict, module, run_id: str, error: Diverged) -> list[str]
     """How to go on after a run diverged: resume from its last finite checkpoint with a new
     value for the key, or (none kept) run again with one; never the same config again."""
     if not error.key:  # no single config key sets it: the console line says what to change
-        return [f"resume:    after that change: python -m orchard resume {run_id}" + _uri_arg(cfg)] \
+        return [f"resume:    after that change: python -m orchard resume {run_id}" + _resume_args(cfg)] \
             if error.checkpoint and hasattr(module, "resume") else []
     resumable = run_id if error.checkpoint else cfg.get("_resumes")  # else the run this one resumed
     if resumable and hasattr(module, "resume"):
-        return [f"resume:    with a lower {error.key}: python -m orchard resume {resumable} {error.key}=..." + _uri_arg(cfg)]
+        return [f"resume:    with a lower {error.key}: python -m orchard resume {resumable} {error.key}=..." + _resume_args(cfg)]
     typed = [o for o in cfg.get("_overrides", []) if o.split("=", 1)[0].lstrip("+~") != error.key]
     return [f"again:     with a lower {error.key} (no checkpoint before it diverged): "
             f"python -m orchard {shlex.join(typed)} {error.key}=..."]
@@ -603,12 +607,20 @@ def _tracking_address(uri: str) -> str:
     command that serves it."""
     from orchard.tracking import store as tracking_store
 
-    return redact.text(uri if uri.startswith(("http://", "https://")) else f"{uri} (view: {tracking_store.ui_command(uri)})")
+    return uri if uri.startswith(("http://", "https://")) else f"{uri} (view: {tracking_store.ui_command(uri)})"
 
 
-def _uri_arg(cfg: dict) -> str:
+def _resume_args(cfg: dict) -> str:
+    """What ``python -m orchard resume <id>`` needs after the id: the store (unless the default),
+    and what this run was given that a resume does not take back from the store (config folders,
+    and overrides off ``from_the_store``'s allow-list), masked as recorded."""
+    from orchard import from_the_store
+
     uri = cfg["tracking"]["uri"]
-    return "" if uri == "sqlite:///mlflow.db" else f" tracking.uri={redact.text(uri)}"
+    given = [] if uri == "sqlite:///mlflow.db" else [f"tracking.uri={uri}"]
+    again = given + from_the_store.held_back(redact.overrides(cfg.get("_overrides", [])), given)
+    return "".join(f" {shlex.quote(o)}" for o in again) + "".join(
+        f" --config-dir {shlex.quote(d)}" for d in registry.user_config_dirs())
 
 
 # --------------------------------------------------------------------------- resume

@@ -119,13 +119,13 @@ def note_result(client, run_id: str, module, cfg: dict, metrics: dict) -> None:
 
 
 def view_lines(tracking_uri: str, experiment_id: str, run_id: str) -> list[str]:
-    """The summary's last lines: how to open the UI on the store, and the run's page in it."""
-    from orchard import redact
+    """The summary's last lines: how to open the UI on the store, and the run's page in it (a
+    store's password is masked where they are printed: ``console.say``)."""
     from orchard.tracking import store as tracking_store
 
-    url = redact.text(tracking_store.run_url(tracking_uri, experiment_id, run_id))
+    url = tracking_store.run_url(tracking_uri, experiment_id, run_id)
     if tracking_uri.startswith(("http://", "https://")):
-        return [f"view:      {url}", f"server:    {redact.text(tracking_uri)} (tracking server)"]
+        return [f"view:      {url}", f"server:    {tracking_uri} (tracking server)"]
     return [f"view:      {tracking_store.ui_command(tracking_uri)}", f"           then open {url}"]
 
 

@@ -74,9 +74,7 @@ def ensure_experiment(client, name: str, artifact_location: str | None) -> str:
             if EXPERIMENT_KIND_TAG not in exp.tags:  # an experiment made before, or by hand
                 retried(client.set_experiment_tag, exp.experiment_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)
             return exp.experiment_id
-        location = None
-        if artifact_location:
-            location = artifact_location if "://" in artifact_location else Path(artifact_location).resolve().as_uri()
+        location = artifact_root(client.tracking_uri, artifact_location)
         try:
             return retried(client.create_experiment, name, artifact_location=location,
                            tags={EXPERIMENT_KIND_TAG: TRAINING_KIND})
@@ -85,6 +83,18 @@ def ensure_experiment(client, name: str, artifact_location: str | None) -> str:
             if exp is None:
                 raise
             return exp.experiment_id
+
+
+def artifact_root(tracking_uri: str, artifact_location: str | None) -> str | None:
+    """Where a new experiment's artifacts go: ``tracking.artifact_location`` as a URI; a local
+    folder made its owner's alone (orchard/redact.py). A server's store (http/https) takes no
+    folder of this machine: it would be the first user's disk for every teammate, so the
+    server's own artifact root (None) serves instead."""
+    if not artifact_location or "://" in artifact_location:
+        return artifact_location or None
+    if tracking_uri.startswith(("http://", "https://")):
+        return None
+    return redact.private_folder(Path(artifact_location).resolve()).as_uri()
 
 
 def open_run(cfg: dict, run_name: str, parent_run_id: str | None = None, extra_tags: dict | None = None) -> TrackedRun:
@@ -168,12 +178,12 @@ def close_run(run: TrackedRun, status: str, error: BaseException | None = None) 
     """End the run with ``status`` (FINISHED | FAILED | KILLED), recording the error if any."""
     client = run.client()
     try:
-        if error is not None:
-            reason = f"{type(error).__name__}: {error}".strip()
+        if error is not None:  # an error may quote a URI with its password: masked like the rest
+            reason = redact.text(f"{type(error).__name__}: {error}".strip())
             retried(client.set_tag, run.run_id, "orchard.error", reason[:5000])
             with tempfile.TemporaryDirectory() as tmp:
                 path = Path(tmp) / "error.txt"
-                path.write_text("".join(traceback.format_exception(type(error), error, error.__traceback__)))
+                path.write_text(redact.text("".join(traceback.format_exception(type(error), error, error.__traceback__))))
                 retried(client.log_artifact, run.run_id, str(path))
     finally:  # the status above all: a run left RUNNING is later reaped as "driver lost"
         retried(client.set_terminated, run.run_id, status=status)

@@ -7,6 +7,7 @@ through ``retried``; nothing here knows about runs, so any of them can import it
 """
 from __future__ import annotations
 
+import os
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -141,7 +142,14 @@ def check_store(uri: str, timeout_s: float = 10.0, create: bool = True,
         _probe_write(path, lock_wait_s)
     from mlflow.tracking import MlflowClient
 
+    from orchard import redact
+
     quiet_store_logs()
+    if create and not path.exists():  # its owner's alone before MLflow fills it (sqlite's side files take its mode)
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, redact.PRIVATE_FILE))
+        except FileExistsError:  # another process made it this instant
+            pass
     deadline = time.monotonic() + 30.0
     while True:
         try:
