@@ -6,7 +6,8 @@ trials. Whoever starts such work first takes a lease: a tag ``orchard.lease`` on
 (the run being resumed, the sweep's parent run) naming its driver, refreshed like the run
 heartbeat (orchard/tracking/lost_runs.py). A second taker finds the lease alive and stops with one line
 naming the holder; a lease whose driver is gone (same machine: its process; elsewhere: a
-heartbeat older than ``runs.LOST_AFTER_S``) is taken over, with a line saying so.
+heartbeat older than ``runs.LOST_AFTER_S``) is taken over, with a line saying so; so is a lease
+whose heartbeat lies in the future (``forged``: whoever can write a tag could block every resume).
 
 MLflow has no compare-and-set, so taking is write-then-verify: write our token, wait
 ``SETTLE_S`` (longer than a tag write takes), read it back; of two takers at the same instant
@@ -73,9 +74,25 @@ def read(client, run_id: str) -> dict | None:
         return None
 
 
+# A beat is written on the store's clock (``_record``): one later than the store's now by more
+# than this is no driver's but a forged lease's, which would hold off every taker for ever.
+FUTURE_BEAT_S = 30.0
+
+
+def forged(holder: dict, now: float | None = None) -> bool:
+    """The lease's heartbeat lies in the future (beyond ``FUTURE_BEAT_S``): written by hand, not by a driver."""
+    try:
+        beat = float(holder.get("beat", 0))
+    except (TypeError, ValueError):
+        return True
+    return beat > (time.time() if now is None else now) + FUTURE_BEAT_S
+
+
 def alive(holder: dict, now: float | None = None) -> bool:
-    """The holder's driver may still be working (the reaper's rule, orchard/tracking/lost_runs.py); ``now``:
-    the store's time, the clock beats are written on."""
+    """The holder's driver may still be working (the reaper's rule, orchard/tracking/lost_runs.py;
+    a ``forged`` lease never is); ``now``: the store's time, the clock beats are written on."""
+    if forged(holder, now):
+        return False
     tags = {"orchard.host": holder.get("host"), "orchard.boot_id": holder.get("boot_id"),
             "orchard.pid": holder.get("pid"), "orchard.pid_start": holder.get("pid_start"),
             runs.TAG_HEARTBEAT: holder.get("beat", "0"),
@@ -121,11 +138,12 @@ def take(client, run_id: str, what: str, settle_s: float = SETTLE_S) -> Lease:
     """Hold the lease on ``run_id`` for ``what`` (a phrase: "the resume of run 1a2b"); raises
     ``LeaseHeld`` naming the holder while someone alive holds it."""
     holder = read(client, run_id)
-    if holder is not None and alive(holder, time.time() + _offset(client)):
+    now = time.time() + _offset(client)
+    if holder is not None and alive(holder, now):
         raise LeaseHeld(what, holder)
     if holder is not None:
-        say(f"orchard: taking over {what} from pid {holder.get('pid')} on {holder.get('host')}, "
-            "whose driver is gone", file=sys.stderr)
+        why = "whose heartbeat is in the future (forged)" if forged(holder, now) else "whose driver is gone"
+        say(f"orchard: taking over {what} from pid {holder.get('pid')} on {holder.get('host')}, {why}", file=sys.stderr)
     lease = Lease(client, run_id, what)
     lease._write()
     time.sleep(settle_s)  # a taker racing us has written by now: the last writer wins

@@ -72,8 +72,14 @@ class RingReplica:
         return {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
+        """The checkpoint's weights and optimizer state (momentum, moments), with this run's
+        optimizer settings: torch's ``load_state_dict`` would bring back the checkpoint's lr, and
+        a resume with a new lr (what a diverged run's line asks for) must train with the new one."""
         self.module.load_state_dict(state["model"])
+        configured = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
         self.optimizer.load_state_dict(state["optimizer"])
+        for group, settings in zip(self.optimizer.param_groups, configured):
+            group.update(settings)
 
     def comm_stats(self) -> dict:
         return {}

@@ -248,7 +248,14 @@ def reap(client) -> list[str]:
         reason = why_lost(run.data.tags, now) if run.info.status == "RUNNING" else None
         if reason is None:
             continue
-        retried(client.set_tag, run.info.run_id, TAG_ERROR, reason)
-        retried(client.set_terminated, run.info.run_id, status="FAILED")
+        close_lost(client, run.info.run_id, reason)
         closed.append(run.info.run_id)
     return closed
+
+
+def close_lost(client, run_id: str, reason: str) -> None:
+    """Close a run ``why_lost`` judged lost: FAILED, with the reason (``reap``; ``resume`` of one run)."""
+    from orchard.tracking.store import retried
+
+    retried(client.set_tag, run_id, TAG_ERROR, reason)
+    retried(client.set_terminated, run_id, status="FAILED")

@@ -187,7 +187,8 @@ def test_run_on_two_nodes_with_s3_storage_resumes_from_the_bucket_alone(case, s3
     assert not flower or _find(fs, f"orchard/{case}/flower_data", "images.npy")
     # [2] the driver's disk is gone; resume from the bucket alone
     shutil.rmtree(tmp_path / "out")
-    resumed = subprocess.run([sys.executable, "-m", "orchard", "resume", killed.info.run_id, f"tracking.uri={uri}"],
+    # where it runs and stores: given again (a resume takes them from the command line only)
+    resumed = subprocess.run([sys.executable, "-m", "orchard", "resume", killed.info.run_id, *common],
                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert resumed.returncode == 0, resumed.stdout[-4000:] + resumed.stderr[-4000:]
     new = _runs(uri)[0]

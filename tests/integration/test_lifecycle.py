@@ -45,9 +45,10 @@ def runs(uri: str) -> list:
 
 def resume_to_finished(previous, uri: str, cwd: Path):
     """``python -m orchard resume <id>``: exit 0, and the newest run FINISHED, tagged with ``previous``.
-    The id as listings shorten it (its first 8 characters): a unique prefix names the run."""
-    done = subprocess.run(orchard("resume", previous.info.run_id[:8], f"tracking.uri={uri}"), cwd=cwd, env=env(),
-                          capture_output=True, text=True, timeout=900)
+    The id as listings shorten it (its first 8 characters): a unique prefix names the run; its
+    output_dir given again (a resume takes where it writes from the command line only)."""
+    done = subprocess.run(orchard("resume", previous.info.run_id[:8], f"tracking.uri={uri}", f"output_dir={cwd}/out"),
+                          cwd=cwd, env=env(), capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     new = runs(uri)[0]
     assert new.info.status == "FINISHED" and new.data.tags["orchard.resumes"] == previous.info.run_id

@@ -61,3 +61,24 @@ def test_without_a_store_the_lease_is_a_lock_on_the_folder_that_names_its_holder
         leases.take_local(tmp_path, "sweep s-1")
     first.release()
     leases.take_local(tmp_path, "sweep s-1").release()
+
+
+def test_a_lease_with_a_heartbeat_in_the_future_is_forged_and_taken_over(tracking_uri, capsys):
+    """Whoever can write a tag could plant a lease beating a year ahead: it would hold off every
+    resume for ever. No driver writes one (beats are on the store's clock): taken over, said so."""
+    import time
+
+    from orchard.tracking.mlflow_run import ensure_experiment
+
+    client = MlflowClient(tracking_uri)  # the session's store: no store of its own to create
+    run_id = client.create_run(ensure_experiment(client, "leases", None)).info.run_id
+    record = leases._record("forged", "the resume of run x", 0)
+    record.update(host="elsewhere", beat=f"{time.time() + 365 * 86400:.0f}")
+    client.set_tag(run_id, leases.TAG, json.dumps(record))
+    assert leases.forged(leases.read(client, run_id)) and not leases.alive(leases.read(client, run_id))
+    lease = leases.take(client, run_id, "the resume of run x", settle_s=0)
+    assert "heartbeat is in the future (forged)" in capsys.readouterr().err
+    assert leases.read(client, run_id)["token"] == lease.token
+    lease.release()
+    record.update(beat=f"{time.time() + 5:.0f}")  # a few seconds of clock skew is no forgery
+    assert not leases.forged(record)
