@@ -595,6 +595,10 @@ def check(cfg: dict) -> None:
     uri = (cfg.get("storage") or {}).get("uri")
     if not uri:
         return  # output_dir, already checked
+    if "?" in str(uri):  # every folder of a run is a path joined onto the URI: a query would end up inside it
+        raise ConfigError("storage.uri", f"a URI without a query string; {str(uri)!r} has one: set the endpoint "
+                          "and region as AWS_ENDPOINT_URL and AWS_DEFAULT_REGION (read on every node), the "
+                          "keys as AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
     storage = Storage(uri)
     probe = f".orchard-probe-{uuid.uuid4().hex[:8]}"
     try:

@@ -142,3 +142,32 @@ def test_copies_from_a_bucket_stay_under_the_node_cache_bound(s3_env, monkeypatc
     assert a.is_dir() and c.is_dir() and not b.exists()
     assert evicted_bytes() - before >= 40_000
     assert (store.localize("b") / "tiles.npy").read_bytes() == b"b" * 40_000   # copied again on demand
+
+
+def test_a_storage_uri_with_a_query_string_is_refused_before_ray_starts(tmp_path, capsys):
+    """pyarrow takes ``?endpoint_override=...&region=...``, but every run folder is a path joined onto
+    storage.uri: the query would end up inside it and the run fail mid-way. One line, exit 2, instead
+    (its values masked: a query may carry a key)."""
+    from orchard import cli
+
+    with pytest.raises(SystemExit) as ended:
+        cli.main(["workload=forest", "tracking=none", f"output_dir={tmp_path}",
+                  "storage.uri='s3://bucket/p?endpoint_override=localhost:9000&secret_key=SK-not-shown'"])
+    err = capsys.readouterr().err
+    assert ended.value.code == 2 and "storage.uri: a URI without a query string" in err
+    assert "AWS_ENDPOINT_URL" in err and "SK-not-shown" not in err
+
+
+def test_an_experiment_on_a_team_server_keeps_its_artifacts_on_the_server_not_the_first_users_disk(tmp_path):
+    """``tracking.artifact_location=./mlartifacts`` (the default) means this machine's folder: right
+    for a sqlite store (made 0700), wrong for a server every teammate logs to (its own root then)."""
+    import os
+    import stat
+
+    from orchard.tracking.mlflow_run import artifact_root
+
+    assert artifact_root("http://127.0.0.1:5000", "./mlartifacts") is None
+    assert artifact_root("https://mlflow.team", "s3://bucket/art") == "s3://bucket/art"
+    local = artifact_root(f"sqlite:///{tmp_path}/m.db", str(tmp_path / "art"))
+    assert local == (tmp_path / "art").as_uri() and stat.S_IMODE(os.stat(tmp_path / "art").st_mode) == 0o700
+    assert artifact_root(f"sqlite:///{tmp_path}/m.db", None) is None
