@@ -107,6 +107,22 @@ def kind_of(exc: BaseException) -> str:
     return "corrupt"
 
 
+class LeavesFolder(OSError):
+    """A file of a data folder that is a link to somewhere outside it: never opened. A folder
+    may come from a teammate or a download, and a link in it to ``~/.ssh/id_rsa`` or another
+    user's photos would otherwise be read, trained on or copied into the run's outputs."""
+    kind = "outside_folder"
+
+
+def inside_folder(path: str | Path, folder: str | Path) -> Path:
+    """``path`` when it (links followed) lies inside ``folder``; else ``LeavesFolder``, which the
+    readers skip and count as kind ``outside_folder`` (``kind_of``)."""
+    path = Path(path)
+    if not path.resolve().is_relative_to(Path(folder).resolve()):
+        raise LeavesFolder(f"a link to a file outside {Path(folder).name}/; not followed")
+    return path
+
+
 # --------------------------------------------------------------------------- mode=predict inputs
 def listed_inputs(path: str | Path, suffixes: Iterable[str]) -> list[Path]:
     """What a user put in an input folder, as ``orchard.batch_predict.input_files`` lists it (the file
@@ -121,12 +137,17 @@ def listed_inputs(path: str | Path, suffixes: Iterable[str]) -> list[Path]:
                   and (not wanted or p.suffix.lower() in wanted) and (p.is_file() or p.is_symlink()))
 
 
-def readable(paths: Iterable[Path]) -> tuple[list[Path], list[SkippedFile]]:
+def readable(paths: Iterable[Path], within: str | Path | None = None) -> tuple[list[Path], list[SkippedFile]]:
     """Split inputs into the files that can be opened for reading and the rest (with their kind
-    and reason), before any is staged or predicted: one unreadable file never stops a predict."""
+    and reason), before any is staged or predicted: one unreadable file never stops a predict.
+    ``within``: what the user named (``input``): a folder, out of which no link is followed
+    (``inside_folder``), or a file, taken as named."""
+    folder = Path(within) if within is not None and Path(within).is_dir() else None
     good, bad = [], []
     for p in paths:
         try:
+            if folder is not None and Path(p).exists():  # a link to nothing: "missing", below
+                inside_folder(p, folder)
             with open(p, "rb"):
                 pass
             if not Path(p).is_file():

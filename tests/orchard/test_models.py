@@ -284,6 +284,19 @@ def test_a_model_folder_with_a_second_settings_file_is_refused_and_the_loader_ge
         settings_file(tmp_path / "m", "video.json")
 
 
+def test_an_input_linked_from_outside_the_input_folder_is_skipped_and_counted_never_opened(tmp_path):
+    from orchard import skipped
+
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.png").write_bytes(b"a")
+    (tmp_path / "in" / "passwd.png").symlink_to("/etc/passwd")
+    (tmp_path / "in" / "gone.png").symlink_to(tmp_path / "nowhere.png")
+    good, bad = skipped.readable(skipped.listed_inputs(tmp_path / "in", (".png",)), tmp_path / "in")
+    assert [p.name for p in good] == ["a.png"]
+    assert [(s.file, s.kind) for s in bad] == [("gone.png", "missing"), ("passwd.png", "outside_folder")]
+    assert skipped.readable([tmp_path / "in" / "passwd.png"], tmp_path / "in" / "passwd.png")[0]  # a file named: taken
+
+
 def test_an_input_that_vanishes_after_listing_is_skipped_with_its_reason_and_the_rest_predicted(ray_session, tmp_path):
     """A file listed, then removed before it was staged (a sync client, a user tidying up): the
     predict run lists it as skipped (kind ``missing``) and predicts the others."""

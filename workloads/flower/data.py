@@ -289,7 +289,9 @@ def image_points(data_dir: Path, name: str, csv_rows: list[dict] | None,
         crossed = crossed.with_suffix(".png")
     if crossed.exists():
         try:
-            return red_cross_points(read_photo(crossed, max_pixels))
+            from orchard.skipped import inside_folder
+
+            return red_cross_points(read_photo(inside_folder(crossed, data_dir), max_pixels))  # LeavesFolder: skipped
         except PhotoError as exc:
             raise PhotoError(exc.kind, f"its annotated copy {crossed.name}: {exc}") from None
     if have_csv:

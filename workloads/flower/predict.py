@@ -176,7 +176,7 @@ def predict(cfg: dict, ctx, out: Path) -> dict[str, float]:
     source = Path(cfg["input"]).expanduser()
     if source.is_dir() and (source / "images").is_dir():
         source = source / "images"
-    files, unusable = skipped.readable(skipped.listed_inputs(source, IMAGE_SUFFIXES))
+    files, unusable = skipped.readable(skipped.listed_inputs(source, IMAGE_SUFFIXES), source)
     (out / "density").mkdir(exist_ok=True)
     started = time.perf_counter()
     device = cfg["flower"]["eval_device"]

@@ -70,7 +70,7 @@ def data_dir_tiles(cfg: dict) -> int | None:
     f = cfg["flower"]
     if is_uri(f["data_dir"]):
         return None
-    from orchard.skipped import SkippedFile
+    from orchard.skipped import LeavesFolder, SkippedFile, inside_folder
     from workloads.flower.data import PhotoError, list_images, photo_size, read_table
     from workloads.flower.tiles import region_of_interest
 
@@ -83,8 +83,8 @@ def data_dir_tiles(cfg: dict) -> int | None:
     total, unreadable = 0, []
     for name in names:
         try:
-            width, height = photo_size(root / "images" / name, f["max_image_pixels"])
-        except PhotoError as exc:  # skipped and counted by the tiling step (tiles.tile_images)
+            width, height = photo_size(inside_folder(root / "images" / name, root), f["max_image_pixels"])
+        except (PhotoError, LeavesFolder) as exc:  # skipped and counted by the tiling step (tiles.tile_images)
             unreadable.append(SkippedFile(name, exc.kind, str(exc)))
             continue
         window = f["roi"]

@@ -91,7 +91,7 @@ def tile_images(data_dir, names: list[str], tile_size: int, roi: list[int] | Non
 
     ``data_dir`` is a folder or an ``orchard.storage.Storage``: a task on another node reads the
     field through storage (copied once per node), never a path only the driver has."""
-    from orchard.skipped import SkippedFile
+    from orchard.skipped import LeavesFolder, SkippedFile, inside_folder
 
     root = data_dir.localize() if hasattr(data_dir, "localize") else Path(data_dir)
     points_csv = read_table(root / "points.csv")
@@ -100,9 +100,9 @@ def tile_images(data_dir, names: list[str], tile_size: int, roi: list[int] | Non
     all_tiles, index_rows, point_rows, skipped = [], [], [], []
     for name in names:
         try:
-            rgb = read_photo(root / "images" / name, max_pixels)
+            rgb = read_photo(inside_folder(root / "images" / name, root), max_pixels)  # no link out of the folder
             points = image_points(root, name, points_csv.get(name), (root / "points.csv").exists(), max_pixels)
-        except PhotoError as exc:
+        except (PhotoError, LeavesFolder) as exc:
             skipped.append(SkippedFile(name, exc.kind, str(exc)))
             continue
         window = roi

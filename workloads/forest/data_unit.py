@@ -33,9 +33,13 @@ def sample_examples(depth: np.ndarray, labels: np.ndarray, count: int,
 def _local_stem(stem) -> Path:
     """A pair's stem on this node: a path as it is, a storage URI copied into the node cache
     (orchard/storage.py), so a task never opens a path only the driver wrote."""
+    from orchard.skipped import inside_folder
     from orchard.storage import Storage, is_uri
 
-    if not is_uri(stem):
+    if not is_uri(stem):  # a pair whose file links out of its folder is skipped (LeavesFolder), never read
+        for suffix in ("_depth.png", "_labels.png"):
+            if Path(f"{stem}{suffix}").exists():
+                inside_folder(f"{stem}{suffix}", Path(stem).parent)
         return Path(stem)
     folder, _, name = str(stem).rpartition("/")
     store = Storage(folder)

@@ -176,7 +176,7 @@ def predict(cfg: dict, ctx, out: Path) -> dict[str, float]:
     model_dir, _ = models.resolve_model(cfg["model"], "forest", ctx.tracking_uri, Path(ctx.run_dir) / "model_in")
     settings = models.settings_file(model_dir, SETTINGS_FILE)   # one, found once: the predictor loads it
     source = Path(cfg["input"]).expanduser()
-    files, unusable = skipped.readable(depth_files(source))
+    files, unusable = skipped.readable(depth_files(source), source)
     (out / "labels").mkdir(exist_ok=True)
     started = time.perf_counter()
     rows = batch_predict.predict_files(files, Predictor, {"settings": settings}, ctx, ctx.storage, model_dir, out,

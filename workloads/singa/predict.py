@@ -266,7 +266,7 @@ def predict(cfg: dict, ctx, out: Path) -> dict[str, float]:
         listed = sample_files(source)
         predictor, companions, desc, totals = Predictor, idx_labels, "classifying", _classified
         subdir, columns = "labels", ["path", "samples", "label", "confidence", "labelled", "correct"]
-    files, unusable = skipped.readable(listed)
+    files, unusable = skipped.readable(listed, source)
     (out / subdir).mkdir(exist_ok=True)
     started = time.perf_counter()
     rows = batch_predict.predict_files(files, predictor, {"net": net, "max_input_mb": cfg["singa"].get("max_input_mb")}, ctx,

@@ -72,6 +72,7 @@ class Layout:
     rows: list[tuple[str, str, str | None]]   # (path, class name, split or None)
     classes: list[str]                        # every class the layout declares
     kind: str
+    outside: dict[str, str] = field(default_factory=dict)  # path -> why: links out of the folder, never read
 
 
 # --------------------------------------------------------------------------- layouts
@@ -184,9 +185,26 @@ def read_layout(root: str, split_files: str | None = None, split: int = 1) -> La
         return _scan_manifest(root_path)
     found = find_split_files(root_path, split_files, split)
     if found is None:
-        return _scan_folder(root_path)
-    kind, folder = found
-    return (_scan_ucf101 if kind == "ucf101" else _scan_hmdb51)(root_path, folder, split)
+        layout = _scan_folder(root_path)
+    else:
+        kind, folder = found
+        layout = (_scan_ucf101 if kind == "ucf101" else _scan_hmdb51)(root_path, folder, split)
+    return _no_links_out(layout, root_path)
+
+
+def _no_links_out(layout: Layout, root: Path) -> Layout:
+    """A folder's rows without the files that link out of it (a manifest names its paths; a
+    folder's links out are never opened), those set aside in ``outside`` to be counted."""
+    from orchard.skipped import LeavesFolder, inside_folder
+
+    for path, _, _ in layout.rows:
+        try:
+            if Path(path).exists():
+                inside_folder(path, root)
+        except LeavesFolder as exc:
+            layout.outside[path] = str(exc)
+    layout.rows = [r for r in layout.rows if r[0] not in layout.outside]
+    return layout
 
 
 def check_classes(root: str, split_files: str | None = None, split: int = 1) -> str:
@@ -343,6 +361,8 @@ def scan(root: str, val_fraction: float = 0.25, seed: int = 0, min_frames: int =
     on whatever node they run (``decoder.local_video``). ``index_max_mb``: the bound the index
     store is pruned to after the scan (``prune_index``; None: not pruned).
     """
+    from orchard.skipped import LeavesFolder
+
     layout = read_layout(root, split_files, split)
     rows = layout.rows
     if storage_uri:
@@ -352,7 +372,8 @@ def scan(root: str, val_fraction: float = 0.25, seed: int = 0, min_frames: int =
     pruned = prune_index(index_dir, index_max_mb)
     classes = list(layout.classes)
     index = VideoIndex(classes=classes, paths=[], labels=[], lengths=[], splits=[], layout=layout.kind,
-                       index_pruned=pruned)
+                       index_pruned=pruned, skipped=dict(layout.outside),
+                       skipped_kinds={p: LeavesFolder.kind for p in layout.outside})
     split_given: list[str | None] = []
     for (path, label, split_name), (record, reused) in zip(rows, probes):
         index.index_reused += int(reused)

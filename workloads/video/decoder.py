@@ -24,7 +24,7 @@ DECODERS = {"pyav": "workloads.video.decoder:PyAVDecoder"}
 SHORT_RULES = ("loop", "pad")
 # why a file is not a usable video: the keys of data/skipped_files/<kind> in MLflow (orchard/skipped.py)
 SKIP_KINDS = ("missing", "empty", "unreadable", "image", "audio_only", "no_video_stream", "single_frame",
-              "no_frames", "truncated", "corrupt")
+              "no_frames", "truncated", "corrupt", "outside_folder")  # the last: orchard.skipped.LeavesFolder
 # containers and codecs that hold still images (a .jpg in a class folder opens as a 1-frame "video")
 _IMAGE_FORMATS = ("image2", "jpeg_pipe", "png_pipe", "bmp_pipe", "webp_pipe", "tiff_pipe", "gif_pipe",
                   "pgm_pipe", "ppm_pipe", "qoi_pipe", "j2k_pipe", "svg_pipe")

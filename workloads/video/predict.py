@@ -389,7 +389,7 @@ def predict(cfg: dict, ctx, out: Path) -> dict[str, float]:
     models.trusted_modules(model_dir / settings, "extractor_modules", cfg["video"].get("extractor_modules"),
                            "video.extractor_modules")
     source = Path(cfg["input"]).expanduser()
-    files, unusable = skipped.readable(p for p in skipped.listed_inputs(source, ()) if p.name != TRUTH_FILE)
+    files, unusable = skipped.readable((p for p in skipped.listed_inputs(source, ()) if p.name != TRUTH_FILE), source)
     started = time.perf_counter()
     held = int(cfg["video"]["inference"].get("max_frames_in_memory") or MAX_FRAMES_IN_MEMORY)
     rows = batch_predict.predict_files(files, Predictor, {"settings": settings, "max_frames": held}, ctx, ctx.storage, model_dir, out,

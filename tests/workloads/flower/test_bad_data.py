@@ -133,6 +133,22 @@ def test_tiling_skips_a_truncated_photo_and_keeps_the_rest(data, tmp_path):
     assert (cache / "skipped.csv").read_text().startswith("file,kind,reason\n")
 
 
+def test_a_photo_linked_from_outside_the_data_folder_is_skipped_and_counted_never_read(data, tmp_path):
+    """A link in images/ to a photo elsewhere (another user's, or /etc/passwd) is not tiled or
+    trained on: skipped as ``outside_folder``, like any photo that cannot be used."""
+    from workloads.flower.tiles import TileSet, prepare_tiles
+
+    elsewhere = tmp_path / "elsewhere.png"
+    shutil.move(data / "images" / "field_0001.png", elsewhere)
+    (data / "images" / "field_0001.png").symlink_to(elsewhere)
+    (data / "images" / "passwd.png").symlink_to("/etc/passwd")
+    (data / "images" / "inside.png").symlink_to(data / "images" / "field_0002.png")  # inside: used
+    tiles = TileSet(prepare_tiles(data, tmp_path / "out", 64, None, parallel=False))
+    assert [(s.file, s.kind) for s in tiles.skipped] == [("field_0001.png", "outside_folder"),
+                                                         ("passwd.png", "outside_folder")]
+    assert tiles.photos == 4
+
+
 def test_skipped_files_are_counted_by_kind_and_too_many_is_one_line():
     from orchard.skipped import metrics, too_many_skipped
 

@@ -118,6 +118,21 @@ def test_corrupt_and_mismatched_pairs_are_skipped_and_named(tmp_path, compose):
     assert skipped[str(tmp_path / "small")].kind == "size_mismatch" and skipped[str(tmp_path / "broken")].kind == "unreadable"
 
 
+def test_a_pair_linked_from_outside_its_folder_is_skipped_and_counted(tmp_path, compose):
+    pal = palette(compose)
+    data, elsewhere = tmp_path / "data", tmp_path / "elsewhere"
+    data.mkdir()
+    stems = write_corpus(data, 2, pal)
+    write_corpus(elsewhere, 1, pal)
+    for suffix in ("_depth.png", "_labels.png"):
+        (data / f"linked{suffix}").symlink_to(next(elsewhere.glob(f"*{suffix}")))
+    block = build_block([str(s) for s in stems] + [str(data / "linked")], [0, 1, 2], 0, 0, pal,
+                        {"flip_prob": 0.0, "compose_prob": 0.0, "clutter_prob": 0.0, "clutter_objects": 0,
+                         "noise_sigma_mm": 0.0, "dropout": 0.0}, 50, keep_labels=False)
+    assert list(block["image_ids"]) == [0, 1]
+    assert [(s.file, s.kind) for s in block["skipped"]] == [(str(data / "linked"), "outside_folder")]
+
+
 def test_a_folder_without_body_pixels_is_one_line_and_exit_2(tmp_path, capsys):
     from orchard.cli import main
 

@@ -127,3 +127,16 @@ def test_the_cli_exits_2_with_one_line_on_a_one_class_folder(real_folder, tmp_pa
         main(["workload=video", "debug=smoke", f"video.root={one.parent}", "tracking=none"])
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 2 and len(err) == 1 and "video.root" in err[0]
+
+
+def test_a_video_linked_from_outside_the_folder_is_set_aside_and_never_opened(tmp_path):
+    """A class folder's link to a file elsewhere (/etc/passwd) is neither probed nor decoded:
+    set aside (``scan`` counts it as ``outside_folder``)."""
+    from workloads.video.data import read_layout
+
+    (tmp_path / "root" / "run").mkdir(parents=True)
+    (tmp_path / "root" / "run" / "a.mp4").write_bytes(b"not probed here")
+    (tmp_path / "root" / "run" / "b.mp4").symlink_to("/etc/passwd")
+    layout = read_layout(str(tmp_path / "root"))
+    assert [Path(r[0]).name for r in layout.rows] == ["a.mp4"]
+    assert list(layout.outside) == [str(tmp_path / "root" / "run" / "b.mp4")]
