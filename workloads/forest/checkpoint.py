@@ -3,15 +3,14 @@
 The checkpoint (`CHECKPOINT_NAME`, in the run storage: the run folder, or ``s3://...`` on a
 cluster) holds the finished trees, each started tree's class weights, and the partial tree of
 the last completed round with its frontier. It is a .npz of plain arrays (never a pickle),
-written to a temporary file and renamed, so a crash mid-write leaves the previous round's
-checkpoint intact. `forest.resume` (or ``python -m orchard resume <run id>``) continues from
+written whole (``storage.write_file``: a local one fsynced and renamed), so a crash or a full disk
+mid-write leaves the previous round's checkpoint intact. `forest.resume` (or ``python -m orchard resume <run id>``) continues from
 it when the forest config and seed match (`config_fingerprint`).
 """
 from __future__ import annotations
 
 import io
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -83,17 +82,13 @@ def save_checkpoint(path: Path, state: dict) -> None:
         flat[f"weights{t}"] = weights
     if state["partial"] is not None:
         flat.update({f"partial_{k}": v for k, v in state["partial"].items()})
-    from orchard.storage import is_uri, write_file
+    from orchard.storage import write_file
 
-    if is_uri(path):  # the run storage on a cluster (orchard/storage.py): one object, written whole
-        buffer = io.BytesIO()
-        np.savez(buffer, **flat)
-        write_file(path, buffer.getvalue())
-        return
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez(tmp, **flat)
-    os.replace(tmp, path)
+    buffer = io.BytesIO()
+    np.savez(buffer, **flat)
+    # whole or not at all (orchard/storage.py): a local file through write_atomic (fsynced, renamed;
+    # a full disk is StorageFull naming the file, the previous round's kept), a URI as one object
+    write_file(path, buffer.getvalue())
 
 
 def load_checkpoint(path: Path) -> dict:

@@ -232,3 +232,24 @@ def test_shuffle_bytes_are_sparse_and_within_the_docs_model(reference):
         assert m["round/shuffle_bytes"] >= model["total"] / 4, (m["round/depth"], m["round/shuffle_bytes"], model)
     deep = rounds[-1]
     assert deep["round/shuffle_bytes"] < deep["round/shuffle_dense_bytes"] / 3   # sparse at depth
+
+
+def test_a_checkpoint_the_disk_refuses_names_the_file_and_keeps_the_last_round(tmp_path, monkeypatch):
+    """Written through write_atomic: a full disk is one line naming the checkpoint, the previous
+    round's file stays whole and no partial file is left (before: a 0-byte .tmp.npz, no name)."""
+    import errno
+
+    from orchard import storage
+    from workloads.forest.checkpoint import load_checkpoint, save_checkpoint
+
+    path = tmp_path / "forest_checkpoint.npz"
+    state = {"fingerprint": "f", "trees": [], "class_weights": [], "partial": None, "frontier": [1, 2], "next_depth": 3}
+    save_checkpoint(path, state)
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(storage.os, "fsync", full)
+    with pytest.raises(storage.StorageFull, match=f"no space left to write {path}"):
+        save_checkpoint(path, {**state, "next_depth": 4})
+    assert load_checkpoint(path)["next_depth"] == 3 and sorted(p.name for p in tmp_path.iterdir()) == [path.name]
