@@ -9,7 +9,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 import tests.tiny_workload as tiny
-from orchard import from_the_store, leases, resume
+from orchard import leases, resume
 from orchard.tracking import mlflow_run
 
 PLANTED = [  # what a teammate with write access to the store adds to a run's orchard.overrides
@@ -28,6 +28,8 @@ def _stopped_run(uri: str, overrides: list[str], run_dir, status: str = "KILLED"
 
 
 def test_the_store_gives_back_only_what_the_run_is():
+    from orchard import from_the_store
+
     recorded = ["workload=tiny", "strategy=tasks", "strategy.num_workers=2", "debug=smoke", "seed=3", "tiny.steps=7",
                 "progress=never", "output_dir=/o", "tracking.artifact_location=/a", *PLANTED]
     held = from_the_store.held_back(recorded, ["tracking.uri=sqlite:///m.db", "output_dir=/mine"])
