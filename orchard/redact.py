@@ -7,8 +7,8 @@ The run itself gets the real values; what is recorded gets ``***`` for
   ``GITHUB_PAT`` or ``SENTRY_DSN`` from ``OMP_NUM_THREADS``, so none is kept (names are),
 - a value under a key that names a secret (``*secret*``, ``*password*``, ``*token*``,
   ``*credential*``, ``*private_key*``, ``*api_key*``), anywhere,
-- the user-info of every URI, with or without a password (``postgresql://***@host/db``,
-  ``https://***@github.com/...``),
+- the user-info of every URI: its password (``postgresql://user:***@host/db``), or all of it
+  when it has none (``https://***@github.com/...``: a token in the user's place),
 - the query values of every URI (``s3://b/p?secret_key=***``) but those in ``PUBLIC_QUERY``,
 in a config (a dict), a ``key=value`` override (a dict literal that names one of these keys
 is masked whole: its quoting is Hydra's, not ours to parse), or any text.
@@ -28,7 +28,7 @@ PUBLIC_QUERY = frozenset({"workflowType", "region", "scheme", "endpoint_override
 _STOP = r"\s'\"{}\[\]"  # what ends a URI inside a line, an override or a dict literal
 _SCHEME = r"[A-Za-z][A-Za-z0-9+.-]*://"
 # user-info: everything from the scheme to the authority's last "@" (a password may hold an "@")
-_USERINFO = re.compile(rf"(?P<scheme>{_SCHEME})[^{_STOP}/?#]*@")
+_USERINFO = re.compile(rf"(?P<scheme>{_SCHEME})(?P<userinfo>[^{_STOP}/?#]*)@")
 _QUERY = re.compile(rf"(?P<head>{_SCHEME}[^{_STOP}?#]*)\?(?P<query>[^{_STOP}#]*)")
 # the keys of a dict literal in an override's value: {name: ..., 'name': ...}
 _LITERAL_KEY = re.compile(r"[{,]\s*['\"]?([A-Za-z_][\w.-]*)['\"]?\s*:")
@@ -46,10 +46,14 @@ def _query(m: re.Match) -> str:
     return m["head"] + "?" + "&".join(f"{n}{s}{v if not s or n in PUBLIC_QUERY else MASK}" for n, s, v in pairs)
 
 
+def _userinfo(m: re.Match) -> str:
+    user, colon, _ = m["userinfo"].partition(":")
+    return f"{m['scheme']}{user + ':' if colon else ''}{MASK}@"
+
+
 def text(value) -> str:
     """``value`` (any text: an error, a URI, a line) with its URIs' user-info and query values masked."""
-    masked = _USERINFO.sub(lambda m: f"{m['scheme']}{MASK}@", str(value))
-    return _QUERY.sub(_query, masked)
+    return _QUERY.sub(_query, _USERINFO.sub(_userinfo, str(value)))
 
 
 def _all_masked(value):

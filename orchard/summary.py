@@ -119,14 +119,17 @@ def note_result(client, run_id: str, module, cfg: dict, metrics: dict) -> None:
 
 
 def view_lines(tracking_uri: str, experiment_id: str, run_id: str) -> list[str]:
-    """The summary's last lines: how to open the UI on the store, and the run's page in it (a
-    store's password is masked where they are printed: ``console.say``)."""
+    """The summary's last lines: how to open the UI on the store, and the run's page in it, a
+    store's password masked (orchard/redact.py)."""
+    from orchard import redact
     from orchard.tracking import store as tracking_store
 
     url = tracking_store.run_url(tracking_uri, experiment_id, run_id)
     if tracking_uri.startswith(("http://", "https://")):
-        return [f"view:      {url}", f"server:    {tracking_uri} (tracking server)"]
-    return [f"view:      {tracking_store.ui_command(tracking_uri)}", f"           then open {url}"]
+        lines = [f"view:      {url}", f"server:    {tracking_uri} (tracking server)"]
+    else:
+        lines = [f"view:      {tracking_store.ui_command(tracking_uri)}", f"           then open {url}"]
+    return [redact.text(line) for line in lines]
 
 
 def render(title: str, lines: list[str], metrics: dict, footer: list[str]) -> str:

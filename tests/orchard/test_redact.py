@@ -26,9 +26,9 @@ PLANTED_ENV = {"GITHUB_PAT": f"{MARK}a", "WANDB_AUTH": f"{MARK}b", "PASSPHRASE":
     (f"cluster.runtime_env.pip=[git+https://{MARK}@github.com/org/pkg]", "cluster.runtime_env.pip=***"),
     (f"cluster={{runtime_env: {{env_vars: {{X: {MARK}}}}}}}", "cluster=***"),  # the section named inside a value
     (f"db={{host: h, password: '{MARK} y'}}", "db=***"),
-    (f"storage.uri=s3://AKIA:{MARK}@bucket/prefix", "storage.uri=s3://***@bucket/prefix"),
+    (f"storage.uri=s3://AKIA:{MARK}@bucket/prefix", "storage.uri=s3://AKIA:***@bucket/prefix"),
     (f"tracking.uri=https://{MARK}@mlflow.team/", "tracking.uri=https://***@mlflow.team/"),  # userinfo without a colon
-    (f"tracking.uri=postgresql://alice:p@ss{MARK}@db.internal/mlflow", "tracking.uri=postgresql://***@db.internal/mlflow"),
+    (f"tracking.uri=postgresql://alice:p@ss{MARK}@db.internal/mlflow", "tracking.uri=postgresql://alice:***@db.internal/mlflow"),
     (f"storage.uri=s3://b/p?region=eu-west-1&secret_key={MARK}", "storage.uri=s3://b/p?region=eu-west-1&secret_key=***"),
     ("flower.optimizer.lr=0.01", "flower.optimizer.lr=0.01"),
     ("flower.optimizer={name: sgd, lr: 0.1}", "flower.optimizer={name: sgd, lr: 0.1}"),
@@ -63,15 +63,15 @@ def test_every_console_line_and_error_path_masks_uris(tracking_uri, tmp_path, ca
         cli.main(["workload=forest", f"forest.data_dir=/nonexistent/https://{MARK}@host/x"])
     assert ended.value.code == 2
     console = capsys.readouterr()
-    assert "mlflow ui --backend-store-uri postgresql://***@db/mlflow" in console.out
+    assert "mlflow ui --backend-store-uri postgresql://bob:***@db/mlflow" in console.out
     assert "forest.data_dir" in console.err and MARK not in console.out + console.err
 
     client = MlflowClient(tracking_uri)
     run = client.create_run(mlflow_run.ensure_experiment(client, "redact", None)).info.run_id
     mlflow_run.close_run(mlflow_run.TrackedRun(run, "0", tracking_uri), "FAILED", OSError(f"s3://user:{MARK}@bucket/x: denied"))
-    assert client.get_run(run).data.tags["orchard.error"] == "OSError: s3://***@bucket/x: denied"
+    assert client.get_run(run).data.tags["orchard.error"] == "OSError: s3://user:***@bucket/x: denied"
     error_txt = Path(client.download_artifacts(run, "error.txt", str(tmp_path))).read_text()
-    assert "s3://***@bucket" in error_txt and MARK not in error_txt
+    assert "s3://user:***@bucket" in error_txt and MARK not in error_txt
 
 
 @pytest.mark.slow
