@@ -49,7 +49,7 @@ def test_a_config_is_masked_in_a_copy_the_run_keeps_the_real_values():
     assert cfg["db"]["password"] == MARK  # the original is untouched
 
 
-def test_every_console_line_and_error_path_masks_uris(tracking_uri, tmp_path, capsys):
+def test_every_console_line_and_error_path_masks_uris(tracking_uri, tracking_dir, tmp_path, capsys):
     """``say`` (every resume/cli line, the summary's ``mlflow ui --backend-store-uri``), a config
     error on the command line, and a failed run's ``orchard.error`` tag and ``error.txt``."""
     from mlflow.tracking import MlflowClient
@@ -67,7 +67,7 @@ def test_every_console_line_and_error_path_masks_uris(tracking_uri, tmp_path, ca
     assert "forest.data_dir" in console.err and MARK not in console.out + console.err
 
     client = MlflowClient(tracking_uri)
-    run = client.create_run(mlflow_run.ensure_experiment(client, "redact", None)).info.run_id
+    run = client.create_run(mlflow_run.ensure_experiment(client, "redact", f"{tracking_dir}/artifacts")).info.run_id
     mlflow_run.close_run(mlflow_run.TrackedRun(run, "0", tracking_uri), "FAILED", OSError(f"s3://user:{MARK}@bucket/x: denied"))
     assert client.get_run(run).data.tags["orchard.error"] == "OSError: s3://user:***@bucket/x: denied"
     error_txt = Path(client.download_artifacts(run, "error.txt", str(tmp_path))).read_text()
