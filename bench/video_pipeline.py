@@ -141,6 +141,19 @@ def decord_run(jobs, size, cores, own_resize: bool = True) -> tuple[float, int]:
     return time.perf_counter() - t0, checksum
 
 
+def plain_jobs(index, segments) -> list[tuple]:
+    """What the plain loops decode: (path, pts, offset, count) per segment of orchard's sampler."""
+    return [(index.paths[s["video"]], index.pts[s["video"]], s["offset"], s["count"]) for s in segments]
+
+
+def pipeline_settings(px: int, count: int, cores: int) -> dict:
+    """orchard's video pipeline settings for the bench: frames of ``px`` pixels, clips of ``count``
+    frames, one decode actor per core and half a core per extractor."""
+    return {"size": px, "stack": count - 1, "short_rule": "loop", "decoder": "pyav",
+            "extractor_options": {"flow": {"method": "dis_medium", "bound": 20}}, "pipeline_batch": 8,
+            "decode_concurrency": cores, "decode_cpus": 1.0, "extract_concurrency": cores, "extract_cpus": 0.5}
+
+
 def orchard_run(segments, index, vcfg, features, cache=None) -> tuple[float, int]:
     """(seconds, checksum of the first feature) of the Ray Data pipeline, wall to wall: from the
     request (the dataset built) to the last frame consumed, as the peers are timed. The pipeline's
@@ -224,18 +237,13 @@ def measure(size: dict, repeats: int) -> list[dict]:
         index = scan(str(root), val_fraction=0.0)
         segments = sample_segments(index.labels, index.lengths, list(range(len(index.paths))), clips, count,
                                    seed=0, epoch=0)
-        def as_jobs(segs):  # what the plain loops decode: (path, pts, offset, count) per segment
-            return [(index.paths[s["video"]], index.pts[s["video"]], s["offset"], s["count"]) for s in segs]
-
-        jobs = as_jobs(segments)
+        jobs = plain_jobs(index, segments)
         # twice the clips (the first half the same segments): the marginal rate of each side is the
         # extra frames over the extra time, so fixed costs (a pipeline's start) cancel on both sides
         more = segments + sample_segments(index.labels, index.lengths, list(range(len(index.paths))), clips, count,
                                           seed=1, epoch=0)
-        more_jobs = as_jobs(more)
-        vcfg = {"size": px, "stack": count - 1, "short_rule": "loop", "decoder": "pyav",
-                "extractor_options": {"flow": {"method": "dis_medium", "bound": 20}}, "pipeline_batch": 8,
-                "decode_concurrency": cores, "decode_cpus": 1.0, "extract_concurrency": cores, "extract_cpus": 0.5}
+        more_jobs = plain_jobs(index, more)
+        vcfg = pipeline_settings(px, count, cores)
         has_decord = importlib.util.find_spec("decord") is not None
         no_torchcodec = torchcodec_peer.absent()
         peers = {"orchard": lambda: orchard_run(segments, index, vcfg, []),

@@ -1,0 +1,45 @@
+"""bench/video_pipeline.py's sides decode the same frames: orchard's Ray Data stage and every plain
+loop (processes, threads, decord where installed), with and without the rgb + flow extractors, give
+the same checksums on the same segments, so the bench compares equal work."""
+from __future__ import annotations
+
+import importlib.util
+from concurrent.futures import ProcessPoolExecutor
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory):
+    from bench.video_pipeline import plain_jobs
+    from workloads.video.data import scan
+    from workloads.video.master import sample_segments
+    from workloads.video.synthetic_videos import generate_dataset
+
+    root = generate_dataset(str(tmp_path_factory.mktemp("videos")), 4, 1, size=32, num_frames=24)
+    index = scan(str(root), val_fraction=0.0)
+    segments = sample_segments(index.labels, index.lengths, list(range(len(index.paths))), 6, 5, seed=0, epoch=0)
+    return index, segments, plain_jobs(index, segments)
+
+
+def test_every_decoder_gives_orchards_frames(ray_session, clips):
+    from bench import video_pipeline as vp
+
+    index, segments, jobs = clips
+    _, orchard = vp.orchard_run(segments, index, vp.pipeline_settings(32, 5, 2), [])
+    with ProcessPoolExecutor(2) as pool:
+        _, procs = vp.plain_procs(pool, jobs, 32, 2)
+    _, threads = vp.plain_threads(jobs, 32, 2)
+    assert orchard > 0 and orchard == procs == threads
+    if importlib.util.find_spec("decord") is not None:  # the bench extra: its own resize differs, orchard's not
+        assert vp.decord_run(jobs, 32, 2, own_resize=False)[1] == orchard
+
+
+def test_the_extractors_on_both_sides_give_the_same_features(ray_session, clips):
+    from bench import video_pipeline as vp
+
+    index, segments, jobs = clips
+    _, orchard = vp.orchard_run(segments, index, vp.pipeline_settings(32, 5, 2), ["rgb", "flow"])
+    with ProcessPoolExecutor(2) as pool:
+        _, procs = vp.plain_procs(pool, jobs, 32, 2, ["rgb", "flow"], 4)
+    assert orchard > 0 and orchard == procs

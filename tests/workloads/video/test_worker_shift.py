@@ -1,0 +1,33 @@
+"""The notes' worker shifting on a real run (``video.shift_apply=true``, docs/video.md): the rule
+moves a Train worker between the streams' runs at an epoch mark (ratio 1.0 makes any gap in
+validation loss a shift; shallow queues keep the feeder within an epoch or two of the trainers, so
+the shift lands inside the run), the total count is kept, and every epoch is still trained and
+validated once by each stream. bench/video_shift.py times this run against the rule logged only."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.video_shift import SIZES
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_shift_moves_a_worker_between_the_streams_and_every_epoch_still_trains_once(run_orchard, tmp_path):
+    res = run_orchard("workload=video", *SIZES["smoke"]["overrides"], "video.shift_apply=true")
+    assert res.exit_code == 0, res.run.data.tags.get("orchard.error")
+    m = res.run.data.metrics
+    assert m["alloc/shifts_applied"] >= 1 and m["alloc/shift_wait_s"] >= 0
+    table = res.client.download_artifacts(res.run.info.run_id, "tables/worker_allocation.json", str(tmp_path))
+    history = json.loads(Path(table).read_text())["epochs"]
+    assert [h for h in history if "applied from epoch" in h["shift_rule"]], history
+    # the counts that trained each epoch: 2 + 2 at first, then one worker moved (the total is kept)
+    per_epoch = [{s: h["workers"][s] for s in ("spatial", "temporal")} for h in history]
+    assert per_epoch[0] == {"spatial": 2, "temporal": 2}
+    assert any(w != per_epoch[0] for w in per_epoch) and all(sum(w.values()) == 4 for w in per_epoch)
+    assert m["train/epochs_run"] == 4  # every epoch trained and validated once by each stream, relaunch or not
+    for stream in ("spatial", "temporal"):
+        steps = [h.step for h in res.client.get_metric_history(res.run.info.run_id, f"val/{stream}_top1")]
+        assert sorted(steps) == [0, 1, 2, 3], (stream, steps)
