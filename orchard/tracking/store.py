@@ -154,6 +154,10 @@ def check_store(uri: str, timeout_s: float = 10.0, create: bool = True,
     while True:
         try:
             with store_lock(uri):
+                if create and path.stat().st_size == 0:  # new: a copy of an empty, migrated store
+                    from orchard.tracking.store_template import fill_new_store
+
+                    fill_new_store(path)
                 MlflowClient(uri).search_experiments(max_results=1)  # creates and migrates the store once
             return
         except Exception as exc:
