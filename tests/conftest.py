@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from orchard import register_workload
+from tests.session_ray import attach_overrides
 
 TESTS = Path(__file__).resolve().parent
 # The core's test workload: proves an outside package can register a workload and its config.
@@ -50,6 +51,14 @@ def ray_session():
     yield ray
     if started:
         cluster.shutdown()
+
+
+@pytest.fixture(scope="session")
+def attach(ray_session) -> list[str]:
+    """The overrides that attach a ``python -m orchard`` process to the test session's Ray, as a
+    user attaches to a cluster (``cluster=remote``, docs/cluster.md): for every subprocess run
+    whose test is not about Ray's own start, which then pays no Ray start and stop of its own."""
+    return attach_overrides()
 
 
 @pytest.fixture
@@ -129,12 +138,17 @@ class CliRun:
         return [a.path for a in self.client.list_artifacts(self.run_id, path)]
 
 
+# The README's first command, as typed: its own embedded Ray, as a new user's first run has
+EMBEDDED = {("workload=flower", "strategy=ring")}
+
+
 @pytest.fixture(scope="session")
-def cli_run(tmp_path_factory):
-    """``cli_run(*overrides) -> CliRun``: a real CLI process (its own embedded Ray), run once per
-    session for each distinct set of overrides and shared by every test that asks for the same one
-    (console checks, figures, models, predict, notebooks), so CI pays for each smoke run once.
-    All of them write to one sqlite store, so notebooks can compare them."""
+def cli_run(tmp_path_factory, attach):
+    """``cli_run(*overrides) -> CliRun``: a real CLI process, run once per session for each
+    distinct set of overrides and shared by every test that asks for the same one (console checks,
+    figures, models, predict, notebooks), so CI pays for each smoke run once. All of them write to
+    one sqlite store, so notebooks can compare them. Attached to the session's Ray, except the
+    README's first command (``EMBEDDED``), which starts its own as a user's does."""
     import subprocess
     import sys
 
@@ -148,9 +162,10 @@ def cli_run(tmp_path_factory):
         key = tuple(overrides)
         if key not in done:
             name = f"cli-{len(done)}"
+            cluster = () if key in EMBEDDED else tuple(attach)
             proc = subprocess.run(
                 [sys.executable, "-m", "orchard", *overrides, "debug=smoke", f"run_name={name}",
-                 f"tracking.uri={uri}", f"output_dir={root}/out"],
+                 f"tracking.uri={uri}", f"output_dir={root}/out", *cluster],
                 cwd=root, capture_output=True, text=True, timeout=900,
                 env={**os.environ, "PYTHONPATH": str(TESTS.parent), "PYTHONUNBUFFERED": "1"})
             client = MlflowClient(uri)

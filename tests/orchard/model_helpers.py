@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tests.session_ray import attach_overrides
+
 ROOT = Path(__file__).resolve().parents[2]
 
 _SCRIPT = r"""
@@ -86,7 +88,7 @@ def predict_cli(trained, workload: str, model: str, input_path: Path, tmp_path: 
     name = f"predict-{workload}-{uuid.uuid4().hex[:8]}"
     proc = subprocess.run([sys.executable, "-m", "orchard", f"workload={workload}", "mode=predict", f"model={model}",
                            f"input={input_path}", f"run_name={name}", f"tracking.uri={trained.uri}",
-                           f"output_dir={tmp_path}/out", *extra],
+                           f"output_dir={tmp_path}/out", *attach_overrides(), *extra],
                           capture_output=True, text=True, timeout=600, cwd=tmp_path,
                           env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"})
     client = MlflowClient(trained.uri)
