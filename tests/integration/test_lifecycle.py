@@ -1,9 +1,12 @@
-"""The run lifecycle as a user meets it: real orchard processes on real workloads at
-``debug=smoke``, stopped by Ctrl-C, SIGTERM and SIGKILL at awkward moments, started four at a
-time on one fresh store, pointed at a real ``mlflow server``, and resumed.
+"""The run lifecycle as a user meets it: real orchard processes stopped by Ctrl-C, SIGTERM and
+SIGKILL at awkward moments, started four at a time on one fresh store, pointed at a real
+``mlflow server``, and resumed; refusals before anything starts.
 
-Every process here is a separate ``python -m orchard`` with its own embedded Ray, as on a
-user's machine; the store is read back with MlflowClient.
+orchard's own semantics (exit codes, statuses, process groups, the store lock) are tested on the
+tiny workload or one Ray Train workload (flower); each workload's own stop and resume is tested
+where its runs are (a Ctrl-C or SIGTERM of every workload on two nodes: test_cluster_storage.py).
+A process whose test is about Ray's own start or stop has its own embedded Ray, as on a user's
+machine; the others attach to the test session's Ray. The store is read back with MlflowClient.
 """
 from __future__ import annotations
 
@@ -21,6 +24,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from orchard.lifecycle import CLOSE_BUDGET_S
+from tests.session_ray import attach_overrides
+from tests.tiny_workload.cli import tiny_cli
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -43,12 +48,12 @@ def runs(uri: str) -> list:
     return client.search_runs(exps, order_by=["attributes.start_time DESC"]) if exps else []
 
 
-def resume_to_finished(previous, uri: str, cwd: Path):
+def resume_to_finished(previous, uri: str, cwd: Path, *again: str):
     """``python -m orchard resume <id>``: exit 0, and the newest run FINISHED, tagged with ``previous``.
     The id as listings shorten it (its first 8 characters): a unique prefix names the run; its
-    output_dir given again (a resume takes where it writes from the command line only)."""
-    done = subprocess.run(orchard("resume", previous.info.run_id[:8], f"tracking.uri={uri}", f"output_dir={cwd}/out"),
-                          cwd=cwd, env=env(), capture_output=True, text=True, timeout=900)
+    output_dir and ``again`` (where it ran) given again (a resume takes those from the command line only)."""
+    done = subprocess.run(orchard("resume", previous.info.run_id[:8], f"tracking.uri={uri}", f"output_dir={cwd}/out",
+                                  *again), cwd=cwd, env=env(), capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     new = runs(uri)[0]
     assert new.info.status == "FINISHED" and new.data.tags["orchard.resumes"] == previous.info.run_id
@@ -58,8 +63,8 @@ def resume_to_finished(previous, uri: str, cwd: Path):
 class Orchard:
     """A ``python -m orchard`` process whose output is read line by line as it comes."""
 
-    def __init__(self, *args: str, cwd: Path):
-        self.proc = subprocess.Popen(orchard(*args), cwd=cwd, env=env(), stdout=subprocess.PIPE,
+    def __init__(self, *args: str, cwd: Path, argv: list[str] | None = None):
+        self.proc = subprocess.Popen(argv or orchard(*args), cwd=cwd, env=env(), stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, start_new_session=True)
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -138,34 +143,40 @@ def common(tmp_path: Path, uri: str) -> list[str]:
 
 
 # --------------------------------------------------------------------------- Ctrl-C and SIGTERM
-@pytest.mark.parametrize("args, sig, group, needle", [
-    # mid-epoch of a Ray Train run (the progress line is drawn from the workers' step reports);
-    # the signal reaches orchard only, so Ray Train would go on for far longer than orchard waits
-    # for it (background.STOP_TIMEOUT_S) unless the stopping run aborts it
-    (["workload=flower", "strategy=ring", "flower.epochs=1000"], signal.SIGINT, False, r"epoch (\d+)/"),
-    (["workload=flower", "strategy=ps", "flower.epochs=1000"], signal.SIGTERM, False, r"epoch (\d+)/"),
-    # video: mid-training of a stream, inside its Ray Data + Train pipeline (its SIGINT: the resume
-    # test below). SIGTERM to the whole process group, as `timeout -s TERM` sends it: Ray's own
-    # processes are in groups of their own (orchard/cluster/__init__.py) and stay up while orchard closes the run
-    (["workload=video", "video.epochs=30"], signal.SIGTERM, True, r"epoch (\d+)"),
-    # forest: mid-round of Ray tasks and histogram actors
-    (["workload=forest", "forest.num_trees=6"], signal.SIGTERM, False, r"depth (\d+)"),
-], ids=["flower-ring-SIGINT", "flower-ps-SIGTERM", "video-SIGTERM-group", "forest-SIGTERM"])
-def test_interrupt_ends_the_run_killed_with_the_shell_exit_code(tmp_path, args, sig, group, needle):
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    run = Orchard(*args, *common(tmp_path, uri), cwd=tmp_path)
-    run.wait_for(needle, 0)  # the first progress line of the work itself
-    if group:
-        assert not {"raylet", "gcs_server"} & set(processes_in_group(run.proc.pid))
-    rc = run.stop(sig, group=group)
+def _ended_killed(run: "Orchard", rc: int, sig: int, uri: str) -> None:
+    """Exit 128 + the signal, the run KILLED naming it; orchard's own process ended cleanly (lines
+    from Ray's actors start with "(Name pid=...)") and every thread of the run returned before Ray
+    stopped (a Ray Train run is aborted, not awaited)."""
     assert rc == 128 + sig, run.output()[-3000:]
     (latest,) = runs(uri)
     assert latest.info.status == "KILLED"
     assert signal.Signals(sig).name in latest.data.tags.get("orchard.error", "")
-    # orchard's own process ended cleanly (lines from Ray's actors start with "(Name pid=...)"),
-    # every thread of the run returned before Ray stopped (a Ray Train run is aborted, not awaited)
     assert not [line for line in run.lines if "Traceback" in line and "pid=" not in line]
     assert "threads still in it" not in run.output(), run.output()[-3000:]
+
+
+def test_ctrl_c_mid_epoch_of_a_ray_train_run_ends_it_killed_with_130(ray_session, tmp_path):
+    """Mid-epoch of a Ray Train run (the progress line is drawn from the workers' step reports);
+    the signal reaches orchard only, so Ray Train would go on for far longer than orchard waits for
+    it (background.STOP_TIMEOUT_S) unless the stopping run aborts it. (SIGTERM into a Ray Train
+    run: the flower-ps case of test_cluster_storage.py.)"""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    run = Orchard("workload=flower", "strategy=ring", "flower.epochs=1000", *common(tmp_path, uri),
+                  *attach_overrides(), cwd=tmp_path)
+    run.wait_for(r"epoch (\d+)/", 0)  # the first progress line of the work itself
+    _ended_killed(run, run.stop(signal.SIGINT), signal.SIGINT, uri)
+
+
+def test_sigterm_to_the_whole_process_group_leaves_ray_to_orchard_and_ends_143(tmp_path):
+    """SIGTERM to orchard's whole process group, as `timeout -s TERM` sends it: Ray's own processes
+    are in groups of their own (orchard/cluster/__init__.py), stay up while orchard closes the run,
+    and are stopped by orchard. Its own embedded Ray: the test is about where Ray's processes start."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    run = Orchard(cwd=tmp_path, argv=tiny_cli("workload=tiny", "tiny.steps=4000", "tiny.sleep_s=0.05",
+                                              f"tracking.uri={uri}", f"output_dir={tmp_path}/out", "progress=always"))
+    run.wait_for(r"train\s+\|[#\s]*\|\s+(\d+)/", 1)
+    assert not {"raylet", "gcs_server"} & set(processes_in_group(run.proc.pid))
+    _ended_killed(run, run.stop(signal.SIGTERM, group=True), signal.SIGTERM, uri)
 
 
 def test_interrupt_while_ray_starts_leaves_no_open_run(tmp_path):
@@ -182,10 +193,11 @@ def test_interrupt_while_ray_starts_leaves_no_open_run(tmp_path):
 
 
 # --------------------------------------------------------------------------- SIGKILL, then reap
-def test_sigkilled_driver_is_closed_by_runs_reap_and_then_resumed(tmp_path):
+def test_sigkilled_driver_is_closed_by_runs_reap_and_then_resumed(ray_session, tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     # the SIGKILL lands after the first checkpoint (epoch 1 of 6); the resume trains the rest
-    run = Orchard("workload=flower", "strategy=ring", "flower.epochs=6", *common(tmp_path, uri), cwd=tmp_path)
+    run = Orchard("workload=flower", "strategy=ring", "flower.epochs=6", *common(tmp_path, uri), *attach_overrides(),
+                  cwd=tmp_path)
     # mid-training, once Ray Train has registered a checkpoint (checkpoint_every=1): progress
     # lines are throttled, so the checkpoint manager's own snapshot is what the test waits for
     deadline = time.time() + 600
@@ -203,38 +215,40 @@ def test_sigkilled_driver_is_closed_by_runs_reap_and_then_resumed(tmp_path):
     assert closed.info.status == "FAILED" and "driver lost" in closed.data.tags["orchard.error"]
 
     # resume: a new run, tagged with the one it continues, picks up at the checkpoint
-    new = resume_to_finished(lost, uri, tmp_path)
+    new = resume_to_finished(lost, uri, tmp_path, *attach_overrides())
     assert new.data.metrics["train/resumed_from_epoch"] >= 1
     # the resumed run continued the first run's checkpoints, and says so for a resume of its own
     storage = (Path(new.data.tags["orchard.run_dir"]) / "train_storage.txt").read_text()
     assert storage == str(Path(lost.data.tags["orchard.run_dir"]) / "train")
 
 
-def test_singa_ctrl_c_mid_training_then_resume_goes_on_from_the_checkpoint(tmp_path):
+def test_singa_ctrl_c_mid_training_then_resume_goes_on_from_the_checkpoint(ray_session, tmp_path):
     """SIGINT into singa's worker-group actors and parameter servers, then resume."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     # 30 epochs of ~0.3 s: the SIGINT lands mid-training even on a fast machine
-    run = Orchard("workload=singa", "singa.arch=sync_ps", "singa.epochs=30", *common(tmp_path, uri), cwd=tmp_path)
+    run = Orchard("workload=singa", "singa.arch=sync_ps", "singa.epochs=30", *common(tmp_path, uri),
+                  *attach_overrides(), cwd=tmp_path)
     run.wait_for(r"epoch (\d+)/", 3)
     assert run.stop(signal.SIGINT) == 130, run.output()[-3000:]
     (killed,) = runs(uri)
     assert killed.info.status == "KILLED"
-    new = resume_to_finished(killed, uri, tmp_path)
+    new = resume_to_finished(killed, uri, tmp_path, *attach_overrides())
     assert new.data.metrics["train/resumed_from_epoch"] >= 2
     assert new.data.metrics["test/accuracy"] > 0.5
     steps = [m.step for m in MlflowClient(uri).get_metric_history(new.info.run_id, "test/accuracy")]
     assert min(steps) > new.data.metrics["train/resumed_from_epoch"]  # no epoch trained twice
 
 
-def test_forest_resume_after_a_crash_continues_from_the_last_round(tmp_path):
+def test_forest_resume_after_a_crash_continues_from_the_last_round(ray_session, tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    crashed = subprocess.run(orchard("workload=forest", "forest.stop_after_rounds=2", *common(tmp_path, uri)),
+    crashed = subprocess.run(orchard("workload=forest", "forest.stop_after_rounds=2", *common(tmp_path, uri),
+                                     *attach_overrides()),
                              cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=600)
     assert crashed.returncode == 1, crashed.stdout[-2000:] + crashed.stderr[-2000:]
     (failed,) = runs(uri)
     assert failed.info.status == "FAILED"
     assert f"resume {failed.info.run_id}" in crashed.stdout  # the summary says how to go on
-    new = resume_to_finished(failed, uri, tmp_path)
+    new = resume_to_finished(failed, uri, tmp_path, *attach_overrides())
     assert new.data.params["forest.resume"] != "None"
     again = subprocess.run(orchard("resume", new.info.run_id, f"tracking.uri={uri}"), cwd=tmp_path, env=env(),
                            capture_output=True, text=True, timeout=120)
@@ -247,27 +261,40 @@ def test_forest_resume_after_a_crash_continues_from_the_last_round(tmp_path):
     ("tracking.uri=http://127.0.0.1:9", "tracking.uri"),
     ("cluster=remote", "cluster.address"),
 ])
-def test_unusable_output_dir_store_or_cluster_is_one_line_and_exit_2(tmp_path, override, key):
+def test_unusable_output_dir_store_or_cluster_is_one_line_and_exit_2(tmp_path, override, key, capfd):
     extra = ["cluster.address=127.0.0.1:9"] if override == "cluster=remote" else []
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    args = ["workload=singa", "debug=smoke", f"tracking.uri={uri}", f"output_dir={tmp_path}/out", override, *extra]
-    done = subprocess.run(orchard(*args), cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2, done.stdout + done.stderr
+    code, err = _cli(["workload=singa", "debug=smoke", f"tracking.uri={uri}", f"output_dir={tmp_path}/out", override,
+                      *extra], capfd)
+    assert code == 2, err
     # refused before Ray started: no console line of a started run, no session log of Ray's
     assert not (tmp_path / "out" / "logs").exists() or not list((tmp_path / "out" / "logs").iterdir())
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and key in lines[0], done.stderr
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and key in lines[0], err
     if override.startswith("tracking"):
         return
     assert all(r.info.status != "RUNNING" for r in runs(uri))
 
 
+def _cli(argv: list[str], capfd) -> tuple[int, str]:
+    """``python -m orchard <argv>`` in this process (the CLI's exit-2 paths start nothing): its exit
+    code and what it wrote to stderr."""
+    from orchard import cli
+
+    capfd.readouterr()
+    with pytest.raises(SystemExit) as ended:
+        cli.main(argv)
+    return ended.value.code, capfd.readouterr().err
+
+
 # --------------------------------------------------------------------------- concurrency
-def test_four_runs_started_together_on_one_fresh_store_all_finish(tmp_path):
+def test_four_runs_started_together_on_one_fresh_store_all_finish(ray_session, tmp_path):
+    """Four processes create the same new store at once (orchard makes it once, under a lock)."""
     uri = f"sqlite:///{tmp_path}/fresh.db"
-    procs = [subprocess.Popen(orchard("workload=singa", "singa.arch=local", "debug=smoke", f"tracking.uri={uri}",
-                                      f"output_dir={tmp_path}/o{i}"), cwd=tmp_path, env=env(),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(4)]
+    procs = [subprocess.Popen(tiny_cli("workload=tiny", "tiny.steps=5", f"tracking.uri={uri}",
+                                       f"output_dir={tmp_path}/o{i}", *attach_overrides()),
+                              cwd=tmp_path, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i in range(4)]
     outputs = [p.communicate(timeout=900)[0] for p in procs]
     for p, out in zip(procs, outputs):
         assert p.returncode == 0, out[-3000:]
@@ -311,28 +338,28 @@ def mlflow_server(tmp_path):
     server.wait(timeout=30)
 
 
-def test_a_run_against_a_real_mlflow_server_records_metrics_and_artifacts(mlflow_server, tmp_path):
+def test_a_run_against_a_real_mlflow_server_records_metrics_and_artifacts(ray_session, mlflow_server, tmp_path):
     from mlflow.tracking import MlflowClient
 
-    done = subprocess.run(orchard("workload=singa", "singa.arch=local", "debug=smoke", f"tracking.uri={mlflow_server}",
-                                  f"output_dir={tmp_path}/out"), cwd=tmp_path, env=env(), capture_output=True,
-                          text=True, timeout=600)
+    done = subprocess.run(tiny_cli("workload=tiny", "tiny.steps=5", f"tracking.uri={mlflow_server}",
+                                   f"output_dir={tmp_path}/out", *attach_overrides()),
+                          cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (run,) = runs(mlflow_server)
     assert run.info.status == "FINISHED"
-    assert run.data.metrics["test/accuracy"] > 0.5
+    # from the driver and from a Ray task, through the server
+    assert {"train/final_loss", "worker/final_loss"} <= set(run.data.metrics)
     # the team's server is named at start, where the run can be watched while it trains
     assert f"orchard: MLflow run {run.info.run_id} at {mlflow_server}" in done.stdout, done.stdout[-2000:]
     names = [a.path for a in MlflowClient(mlflow_server).list_artifacts(run.info.run_id)]
     assert "config.yaml" in names
 
 
-def test_workers_that_cannot_fit_the_machine_are_refused_instead_of_waiting_forever(tmp_path):
+def test_workers_that_cannot_fit_the_machine_are_refused_instead_of_waiting_forever(ray_session, tmp_path, capfd):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    done = subprocess.run(orchard("workload=flower", "strategy=ring", "strategy.num_workers=4", "debug=smoke",
-                                  f"tracking.uri={uri}", f"output_dir={tmp_path}/out"),
-                          cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "strategy" in lines[0] and "4 CPU" in lines[0], done.stderr
+    code, err = _cli(["workload=flower", "strategy=ring", "strategy.num_workers=4", "debug=smoke",
+                      f"tracking.uri={uri}", f"output_dir={tmp_path}/out"], capfd)
+    assert code == 2, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "strategy" in lines[0] and "4 CPU" in lines[0], err
     assert runs(uri) == []
