@@ -44,7 +44,7 @@ _stop_watch = threading.Event()
 def quiet(log_dir: Path, max_bytes: int | None = None, backups: int | None = None) -> Path:
     """Send this process's descriptors 1 and 2 to ``<log_dir>/orchard-<time>-<pid>.log``, rotated
     past ``max_bytes`` with ``backups`` older files kept; returns its path."""
-    global _log_path
+    global _log_path, _stop_watch
     if _log is not None:
         return _log_path
     _rotation["max_bytes"] = int(max_bytes or LOG_MAX_BYTES)
@@ -58,8 +58,28 @@ def quiet(log_dir: Path, max_bytes: int | None = None, backups: int | None = Non
     _log_path = path
     _point_descriptors_at(path)
     # Ray's and torch's lines reach the file without passing here: a watcher rotates for them too
-    threading.Thread(target=_watch_size, name="orchard-log-rotation", daemon=True).start()
+    _stop_watch = threading.Event()
+    threading.Thread(target=_watch_size, args=(_stop_watch,), name="orchard-log-rotation", daemon=True).start()
     return path
+
+
+def release() -> None:
+    """Give descriptors 1 and 2 back to the terminal ``quiet`` saved, and stop logging. A CLI
+    process never needs it (it ends quiet); a caller that runs orchard's CLI inside its own
+    process (a notebook, a test calling ``orchard.cli.main``) gets its terminal back with it."""
+    global _log, _log_path
+    if _log is None:
+        return
+    _stop_watch.set()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(_terminal["out"].fileno(), 1)
+    os.dup2(_terminal["err"].fileno(), 2)
+    for stream in (_log, *_terminal.values()):
+        stream.close()
+    _terminal.clear()
+    _log, _log_path = None, None
+    _starts[:] = [0]
 
 
 def _point_descriptors_at(path: Path) -> None:
@@ -75,8 +95,8 @@ def _point_descriptors_at(path: Path) -> None:
         old.close()
 
 
-def _watch_size() -> None:
-    while not _stop_watch.wait(2.0):
+def _watch_size(stop: threading.Event) -> None:
+    while not stop.wait(2.0):
         rotate_if_full()
 
 

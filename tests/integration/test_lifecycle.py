@@ -25,7 +25,7 @@ from mlflow.tracking import MlflowClient
 
 from orchard.lifecycle import CLOSE_BUDGET_S
 from tests.session_ray import attach_overrides
-from tests.tiny_workload.cli import tiny_cli
+from tests.tiny_workload.cli import main_in_process, tiny_cli
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -264,7 +264,7 @@ def test_forest_resume_after_a_crash_continues_from_the_last_round(ray_session, 
 def test_unusable_output_dir_store_or_cluster_is_one_line_and_exit_2(tmp_path, override, key, capfd):
     extra = ["cluster.address=127.0.0.1:9"] if override == "cluster=remote" else []
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    code, err = _cli(["workload=singa", "debug=smoke", f"tracking.uri={uri}", f"output_dir={tmp_path}/out", override,
+    code, err = main_in_process(["workload=singa", "debug=smoke", f"tracking.uri={uri}", f"output_dir={tmp_path}/out", override,
                       *extra], capfd)
     assert code == 2, err
     # refused before Ray started: no console line of a started run, no session log of Ray's
@@ -274,17 +274,6 @@ def test_unusable_output_dir_store_or_cluster_is_one_line_and_exit_2(tmp_path, o
     if override.startswith("tracking"):
         return
     assert all(r.info.status != "RUNNING" for r in runs(uri))
-
-
-def _cli(argv: list[str], capfd) -> tuple[int, str]:
-    """``python -m orchard <argv>`` in this process (the CLI's exit-2 paths start nothing): its exit
-    code and what it wrote to stderr."""
-    from orchard import cli
-
-    capfd.readouterr()
-    with pytest.raises(SystemExit) as ended:
-        cli.main(argv)
-    return ended.value.code, capfd.readouterr().err
 
 
 # --------------------------------------------------------------------------- concurrency
@@ -357,7 +346,7 @@ def test_a_run_against_a_real_mlflow_server_records_metrics_and_artifacts(ray_se
 
 def test_workers_that_cannot_fit_the_machine_are_refused_instead_of_waiting_forever(ray_session, tmp_path, capfd):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    code, err = _cli(["workload=flower", "strategy=ring", "strategy.num_workers=4", "debug=smoke",
+    code, err = main_in_process(["workload=flower", "strategy=ring", "strategy.num_workers=4", "debug=smoke",
                       f"tracking.uri={uri}", f"output_dir={tmp_path}/out"], capfd)
     assert code == 2, err
     lines = [line for line in err.splitlines() if line.strip()]

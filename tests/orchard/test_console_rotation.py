@@ -1,6 +1,6 @@
 """orchard/console.py: the process log (descriptors 1 and 2, where Ray's and torch's lines go)
-rotates by size, and a run's part of it is still whole from the kept files. In a child process:
-``quiet`` takes over the descriptors."""
+rotates by size, a run's part of it is still whole from the kept files, and release gives the
+terminal back. In a child process: ``quiet`` takes over the descriptors."""
 from __future__ import annotations
 
 import os
@@ -39,3 +39,26 @@ def test_the_log_rotates_by_size_and_a_runs_part_spans_the_kept_files(tmp_path):
     assert "line 0024" not in part
     first = (tmp_path / "first.log").read_text()   # a part that began in a file already removed says so
     assert first.startswith("[orchard: 20000 bytes of this run's log were rotated away]\nline 0020")
+
+
+def test_release_gives_the_descriptors_back_to_the_terminal(tmp_path):
+    """A caller running orchard's CLI in its own process (a notebook, a test) gets its terminal
+    back: what is written to descriptor 2 after ``release`` reaches it, not the log."""
+    child = textwrap.dedent(f"""
+        import os, pathlib
+        from orchard import console
+        path = console.quiet(pathlib.Path({str(tmp_path)!r}))
+        os.write(2, b"into the log\\n")
+        console.release()
+        os.write(2, b"on the terminal\\n")
+        console.say("orchard: also on the terminal", file=__import__("sys").stderr)
+        console.quiet(pathlib.Path({str(tmp_path / "again")!r}))   # and quiet again, to a new log
+        os.write(2, b"into the second log\\n")
+    """)
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == ["on the terminal", "orchard: also on the terminal"]
+    (log,) = [p for p in tmp_path.iterdir() if p.name.startswith("orchard-")]
+    assert log.read_text() == "into the log\n"
+    assert [p.read_text() for p in (tmp_path / "again").iterdir()] == ["into the second log\n"]

@@ -66,5 +66,6 @@ def run(cfg: dict, ctx) -> dict[str, float]:
     ctx.log_figure(fig, "figures/loss.png")
     plt.close(fig)
     steps = t["steps"]
-    return {"train/final_loss": driver_loss, "worker/final_loss": worker_loss,
+    extra = {t["returns_metric"]: 1.0} if t.get("returns_metric") else {}
+    return {"train/final_loss": driver_loss, "worker/final_loss": worker_loss, **extra,
             "val/score": -driver_loss, "throughput/steps_per_s": steps / max(time.time() - started, 1e-9)}

@@ -19,3 +19,20 @@ def tiny_cli(*overrides: str) -> list[str]:
 def tiny_cli_env() -> dict[str, str]:
     """Its environment: this checkout importable wherever the process starts."""
     return {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def main_in_process(argv: list[str], capfd) -> tuple[int, str]:
+    """``python -m orchard <argv>`` in the test's own process, for a command refused before anything
+    starts (the CLI's exit-2 paths): its exit code and what reached stderr (``capfd``: the file
+    descriptor, as a terminal shows it)."""
+    import pytest
+
+    from orchard import cli, console
+
+    capfd.readouterr()
+    try:
+        with pytest.raises(SystemExit) as ended:
+            cli.main(argv)
+    finally:
+        console.release()  # a refusal after the console went quiet: the test's descriptors back
+    return ended.value.code, capfd.readouterr().err

@@ -62,9 +62,7 @@ def _artifact_json(result, path: str, tmp_path) -> dict:
 @pytest.mark.slow
 def test_smoke_run_end_to_end_records_streams_fusion_skips_and_stages(cli_run, tmp_path):
     """`python -m orchard workload=video debug=smoke`: the session's one video smoke run, which the
-    console, figure, predict, model and notebook tests read too. (Stopping at video.target_top1,
-    three epochs asked and one trained, is checked on the video run of
-    tests/integration/test_many_runs.py, which runs anyway.)"""
+    console, figure, predict, model and notebook tests read too."""
     result = cli_run("workload=video")
     assert result.exit_code == 0, result.console[-3000:]
     m = result.run.data.metrics
@@ -169,3 +167,15 @@ def test_real_clips_and_a_user_extractor_train_twice_to_the_same_metrics_the_sec
     assert 0 <= m1["pipeline/spatial_trainer_wait_fraction_mean"] <= 1
     assert 0 < m1["pipeline/decode_busy_fraction"] <= 1 and 0 < m1["pipeline/train_decode_busy_fraction"] <= 1
     assert len(first.history("pipeline/temporal_trainer_wait_fraction")) == 1   # one value per epoch
+
+
+@pytest.mark.slow
+def test_a_run_that_meets_its_target_stops_training_there_and_still_infers(run_orchard):
+    """Three epochs asked, a target every model meets (video.target_top1=0.0): the run stops after
+    the first (the master stops decoding, the trainers stop at their next batch), says when it met
+    the target, and decodes again for inference on untrimmed videos."""
+    res = run_orchard("workload=video", "debug=smoke", "video.epochs=3", "video.target_top1=0.0")
+    assert res.exit_code == 0, res.run.data.tags.get("orchard.error")
+    m = res.run.data.metrics
+    assert res.run.info.status == "FINISHED" and m["train/epochs_run"] == 1 and m["time/to_target_s"] > 0, m
+    assert "infer/windows_per_s" in m

@@ -114,3 +114,15 @@ def test_the_in_memory_series_are_bounded_and_keep_the_runs_summary_and_the_poll
     ray.kill(sink)
     assert len(series) <= 8 and set(series) <= set(range(10))
     assert watched == [(s, float(s)) for s in range(95, 100)]   # indices count every point logged
+
+
+def test_a_workload_returning_a_name_mlflow_refuses_finishes_with_the_rest_of_its_final_metrics(run_orchard):
+    """A user's workload that builds a metric name from its data: the run still FINISHES, its other
+    final metrics arrive, the bad one alone is dropped and counted."""
+    from orchard.tracking.sink import DROPPED
+
+    res = run_orchard("workload=tiny", "tiny.steps=5", "tiny.returns_metric=val/bad metric?")
+    assert res.exit_code == 0 and res.run.info.status == "FINISHED"
+    m = res.run.data.metrics
+    assert m[DROPPED] == 1 and "val/bad metric?" not in m
+    assert {"train/final_loss", "worker/final_loss", "val/score"} <= set(m)
