@@ -16,6 +16,7 @@ from orchard.cluster.placement import HEAD, Resources, bundles
 from orchard.storage import Storage
 from orchard.sweep import identity_overrides, sweep_key
 from orchard.tracking.store import check_store
+from tests.session_ray import attach_overrides
 from tests.tiny_workload.cli import tiny_cli, tiny_cli_env
 
 SHIPPED = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "conf" / "sweep").glob("*.yaml"))
@@ -184,14 +185,14 @@ def test_asha_stops_a_lagging_trial_on_a_metric_logged_by_a_ray_task(tiny_sweep,
 
 
 @pytest.mark.slow
-def test_interrupted_sweep_exits_130_and_resumes_where_it_stopped(tmp_path):
+def test_interrupted_sweep_exits_130_and_resumes_where_it_stopped(ray_session, tmp_path):
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     check_store(uri)  # created once, before this test's client polls it beside the sweep (docs/runs.md)
     args = tiny_cli("workload=tiny", "sweep=tiny_grid", "sweep.max_concurrent_trials=1", THREE_LRS,
                     "tiny.steps=40", "tiny.sleep_s=0.05", "tracking.system_metrics=false",
-                    f"tracking.uri={uri}", f"output_dir={tmp_path}/out", "cluster.num_cpus=2")
+                    f"tracking.uri={uri}", f"output_dir={tmp_path}/out", *attach_overrides())
     env = tiny_cli_env()
     client = MlflowClient(uri)
 
@@ -233,14 +234,14 @@ def test_interrupted_sweep_exits_130_and_resumes_where_it_stopped(tmp_path):
 
 
 @pytest.mark.slow
-def test_sigterm_of_a_sweep_exits_143_with_parent_and_running_trial_killed(tmp_path):
+def test_sigterm_of_a_sweep_exits_143_with_parent_and_running_trial_killed(ray_session, tmp_path):
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     check_store(uri)  # created once, before this test's client polls it beside the sweep (docs/runs.md)
     args = tiny_cli("workload=tiny", "sweep=tiny_grid", "sweep.max_concurrent_trials=1", TWO_LRS, "tiny.steps=100",
                     "tiny.sleep_s=0.1", "tracking.system_metrics=false", f"tracking.uri={uri}",
-                    f"output_dir={tmp_path}/out", "cluster.num_cpus=2")
+                    f"output_dir={tmp_path}/out", *attach_overrides())
     log = open(tmp_path / "sweep.log", "w")  # a file, not a pipe nobody reads while waiting
     proc = subprocess.Popen(args, cwd=tmp_path, env=tiny_cli_env(), stdout=log, stderr=subprocess.STDOUT, text=True)
     client = MlflowClient(uri)
