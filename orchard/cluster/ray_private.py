@@ -1,7 +1,7 @@
 """Every private Ray API orchard uses, in one place, each with why no public one serves.
 
 Ray (pinned in pyproject to the 2.60 series) may move any of these in a release; the test
-``tests/orchard/test_ray_private.py`` touches each of them, so an upgrade that moves one fails
+``tests/orchard/cluster/test_ray_private.py`` touches each of them, so an upgrade that moves one fails
 CI by name instead of breaking a run at its first interrupt or sweep. Nothing else in orchard
 imports ``ray._private`` or reads private attributes of Ray objects.
 """

@@ -125,7 +125,7 @@ class RunContext:
 # MLflow's own rules. Why: mlflow.utils.validation loads the whole mlflow package (1.7 s on
 # 2 cores), which a Ray Train worker paid in its first logged step (docs/benchmarks/flower.md).
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_./\- ]+")
-_PLAIN_MAX = 250  # MLflow's MAX_ENTITY_KEY_LENGTH (test_metrics_sink checks they agree)
+_PLAIN_MAX = 250  # MLflow's MAX_ENTITY_KEY_LENGTH (tests/orchard/tracking/test_sink.py checks they agree)
 
 
 def _plainly_valid(key) -> bool:

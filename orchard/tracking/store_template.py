@@ -7,7 +7,7 @@ default experiment, whose artifact location MLflow derives from the working dire
 process that created it. So orchard migrates one store per MLflow version into its cache
 (``$XDG_CACHE_HOME/orchard/mlflow-stores/``) and fills each new store with a copy of it, that
 row written as MLflow would have written it here. A store made this way and one MLflow made
-hold the same tables, versions and rows (tests/orchard/test_store_template.py).
+hold the same tables, versions and rows (tests/orchard/tracking/test_store_template.py).
 """
 from __future__ import annotations
 

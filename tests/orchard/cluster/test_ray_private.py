@@ -11,7 +11,7 @@ import pytest
 
 from orchard.cluster import ray_private
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.parametrize(("module", "attribute"), [
