@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from tests.integration.test_lifecycle import Orchard, runs
+from tests.session_ray import attach_overrides
 
 pytestmark = pytest.mark.slow
 
@@ -82,11 +83,12 @@ class Filler:
         self._file.close()
 
 
-def test_a_disk_that_fills_mid_run_stops_it_failed_with_one_line_and_keeps_the_last_checkpoint(tmp_path, small_disk):
+def test_a_disk_that_fills_mid_run_stops_it_failed_with_one_line_and_keeps_the_last_checkpoint(ray_session, tmp_path,
+                                                                                              small_disk):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     run = Orchard("workload=singa", "singa.arch=local", "debug=smoke", "singa.epochs=1000", "singa.tsne=false",
                   f"tracking.uri={uri}", f"tracking.artifact_location={tmp_path}/artifacts",
-                  f"output_dir={small_disk}", cwd=tmp_path)
+                  f"output_dir={small_disk}", *attach_overrides(), cwd=tmp_path)
     filler = None
     try:
         # [1] the first checkpoint written (whole: renamed into place), the run still training

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.session_ray import attach_overrides
 from tests.tiny_workload.cli import tiny_cli, tiny_cli_env
 
 
@@ -72,13 +73,13 @@ def test_tracking_none_records_nothing_but_returns_metrics(run_orchard):
 
 
 @pytest.mark.slow
-def test_ctrl_c_marks_the_run_killed(tmp_path):
+def test_ctrl_c_marks_the_run_killed(ray_session, tmp_path):
     """A real SIGINT to a real CLI process: exit 130 and a KILLED run."""
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     proc = subprocess.Popen(tiny_cli("workload=tiny", "tiny.steps=400", "tiny.sleep_s=0.05",
-                             f"tracking.uri={uri}", f"output_dir={tmp_path}/out", "cluster.num_cpus=2"),
+                             f"tracking.uri={uri}", f"output_dir={tmp_path}/out", *attach_overrides()),
                             cwd=tmp_path, env=tiny_cli_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     client = MlflowClient(uri)
