@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from orchard.cluster import LIBRARY_LOG_LEVELS
 from orchard.errors import ConfigError
 
-MLFLOW_URI = r"^(sqlite|http|https|file|postgresql|mysql|databricks)[:+]"
+MLFLOW_URI = r"^((sqlite|http|https|file|postgresql|mysql|databricks)[:+]|databricks$)"  # databricks alone: MLflow's default workspace
 
 
 class Section(BaseModel):
@@ -131,5 +131,15 @@ def _field(model: type[BaseModel], loc: tuple):
         if part not in fields:
             return field
         field = fields[part]
-        model = field.annotation
+        model = _model_in(field.annotation)
     return field
+
+
+def _model_in(annotation):
+    """The pydantic model a field holds, also through ``Optional[...]`` (``sweep.asha``)."""
+    import typing
+
+    for arg in (annotation, *typing.get_args(annotation)):
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            return arg
+    return annotation

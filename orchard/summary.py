@@ -20,8 +20,12 @@ RESOURCES = (("system/cpu_pct_mean", "CPU {:.0f}% (machine)"), ("system/run_cpu_
 
 
 def num(value: float) -> str:
-    """A figure as people read it: 4 significant digits, thousands separated."""
-    return f"{value:,.4g}" if isinstance(value, (int, float)) else str(value)
+    """A figure as people read it: 4 significant digits, thousands separated (12,345, not 1.234e+04)."""
+    if not isinstance(value, (int, float)):
+        return str(value)
+    if abs(value) >= 1e4 and value == value and abs(value) != float("inf"):
+        return f"{value:,.0f}"  # whole numbers past 4 digits: more digits, never an exponent
+    return f"{value:,.4g}"
 
 
 def predicted(metrics: dict) -> list[str]:

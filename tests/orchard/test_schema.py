@@ -78,15 +78,10 @@ def test_a_bad_item_of_a_list_shows_the_whole_list_under_the_lists_key():
     assert refusal(Section, {"roi": [0], "tiles": 0}) == "tiles: a positive integer, got 0"
 
 
-@pytest.mark.xfail(strict=True, reason="schema._field does not look through Optional[Asha]: a value under "
-                   "sweep.asha gets pydantic's wording ('Input should be greater than 1') instead of the field's "
-                   "description ('a number > 1'), unlike every other key")
 def test_a_bad_asha_setting_says_what_is_allowed_in_the_schemas_words():
     assert refusal(schema.Sweep, {**SWEEP, "asha": {"reduction_factor": 1}}, "sweep") == \
         "sweep.asha.reduction_factor: a number > 1, got 1"
 
 
-@pytest.mark.xfail(strict=True, reason="MLFLOW_URI wants 'databricks:' or 'databricks+': MLflow's own form for a "
-                   "Databricks workspace, plain 'databricks' (mlflow.set_tracking_uri('databricks')), is refused")
 def test_mlflows_plain_databricks_uri_is_a_tracking_uri():
     schema.check(schema.Tracking, {"uri": "databricks", "sample_interval_s": 2.0}, "tracking")
