@@ -14,7 +14,11 @@ from orchard.tracking.store import check_store
 def _contents(db: Path) -> dict:
     con = sqlite3.connect(db)
     try:
-        schema = sorted(con.execute("SELECT type, name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"))
+        # a table's lines in any order: MLflow's own migrations order a table's CHECK constraints
+        # differently from one process to the next
+        schema = sorted((kind, name, sorted((sql or "").split("\n")))
+                        for kind, name, sql in con.execute("SELECT type, name, sql FROM sqlite_master "
+                                                           "WHERE name NOT LIKE 'sqlite_%'"))
         version = con.execute("SELECT version_num FROM alembic_version").fetchall()
         experiments = con.execute("SELECT experiment_id, name, artifact_location, lifecycle_stage FROM experiments").fetchall()
     finally:
