@@ -195,8 +195,8 @@ def test_interrupt_while_ray_starts_leaves_no_open_run(tmp_path):
 # --------------------------------------------------------------------------- SIGKILL, then reap
 def test_sigkilled_driver_is_closed_by_runs_reap_and_then_resumed(ray_session, tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    # the SIGKILL lands after the first checkpoint (epoch 1 of 6); the resume trains the rest
-    run = Orchard("workload=flower", "strategy=ring", "flower.epochs=6", *common(tmp_path, uri), *attach_overrides(),
+    # the SIGKILL lands after the first checkpoint (epoch 1 of 4); the resume trains the rest
+    run = Orchard("workload=flower", "strategy=ring", "flower.epochs=4", *common(tmp_path, uri), *attach_overrides(),
                   cwd=tmp_path)
     # mid-training, once Ray Train has registered a checkpoint (checkpoint_every=1): progress
     # lines are throttled, so the checkpoint manager's own snapshot is what the test waits for
