@@ -58,6 +58,7 @@ def test_sampler_actor_logs_gpu_series_into_the_run(ray_session):
     assert summarize(series)["system/gpu_util_pct_mean"] == pytest.approx(50.0)
 
 
+@pytest.mark.slow  # waits out sqlite's 20 s lock timeout (MLflow's busy_timeout)
 def test_metrics_the_store_refused_are_written_by_a_later_flush(ray_session, tmp_path):
     """A store busy with another writer (sqlite locked by a concurrent run) refuses a flush:
     those metrics stay buffered and reach the run once the store answers again."""

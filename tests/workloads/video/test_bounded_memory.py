@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import ray
 
 from workloads.video.master import sample_segments, start_master
@@ -21,6 +22,7 @@ BUDGET_MB = 8
 BLOCK_MB = 2  # one 8-clip block of 128x128x5 frames (see below)
 
 
+@pytest.mark.slow
 def test_pipeline_streams_12x_its_object_store_budget_in_bounded_memory(ray_session, tiny_videos):
     _, index = tiny_videos
     # 128x128 frames from 32x32 videos: 5 frames = 240 KiB per clip, 2 MiB per 8-clip block

@@ -106,6 +106,7 @@ def test_smoke_run_end_to_end_records_streams_fusion_skips_and_stages(cli_run, t
     assert len(records["videos"]) == 2 and all(v["windows"] for v in records["videos"])
 
 
+@pytest.mark.slow
 def test_decode_is_elastic_end_to_end_the_pool_grows_shrinks_and_the_run_pauses_and_resumes_it(cli_run):
     """Elastic decode, end to end, in a CLI process with its own embedded Ray (the pool can only
     grow into CPUs nobody else holds). The decode stage is an autoscaling actor pool (min 1,
@@ -128,6 +129,7 @@ def test_decode_is_elastic_end_to_end_the_pool_grows_shrinks_and_the_run_pauses_
         assert sorted(steps) == [0, 1]
 
 
+@pytest.mark.slow
 def test_real_clips_and_a_user_extractor_train_twice_to_the_same_metrics_the_second_from_the_cache(
         run_orchard, real_folder, tmp_path):
     """Written H.264 clips (one VFR per class) beside a JPEG, a text .mp4, an audio-only and a
