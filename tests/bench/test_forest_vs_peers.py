@@ -23,6 +23,7 @@ def test_a_peer_over_the_time_limit_is_stopped_and_becomes_a_failed_row_with_its
     assert out["peak_bytes"] > 10 * 2**20                              # sampled from outside the child
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_the_forest_bench_script_prints_the_table_and_orchards_profile_per_round(capsys):
     """`python bench/forest_vs_peers.py --profile` (the command docs/benchmarks/forest.md gives):
@@ -41,6 +42,7 @@ def test_the_forest_bench_script_prints_the_table_and_orchards_profile_per_round
         main(["--systems", "CatBoost"])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_where_the_peers_matrix_outgrows_memory_they_are_refused_and_orchard_trains_within_its_budget(monkeypatch):
     """issue 34's beyond-memory row: a peer whose float32 matrix exceeds this machine's memory is

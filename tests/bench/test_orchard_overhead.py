@@ -8,11 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.session_ray import attach_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_the_first_step_workload_runs_through_the_cli_and_its_metric_is_stored(ray_session, tmp_path):
     from bench import orchard_overhead as oh
 
@@ -30,6 +33,7 @@ PER_CALL = "import json, sys; from pathlib import Path; from bench.orchard_overh
            "print(json.dumps(per_step_overhead(Path(sys.argv[1]), 20)))"
 
 
+@pytest.mark.slow
 def test_every_metric_each_side_logs_is_in_the_store_afterwards(tmp_path):
     # its own process: the bench starts and stops a Ray of its own, as it does when measuring
     done = subprocess.run([sys.executable, "-c", PER_CALL, str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
