@@ -78,7 +78,9 @@ def _fresh_venv(venv: Path) -> tuple[Path, dict]:
 
 
 def _install_requirements(venv: Path, env: dict, local: Path) -> None:
-    pip = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "-r", str(local / "requirements.txt")],
+    # --no-compile: the venv's Python compiles what the model imports when it imports it, not
+    # all of torch and MLflow at install (a test's venv lives for one test)
+    pip = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--no-compile", "-r", str(local / "requirements.txt")],
                          capture_output=True, text=True, timeout=900, env=env)
     assert pip.returncode == 0, pip.stderr[-3000:]
 
