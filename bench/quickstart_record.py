@@ -72,6 +72,8 @@ def measure(tests: bool, keep_log: str | None = None, ci_runs: int = 1) -> dict:
         for i in range(ci_runs if tests else 0):  # .ci/run: the README's install, then its test command
             clone = Path(tmp) / f"orchard-{i}"
             subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+            # the commit recorded, whatever HEAD has become since the first run began
+            subprocess.run(["git", "checkout", "-q", commit], cwd=clone, check=True)
             with open(Path(tmp) / f"ci-{i}.log", "w+") as log:
                 runs.append(ci_run(clone, env, log))
             print(f"quickstart_record: .ci/run {i + 1} of {ci_runs}: {runs[-1]['ci_total_s']:.0f} s, "

@@ -92,6 +92,35 @@ def trial_config(base: dict, values: dict) -> dict:
     return cfg
 
 
+def anchored(cfg: dict) -> dict:
+    """``cfg`` with every place a trial writes made absolute in the driver's working directory.
+
+    Ray Tune runs each trial in a folder of its own (``<ray tmp>/session_*/tune/working_dirs/
+    <trial>/``): there, the default ``sqlite:///mlflow.db`` was a new, empty store (the trial could
+    not find its parent run: every trial failed) and ``outputs`` a folder nobody looks in (each
+    trial made its own data cache). Anchored, trials record into the user's store and keep their
+    run folders beside single runs in ``output_dir``, sharing its data caches."""
+    import os
+
+    from orchard.storage import is_uri
+    from orchard.tracking.store import resolve_uri
+
+    def here(path) -> str:
+        return str(Path(os.path.expanduser(str(path))).resolve())
+
+    out = copy.deepcopy(cfg)
+    tracking = out["tracking"]
+    if tracking.get("uri"):
+        tracking["uri"] = resolve_uri(tracking["uri"])
+    if tracking.get("artifact_location") and not is_uri(tracking["artifact_location"]) \
+            and not str(tracking["artifact_location"]).startswith("file:"):
+        tracking["artifact_location"] = here(tracking["artifact_location"])
+    out["output_dir"] = here(out["output_dir"])
+    if (out.get("storage") or {}).get("uri") and not is_uri(out["storage"]["uri"]):
+        out["storage"]["uri"] = here(out["storage"]["uri"])
+    return out
+
+
 # --------------------------------------------------------------------------- [1] identity
 def identity_overrides(overrides: list[str]) -> list[str]:
     """The command's overrides that define the sweep, sorted (see ``NOT_IDENTITY``)."""
@@ -376,7 +405,7 @@ def run_sweep(cfg: dict, module, run_one: Callable) -> Outcome:
     sealed = parent.sealed  # checked under the lease: None for a new sweep
     resuming = sealed is not None
     metric, mode = s["metric"], s["mode"]
-    trainable = tune.with_resources(_make_trainable(copy.deepcopy(cfg), module.__name__, parent.run_id, metric, run_one),
+    trainable = tune.with_resources(_make_trainable(anchored(cfg), module.__name__, parent.run_id, metric, run_one),
                                     need.factory())
     say(f"orchard: sweep {key} {'resuming' if resuming else 'starting'} in {folder}\n"
           f"orchard: up to {concurrent} trial(s) at once; each holds {need.describe()}\n"

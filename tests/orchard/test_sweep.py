@@ -234,6 +234,25 @@ def test_interrupted_sweep_exits_130_and_resumes_where_it_stopped(ray_session, t
 
 
 @pytest.mark.slow
+def test_a_sweep_with_the_default_store_and_output_folder_keeps_every_trial_there(ray_session, tmp_path):
+    """As docs/sweeps.md types it, from a fresh folder with the defaults (``sqlite:///mlflow.db``,
+    ``outputs/``): Tune runs each trial in a folder of its own, yet the trials record into the
+    folder's store under their parent and keep their run folders in its ``outputs/``."""
+    from mlflow.tracking import MlflowClient
+
+    done = subprocess.run(tiny_cli("workload=tiny", "sweep=tiny_grid", TWO_LRS, "tiny.steps=5", *attach_overrides()),
+                          cwd=tmp_path, env=tiny_cli_env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    found = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    (parent,) = [r for r in found if "orchard.sweep" in r.data.tags]
+    children = [r for r in found if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert [r.info.status for r in (parent, *children)] == ["FINISHED"] * 3
+    for child in children:
+        assert Path(child.data.tags["orchard.run_dir"]).parent == tmp_path / "outputs" / "tiny"
+
+
+@pytest.mark.slow
 def test_sigterm_of_a_sweep_exits_143_with_parent_and_running_trial_killed(ray_session, tmp_path):
     from mlflow.tracking import MlflowClient
 
