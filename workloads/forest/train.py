@@ -85,9 +85,14 @@ class RoundRunner:
         self.parents = ParentStore(int(forest_cfg["memory_budget_mb"] * 2**20),
                                    forest_cfg.get("histogram_subtraction", True))
         self.bin_cache: dict = {}  # block ref -> its bin cache ref (None: on the fly), this tree's
-        self._encode_task = ray.remote(encode_task)
-        self._phase1_task = ray.remote(phase1_task)
-        self._phase2_task = ray.remote(phase2_task)
+        # The round tasks are pure functions of their object-store inputs: an OSError inside one
+        # comes from its node going away under it (a worker whose raylet has died fails to reach
+        # its sockets before it is killed, and Ray calls that the task's own error, not a lost
+        # worker), so it is retried like a lost worker, up to max_failures times.
+        retried = {"retry_exceptions": [OSError]}
+        self._encode_task = ray.remote(**retried)(encode_task)
+        self._phase1_task = ray.remote(**retried)(phase1_task)
+        self._phase2_task = ray.remote(**retried)(phase2_task)
 
     @property
     def actors(self) -> list:
