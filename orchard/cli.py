@@ -1,7 +1,7 @@
 """``python -m orchard workload=<name> [strategy=<name>] [key=value ...]``: parses argv only.
 
 Everything a run goes through (config, checks, Ray, MLflow, the workload, its status and exit
-code) is ``orchard/lifecycle.py``; ``runs`` (here: ``runs_command``) and ``resume`` (orchard/resume.py) are its maintenance commands.
+code) is ``orchard/lifecycle.py``; ``runs`` (orchard/runs.py) and ``resume`` (orchard/resume.py) are its maintenance commands.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ USAGE = """usage: python -m orchard workload=<name> [strategy=<name>] [group=opt
        python -m orchard workload=<name> --info [searchpath|defaults|config|...]   search path, choices and groups
        python -m orchard --hydra-help | --version | -sc install=bash|zsh   Hydra's flags / versions / tab completion
        python -m orchard resume <run id> [tracking.uri=...]     continue a KILLED or FAILED run from its checkpoint
-       python -m orchard runs reap|list [tracking.uri=...]      close runs whose driver died (SIGKILL, OOM) / list open runs
+       python -m orchard runs list|show|compare|reap [tracking.uri=...]   the store's runs: list, one again, side by side; close runs whose driver died
 
 options:
   --config-dir DIR, -cd DIR   your own config groups beside orchard's (DIR/experiment/mine.yaml -> experiment=mine)
@@ -140,6 +140,8 @@ def _dispatch(argv: list[str]) -> None:
 
 def _maintenance(argv: list[str]) -> int:
     if argv[0] == "runs":
+        from orchard.runs import runs_command
+
         return runs_command(argv[1:])
     if len(argv) < 2 or "=" in argv[1]:
         say("usage: python -m orchard resume <run id> [tracking.uri=...]", file=sys.stderr)
@@ -172,45 +174,4 @@ def _show(flags) -> int:
     except ConfigError as err:
         say(f"orchard: bad config: {err}", file=sys.stderr)
         return 2
-    return 0
-
-
-def runs_command(argv: list[str]) -> int:
-    """``python -m orchard runs reap|list [tracking.uri=...]``."""
-    from mlflow.tracking import MlflowClient
-
-    from orchard.tracking.lost_runs import open_runs, reap, store_now, why_lost
-    from orchard.tracking.store import resolve_uri
-
-    usage = "usage: python -m orchard runs {reap|list} [tracking.uri=sqlite:///mlflow.db]"
-    if not argv or argv[0] not in ("reap", "list"):
-        say(usage, file=sys.stderr)
-        return 2
-    uri = "sqlite:///mlflow.db"
-    for arg in argv[1:]:
-        if not arg.startswith("tracking.uri="):
-            say(f"orchard runs: unknown argument {arg!r}; {usage}", file=sys.stderr)
-            return 2
-        uri = arg.split("=", 1)[1]
-    from orchard.errors import ConfigError
-    from orchard.tracking.store import check_store
-
-    try:
-        check_store(uri, create=False)  # listing or reaping a store that is not there never makes one
-    except ConfigError as err:
-        say(f"orchard: {err}", file=sys.stderr)
-        return 2
-    client = MlflowClient(resolve_uri(uri))
-    if argv[0] == "reap":
-        closed = reap(client)
-        say(f"orchard: closed {len(closed)} run(s) whose driver was lost" + (": " + ", ".join(closed) if closed else ""))
-        return 0
-    now = store_now(client.tracking_uri)
-    running = open_runs(client)
-    if not running:  # an empty listing would look like a command that did nothing
-        say(f"orchard: no RUNNING runs in {uri}; finished, failed and killed runs are in the MLflow UI")
-    for run in running:
-        tags = run.data.tags
-        state = why_lost(tags, now) or f"alive (pid {tags.get('orchard.pid', '?')} on {tags.get('orchard.host', '?')})"
-        say(f"{run.info.run_id}  {tags.get('mlflow.runName', '')}  {state}")
     return 0

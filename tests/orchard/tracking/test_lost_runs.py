@@ -6,7 +6,7 @@ import sys
 import time
 
 from orchard.tracking import lost_runs as runs
-from orchard.cli import runs_command
+from orchard.runs import runs_command
 
 
 def _dead_pid() -> int:
@@ -48,8 +48,8 @@ def test_reap_closes_only_lost_runs_and_the_cli_reports_them(tmp_path, capsys):
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     check_store(uri)
-    assert runs_command(["list", f"tracking.uri={uri}"]) == 0  # `runs list` on a store with no open run says so
-    assert capsys.readouterr().out.startswith(f"orchard: no RUNNING runs in {uri};")
+    assert runs_command(["list", f"tracking.uri={uri}"]) == 0  # `runs list` on a store with no run says so
+    assert capsys.readouterr().out.startswith(f"orchard: no runs in {uri}")
     client = MlflowClient(uri)
     exp = client.create_experiment("lost")
     alive = client.create_run(exp, tags=runs.driver_tags()).info.run_id
