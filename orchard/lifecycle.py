@@ -58,9 +58,18 @@ def prepare(overrides: list[str]):
 
 
 # --------------------------------------------------------------------------- [2] preflight
-def preflight(cfg: dict) -> None:
-    """Everything that can be checked before Ray starts and a run opens; raises ConfigError."""
+def preflight(cfg: dict, module=None) -> None:
+    """Everything that can be checked before Ray starts and a run opens; raises ConfigError.
+    With the workload's ``module``, also that its workers fit the machine an embedded Ray would
+    have (``check_fits``), so a run that cannot fit is refused in seconds, not after a Ray start."""
     _check_output_dir(cfg["output_dir"])
+    if module is not None and cfg["cluster"]["mode"] == "local":
+        from orchard.cluster.ray_private import detected_resources
+
+        have = detected_resources()
+        have.update({k.upper(): float(cfg["cluster"][f"num_{k}"]) for k in ("cpus", "gpus")
+                     if cfg["cluster"].get(f"num_{k}") is not None})
+        check_fits(cfg, module, have)
     _check_ray_auth(cfg["cluster"])
     if cfg["cluster"]["mode"] == "remote":  # first: a 5 s probe, before a store is created or migrated
         _check_cluster_address(cfg["cluster"]["address"], cfg["cluster"])
@@ -209,20 +218,22 @@ def ray_session(cfg: dict):
                 cluster.shutdown()
 
 
-def check_fits(cfg: dict, module) -> None:
+def check_fits(cfg: dict, module, have: dict | None = None) -> None:
     """The workers a run starts all at once (a Ray Train group, SPREAD actors: the workload's
     ``resources(cfg).outside``) must fit the embedded Ray, or they would wait forever for a
-    placement group; raises ConfigError.  Attached clusters may autoscale: not checked."""
+    placement group; raises ConfigError.  ``have``: the resources Ray will have (preflight,
+    before it starts), else the running Ray's.  Attached clusters may autoscale: not checked."""
     resources_fn = getattr(module, "resources", None)
     if resources_fn is None or cfg["cluster"]["mode"] != "local":
         return
-    import ray
-
     need: dict[str, float] = {}
     for bundle in resources_fn(cfg).outside:
         for key, value in bundle.items():
             need[key] = need.get(key, 0.0) + float(value)
-    have = ray.cluster_resources()
+    if have is None:
+        import ray
+
+        have = ray.cluster_resources()
     short = [f"{value:g} {key} (this machine's Ray has {float(have.get(key, 0)):g})"
              for key, value in need.items() if value > float(have.get(key, 0)) + 1e-9]
     if short:
@@ -251,7 +262,7 @@ def reap_lost_runs(cfg: dict) -> None:
 def main(cfg: dict, module, print_cfg: bool = False) -> int:
     """The whole lifecycle for one composed config (single run or sweep); returns the exit code."""
     try:
-        preflight(cfg)
+        preflight(cfg, module)
     except ConfigError as err:
         say(f"orchard: bad config: {err}", file=sys.stderr)
         return 2
@@ -539,6 +550,13 @@ def _close(live: _Live | None, tracked, heartbeat, status: str, error, metrics: 
             say(f"orchard: the run's log was not kept: {exc}", file=sys.stderr)
     if tracked and _stopped_by_sweep(tracked):
         return summary  # its sweep's scheduler stopped it and closed it KILLED, with the reason
+    if tracked and status == "FINISHED":
+        try:  # the model's page shows what it scored, on which data
+            from orchard.logged_models import link_quality
+
+            link_quality(tracked.client(), tracked.run_id)
+        except Exception as exc:
+            say(f"orchard: the model's metrics were not linked to it: {str(exc).splitlines()[0][:200]}", file=sys.stderr)
     if tracked:
         try:
             tracking.close_run(tracked, status, error)
@@ -559,7 +577,6 @@ def _stopped_by_sweep(tracked) -> bool:
 def _print_summary(cfg: dict, module, name: str, tracked, status: str, run_dir: Path, metrics: dict,
                    error: BaseException | None = None) -> None:
     from orchard import summary
-    from orchard.tracking import mlflow_run as tracking
 
     label = f"{cfg['workload']['name']}/{cfg['strategy']['name']}"
     took = metrics.get("time/total_s")

@@ -63,6 +63,7 @@ def log_model(path: Path, run_id: str, tracking_uri: str, workload: str) -> str:
     gets the LoggedModel's ids too (a predict run records the model it used by them).  Returns
     the model id."""
     import mlflow
+    from mlflow.entities import LoggedModelOutput
     from mlflow.models import Model
     from mlflow.tracking import MlflowClient
 
@@ -74,8 +75,13 @@ def log_model(path: Path, run_id: str, tracking_uri: str, workload: str) -> str:
                                        params=run.data.params, tags={"orchard.workload": workload})
     mlflow.set_tracking_uri(tracking_uri)   # Model.log writes to MLflow's current store
     try:
-        info = Model.log(artifact_path=None, name=MODEL_DIR, flavor=_WrittenModel(path), run_id=run_id,
+        # No run_id here: given one, Model.log links to the model every metric the run has at
+        # its step 0 (the first resource samples, cluster/*, train/restarts: what the model's page
+        # then listed as its metrics). The model is recorded as the run's output below instead,
+        # and its quality figures are linked when the run ends (link_quality).
+        info = Model.log(artifact_path=None, name=MODEL_DIR, flavor=_WrittenModel(path, run_id), run_id=None,
                          model_id=model.model_id, validate_serving_input=False)  # predicted on its example already
+        client.log_outputs(run_id, models=[LoggedModelOutput(model.model_id, step=0)])
     except Exception:   # never left PENDING: the UI shows it failed, the run's error says why
         from mlflow.entities import LoggedModelStatus
 
@@ -95,15 +101,15 @@ class _WrittenModel:
 
     __name__ = "orchard"
 
-    def __init__(self, folder: Path):
-        self.folder = folder
+    def __init__(self, folder: Path, run_id: str):
+        self.folder, self.run_id = folder, run_id
 
     def save_model(self, path: str, mlflow_model, **_flavour_args) -> None:
         from mlflow.models import Model
 
         shutil.copytree(self.folder, path, ignore=shutil.ignore_patterns("__pycache__"))
         written = Model.load(path)
-        written.run_id, written.model_id = mlflow_model.run_id, mlflow_model.model_id
+        written.run_id, written.model_id = self.run_id, mlflow_model.model_id
         written.model_uuid, written.artifact_path = mlflow_model.model_uuid, mlflow_model.artifact_path
         written.save(str(Path(path) / "MLmodel"))
         vars(mlflow_model).update(vars(written))   # what Model.log reports (signature, flavours) is the folder's
@@ -201,3 +207,32 @@ def free_dims(signature, inputs: Iterable[int] = (), outputs: Iterable[int] = ()
         return Schema([TensorSpec(spec.type, tuple(shape), spec.name)])
 
     return ModelSignature(loosen(signature.inputs, inputs), loosen(signature.outputs, outputs))
+
+
+QUALITY = ("headline/", "test/", "val/")  # what a model is judged by; time, speed and system are the run's
+
+
+def link_quality(client, run_id: str) -> int:
+    """The run's quality figures (``headline/``, ``test/``, ``val/``: each key's last value) also
+    on its LoggedModel, measured on the run's dataset input: the model's page lists its metrics
+    and "Datasets used", and ``search_logged_models`` ranks models by them. Each is the run's own
+    last record logged again with the model's id and the dataset, so the run's history gains no
+    point (the store keeps one row for an identical record). Returns how many were linked."""
+    from mlflow.entities import Metric
+
+    run = client.get_run(run_id)
+    model = run.data.tags.get("orchard.logged_model", "")
+    if not model.startswith("models:/"):
+        return 0
+    inputs = run.inputs.dataset_inputs if run.inputs else []
+    dataset = inputs[0].dataset if inputs else None
+    linked = []
+    for key in sorted(k for k in run.data.metrics if k.startswith(QUALITY)):
+        last = max(client.get_metric_history(run_id, key), key=lambda m: (m.step, m.timestamp), default=None)
+        if last is not None:
+            linked.append(Metric(key, last.value, last.timestamp, last.step, model_id=model[len("models:/"):],
+                                 dataset_name=dataset.name if dataset else None,
+                                 dataset_digest=dataset.digest if dataset else None))
+    for i in range(0, len(linked), 1000):  # the store's batch limit
+        client.log_batch(run_id, metrics=linked[i:i + 1000])
+    return len(linked)

@@ -68,7 +68,7 @@ def run_multirun(overrides: list[str], console: bool = False) -> int:
     runnable = []
     for num, (cfg, module) in enumerate(jobs):  # every job's folder, store and cluster checked before Ray starts
         try:
-            lifecycle.preflight(cfg)
+            lifecycle.preflight(cfg, module)
         except ConfigError as err:
             say(f"orchard: bad config: {err}", file=sys.stderr)
             failures.append(2)

@@ -27,7 +27,7 @@ def resume(run_id: str, extra: list[str]) -> int:
         client, old = _stopped_run(run_id, uri)
         lease = _lease(client, old.info.run_id)
         cfg, module = _resume_config(old, uri, extra)
-        preflight(cfg)
+        preflight(cfg, module)
     except ConfigError as err:
         if lease is not None:
             lease.release()

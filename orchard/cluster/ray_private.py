@@ -149,3 +149,19 @@ def answers_without_token(gcs_address: str, timeout_s: float = 5.0) -> bool:
                 return False
             raise
     return True
+
+
+def detected_resources() -> dict[str, float]:
+    """The CPUs and GPUs an embedded ``ray.init()`` would give this machine (cgroup limits and
+    CPU affinity counted, ``CUDA_VISIBLE_DEVICES`` honoured), before starting it: a run whose
+    workers cannot fit is refused in a second, not after a Ray start. Ray offers no public way
+    to ask without starting."""
+    from ray._private.accelerators import get_accelerator_manager_for_resource
+    from ray._private.utils import get_num_cpus
+
+    manager = get_accelerator_manager_for_resource("GPU")
+    gpus = manager.get_current_node_num_accelerators() if manager else 0
+    visible = manager.get_current_process_visible_accelerator_ids() if manager else None
+    if visible is not None:  # as Ray counts them: no more than CUDA_VISIBLE_DEVICES shows
+        gpus = min(gpus, len(visible))
+    return {"CPU": float(get_num_cpus()), "GPU": float(gpus)}

@@ -344,7 +344,15 @@ def test_a_run_against_a_real_mlflow_server_records_metrics_and_artifacts(ray_se
     assert "config.yaml" in names
 
 
-def test_workers_that_cannot_fit_the_machine_are_refused_instead_of_waiting_forever(ray_session, tmp_path, capfd):
+def test_workers_that_cannot_fit_the_machine_are_refused_before_ray_starts(ray_session, tmp_path, capfd, monkeypatch):
+    """Refused in the preflight, from the cores an embedded Ray would have: no Ray start (which
+    would take the run a minute on a busy machine), no run, one line naming the key."""
+    from orchard import cluster
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray was started for a run that cannot fit")
+
+    monkeypatch.setattr(cluster, "connect", no_ray)
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     code, err = main_in_process(["workload=flower", "strategy=ring", "strategy.num_workers=4", "debug=smoke",
                       f"tracking.uri={uri}", f"output_dir={tmp_path}/out"], capfd)

@@ -94,6 +94,30 @@ def test_a_tracked_runs_model_is_its_logged_model_by_both_uris_with_the_runs_par
     assert [o.model_id for o in client.get_run(run_id).outputs.model_outputs] == [model_id]
 
 
+def test_the_runs_quality_figures_are_linked_to_its_model_with_its_dataset_and_its_history_untouched(store, tmp_path):
+    import time
+
+    from mlflow.entities import Dataset, DatasetInput, Metric
+
+    client, exp = store
+    run_id = client.create_run(exp).info.run_id
+    # a run's data as orchard/tracking/datasets.py records it: a named dataset with a digest
+    fields = Dataset(name="fields", digest="abc123", source_type="code", source="{}")
+    client.log_inputs(run_id, datasets=[DatasetInput(fields)])
+    now = int(time.time() * 1000)
+    client.log_batch(run_id, metrics=[Metric("val/mae", 3.0, now, 0), Metric("val/mae", 2.0, now + 1, 1),
+                                      Metric("headline/count_mae", 2.5, now + 2, 1), Metric("train/loss", 0.1, now, 1)])
+    assert logged_models.link_quality(client, run_id) == 0  # no model logged: nothing to link
+    logged_models.save_model(Ctx(tmp_path / "run", run_id, client.tracking_uri), "tiny", write_model)
+    assert logged_models.link_quality(client, run_id) == 2
+    model = client.get_logged_model(logged_models.model_id_of(tmp_path / "run" / "model"))
+    linked = {m.key: m for m in model.metrics}
+    assert set(linked) == {"val/mae", "headline/count_mae"}  # the run's loss is no model quality
+    assert linked["val/mae"].value == 2.0 and linked["val/mae"].dataset_name == "fields"
+    assert linked["val/mae"].dataset_digest == "abc123"
+    assert [m.value for m in client.get_metric_history(run_id, "val/mae")] == [3.0, 2.0]  # no point added
+
+
 def test_a_model_that_fails_to_log_is_marked_failed_not_left_pending(store, tmp_path):
     client, exp = store
     run_id = client.create_run(exp).info.run_id

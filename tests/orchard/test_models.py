@@ -154,7 +154,7 @@ def test_register_best_puts_the_trials_model_in_the_registry_with_its_metric_and
 def test_a_training_run_logs_an_mlflow_logged_model_too(cli_run, tmp_path):
     """MLflow 3's LoggedModel (the UI's Models tab, search_logged_models, models:/<id>): the run's
     model, logged through MLflow's own Model.log, reachable as runs:/<id>/model and models:/<id>,
-    downloadable and owned by the workload."""
+    downloadable and owned by the workload, with the run's quality figures and dataset linked."""
     import mlflow
 
     from orchard.models import resolve_model
@@ -168,6 +168,12 @@ def test_a_training_run_logs_an_mlflow_logged_model_too(cli_run, tmp_path):
     uri = run.run.data.tags["orchard.logged_model"]
     assert uri == f"models:/{mine[0].model_id}"
     assert mine[0].name == "model" and [o.model_id for o in run.run.outputs.model_outputs] == [mine[0].model_id]
+    # what it scored, on which data: the run's quality figures on the model, with the run's dataset
+    linked = {m.key: m for m in mine[0].metrics}
+    assert "test/accuracy" in linked and linked["test/accuracy"].value == run.run.data.metrics["test/accuracy"]
+    dataset = run.run.inputs.dataset_inputs[0].dataset
+    assert {(m.dataset_name, m.dataset_digest) for m in linked.values()} == {(dataset.name, dataset.digest)}
+    assert not [k for k in linked if k.startswith(("system/", "time/", "train/"))]
     # runs:/<id>/model lists through the LoggedModel (MLflow 3.17 resolves it on its *current* store)
     previous = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(run.uri)

@@ -19,6 +19,8 @@ ROOT = Path(__file__).resolve().parents[3]
     ("ray._private.services", "get_node_ip_address"),
     ("ray._private.services", "ConsolePopen"),
     ("ray._private.utils", "detect_fate_sharing_support"),
+    ("ray._private.utils", "get_num_cpus"),
+    ("ray._private.accelerators", "get_accelerator_manager_for_resource"),
     ("ray._private.state", "actors"),
     ("ray._private.state", "state"),
     ("ray._private.worker", "global_worker"),
@@ -44,6 +46,16 @@ def test_the_placement_group_record_still_has_the_creator_fields():
                                     ray_private.TRAIN_PG_CLEANER_LOGGER])
 def test_the_ray_loggers_orchard_quiets_are_still_rays_modules(logger):
     importlib.import_module(logger)  # a module Ray renamed: its logger name no longer matches anything
+
+
+def test_the_resources_detected_before_ray_are_this_machines(monkeypatch):
+    """What ``detected_resources`` says before any Ray starts: this process's cores (no more than
+    its CPU affinity allows), and no GPU where CUDA_VISIBLE_DEVICES hides them all."""
+    import os
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    found = ray_private.detected_resources()
+    assert 1 <= found["CPU"] <= len(os.sched_getaffinity(0)) and found["GPU"] == 0
 
 
 def test_the_private_calls_work_on_a_live_ray(ray_session):
