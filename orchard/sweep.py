@@ -85,6 +85,15 @@ def param_space(params: dict) -> dict:
     return space
 
 
+def trial_count(s: dict) -> int:
+    """How many trials the sweep runs: ``num_samples`` draws of every grid point."""
+    points = 1
+    for spec in s["params"].values():
+        if spec["type"] == "grid":
+            points *= len(spec["values"])
+    return int(s["num_samples"]) * points
+
+
 def trial_config(base: dict, values: dict) -> dict:
     cfg = copy.deepcopy(base)
     for key, value in values.items():
@@ -362,6 +371,43 @@ def _trial_stopper(parent: "_Parent", scheduler: str, metric: str, signals_befor
 STOPPED_TAG = "orchard.stopped_by_scheduler"
 
 
+def _progress(total: int, metric: str, mode: str):
+    """A Tune callback: one console line each time a trial starts, ends or fails, with the
+    sweep's counts and the best value of ``metric`` so far (a sweep runs for many minutes; its
+    trials' own lines go to the log). Plain values only: Tune saves callbacks with the sweep."""
+    from ray import tune
+
+    class SweepProgress(tune.Callback):
+        best = None
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            value = result.get(metric)
+            if isinstance(value, (int, float)) and math.isfinite(value) and (
+                    self.best is None or rank_key(value, mode) < rank_key(self.best, mode)):
+                self.best = float(value)
+
+        def _say(self, trials, trial, now: str, what: str) -> None:
+            # Tune calls back before it sets the trial's new status: counted here as it will be
+            counts = {"TERMINATED": 0, "RUNNING": 0, "ERROR": 0}
+            for t in trials:
+                status = now if t is trial else t.status
+                counts[status] = counts.get(status, 0) + 1
+            best = f"; best {metric} {self.best:.4g}" if self.best is not None else ""
+            say(f"orchard: sweep: {what}; {counts['TERMINATED']}/{total} done, {counts['RUNNING']} running, "
+                f"{counts['ERROR']} failed{best}", flush=True)
+
+        def on_trial_start(self, iteration, trials, trial, **info):
+            self._say(trials, trial, "RUNNING", f"trial {trial.trial_id} started")
+
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            self._say(trials, trial, "TERMINATED", f"trial {trial.trial_id} ended")
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            self._say(trials, trial, "ERROR", f"trial {trial.trial_id} failed: {_trial_error(trial)}")
+
+    return SweepProgress()
+
+
 def _scheduler(s: dict):
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
@@ -421,7 +467,7 @@ def run_sweep(cfg: dict, module, run_one: Callable) -> Outcome:
             tune_config=tune.TuneConfig(metric=metric, mode=mode, num_samples=s["num_samples"],
                                         max_concurrent_trials=concurrent, scheduler=_scheduler(s)),
             run_config=tune.RunConfig(name="tune", storage_path=exp_path.rsplit("/", 1)[0], verbose=0,
-                                      callbacks=[stopper],
+                                      callbacks=[stopper, _progress(trial_count(s), metric, mode)],
                                       # a trial whose actor dies (its node lost) is run again (_retry_of)
                                       failure_config=tune.FailureConfig(max_failures=s.get("max_failures", 2))),
         )
@@ -464,6 +510,8 @@ def run_sweep(cfg: dict, module, run_one: Callable) -> Outcome:
         else:
             parent.close("FAILED", f"every trial failed; first: {_trial_error(failed[0])}")
     say(format_leaderboard(rows, metric, parent.run_id))
+    for line in failure_lines(failed):
+        say(f"orchard: {line}", file=sys.stderr)
     if not rows:
         return Outcome(1, parent.run_id, {}, "no trial finished")
     if best is None:
@@ -691,6 +739,16 @@ def _trial_error(trial) -> str:
     except Exception:  # the trial's storage is gone
         lines = []
     return lines[-1][:300] if lines else "see the trial's error.txt"
+
+
+def failure_lines(failed: list) -> list[str]:
+    """One line per distinct cause among the failed trials, the most frequent first: how many
+    failed of it and the cause (the last line of the first one's error)."""
+    causes: dict[str, list] = {}
+    for trial in failed:
+        causes.setdefault(_trial_error(trial), []).append(trial)
+    return [f"{len(ts)} trial(s) failed ({', '.join(str(t.trial_id) for t in ts[:3])}{', ...' if len(ts) > 3 else ''}): "
+            f"{cause}" for cause, ts in sorted(causes.items(), key=lambda kv: -len(kv[1]))]
 
 
 def leaderboard(trials, keys: list[str], metric: str, mode: str) -> list[dict]:

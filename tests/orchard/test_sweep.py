@@ -115,21 +115,28 @@ def test_sweep_gives_parent_children_and_leaderboard(run_orchard, capsys):
     assert parent.data.metrics["best/train/loss"] == pytest.approx(best_child.data.metrics["train/loss"])
     out = capsys.readouterr().out
     assert "rank" in out and "tiny.lr" in out and best_child.info.run_id[:12] in out
+    # a progress line as each trial starts and ends, with the counts and the best so far
+    progress = [line for line in out.splitlines() if line.startswith("orchard: sweep: trial ")]
+    assert len(progress) == 4 and "started" in progress[0], progress
+    assert "2/2 done, 0 running, 0 failed; best train/loss " in progress[-1], progress
     board = json.loads(Path(res.client.download_artifacts(parent.info.run_id, "leaderboard.json")).read_text())
     assert len(board) == 2 and board[0]["run_id"] == best_child.info.run_id
 
 
 @pytest.fixture
 def tiny_sweep(ray_session, tracking_uri, tmp_path, capsys):
-    """``tiny_sweep(*overrides, lrs=[...]) -> (Outcome, stdout)``: a tiny sweep in this process over
-    the learning rates ``lrs`` (the grid, in this order), on the test store."""
+    """``tiny_sweep(*overrides, lrs=[...]) -> (Outcome, console)``: a tiny sweep in this process over
+    the learning rates ``lrs`` (the grid, in this order), on the test store; console: its stdout,
+    then its stderr."""
 
     def _run(*overrides, lrs=(0.1,)):
         cfg, module = prepare(["workload=tiny", "sweep=tiny_grid", "tracking.system_metrics=false", *overrides,
                                f"tracking.uri={tracking_uri}", f"output_dir={tmp_path}/out"])
         cfg["sweep"]["params"]["tiny.lr"]["values"] = list(lrs)
         preflight(cfg)
-        return execute(cfg, module), capsys.readouterr().out
+        outcome = execute(cfg, module)
+        printed = capsys.readouterr()
+        return outcome, printed.out + printed.err
 
     return _run
 
@@ -343,8 +350,12 @@ def test_a_trial_that_failed_by_itself_is_not_trained_again(tiny_sweep, tracking
     Tune's retry: one FAILED run for the trial, not one per attempt."""
     from mlflow.tracking import MlflowClient
 
-    outcome, _ = tiny_sweep("tiny.fail=true", "tiny.steps=5", "sweep.max_failures=2")
+    outcome, console = tiny_sweep("tiny.fail=true", "tiny.steps=5", "sweep.max_failures=2")
     assert outcome.exit_code == 1
+    # the console says why, once per cause: how many trials failed of it, and the cause
+    assert "orchard: sweep: trial " in console and " failed: " in console
+    causes = [line for line in console.splitlines() if line.startswith("orchard: 1 trial(s) failed (")]
+    assert len(causes) == 1 and "asked to fail" in causes[0], console[-2000:]
     client = MlflowClient(tracking_uri)
     parent = client.get_run(outcome.run_id)
     (child,) = _children(client, parent)
