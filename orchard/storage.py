@@ -34,7 +34,6 @@ import os
 import re
 import shutil
 import socket
-import tempfile
 import uuid
 from pathlib import Path
 
@@ -186,7 +185,7 @@ class Storage:
         """Copy a local folder's files to ``rel``; a marker ``_COMPLETE`` is written last, so
         ``complete(rel)`` tells a whole folder from one still being uploaded."""
         local_dir = Path(local_dir)
-        for path in sorted(p for p in local_dir.rglob("*") if p.is_file()):
+        for path in _own_files(local_dir):
             self.write_bytes(f"{rel}/{path.relative_to(local_dir).as_posix()}", path.read_bytes())
         self.write_bytes(f"{rel}/_COMPLETE", b"complete\n")  # not empty: some S3 servers refuse empty multipart uploads
 
@@ -608,3 +607,16 @@ def check(cfg: dict) -> None:
         first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
         raise ConfigError("storage.uri", f"a location orchard can write (AWS_* environment variables for "
                           f"s3://); {uri!r}: {first}") from None
+
+
+def _own_files(folder: Path) -> list[Path]:
+    """The regular files inside ``folder``, sorted; symbolic links are neither followed nor
+    copied (a link in a run folder to ``~/.ssh`` or a shared dataset must not put its target in
+    the bucket), so what is uploaded is what the folder itself holds."""
+    found = []
+    for root, dirs, names in os.walk(folder):  # followlinks=False: a linked folder is not walked
+        dirs.sort()
+        found += [Path(root) / n for n in names if not os.path.islink(os.path.join(root, n))
+                  and os.path.isfile(os.path.join(root, n))]
+    return sorted(found)
+

@@ -171,3 +171,21 @@ def test_an_experiment_on_a_team_server_keeps_its_artifacts_on_the_server_not_th
     local = artifact_root(f"sqlite:///{tmp_path}/m.db", str(tmp_path / "art"))
     assert local == (tmp_path / "art").as_uri() and stat.S_IMODE(os.stat(tmp_path / "art").st_mode) == 0o700
     assert artifact_root(f"sqlite:///{tmp_path}/m.db", None) is None
+
+
+def test_an_upload_takes_the_folders_own_files_never_what_a_link_points_at(tmp_path):
+    """A run folder may hold links (to a dataset, or planted: to ~/.ssh): an upload copies the
+    folder's regular files only, and walks no linked folder."""
+    secret = tmp_path / "home" / ".ssh"
+    secret.mkdir(parents=True)
+    (secret / "id_ed25519").write_text("PRIVATE KEY")
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "epoch_1.pt").write_bytes(b"weights")
+    (run / "key").symlink_to(secret / "id_ed25519")
+    (run / "ssh").symlink_to(secret, target_is_directory=True)
+    store = Storage(str(tmp_path / "bucket"))
+    store.upload(run, "r")
+    kept = sorted(p.relative_to(tmp_path / "bucket" / "r").as_posix() for p in (tmp_path / "bucket" / "r").rglob("*")
+                  if p.is_file())
+    assert kept == ["_COMPLETE", "checkpoints/epoch_1.pt"]
