@@ -3,7 +3,7 @@
     python -m bench.quickstart_record                 # ~35 min: clone, .ci/run (install + tests), the flower run
     python -m bench.quickstart_record --ci-runs 2     # ~70 min: two fresh clones' .ci/run in a row (the slower one is the record)
     python -m bench.quickstart_record --no-tests      # ~5 min: clone, install, the flower run
-    python -m bench.quickstart_record --from-log LOG --commit SHA   # record a finished `.ci/run` log
+    python -m bench.quickstart_record --from-log LOG --commit SHA [--load B,A]   # record a finished `.ci/run` log
     python -m bench.quickstart_record --keep-log /tmp/quickstart.log  # and keep the whole log
 
 Writes docs/records/quickstart.json (keys: install_s, first_command_s, tests_s, passed, skipped,
@@ -42,6 +42,18 @@ def pytest_counts(log: str) -> dict:
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|skipped|failed|error)", last["body"])}
     return {"passed": counts.get("passed", 0), "skipped": counts.get("skipped", 0),
             "failed": counts.get("failed", 0) + counts.get("error", 0), "tests_s": float(last["secs"])}
+
+
+CI_LINE = re.compile(r"^ci: (?P<total>\d+) s in all: install (?P<install>\d+) s, tests \d+ s \(exit (?P<rc>\d+)\)", re.M)
+
+
+def ci_line(log: str) -> dict:
+    """``ci_total_s``, ``install_s`` and ``ci_exit`` from the last line `.ci/run` prints, if the log has it."""
+    found = list(CI_LINE.finditer(log))
+    if not found:
+        return {}
+    last = found[-1]
+    return {"ci_total_s": float(last["total"]), "install_s": float(last["install"]), "ci_exit": int(last["rc"])}
 
 
 def timed(cmd: list[str], cwd: Path, env: dict, log) -> tuple[int, float]:
@@ -112,13 +124,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--from-log", help="a finished `bash .ci/run` log to record instead of running")
     ap.add_argument("--commit", help="with --from-log: the commit the log's fresh clone was at")
     ap.add_argument("--when", help="with --from-log: when that run ended (UTC, ISO 8601)")
+    ap.add_argument("--load", help="with --from-log: the 1-minute load average before and after that run, e.g. 1.23,6.22")
     ap.add_argument("--keep-log", help="also write the whole log (install, tests, first command) to this file")
     args = ap.parse_args(argv)
     old = json.loads(RECORD.read_text()) if RECORD.exists() else {}
     if args.from_log:
         if not args.commit:
             raise SystemExit("quickstart_record: --from-log needs --commit (the record names what was tested)")
-        new = {"git_commit": args.commit, "git_dirty": False, **pytest_counts(Path(args.from_log).read_text())}
+        log = Path(args.from_log).read_text()
+        new = {"git_commit": args.commit, "git_dirty": False, **pytest_counts(log), **ci_line(log)}
+        if args.load:  # a figure without its load is not a figure (README, "Benchmarks")
+            new["load_before"], new["load_after"] = (float(x) for x in args.load.split(","))
         when = args.when
     else:
         new = measure(tests=not args.no_tests, keep_log=args.keep_log, ci_runs=args.ci_runs)

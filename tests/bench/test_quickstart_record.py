@@ -1,5 +1,6 @@
 """bench/quickstart_record.py reads CI's figures from its log: the counts and seconds of pytest's
-last summary line, whatever precedes it (the durations table, a failed test's output)."""
+last summary line, whatever precedes it (the durations table, a failed test's output), and
+the seconds, install and exit of `.ci/run`'s own last line."""
 from __future__ import annotations
 
 import pytest
@@ -19,3 +20,12 @@ def test_a_log_without_a_summary_is_refused():
 
     with pytest.raises(SystemExit, match="no pytest summary line"):
         pytest_counts("pip install failed\n")
+
+
+def test_cis_own_last_line_gives_the_whole_runs_seconds_its_install_and_exit():
+    from bench.quickstart_record import ci_line
+
+    log = ("=== 930 passed, 3 skipped in 2469.53s (0:41:09) ===\n"
+           "ci: 2545 s in all: install 64 s, tests 2481 s (exit 0)\n")
+    assert ci_line(log) == {"ci_total_s": 2545.0, "install_s": 64.0, "ci_exit": 0}
+    assert ci_line("=== 1 passed in 2.0s ===\n") == {}  # a log cut before .ci/run's last line
