@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Callable
 
 from orchard import config as config_lib
-from orchard import interrupts, redact, registry, sweep_seal
+from orchard import console, interrupts, redact, registry, sweep_seal
 from orchard.console import say
 from orchard.errors import ConfigError
 from orchard.outcome import Outcome
@@ -266,8 +266,12 @@ def _make_trainable(base: dict, module_name: str, parent_run_id: str | None, met
         cfg["_trial"] = {"id": context.get_trial_id(), "session": session,
                          **_retry_of(uri, parent_run_id, context.get_trial_id(), session, trial, cfg, module)}
         feed = MetricFeed(metric)
-        outcome = run_one(cfg, _Watched(module, feed), parent_run_id=parent_run_id, quiet=True)
-        feed.stop()
+        _trial_log(base)
+        try:
+            outcome = run_one(cfg, _Watched(module, feed), parent_run_id=parent_run_id, quiet=True)
+        finally:
+            feed.stop()
+            console.release()
         if outcome.exit_code != 0:
             raise RuntimeError(f"trial {trial} failed: {outcome.error}")
         final = {k: v for k, v in outcome.metrics.items() if isinstance(v, (int, float))}
@@ -279,6 +283,18 @@ def _make_trainable(base: dict, module_name: str, parent_run_id: str | None, met
             tune.report({**final, "run_id": outcome.run_id or "", FINAL: 1.0})
 
     return trainable
+
+
+def _trial_log(base: dict) -> None:
+    """A trial's process logs as a single run's does (orchard/console.py): its descriptors to a
+    log under ``<output_dir>/logs``, so the trial's run folder and MLflow run get its part as
+    ``orchard.log`` (Ray's, Train's and torch's lines with orchard's). ``verbose`` leaves them
+    in Ray's own worker log."""
+    if base.get("verbose"):
+        return
+    logs = base.get("logs") or {}
+    console.quiet(Path(base["output_dir"]) / "logs", max_bytes=int(logs.get("max_mb", 64) * 2**20),
+                  backups=logs.get("backups"))
 
 
 def _retry_of(uri: str | None, parent_run_id: str | None, trial_id: str, session: str, trial: str,

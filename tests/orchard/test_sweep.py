@@ -244,7 +244,7 @@ def test_interrupted_sweep_exits_130_and_resumes_where_it_stopped(ray_session, t
 def test_a_sweep_with_the_default_store_and_output_folder_keeps_every_trial_there(ray_session, tmp_path):
     """As docs/sweeps.md types it, from a fresh folder with the defaults (``sqlite:///mlflow.db``,
     ``outputs/``): Tune runs each trial in a folder of its own, yet the trials record into the
-    folder's store under their parent and keep their run folders in its ``outputs/``."""
+    folder's store under their parent and keep their run folders, each with its log, in its ``outputs/``."""
     from mlflow.tracking import MlflowClient
 
     done = subprocess.run(tiny_cli("workload=tiny", "sweep=tiny_grid", TWO_LRS, "tiny.steps=5", *attach_overrides()),
@@ -256,7 +256,12 @@ def test_a_sweep_with_the_default_store_and_output_folder_keeps_every_trial_ther
     children = [r for r in found if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     assert [r.info.status for r in (parent, *children)] == ["FINISHED"] * 3
     for child in children:
-        assert Path(child.data.tags["orchard.run_dir"]).parent == tmp_path / "outputs" / "tiny"
+        folder = Path(child.data.tags["orchard.run_dir"])
+        assert folder.parent == tmp_path / "outputs" / "tiny"
+        # each trial's log, as a single run's, in its folder and its MLflow run
+        assert (folder / "orchard.log").is_file()
+        assert "orchard.log" in [a.path for a in client.list_artifacts(child.info.run_id)]
+    assert "orchard: sweep: trial " in done.stdout  # the sweep's progress on its console
 
 
 @pytest.mark.slow
