@@ -63,16 +63,16 @@ def preflight(cfg: dict, module=None) -> None:
     With the workload's ``module``, also that its workers fit the machine an embedded Ray would
     have (``check_fits``), so a run that cannot fit is refused in seconds, not after a Ray start."""
     _check_output_dir(cfg["output_dir"])
-    if module is not None and cfg["cluster"]["mode"] == "local":
+    _check_ray_auth(cfg["cluster"])
+    if cfg["cluster"]["mode"] == "remote":  # first: a 5 s probe, before a store is created or migrated
+        _check_cluster_address(cfg["cluster"]["address"], cfg["cluster"])
+    elif module is not None:
         from orchard.cluster.ray_private import detected_resources
 
         have = detected_resources()
         have.update({k.upper(): float(cfg["cluster"][f"num_{k}"]) for k in ("cpus", "gpus")
                      if cfg["cluster"].get(f"num_{k}") is not None})
         check_fits(cfg, module, have)
-    _check_ray_auth(cfg["cluster"])
-    if cfg["cluster"]["mode"] == "remote":  # first: a 5 s probe, before a store is created or migrated
-        _check_cluster_address(cfg["cluster"]["address"], cfg["cluster"])
     from orchard import storage
 
     storage.check(cfg)  # storage.uri (s3://...) writable with the AWS_* variables given
@@ -223,16 +223,22 @@ def check_fits(cfg: dict, module, have: dict | None = None) -> None:
     ``resources(cfg).outside``) must fit the embedded Ray, or they would wait forever for a
     placement group; raises ConfigError.  ``have``: the resources Ray will have (preflight,
     before it starts), else the running Ray's.  Attached clusters may autoscale: not checked."""
+    import ray
+
     resources_fn = getattr(module, "resources", None)
     if resources_fn is None or cfg["cluster"]["mode"] != "local":
         return
+    try:
+        outside = resources_fn(cfg).outside
+    except ray.exceptions.RaySystemError:
+        if have is None:
+            raise
+        return  # a workload that sizes its groups to the running Ray (singa) is checked once it is up
     need: dict[str, float] = {}
-    for bundle in resources_fn(cfg).outside:
+    for bundle in outside:
         for key, value in bundle.items():
             need[key] = need.get(key, 0.0) + float(value)
     if have is None:
-        import ray
-
         have = ray.cluster_resources()
     short = [f"{value:g} {key} (this machine's Ray has {float(have.get(key, 0)):g})"
              for key, value in need.items() if value > float(have.get(key, 0)) + 1e-9]

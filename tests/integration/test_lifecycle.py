@@ -344,6 +344,22 @@ def test_a_run_against_a_real_mlflow_server_records_metrics_and_artifacts(ray_se
     assert "config.yaml" in names
 
 
+def test_every_workloads_preflight_passes_in_a_process_without_ray(tmp_path):
+    """The preflight's fit check runs before any Ray exists: a workload that sizes its groups to
+    the running Ray (singa) is left to the check after Ray starts, never an internal error."""
+    script = ("import sys\n"
+              "from orchard.lifecycle import preflight, prepare\n"
+              "for name in ('flower', 'forest', 'video', 'singa'):\n"
+              "    cfg, module = prepare([f'workload={name}', 'debug=smoke', 'tracking=none', f'output_dir={sys.argv[1]}'])\n"
+              "    preflight(cfg, module)\n"
+              "import ray\n"
+              "assert not ray.is_initialized()\n"
+              "print('ok')\n")
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "out")], cwd=REPO, env=env(),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout[-2000:] + done.stderr[-3000:]
+
+
 def test_workers_that_cannot_fit_the_machine_are_refused_before_ray_starts(ray_session, tmp_path, capfd, monkeypatch):
     """Refused in the preflight, from the cores an embedded Ray would have: no Ray start (which
     would take the run a minute on a busy machine), no run, one line naming the key."""
