@@ -395,6 +395,7 @@ def _progress(total: int, metric: str, mode: str):
 
     class SweepProgress(tune.Callback):
         best = None
+        stopped = 0  # trials the scheduler cut (ASHA): done, without a final result
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
             value = result.get(metric)
@@ -409,14 +410,19 @@ def _progress(total: int, metric: str, mode: str):
                 status = now if t is trial else t.status
                 counts[status] = counts.get(status, 0) + 1
             best = f"; best {metric} {self.best:.4g}" if self.best is not None else ""
-            say(f"orchard: sweep: {what}; {counts['TERMINATED']}/{total} done, {counts['RUNNING']} running, "
+            cut = f" ({self.stopped} stopped early)" if self.stopped else ""
+            say(f"orchard: sweep: {what}; {counts['TERMINATED']}/{total} done{cut}, {counts['RUNNING']} running, "
                 f"{counts['ERROR']} failed{best}", flush=True)
 
         def on_trial_start(self, iteration, trials, trial, **info):
             self._say(trials, trial, "RUNNING", f"trial {trial.trial_id} started")
 
         def on_trial_complete(self, iteration, trials, trial, **info):
-            self._say(trials, trial, "TERMINATED", f"trial {trial.trial_id} ended")
+            if FINAL in (trial.last_result or {}):
+                self._say(trials, trial, "TERMINATED", f"trial {trial.trial_id} finished")
+                return
+            self.stopped += 1
+            self._say(trials, trial, "TERMINATED", f"trial {trial.trial_id} stopped early by the scheduler")
 
         def on_trial_error(self, iteration, trials, trial, **info):
             self._say(trials, trial, "ERROR", f"trial {trial.trial_id} failed: {_trial_error(trial)}")

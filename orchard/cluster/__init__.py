@@ -57,12 +57,13 @@ def connect(cluster: dict) -> bool:
                     where = "shipped"
             runtime_env = ray_logging.quiet(level, runtime_env, where)
             # ray.init packs and uploads the copy: it may go once init returns
-            info = ray.init(address=cluster["address"], runtime_env=runtime_env or None, **common)
+            with _starting_ray():
+                info = ray.init(address=cluster["address"], runtime_env=runtime_env or None, **common)
         _print_addresses(cluster["address"], info)
         return True
     prepare_local_env()
     runtime_env = ray_logging.quiet(level, runtime_env, "local")
-    with _ray_in_own_process_group(), _own_address() as pinned:
+    with _ray_in_own_process_group(), _own_address() as pinned, _starting_ray():
         ray.init(
             # Ray's session folder (logs, sockets, spilled objects) in this user's private
             # folder: Ray makes its default /tmp/ray writable by every user of the machine
@@ -154,6 +155,18 @@ def _restore(key: str, value: str | None) -> None:
         os.environ.pop(key, None)
     else:
         os.environ[key] = value
+
+
+@contextlib.contextmanager
+def _starting_ray():
+    """While ``ray.init`` runs: Ctrl-C and SIGTERM are held and raised as orchard's ``Interrupted``
+    once it returns (exit 130 / 143, no run opened), and Ray does not put its own SIGTERM handler
+    in place of orchard's (``ray_private.driver_keeps_its_sigterm_handler``). Raised in the middle
+    of Ray's start-up, a signal was lost there or ended the process with status 15."""
+    from orchard import interrupts
+
+    with ray_private.driver_keeps_its_sigterm_handler(), interrupts.deferred(reraise=True):
+        yield
 
 
 @contextlib.contextmanager

@@ -165,3 +165,19 @@ def detected_resources() -> dict[str, float]:
     if visible is not None:  # as Ray counts them: no more than CUDA_VISIBLE_DEVICES shows
         gpus = min(gpus, len(visible))
     return {"CPU": float(get_num_cpus()), "GPU": float(gpus)}
+
+
+@contextlib.contextmanager
+def driver_keeps_its_sigterm_handler():
+    """``ray.init`` replaces the driver's SIGTERM handler with ``sys.exit(15)`` as it starts: a
+    SIGTERM while Ray started then ended orchard with status 15 instead of 143, or was lost inside
+    Ray's start-up (the run went on and FINISHED). While this holds, Ray's ``set_sigterm_handler``
+    does nothing and the driver's own handler stays; Ray has no option for it."""
+    from ray._private import utils
+
+    original = utils.set_sigterm_handler
+    utils.set_sigterm_handler = lambda handler: None
+    try:
+        yield
+    finally:
+        utils.set_sigterm_handler = original

@@ -118,7 +118,7 @@ def test_sweep_gives_parent_children_and_leaderboard(run_orchard, capsys):
     # a progress line as each trial starts and ends, with the counts and the best so far
     progress = [line for line in out.splitlines() if line.startswith("orchard: sweep: trial ")]
     assert len(progress) == 4 and "started" in progress[0], progress
-    assert "2/2 done, 0 running, 0 failed; best train/loss " in progress[-1], progress
+    assert "finished; 2/2 done, 0 running, 0 failed; best train/loss " in progress[-1], progress
     board = json.loads(Path(res.client.download_artifacts(parent.info.run_id, "leaderboard.json")).read_text())
     assert len(board) == 2 and board[0]["run_id"] == best_child.info.run_id
 
@@ -177,8 +177,8 @@ def test_asha_stops_a_lagging_trial_on_a_metric_logged_by_a_ray_task(tiny_sweep,
     and its MLflow run is closed KILLED with the reason instead of staying RUNNING."""
     from mlflow.tracking import MlflowClient
 
-    outcome, _ = tiny_sweep("sweep.scheduler=asha", "sweep.metric=worker/loss", "sweep.max_concurrent_trials=1",
-                            "sweep.asha.grace_period=3", "tiny.steps=40", "tiny.sleep_s=0.1", lrs=(0.3, 0.003))
+    outcome, console = tiny_sweep("sweep.scheduler=asha", "sweep.metric=worker/loss", "sweep.max_concurrent_trials=1",
+                                  "sweep.asha.grace_period=3", "tiny.steps=40", "tiny.sleep_s=0.1", lrs=(0.3, 0.003))
     client = MlflowClient(tracking_uri)
     parent = client.get_run(outcome.run_id)
     assert outcome.exit_code == 0 and parent.info.status == "FINISHED"
@@ -189,6 +189,8 @@ def test_asha_stops_a_lagging_trial_on_a_metric_logged_by_a_ray_task(tiny_sweep,
     assert "stopped early by the ASHA scheduler" in lagging.data.tags["orchard.error"]
     board = json.loads(Path(client.download_artifacts(parent.info.run_id, "leaderboard.json")).read_text())
     assert [row["params"]["tiny.lr"] for row in board] == [0.3]  # a trial cut early is not ranked
+    # the console says so as it happens
+    assert "stopped early by the scheduler; 2/2 done (1 stopped early), 0 running, 0 failed" in console, console[-2000:]
 
 
 @pytest.mark.slow

@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[3]
     ("ray._private.services", "ConsolePopen"),
     ("ray._private.utils", "detect_fate_sharing_support"),
     ("ray._private.utils", "get_num_cpus"),
+    ("ray._private.utils", "set_sigterm_handler"),
     ("ray._private.accelerators", "get_accelerator_manager_for_resource"),
     ("ray._private.state", "actors"),
     ("ray._private.state", "state"),
