@@ -134,20 +134,30 @@ class Storage:
             return f.read()
 
     def write_bytes(self, rel: str, data: bytes) -> None:
-        """Write a whole file; readers see the old file or the new one, never half of it
-        (object stores publish an object whole; a local file is renamed into place)."""
+        """Write a whole file; readers see the old file or the new one, never half of it (a
+        local file is renamed into place; an object is copied into place in one request)."""
+        import uuid
+
         fs, path = self._fs_path(rel)
         if self.is_local:
             write_atomic(Path(path), data)
             return
         parent = path.rsplit("/", 1)[0]
+        # An object store publishes whatever a stream held when it closes, and Arrow closes a
+        # stream cut by an error or a signal too (from its destructor): a Ctrl-C mid-write left
+        # an empty checkpoint under the real name. The bytes go to a key of their own first.
+        partial = f"{path.split('/', 1)[0]}/{PARTIAL_PREFIX}/{uuid.uuid4().hex}"
         try:
             if parent:
                 fs.create_dir(parent, recursive=True)
-            with fs.open_output_stream(path) as f:
+            with fs.open_output_stream(partial) as f:
                 f.write(data)
+            fs.copy_file(partial, path)
         except OSError as exc:
             raise _as_full(exc, f"{self.uri}/{str(rel).strip('/')}") from None
+        finally:
+            with contextlib.suppress(OSError):
+                fs.delete_file(partial)
 
     def read_text(self, rel: str) -> str:
         return self.read_bytes(rel).decode()
@@ -333,6 +343,9 @@ class StorageFull(OSError):
 
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+# where an object's bytes are written before they are copied under its name (write_bytes): one
+# prefix per bucket, outside every run's folder, so a listing never meets a half-written object
+PARTIAL_PREFIX = ".orchard-partial"
 
 
 def _as_full(exc: BaseException, path: str) -> BaseException:
