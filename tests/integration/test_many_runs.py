@@ -80,6 +80,9 @@ def test_a_flower_sweep_beside_runs_with_their_own_ray_runs_one_trial_at_a_time_
     out = (tmp_path / "sweep.log").read_text()
     assert sweep.returncode == 0, out[-3000:]
     assert most_running <= 1, f"{most_running} trials RUNNING at once with max_concurrent_trials 1"
+    # the sweep's console: a line as each trial starts and ends, the last with every trial done
+    progress = [line for line in out.splitlines() if line.startswith("orchard: sweep: trial ")]
+    assert len(progress) == 4 and "2/2 done" in progress[-1], out[-3000:]
     children = _children(uri)
     assert len(children) == 2 and not [r for r in runs(uri) if r.info.status == "RUNNING"]
     for r in children:  # finished, or stopped by ASHA and closed saying so; none starved
