@@ -127,7 +127,7 @@ def _list(client, uri: str, workload: str | None, status: str | None, limit: int
         if state == "RUNNING":  # its driver alive, or lost (SIGKILL, OOM) and waiting for a reaper
             alive = f"alive (pid {tags.get('orchard.pid', '?')} on {tags.get('orchard.host', '?')})"
             state = f"RUNNING, {why_lost(tags, now) or alive}"
-        kind = "/".join(t for t in (tags.get("orchard.workload"), tags.get("orchard.strategy")) if t) or "-"
+        kind = _kind(run) or "-"
         if "mlflow.parentRunId" in tags:
             kind += " (trial)"
         elif tags.get("orchard.sweep"):
@@ -144,6 +144,12 @@ def _headline(run) -> str:
 
     return ", ".join(f"{k[len(HEADLINE_PREFIX):]} {num(v)}" for k, v in sorted(run.data.metrics.items())
                      if k.startswith(HEADLINE_PREFIX))
+
+
+def _kind(run) -> str:
+    """``workload/strategy`` as orchard tagged the run; empty for a run orchard did not make."""
+    tags = run.data.tags
+    return "/".join(t for t in (tags.get("orchard.workload"), tags.get("orchard.strategy")) if t)
 
 
 def _took(run) -> str:
@@ -165,7 +171,7 @@ def _show(client, run) -> int:
     from orchard.summary import num, view_lines
 
     tags, metrics = run.data.tags, run.data.metrics
-    kind = "/".join(t for t in (tags.get("orchard.workload"), tags.get("orchard.strategy")) if t) or "run"
+    kind = _kind(run) or "run"
     lines = [f"orchard {kind}: {tags.get('mlflow.runName', run.info.run_id)}  {run.info.status} in {_took(run)}"]
     if tags.get("mlflow.note.content"):
         lines.append(f"  {tags['mlflow.note.content']}")
@@ -192,8 +198,7 @@ def _compare(found: list, every_metric: bool) -> int:
 
     names = [r.info.run_id[:12] for r in found]
     rows = [("", *names), ("status", *(r.info.status for r in found)),
-            ("workload", *("/".join(t for t in (r.data.tags.get("orchard.workload"), r.data.tags.get("orchard.strategy")) if t)
-                           or "-" for r in found)),
+            ("workload", *(_kind(r) or "-" for r in found)),
             ("took", *(_took(r) for r in found))]
     params = sorted({k for r in found for k in r.data.params})
     differing = [k for k in params if not k.startswith(NOT_COMPARED)
