@@ -37,6 +37,7 @@ from orchard import background, console, interrupts, redact, registry
 from orchard.console import say
 from orchard.errors import ConfigError, Diverged
 from orchard.outcome import Outcome
+from orchard.time_split import TimeSplit
 
 
 # --------------------------------------------------------------------------- [1] prepare
@@ -295,10 +296,12 @@ def open_console(cfg: dict) -> None:
 def execute(cfg: dict, module=None) -> Outcome:
     """Run a validated config end to end (or its sweep) and return the outcome."""
     module = module or registry.load(cfg["workload"]["name"])
+    split = TimeSplit()  # a single run's split starts here: Ray's start is part of its time
     try:
         with interrupts.raising():
             # again once Ray is up: ray.init installs a SIGTERM handler of its own (sys.exit)
             with ray_session(cfg), interrupts.raising():
+                split.mark("ray_start")
                 try:
                     check_fits(cfg, module)
                 except ConfigError as err:
@@ -309,7 +312,7 @@ def execute(cfg: dict, module=None) -> Outcome:
                     from orchard.sweep import run_sweep
 
                     return run_sweep(cfg, module, run_one)
-                return run_one(cfg, module)
+                return run_one(cfg, module, time_split=split)
     except RayStartError as err:
         say(f"orchard: {err}", file=sys.stderr)
         return Outcome(1, None, {}, str(err))
@@ -324,11 +327,15 @@ def default_run_name(cfg: dict) -> str:
     return cfg.get("run_name") or f"{cfg['workload']['name']}-{cfg['strategy']['name']}-{time.strftime('%y%m%d-%H%M%S')}"
 
 
-def run_one(cfg: dict, module, parent_run_id: str | None = None, on_metrics=None, quiet: bool = False) -> Outcome:
-    """One tracked run of the workload ``module`` (its entry for the mode: registry.entry) on a running Ray session."""
+def run_one(cfg: dict, module, parent_run_id: str | None = None, on_metrics=None, quiet: bool = False,
+            time_split: TimeSplit | None = None) -> Outcome:
+    """One tracked run of the workload ``module`` (its entry for the mode: registry.entry) on a running Ray session.
+
+    ``time_split``: the run's split begun before it (``execute``: with Ray's start); a sweep's
+    trial or a multirun's job begins its own here."""
     from orchard.tracking import mlflow_run as tracking
 
-    t_start = time.time()
+    split = time_split or TimeSplit()
     name = default_run_name(cfg)
     tcfg = cfg["tracking"]
     tracked, heartbeat = None, None
@@ -362,8 +369,9 @@ def run_one(cfg: dict, module, parent_run_id: str | None = None, on_metrics=None
     signals_before = len(interrupts.received)
     log_start = console.mark_run_start()
     try:
-        live = _start_run_services(cfg, tracked, run_id, run_dir, on_metrics)
+        live = _start_run_services(cfg, tracked, run_id, run_dir, on_metrics, split)
         write_hydra_folder(cfg, run_dir)
+        split.mark("store_open")
         metrics = _run_workload(cfg, module, live, quiet)
         _record_headline(cfg, module, tracked, metrics)
     except KeyboardInterrupt as exc:  # a plain one (a library re-raised it): Ctrl-C
@@ -377,8 +385,10 @@ def run_one(cfg: dict, module, parent_run_id: str | None = None, on_metrics=None
         if stopped is not None:  # Ctrl-C first, then a library failed while it stopped: still KILLED
             status, error, exit_code = "KILLED", stopped, stopped.exit_code
     with interrupts.deferred():
-        summary = _close(live, tracked, heartbeat, status, error, metrics, t_start, (log_start, run_dir))
-    metrics = {**summary, **metrics, "time/total_s": time.time() - t_start}
+        summary = _close(live, tracked, heartbeat, status, error, metrics, split, (log_start, run_dir))
+    if "close" not in split.parts:  # the final metrics never went out (no sink, a store away)
+        split.mark("close")
+    metrics = {**summary, **metrics, **split.metrics(), "time/total_s": split.total()}
     if isinstance(error, KeyboardInterrupt):
         say(f"orchard: {error}; run {run_id or name} marked KILLED", file=sys.stderr)
     elif isinstance(error, ConfigError):
@@ -437,7 +447,7 @@ class _Live:
     samplers: list
 
 
-def _start_run_services(cfg: dict, tracked, run_id: str | None, run_dir: Path, on_metrics) -> _Live:
+def _start_run_services(cfg: dict, tracked, run_id: str | None, run_dir: Path, on_metrics, split: TimeSplit) -> _Live:
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -457,6 +467,7 @@ def _start_run_services(cfg: dict, tracked, run_id: str | None, run_dir: Path, o
     ctx = RunContext(sink, run_id, str(run_dir), cfg["workload"]["name"], cfg["strategy"]["name"], uri,
                      storage=Storage.for_run(cfg, run_dir))
     ctx._on_metrics = on_metrics
+    ctx.time_split = split
     live = _Live(ctx, sink, [])
     if tcfg.get("system_metrics"):
         live.samplers = system_metrics.start_samplers(ctx, tcfg["sample_interval_s"])
@@ -516,10 +527,12 @@ SINK_CLOSE_TIMEOUT_S = 120
 CLOSE_BUDGET_S = 2 * SINK_CALL_TIMEOUT_S + SINK_CLOSE_TIMEOUT_S
 
 
-def _close(live: _Live | None, tracked, heartbeat, status: str, error, metrics: dict, t_start: float,
+def _close(live: _Live | None, tracked, heartbeat, status: str, error, metrics: dict, split: TimeSplit,
            log_part: tuple[int, Path] | None = None) -> dict:
     """Stop samplers, log the final metrics at the run's last step, flush, end the MLflow run.
 
+    The time split ends as the final metrics go out (``close``: from the workload's last mark to
+    here); the sink's last flush and the MLflow run's end come after it, outside ``time/total_s``.
     Each step is guarded: whatever fails here, the run still ends with its true status."""
     import ray
 
@@ -536,7 +549,8 @@ def _close(live: _Live | None, tracked, heartbeat, status: str, error, metrics: 
             series = ray.get(live.sink.series.remote("system/"), timeout=SINK_CALL_TIMEOUT_S)
             summary = system_metrics.summarize(series)
             final = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
-            ray.get(live.sink.log_final.remote({**summary, **final, "time/total_s": time.time() - t_start},
+            split.mark("close")
+            ray.get(live.sink.log_final.remote({**summary, **final, **split.metrics(), "time/total_s": split.total()},
                                                int(time.time() * 1000)), timeout=SINK_CALL_TIMEOUT_S)
             ray.get(live.sink.close.remote(), timeout=SINK_CLOSE_TIMEOUT_S)
         except Exception as exc:

@@ -11,6 +11,8 @@ metrics stays in MLflow, one command away.
 """
 from __future__ import annotations
 
+from orchard import time_split
+
 # The few run-level figures after the headline, in this order, when the run has them.
 SPEED = "throughput/"
 TIME = ("time/total_s", "time/train_s", "time/train_wall_s", "time/data_s", "time/prepare_s", "time/to_target_s")
@@ -146,6 +148,9 @@ def render(title: str, lines: list[str], metrics: dict, footer: list[str]) -> st
     times = [k for k in TIME if isinstance(metrics.get(k), (int, float))][:4]
     if times:
         out.append("time:      " + ", ".join(f"{k[5:-2]} {metrics[k]:,.1f} s" for k in times))
+    parts = time_split.line(metrics)
+    if parts:  # where every second went (orchard/time_split.py)
+        out.append("split:     " + parts)
     used = [fmt.format(metrics[k]) for k, fmt in RESOURCES if isinstance(metrics.get(k), (int, float))]
     if used:
         out.append("resources: " + ", ".join(used) + " (means over the run)")

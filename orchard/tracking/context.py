@@ -35,12 +35,27 @@ class RunContext:
         # Set only in the driver process (e.g. a Tune trial reporting its metric); never pickled.
         self._on_metrics: Callable[[dict, int | None], None] | None = None
         self._progress_sent = 0.0  # per process: progress is throttled, see progress()
+        # The run's time split (orchard/time_split.py), on the driver only: workers never mark it.
+        self.time_split = None
 
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_on_metrics"] = None
         state["_progress_sent"] = 0.0
+        state["time_split"] = None
         return state
+
+    # ------------------------------------------------------------------ time split
+    def mark(self, part: str) -> None:
+        """On the driver, as a step ends: the time since the last mark went to ``part``
+        (``time/split/<part>_s``, orchard/time_split.py). Nothing where no split is kept."""
+        if self.time_split is not None:
+            self.time_split.mark(part)
+
+    def carve(self, whole: str, pieces: dict[str, float]) -> None:
+        """Move what the workers measured inside part ``whole`` into parts of their own."""
+        if self.time_split is not None:
+            self.time_split.carve(whole, pieces)
 
     # ------------------------------------------------------------------ metrics and params
     def log_metrics(self, metrics: dict[str, float], step: int | None = None, keep_series: bool = False) -> None:

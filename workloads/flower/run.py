@@ -17,7 +17,7 @@ from workloads.flower.checkpoint import MODEL_FILE, load_model
 from workloads.flower.data import synthetic_storage
 from workloads.flower.loader import ensure_density_targets
 from workloads.flower.preflight import enough_photos, enough_tiles_per_worker
-from workloads.flower.throughput import worker_metrics
+from workloads.flower.throughput import training_parts, worker_metrics
 from workloads.flower.tiles import TileSet, bin_label, bin_sample, tile_cache
 
 
@@ -85,12 +85,15 @@ def run(cfg: dict, ctx) -> dict[str, float]:
     run_storage.delete("workers")
     config = loop_config(cfg, tile_store, density, fit_idx, val_idx, run_storage)
     prepared_s = time.time() - started
+    ctx.mark("data")
     train_started = time.time()
     # a resumed run continues the previous run's Ray Train run and its checkpoints (checkpoint.py)
     launch_workers(config, cfg, ctx, run_storage, checkpoint.resolve(cfg, run_storage))
     metrics = {"time/train_wall_s": time.time() - train_started, "time/prepare_s": prepared_s}
     # the workers' summaries and the model come back through storage, never a driver path
+    ctx.mark("training")
     metrics.update(worker_metrics(run_storage, f["warmup_steps"], train_started, evicted_bytes() - evicted_from))
+    ctx.carve("training", training_parts(metrics))  # what the slowest worker's loop held
     evaluate_started = time.time()
     if not run_storage.is_local or run_storage.local_path != run_dir.resolve():
         (run_dir / MODEL_FILE).write_bytes(run_storage.read_bytes(MODEL_FILE))
@@ -114,6 +117,7 @@ def run(cfg: dict, ctx) -> dict[str, float]:
     ctx.log_dict({"cnn": cnn_table, "baseline": blob_table}, "tables/per_bin.json")
     ctx.set_tags({"flower.beats_baseline": str(metrics["test/mae"] < metrics["baseline/mae"])})
     metrics["time/evaluate_s"] = time.time() - evaluate_started
+    ctx.mark("evaluation")
 
     # 4. log model and figures: density maps over the tiles, per-bin MAE and counts of both
     #    counters (figures.py); the MLflow Model, artifact model/ (predict.py, docs/models.md)
@@ -121,8 +125,10 @@ def run(cfg: dict, ctx) -> dict[str, float]:
                         images=test_images, points=[tiles.points[i] for i in test_idx], maps=maps, truth=truth,
                         cnn_counts=cnn_counts, blob_counts=blob_counts, cnn_table=cnn_table, blob_table=blob_table,
                         names=[f"{tiles.names[i]} ({k})" for i, k in zip(test_idx, kinds)])
+    ctx.mark("figures")
     from workloads.flower.predict import log_model
 
     log_model(ctx, run_dir / MODEL_FILE)  # the MLflow Model: artifact model/ (docs/models.md)
+    ctx.mark("model")
     metrics["time/total_s"] = time.time() - started
     return metrics

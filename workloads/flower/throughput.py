@@ -86,3 +86,14 @@ def time_split(summaries: list[dict], train_started: float) -> dict[str, float]:
     if validation:
         out["time/validation_s"] = max(validation)
     return out
+
+
+def training_parts(metrics: dict[str, float]) -> dict[str, float]:
+    """The training part of the run's time split (orchard/time_split.py), as the slowest worker
+    measured it: the group's start (launch until its loop function ran), that function's start
+    until the first step, the steps, checkpoints and validation; what is left (Ray Train's
+    teardown, the reports) stays ``training``."""
+    start, loop = metrics.get("time/train_start_s"), metrics.get("time/loop_start_s", 0.0)
+    return {"worker_group_start": max((start or 0.0) - loop, 0.0), "first_step": loop if start is not None else 0.0,
+            "steps": metrics.get("time/steps_s", 0.0), "checkpoints": metrics.get("time/checkpoint_s", 0.0),
+            "validation": metrics.get("time/validation_s", 0.0)}

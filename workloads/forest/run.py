@@ -53,6 +53,7 @@ def _run(cfg: dict, ctx, round_ends: list) -> dict[str, float]:
     # 1. data: the corpus in the real PNG format, then data units in the object store
     train_refs, test_refs, skipped_pairs = load_blocks(cfg, ctx, run_dir, palette, parallelism)
     data_s = time.perf_counter() - started
+    ctx.mark("data")
 
     # 2. train: the trees in rounds, checkpointed every round into the run storage
     state = initial_state(f, seed)
@@ -60,16 +61,21 @@ def _run(cfg: dict, ctx, round_ends: list) -> dict[str, float]:
     train_start = time.perf_counter()
     history, restarts = grow_forest(train_refs, cfg, ctx, state, checkpoint, round_ends)
     train_s = time.perf_counter() - train_start
+    ctx.mark("training")
     log_checkpoint(ctx, run_dir, checkpoint)
+    ctx.mark("checkpoints")
 
     # 3. evaluate on the held-out images
     total_rounds = f["num_trees"] * f["max_depth"]
     metrics, labelled = evaluate(state["trees"], state["class_weights"], test_refs, f, ctx, step=total_rounds - 1)
+    ctx.mark("evaluation")
 
     # 4. log the model (docs/models.md) and the figures
     log_model(ctx, state["trees"], state["class_weights"], f, palette)
+    ctx.mark("model")
     log_figures(ctx, **labelled, palette=palette, part_names=PART_NAMES, rounds=history,
                 images=f["figure_images"])
+    ctx.mark("figures")
 
     phase2 = sum(m["round/phase2_s"] for m in history)
     metrics.update({

@@ -28,6 +28,7 @@ def run(cfg: dict, ctx) -> dict[str, float]:
                     "singa.resolved_data": train["data"], "singa.resolved_batch_size": train["batch_size"]})
     if s.get("net"):
         ctx.log_text(yaml.safe_dump(app, sort_keys=False), "net.yaml")
+    ctx.mark("data")
 
     # 2. train: every stage under the architecture (train.py). A resumed run (python -m orchard
     #    resume) starts from the previous run's last checkpoint: stages finished before it are
@@ -49,19 +50,23 @@ def run(cfg: dict, ctx) -> dict[str, float]:
             initial, out, spec = train_stages(cfg, ctx, app, train, arch, resumed, initial, saver, final, rebuilds)
         finally:
             ctx.log_metrics(rebuilds.metrics())
+    ctx.mark("training")
 
     # 3. evaluate: the app's extras on the trained parameters (evaluate.py); the test accuracy of
     #    every epoch is train.fit's
     if s["app"] == "msae" and not s.get("net"):
         final.update(msae_retrieval(spec, out["params"], ctx))
+    ctx.mark("evaluation")
 
     # 4. log model and figures: the MLflow Model, artifact model/ (predict.py, docs/models.md);
     #    t-SNE of the tsne_layers, learning curves, this arch beside the others (figures.py)
     from workloads.singa.predict import log_model
 
     log_model(ctx, spec, out["params"])
+    ctx.mark("model")
     if s.get("tsne") and app.get("tsne_layers"):
         final.update(log_tsne_figures(spec, out["params"], app["tsne_layers"], int(s["tsne_samples"]), ctx))
     log_learning_curves(ctx, s.get("net") or s["app"], s["arch"], train.get("target_accuracy"))
     log_architecture_comparison(ctx, cfg, final)
+    ctx.mark("figures")
     return final

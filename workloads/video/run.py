@@ -52,6 +52,7 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
     index, train_ids, val_ids, skipped_by_kind = index_videos(cfg, ctx, store)
     classes, num_classes = index.classes, len(index.classes)
     phase_s = {"data": time.perf_counter() - t_start, "train": 0.0, "val": 0.0}
+    ctx.mark("data")
 
     #    the master (sampler, control, monitor) and the cache layer
     master = start_master(index.labels, index.lengths, seed)
@@ -79,6 +80,8 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
     accumulate(cache_totals, ray.get(master.stage_stats.remote(True)))
     op_summaries += ray.get(master.operator_summaries.remote(True))
     phase_s["val"] += time.perf_counter() - t_phase
+    ctx.mark("validation")
+    validated_before = phase_s["val"]
 
     # 2. train: the master draws each epoch's segment seeds, one pipeline feeds one Ray Train run
     #    per stream; every epoch is validated, checkpointed and may shift a worker (train.py)
@@ -86,6 +89,8 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
                            count=count, master=master, cache=cache, val_data=val_data, resumed=resumed,
                            first_epoch=first_epoch, run_storage=run_storage, cache_totals=cache_totals,
                            phase_s=phase_s)
+    ctx.mark("training")
+    ctx.carve("training", {"validation": phase_s["val"] - validated_before})  # every epoch's, on the driver
     models, scores, labels, val = trained.models, trained.scores, trained.labels, trained.val
     # Ray Data's own per-operator figures of the training pipeline (one execution for all epochs)
     op_summaries += operator_summaries(master)
@@ -112,6 +117,7 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
         final |= training_highlight_metrics(records, count)   # highlights vs the true action frames
 
     phase_s["inference"] = time.perf_counter() - t_phase
+    ctx.mark("evaluation")  # the fusion on the validation set, then inference on untrimmed video
 
     #    the storage trade-off: bytes cached vs bytes of video, and the time the cache saved
     whole_run = operator_metrics(op_summaries)
@@ -145,5 +151,7 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
     figures.log_figures(ctx, classes=classes, labels=labels, fused=agg["fused"], winner=agg["winner"],
                         streams=streams, features=features, phases=phase_s, train_start_s=trained.t_train - t_start,
                         records=records if videos else [], window_frames=count)
+    ctx.mark("figures")
     log_model(ctx, models, streams, classes, vcfg, agg["winner"], agg["fitted"])
+    ctx.mark("model")
     return final

@@ -78,6 +78,21 @@ def test_smoke_run_records_the_thesis_metrics(smoke_runs, label):
 
 
 @pytest.mark.slow
+def test_the_time_split_adds_up_to_the_run_and_names_the_training_parts(smoke_runs):
+    """Every second of a flower run in one part (issue 49): Ray's start is the session's here (an
+    attached run pays next to none), the training part carved into what the workers measured."""
+    runs, _ = smoke_runs
+    for label, (outcome, run) in runs.items():
+        m = run.data.metrics
+        parts = {k: v for k, v in m.items() if k.startswith("time/split/")}
+        assert abs(sum(parts.values()) - m["time/total_s"]) < 1e-3 * m["time/total_s"], (label, parts)
+        assert min(parts.values()) >= 0
+        for part in ("ray_start", "store_open", "data", "worker_group_start", "first_step", "steps", "training",
+                     "evaluation", "model", "figures", "close"):
+            assert f"time/split/{part}_s" in parts, (label, part)
+        assert outcome.metrics["time/total_s"] >= m["time/total_s"]  # what the summary printed came after
+
+
 def test_a_second_identical_run_reads_its_preparation_back(smoke_runs):
     runs, _ = smoke_runs
     first, again = runs["ring"][1], runs[AGAIN][1]
