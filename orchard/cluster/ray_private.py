@@ -104,6 +104,25 @@ def reconfigure_data_logging() -> None:
     configure_logging()
 
 
+def trainer_without_idle_dataset_manager(trainer_class):
+    """``trainer_class`` (a Ray Train V2 trainer) whose runs start no ``DatasetManager`` actor when
+    they are given no Ray Datasets. Train V2 adds its ``DatasetsCallback`` to every run, and that
+    callback starts one more actor process per worker group (it imports Ray Data to serve shards
+    no worker asks for): a second or more of a 2-core machine's CPU at every start and restart of
+    every flower and video group. No public switch leaves it out; a run given datasets keeps it."""
+    from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
+
+    class Trainer(trainer_class):
+        def _create_default_callbacks(self):
+            callbacks = super()._create_default_callbacks()
+            if self.datasets:
+                return callbacks
+            return [cb for cb in callbacks if not isinstance(cb, DatasetsCallback)]
+
+    Trainer.__name__ = Trainer.__qualname__ = trainer_class.__name__
+    return Trainer
+
+
 # ---- node loss (orchard/strategies/node_loss.py) -------------------------------------------
 def actor_handle(actor_id: str):
     """A handle to the actor with this hex id: Ray Train's controller, to end it when an elastic

@@ -144,6 +144,7 @@ def launch(train_loop: Callable[[dict], None], loop_config: dict, cfg: dict, ctx
     from ray.train import CheckpointConfig, FailureConfig, RunConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    from orchard.cluster import ray_private
     from orchard.strategies import node_loss
 
     strategy = cfg["strategy"]
@@ -173,7 +174,7 @@ def launch(train_loop: Callable[[dict], None], loop_config: dict, cfg: dict, ctx
     scaling = _scaling(strategy, use_gpu, resources)
     elastic = isinstance(scaling.num_workers, tuple)
     states = node_loss.controller_states(recovery) if elastic else None
-    trainer = TorchTrainer(
+    trainer = ray_private.trainer_without_idle_dataset_manager(TorchTrainer)(
         _wrap(train_loop),
         train_loop_config=config,
         torch_config=torch_config,

@@ -46,7 +46,8 @@ def lookup():
     from ray._private import services
     return {"auto": services.canonicalize_bootstrap_address("auto"),
             "timeout": os.environ.get("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"),
-            "preemption_watcher": os.environ.get("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER")}
+            "preemption_watcher": os.environ.get("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"),
+            "health_check_s": os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S")}
 
 seen = ray.get(lookup.remote())
 driver = os.environ.get("RAY_ADDRESS")
@@ -76,6 +77,8 @@ def test_an_embedded_ray_is_found_by_its_own_address_beside_other_ray_instances(
     assert seen["worker"]["timeout"] == "77.0"  # cluster.worker_start_timeout_s reaches Train's controller
     # one machine that no cloud provider drains: no preemption watcher beside the workers
     assert seen["worker"]["preemption_watcher"] == "0"
+    # Train's controller sees a run's end within 0.2 s, not after several 2 s polls
+    assert seen["worker"]["health_check_s"] == "0.2"
     assert seen["after"] is None and seen["port_var"] is None  # nothing left pointing at a stopped Ray
     assert os.environ.get("RAY_GCS_SERVER_PORT") is None
 

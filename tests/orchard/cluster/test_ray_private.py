@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[3]
     ("ray.core.generated.gcs_service_pb2_grpc", "NodeInfoGcsServiceStub"),
     ("ray.data._internal.execution.execution_callback", "ExecutionCallback"),
     ("ray.data._internal.logging", "configure_logging"),
+    ("ray.train.v2._internal.callbacks.datasets", "DatasetsCallback"),
 ])
 def test_every_private_ray_name_orchard_uses_still_exists(module, attribute):
     assert hasattr(importlib.import_module(module), attribute), f"Ray moved {module}.{attribute}"
@@ -57,6 +58,24 @@ def test_the_resources_detected_before_ray_are_this_machines(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     found = ray_private.detected_resources()
     assert 1 <= found["CPU"] <= len(os.sched_getaffinity(0)) and found["GPU"] == 0
+
+
+def test_a_trainer_given_no_datasets_starts_no_dataset_manager_and_one_given_some_keeps_it():
+    """The callback that starts Train's ``DatasetManager`` actor is left out only where no
+    dataset needs it; every other default callback of Ray Train stays."""
+    import ray.data
+    from ray.train.torch import TorchTrainer
+    from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
+
+    trainer_class = ray_private.trainer_without_idle_dataset_manager(TorchTrainer)
+
+    def kinds(trainer):
+        return [type(cb) for cb in trainer._create_default_callbacks()]
+
+    bare, plain = kinds(trainer_class(lambda: None)), kinds(TorchTrainer(lambda: None))
+    assert DatasetsCallback in plain and bare == [k for k in plain if k is not DatasetsCallback]
+    with_data = trainer_class(lambda: None, datasets={"train": ray.data.range(4)})
+    assert DatasetsCallback in kinds(with_data)
 
 
 def test_the_private_calls_work_on_a_live_ray(ray_session):
