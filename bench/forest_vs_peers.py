@@ -194,14 +194,20 @@ def peak_memory_sampler(pid: int, stop: threading.Event, out: list) -> None:
 
 
 def start_two_nodes(cpus: int):
-    """A two-node ``ray.cluster_utils.Cluster`` on this machine, the CPUs split between the nodes:
-    the same cores as one node, with every block, bin cache and partial histogram that a task on
-    the other node needs crossing between two object stores. Returns the cluster (to shut down)."""
+    """A two-node ``ray.cluster_utils.Cluster`` on this machine, the CPUs and the object store of
+    one node split between the nodes: the same cores and memory as one node, with every partial
+    histogram that a task on the other node sends, and each data unit's one fetch to its home
+    node (workloads/forest/locality.py), crossing between two object stores. Returns the cluster
+    (to shut down). The store is split explicitly: ``cluster_utils`` gives each node 150 MiB
+    unless told, against the 30% of memory of ``ray.init`` on one node, and at the mid shape the
+    bin cache (150 MB) alone then spilled to disk every round (docs/scaling.md, forest)."""
+    import psutil
     import ray
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": cpus // 2})
-    cluster.add_node(num_cpus=cpus - cpus // 2)
+    store = int(psutil.virtual_memory().available * 0.3)  # ray.init's default on one node
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": cpus // 2, "object_store_memory": store // 2})
+    cluster.add_node(num_cpus=cpus - cpus // 2, object_store_memory=store // 2)
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, logging_level="ERROR")
     return cluster
@@ -250,7 +256,9 @@ def run_orchard(cfg, data_dir: Path, profile: bool, workers: int | None = None, 
         out["profile"] = [{"tree": int(m["round/tree"]), "depth": int(m["round/depth"]),
                            "frontier": int(m["round/frontier_size"]), "batches": int(m["round/node_batches"]),
                            "parallelism": m["round/effective_parallelism"],
-                           "shuffle_bytes": m["round/shuffle_bytes"], **{k: m[f"round/{k}"] for k in keys}}
+                           "shuffle_bytes": m["round/shuffle_bytes"], **{k: m[f"round/{k}"] for k in keys},
+                           # locality (workloads/forest/locality.py): data-unit bytes read across nodes
+                           **{k: m.get(f"round/{k}", 0) for k in ("unit_bytes_across_nodes", "task_nodes")}}
                           for m in rounds]
     return out
 

@@ -10,26 +10,34 @@ from __future__ import annotations
 import ray
 
 from .histogram_actor import HistogramActor
+from .locality import on_node
 
 
 class HistogramPool:
     """``actors[k]``: the reducer of node partition k. ``actor_cpus``: each one's CPU share;
     ``in_group``: inside a sweep trial's placement group (captured, default scheduling), else
-    spread over the nodes; ``max_failures``: restarts of each before it is replaced."""
+    spread over the nodes; ``max_failures``: restarts of each before it is replaced.
+    ``nodes``: where the data units live (locality.py), set by the round runner: actor k goes to
+    nodes[k % len(nodes)] (soft), one per node in turn (left to SPREAD beside node-pinned tasks, a
+    two-node run hung: its phase-2 tasks waited for CPUs on a node, most likely the one holding
+    both actors, that never came free; with homes the actors also reserve no CPU, train.py)."""
 
     def __init__(self, actor_cpus: float, in_group: bool, max_failures: int):
         self.actor_cpus, self.in_group, self.max_failures = actor_cpus, in_group, max_failures
         self.actors: list = []
+        self.nodes: list = []
 
-    def _new(self):
+    def _new(self, k: int):
         options = dict(num_cpus=self.actor_cpus, max_restarts=self.max_failures, max_task_retries=0)
-        if not self.in_group:
+        if self.nodes and not self.in_group:
+            options["scheduling_strategy"] = on_node(self.nodes[k % len(self.nodes)])
+        elif not self.in_group:
             options["scheduling_strategy"] = "SPREAD"  # node partitions on different machines
         return ray.remote(HistogramActor).options(**options).remote()
 
     def ensure(self, count: int) -> None:
         while len(self.actors) < count:
-            self.actors.append(self._new())
+            self.actors.append(self._new(len(self.actors)))
 
     def reset(self, k: int, shape) -> None:
         """Empty actor k's histograms for a new batch; an actor that died in an earlier phase
@@ -59,7 +67,7 @@ class HistogramPool:
             ray.get(self.actors[k].ping.remote(), timeout=60)
         except Exception:
             ray.kill(self.actors[k], no_restart=True)
-            self.actors[k] = self._new()
+            self.actors[k] = self._new(k)
 
     @staticmethod
     def acked(acks: list) -> bool:

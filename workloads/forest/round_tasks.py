@@ -21,6 +21,13 @@ from .body_parts import NUM_PARTS
 from .data_unit import tree_selection
 
 
+def _node() -> str | None:
+    """The id of the node this task runs on (None outside Ray)."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+
+
 def _set_threads(threads: int) -> None:
     import numba
     numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))
@@ -52,7 +59,8 @@ def _slots(sorted_nodes: np.ndarray, nodes: np.ndarray) -> np.ndarray:
 
 def phase1_task(traversal, frontier, selection, background_mm, threads, *blocks):
     """Class counts (K, C) int64 of the examples reaching each of the K frontier nodes
-    (`frontier` sorted): only the frontier, never the whole tree (issue 20's 100 GB)."""
+    (`frontier` sorted): only the frontier, never the whole tree (issue 20's 100 GB); then busy
+    seconds and the id of the node it ran on."""
     start = time.perf_counter()
     _set_threads(threads)
     counts = np.zeros(len(frontier) * NUM_PARTS, np.int64)
@@ -62,7 +70,7 @@ def phase1_task(traversal, frontier, selection, background_mm, threads, *blocks)
         keep = slot >= 0
         counts += np.bincount(slot[keep].astype(np.int64) * NUM_PARTS + block["ex_cls"][ex][keep],
                               minlength=len(frontier) * NUM_PARTS)
-    return counts.reshape(len(frontier), NUM_PARTS), time.perf_counter() - start
+    return counts.reshape(len(frontier), NUM_PARTS), time.perf_counter() - start, _node()
 
 
 def encode_task(offsets, thresholds, selection, background_mm, threads, budget_bytes, fault, *blocks):
@@ -86,7 +94,8 @@ def encode_task(offsets, thresholds, selection, background_mm, threads, budget_b
                                offsets, thresholds, background_mm))
         if fault:
             die_once(fault)
-    return (*out, {"busy_s": time.perf_counter() - start, "cached": [c is not None for c in out], "bytes": used})
+    return (*out, {"busy_s": time.perf_counter() - start, "cached": [c is not None for c in out], "bytes": used,
+                   "node": _node()})
 
 
 def phase2_task(traversal, batch_nodes, column_of, col_lo, col_hi, offsets, thresholds, f0,
@@ -133,7 +142,8 @@ def phase2_task(traversal, batch_nodes, column_of, col_lo, col_hi, offsets, thre
              for k in range(len(column_bounds) - 1)]
     stats = {"busy_s": time.perf_counter() - start, "example_features": example_features,
              "hist_bytes": hist.nbytes, "shuffle_bytes": sum(encoded_bytes(p) for p in parts),
-             "dense_bytes": hist.size * 4}  # int32 partials, as before issue 20
+             "dense_bytes": hist.size * 4,  # int32 partials, as before issue 20
+             "node": _node()}  # where it ran: the driver checks it against its units' home
     return (*parts, stats)
 
 

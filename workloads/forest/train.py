@@ -23,6 +23,9 @@ fit its share of the budget is evaluated on the fly every round, as in the paper
 Below the root, of two siblings only the smaller is counted in phase 2; the larger's histogram
 is its parent's minus the smaller's (`forest.histogram_subtraction`, subtraction.py).
 
+On several nodes every data unit has a home node: its encode, phase-1 and phase-2 tasks run
+there and only partial histograms cross between nodes (locality.py).
+
 The tasks' bodies are in round_tasks.py, the batch plan in batch_plan.py, the histogram actors'
 lifecycle (start, reset, revive or replace) in histogram_pool.py; `grow_forest`
 grows the T trees of a run, each from its own candidate pool (`tree_pool`).
@@ -43,6 +46,7 @@ from .body_parts import NUM_PARTS
 from .checkpoint import save_checkpoint
 from .features import candidate_pool
 from .histogram_pool import HistogramPool
+from .locality import assign_homes, cpu_nodes, group_by_home, locations, object_store_bytes, on_node
 from .model import Tree
 from .round_tasks import encode_task, phase1_task, phase2_task, traversal_arrays
 from .shuffle import count_dtype
@@ -85,6 +89,13 @@ class RoundRunner:
         self.parents = ParentStore(int(forest_cfg["memory_budget_mb"] * 2**20),
                                    forest_cfg.get("histogram_subtraction", True))
         self.bin_cache: dict = {}  # block ref -> its bin cache ref (None: on the fly), this tree's
+        # block ref -> its home node (locality.py), chosen on the first encode; empty on one node
+        # and inside a sweep trial's placement group (its tasks stay in the group)
+        self.home: dict | None = None
+        self.block_bytes: dict = {}  # block ref -> its bytes in the object store
+        self.unit_bytes: dict = {}  # block ref -> bytes of the block and its bin cache, this tree's
+        self.across = {"bytes": 0, "tasks": 0, "nodes": set()}  # this round's data-unit reads off home
+        self.fetch_bytes = 0  # the units' one fetch to their homes, not yet counted in a round
         # The round tasks are pure functions of their object-store inputs: an OSError inside one
         # comes from its node going away under it (a worker whose raylet has died fails to reach
         # its sockets before it is killed, and Ray calls that the task's own error, not a lost
@@ -131,16 +142,27 @@ class RoundRunner:
         def forward(stat_ref):
             part_id, f0, refs = in_flight.pop(stat_ref)
             stats.append(ray.get(stat_ref))
+            self._ran(stats[-1]["node"], b["data_parts"][b["jobs"][part_id][0]])
             for k, ref in zip(targets, refs):
                 acks[k].append(self.actors[k].add.remote(part_id, f0, ref))
             if hook and len(stats) == 1:
                 hook(self, b["depth"], b["index"])
 
-        for part_id, (d, p) in enumerate(b["jobs"]):
+        # at most num_workers tasks at a time; with homes, each node's share of them, and the
+        # next job is one whose node has a free slot (a global cap let one node idle while the
+        # next job in line waited for the other)
+        slots = self._slots()
+        queued = list(enumerate(b["jobs"]))
+        while queued:
             if self.stopping.is_set():
                 raise TrainingInterrupted("stopped: the run was interrupted")
-            while len(in_flight) >= self.workers:  # at most num_workers tasks at a time
+            busy = [self._home_of(b["data_parts"][b["jobs"][j][0]]) for j, _, _ in in_flight.values()]
+            ready = [i for i, (_, (d, _)) in enumerate(queued)
+                     if busy.count(node := self._home_of(b["data_parts"][d])) < slots.get(node, 1)]
+            if not ready or len(in_flight) >= self.workers:
                 forward(self._wait_one(list(in_flight)))
+                continue
+            part_id, (d, p) = queued.pop(ready[0])
             f0, f1 = b["feature_bounds"][p], b["feature_bounds"][p + 1]
             refs = self._submit_phase2(b, d, f0, f1, col_lo, col_hi, bounds)
             in_flight[refs[-1]] = (part_id, f0, refs[:-1])
@@ -148,12 +170,24 @@ class RoundRunner:
             forward(self._wait_one(list(in_flight)))
         return stats, acks
 
+    def _home_of(self, units: list):
+        """The home node of a data partition's units (None without homes)."""
+        return self.home.get(units[0]) if self.home and units else None
+
+    def _slots(self) -> dict:
+        """Phase-2 tasks in flight at once, by home node: the workers a node's CPUs hold (at
+        least one), or num_workers under None without homes."""
+        if not self.home:
+            return {None: self.workers}
+        return {node: max(1, int(cpus // self.cpus)) for node, cpus in cpu_nodes().items()}
+
     def _submit_phase2(self, b: dict, d: int, f0: int, f1: int, col_lo: int, col_hi: int, bounds: list) -> list:
         """One phase-2 task of batch `b`: data partition `d`, features [f0, f1), columns
         [col_lo, col_hi) split at `bounds`; its refs, one slice per receiver, then the stats."""
         offsets, thresholds = b["pool"]
         return self._phase2_task.options(num_returns=len(bounds), num_cpus=self._task_cpus(),
-                                         max_retries=self.max_failures).remote(
+                                         max_retries=self.max_failures,
+                                         scheduling_strategy=self._place(b["data_parts"][d])).remote(
             b["traversal"], b["nodes"], b["column_of"], col_lo, col_hi, offsets[f0:f1], thresholds[f0:f1], f0,
             bounds, b["dtype"], b["selection"], self.background, self.threads, self.hooks.get("task_fault"),
             *b["data_parts"][d], *[self.bin_cache.get(ref) for ref in b["data_parts"][d]])
@@ -258,11 +292,13 @@ class RoundRunner:
             refs.append(self._submit_phase2(b, d, 0, n_features, 0, total, [0, total]))
         hist = np.zeros(b["shapes"][0][:3], b["dtype"])
         apply_init(hist, b["inits"][0])  # derived nodes start from their parents
-        stats, pending = [], {stat: part for part, stat in refs}
+        stats, pending = [], {stat: (part, d) for (part, stat), (d, _) in zip(refs, b["jobs"])}
         while pending:  # sum each partial as it arrives; its object is freed right after
             stat_ref = self._wait_one(list(pending))
-            add_partial(hist, 0, ray.get(pending.pop(stat_ref)))
+            part, d = pending.pop(stat_ref)
+            add_partial(hist, 0, ray.get(part))
             stats.append(ray.get(stat_ref))
+            self._ran(stats[-1]["node"], b["data_parts"][d])
         phase2_s = time.perf_counter() - start
         start = time.perf_counter()
         col_start, col_class, weights, min_child, pairs = b["best_args"][0]
@@ -334,8 +370,43 @@ class RoundRunner:
 
     # ---- one tree -----------------------------------------------------------------
     def _data_partitions(self, degree: int) -> list[list]:
+        """`degree` lists of block refs; with homes (several nodes), each list's units share a
+        home node and every node holding units gets at least one (locality.group_by_home)."""
         degree = max(1, min(degree, len(self.block_refs)))
+        if self.home:
+            return [refs for _, refs in group_by_home(self.block_refs, self.home, degree)]
         return [list(p) for p in np.array_split(np.array(self.block_refs, dtype=object), degree)]
+
+    def _homes(self) -> None:
+        """Choose each unit's home node once per run (locality.py): only with several nodes and
+        outside a sweep trial's placement group."""
+        if self.home is None:
+            nodes = cpu_nodes()
+            self.home = assign_homes(self.block_refs, nodes) if len(nodes) > 1 and not self.in_group else {}
+            self.reducers.nodes = sorted(set(self.home.values()))
+            if self.home:
+                # Pinned tasks must never wait on an actor's CPU share: a restarted actor (its node
+                # lost) may come back on any node, and a task pinned there would wait for a CPU
+                # that never comes free (soft affinity falls back only for a dead or too-small
+                # node). With homes the actors reserve no CPU; tasks take their full share.
+                self.actor_cpus = self.reducers.actor_cpus = 0.0
+            where = locations(self.block_refs) if self.home else {}
+            self.block_bytes = {ref: size for ref, (_, size) in where.items()}
+            self.unit_bytes = dict(self.block_bytes)
+            # a unit homed away from the node that holds it is fetched there once, by its encode
+            # task: counted in the next round's unit_bytes_across_nodes
+            self.fetch_bytes = sum(size for ref, (held, size) in where.items() if self.home[ref] not in held)
+
+    def _place(self, units: list):
+        """Scheduling strategy of a task over `units` (one home): on their home node."""
+        return on_node(self._home_of(units)) if self.home and units else "DEFAULT"
+
+    def _ran(self, node: str, units: list) -> None:
+        """A phase-1/2 task over `units` ran on `node`: count what it read from another node."""
+        self.across["nodes"].add(node)
+        if self.home and self.home.get(units[0]) != node:
+            self.across["bytes"] += sum(self.unit_bytes.get(u, 0) for u in units)
+            self.across["tasks"] += 1
 
     def _encode_bins(self, pool, selection) -> dict:
         """The tree's bin cache: one encode task per worker, each caching its blocks' codes in
@@ -350,24 +421,44 @@ class RoundRunner:
         offsets, thresholds = pool
         parts = self._data_partitions(self.workers)
         refs = [self._encode_task.options(num_returns=len(p) + 1, num_cpus=self._task_cpus(),
-                                          max_retries=self.max_failures).remote(
-            offsets, thresholds, selection, self.background, self.threads, budget * len(p) // len(self.block_refs),
+                                          max_retries=self.max_failures, scheduling_strategy=self._place(p)).remote(
+            offsets, thresholds, selection, self.background, self.threads, self._cache_budget(p, budget),
             self.hooks.get("encode_fault"), *p)
             for p in parts]
         for part, part_refs, stats in zip(parts, refs, self._wait_all([r[-1] for r in refs])):
+            self._ran(stats["node"], part)
             self.bin_cache.update((block, code) for block, code, kept in zip(part, part_refs, stats["cached"]) if kept)
             out = {"busy_s": out["busy_s"] + stats["busy_s"], "blocks": out["blocks"] + sum(stats["cached"]),
                    "bytes": out["bytes"] + stats["bytes"]}
+        if self.home:  # a unit's bytes: its block and its cache, read by every task over it
+            sizes = locations(list(self.bin_cache.values()))
+            self.unit_bytes = {b: size + sizes.get(self.bin_cache.get(b), (None, 0))[1]
+                               for b, size in self.block_bytes.items()}
         return out
+
+    def _cache_budget(self, part: list, budget: int) -> int:
+        """A partition's share of `forest.bin_cache_mb` (by its units), no more than its share of
+        half its home node's object store: a cache the store cannot hold beside the blocks would
+        be spilled to disk and read back every round (ray.cluster_utils nodes have 150 MiB)."""
+        share = budget * len(part) // len(self.block_refs)
+        if not self.home:
+            return share
+        node = self.home.get(part[0])
+        on_node_units = sum(1 for h in self.home.values() if h == node)
+        store = object_store_bytes().get(node, 0)
+        return min(share, store // 2 * len(part) // max(on_node_units, 1)) if store else share
 
     def _phase1(self, traversal_ref, frontier, data_parts, selection, depth):
         """[1] class counts (K, C) of the K frontier nodes; (counts, busy s, bytes returned)."""
         frontier_ref = ray.put(np.asarray(frontier, np.int64))
-        refs = [self._phase1_task.options(num_cpus=self._task_cpus(), max_retries=self.max_failures).remote(
+        refs = [self._phase1_task.options(num_cpus=self._task_cpus(), max_retries=self.max_failures,
+                                          scheduling_strategy=self._place(p)).remote(
                 traversal_ref, frontier_ref, selection, self.background, self.threads, *p) for p in data_parts]
         if "phase1" in self.hooks:
             self.hooks["phase1"](self, depth, 0)
         outs = self._wait_all(refs)
+        for o, p in zip(outs, data_parts):
+            self._ran(o[2], p)
         return sum(o[0] for o in outs), sum(o[1] for o in outs), sum(o[0].nbytes for o in outs)
 
     def train_tree(self, tree_index: int, pool, state: dict) -> None:
@@ -380,6 +471,11 @@ class RoundRunner:
         selection = {"seed": self.seed, "tree_index": tree_index,
                      "image_fraction": cfg["image_fraction"], "pixel_fraction": cfg["pixel_fraction"]}
         budget = int(cfg["memory_budget_mb"] * 2**20)
+        self._homes()
+        if self.home:  # a batch's partials, in flight between nodes, must fit the smallest object store
+            stores = [v for k, v in object_store_bytes().items() if k in set(self.home.values()) and v > 0]
+            one_node = NUM_PARTS * len(offsets) * (thresholds.shape[1] + 1) * 4  # what validate allows for
+            budget = max(min([budget] + [v // 4 for v in stores]), min(budget, one_node))
         self.parents.clear()  # a tree's first round, or the first after a resume: nothing to derive from
         if state["partial"] is None:
             tree, frontier, depth = Tree(NUM_PARTS), [0], 0
@@ -390,6 +486,9 @@ class RoundRunner:
         encode = None  # this tree's bin cache is built in its first round of this run
         while frontier and depth < cfg["max_depth"]:
             round_start = time.perf_counter()
+            self._homes()
+            self.across = {"bytes": self.fetch_bytes, "tasks": 0, "nodes": set()}
+            self.fetch_bytes = 0
             if encode is None:
                 encode = self._encode_bins(pool, selection)
                 encode_s = time.perf_counter() - round_start
@@ -494,6 +593,12 @@ class RoundRunner:
                     # the shuffle: encoded partials to actors + phase-1 frontier counts, and what
                     # dense partials with counts for every node of the tree would have been
                     "round/shuffle_bytes": totals["shuffle_bytes"],
+                    # locality (locality.py): bytes of data units (blocks, bin caches) that this
+                    # round's tasks read from a node other than their own (the units' one fetch to
+                    # their home included), tasks that ran off their units' home, nodes that ran tasks
+                    "round/unit_bytes_across_nodes": self.across["bytes"],
+                    "round/tasks_off_home": self.across["tasks"],
+                    "round/task_nodes": len(self.across["nodes"]),
                     "round/shuffle_dense_bytes": totals["dense_bytes"] + len(data_parts) * n_tree_nodes * NUM_PARTS * 8,
                     "round/effective_parallelism": (totals["task_busy_s"] + totals["actor_busy_s"]) / wall,
                     # the same per phase: phase 1's tasks over its wall time (0 where the counts
