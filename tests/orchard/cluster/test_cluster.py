@@ -168,3 +168,15 @@ def test_attaching_to_a_cluster_without_token_auth_is_refused_off_this_machine(r
     finally:
         head.stdin.close()
         head.wait(timeout=120)
+
+
+def test_an_elastic_run_keeps_ray_trains_own_poll_interval(monkeypatch):
+    """0.2 s polls for fixed groups; an elastic one (strategy.min_workers) keeps Ray's 2 s, and a
+    user's own setting is never replaced."""
+    from orchard import cluster
+
+    monkeypatch.delenv(cluster.HEALTH_CHECK_INTERVAL, raising=False)
+    assert cluster.worker_env({"mode": "local"})[cluster.HEALTH_CHECK_INTERVAL] == "0.2"
+    assert cluster.HEALTH_CHECK_INTERVAL not in cluster.worker_env({"mode": "local"}, elastic=True)
+    monkeypatch.setenv(cluster.HEALTH_CHECK_INTERVAL, "1.5")
+    assert cluster.HEALTH_CHECK_INTERVAL not in cluster.worker_env({"mode": "remote"})
