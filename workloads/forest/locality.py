@@ -76,6 +76,9 @@ def group_by_home(block_refs: list, home: dict, degree: int) -> list[tuple]:
 
 
 def on_node(node):
-    """Scheduling strategy for work over units homed on `node` (None: Ray's default)."""
-    return "DEFAULT" if node is None else NodeAffinitySchedulingStrategy(node_id=node, soft=True)
+    """Scheduling strategy for work over units homed on `node`; None without a home: Ray's
+    default, which keeps a task inside the caller's placement group (a sweep trial's). An explicit
+    "DEFAULT" would take it out of the group: inside a trial that holds every CPU of the cluster,
+    its tasks then waited for a CPU that never came free (the forest sweep hung)."""
+    return None if node is None else NodeAffinitySchedulingStrategy(node_id=node, soft=True)
 

@@ -399,7 +399,7 @@ class RoundRunner:
 
     def _place(self, units: list):
         """Scheduling strategy of a task over `units` (one home): on their home node."""
-        return on_node(self._home_of(units)) if self.home and units else "DEFAULT"
+        return on_node(self._home_of(units)) if self.home and units else None  # None: stays in a trial's group
 
     def _ran(self, node: str, units: list) -> None:
         """A phase-1/2 task over `units` ran on `node`: count what it read from another node."""
