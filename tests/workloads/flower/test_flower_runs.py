@@ -93,6 +93,7 @@ def test_the_time_split_adds_up_to_the_run_and_names_the_training_parts(smoke_ru
         assert outcome.metrics["time/total_s"] >= m["time/total_s"]  # what the summary printed came after
 
 
+@pytest.mark.slow
 def test_a_second_identical_run_reads_its_preparation_back(smoke_runs):
     runs, _ = smoke_runs
     first, again = runs["ring"][1], runs[AGAIN][1]
