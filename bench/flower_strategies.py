@@ -163,7 +163,7 @@ def run_orchard(overrides: list[str], train_tiles: int, batch: int, epochs: int,
     return {"step": m["throughput/mean_images_per_s"], "loop": images / m["time/completion_s"],
             "test_mae": m["test/mae"], "blob_mae": m["baseline/mae"],
             "split": {k: m[f"time/{k}"] for k in SPLIT if f"time/{k}" in m}
-            | ({"ps_wait_s": m["time/ps_wait_s"]} if "time/ps_wait_s" in m else {})}
+            | ({"comm_wait_s": m["time/comm_wait_s"]} if "time/comm_wait_s" in m else {})}
 
 
 
@@ -232,7 +232,7 @@ def measure(size: dict, repeats: int) -> list[dict]:
             rest = parts["completion_s"] - parts["loop_start_s"] - parts["steps_s"] - parts["checkpoint_s"]
             out["loop s = start + steps + checkpoints + rest"] = (
                 f"{parts['completion_s']:.1f} = {parts['loop_start_s']:.1f} + {parts['steps_s']:.1f} + "
-                f"{parts['checkpoint_s']:.1f} + {rest:.1f}" + (f"; ps waits {parts['ps_wait_s']:.1f}" if "ps_wait_s" in parts else ""))
+                f"{parts['checkpoint_s']:.1f} + {rest:.1f}" + (f"; network waits {parts['comm_wait_s']:.1f}" if "comm_wait_s" in parts else ""))
         return out
 
     rows = []

@@ -7,6 +7,7 @@ it for the strategy in ``config["strategy"]`` and the loop only calls
 from __future__ import annotations
 
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +53,43 @@ def _params_numpy(model: torch.nn.Module) -> dict[str, np.ndarray]:
     return {n: p.detach().cpu().numpy() for n, p in model.named_parameters()}
 
 
+class AllReduceTimer:
+    """What the ring cost a worker's steps, counted by a DDP communication hook (``timed_allreduce``).
+
+    DDP all-reduces the gradients in buckets while backward still computes the earlier layers;
+    the step waits on the network only for what is still in flight once backward has made its
+    last bucket. ``wait_s`` is that: from the last bucket's launch until its all-reduce
+    completed (gloo completes buckets in order, so it is the step's last), summed over the
+    steps. ``grad_bytes`` counts the gradients all-reduced; a ring sends and receives
+    2 (N - 1) / N of them each way per worker (``bytes_per_step``)."""
+
+    def __init__(self, world_size: int):
+        self.world_size, self.wait_s, self.grad_bytes, self.steps = world_size, 0.0, 0, 0
+
+    def bytes_per_step(self) -> float:
+        ring = 2 * (self.world_size - 1) / self.world_size  # each way: a reduce-scatter and an all-gather
+        return 2 * ring * self.grad_bytes / max(self.steps, 1)
+
+
+def timed_allreduce(timer: AllReduceTimer, bucket):
+    """DDP's own all-reduce of ``bucket`` (``default_hooks.allreduce_hook``), timed into ``timer``."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    buffer = bucket.buffer()
+    timer.grad_bytes += buffer.numel() * buffer.element_size()
+    future = default_hooks.allreduce_hook(None, bucket)
+    if not bucket.is_last():
+        return future
+    launched = time.perf_counter()
+
+    def done(fut):
+        timer.wait_s += time.perf_counter() - launched
+        timer.steps += 1
+        return fut.value()
+
+    return future.then(done)
+
+
 class RingReplica:
     """DDP all-reduce: gradients are averaged by DDP during backward; the optimizer is local."""
 
@@ -59,7 +97,12 @@ class RingReplica:
         import ray.train.torch
 
         self.module = model
-        self.model = ray.train.torch.prepare_model(model) if env().world_size > 1 else model.to(env().device)
+        world = env().world_size
+        self.model = ray.train.torch.prepare_model(model) if world > 1 else model.to(env().device)
+        self.timer = None
+        if world > 1 and hasattr(self.model, "register_comm_hook"):  # DDP: time its all-reduce
+            self.timer = AllReduceTimer(world)
+            self.model.register_comm_hook(self.timer, timed_allreduce)
         self.optimizer = torch_optimizer(optimizer, self.model.parameters())
 
     def zero_grad(self) -> None:
@@ -82,7 +125,10 @@ class RingReplica:
             group.update(settings)
 
     def comm_stats(self) -> dict:
-        return {}
+        """The time this worker's steps waited on the all-reduce and the bytes a step moved (none alone)."""
+        if self.timer is None:
+            return {}
+        return {"comm/bytes_per_step": self.timer.bytes_per_step(), "comm/wait_s": self.timer.wait_s}
 
 
 class PSReplica:

@@ -27,13 +27,13 @@ def test_the_rows_hold_ring_to_plain_ddp_and_ps_to_ring(monkeypatch):
                                                                    "test_mae": 0.6, "split": split})
     monkeypatch.setattr(fs, "run_orchard", lambda overrides, n, batch, epochs, world: {
         "step": 98.0 * world, "loop": 89.0 * world, "test_mae": 0.5, "blob_mae": 1.2,
-        "split": {**split, "ps_wait_s": 2.0} if "strategy=ps" in overrides else split})
+        "split": {**split, "comm_wait_s": 2.0} if "strategy=ps" in overrides else split})
     rows = {r["name"]: r for r in fs.measure(fs.SIZES["full"], 3)}
     ring = rows["ring vs plain DDP, 2 workers, whole loop"]
     assert ring["target"]["min_ratio"] == 0.98 and ring["orchard"]["values"] == [178.0] * 3
     assert ring["quality"]["orchard"]["loop s = start + steps + checkpoints + rest"] == "9.0 = 1.0 + 6.0 + 0.5 + 1.5"
     assert rows["ring vs plain DDP, 1 worker, per step"]["target"]["min_ratio"] == 0.95
     ps = rows["ps-sync vs ring, 2 workers, per step"]
-    assert ps["target"]["min_ratio"] == 0.9 and "ps waits 2.0" in ps["quality"]["orchard"]["loop s = start + steps + checkpoints + rest"]
+    assert ps["target"]["min_ratio"] == 0.9 and "network waits 2.0" in ps["quality"]["orchard"]["loop s = start + steps + checkpoints + rest"]
     assert rows["orchard ring: 2 workers vs 1, whole loop (speed-up)"]["peer"]["values"] == [89.0] * 3
     assert {"test MAE": 0.5, "blob counter MAE": 1.2} == rows["ps-async vs plain DDP, 1 worker, per step"]["quality"]["orchard"]

@@ -69,8 +69,10 @@ def time_split(summaries: list[dict], train_started: float) -> dict[str, float]:
     ``completion_s`` is the run's): its start until its step loops begin, its step loops (and the
     CPU time its process had in them, ``time/steps_cpu_s``: less than ``time/steps_s`` where it
     waited for a core, more where its threads ran side by side), its checkpoints
-    (the report every rank makes, rank 0 writing) and, with parameter servers, its steps' waits on
-    the servers (``time/ps_wait_s``, the bytes one step moves beside it); rank 0's validation."""
+    (the report every rank makes, rank 0 writing) and, with more than one worker, its steps' waits
+    on the network (``time/comm_wait_s``: the ring's last all-reduce, or the parameter servers'
+    push and pull) with the bytes one step sends and receives (``comm/bytes_per_step``); rank 0's
+    validation."""
     firsts = [s["first_step_at"] for s in summaries if s.get("first_step_at")]
     slowest = max(summaries, key=lambda s: s["completion_s"], default={})
     out = {"time/steps_s": float(slowest.get("steps_s", 0.0))}
@@ -78,8 +80,8 @@ def time_split(summaries: list[dict], train_started: float) -> dict[str, float]:
         out["time/train_start_s"] = min(firsts) - train_started
     for key, metric in (("loop_start_s", "time/loop_start_s"), ("checkpoint_s", "time/checkpoint_s"),
                         ("steps_cpu_s", "time/steps_cpu_s"),
-                        ("comm/wait_s", "time/ps_wait_s"),
-                        ("comm/bytes_per_step", "comm/ps_bytes_per_step")):
+                        ("comm/wait_s", "time/comm_wait_s"),
+                        ("comm/bytes_per_step", "comm/bytes_per_step")):
         if key in slowest:
             out[metric] = float(slowest[key])
     validation = [float(s["validation_s"]) for s in summaries if s.get("validation_s")]

@@ -75,6 +75,32 @@ def test_a_ring_replica_on_one_worker_steps_as_its_torch_optimizer_does():
     assert all(p.grad is None for p in rep.module.parameters()) and rep.comm_stats() == {}
 
 
+def test_the_ring_hook_times_ddps_own_all_reduce_and_counts_its_gradients(tmp_path):
+    """The DDP communication hook a ring replica registers with more than one worker, on a real
+    gloo group of one process: DDP's all-reduce still averages (the same weights as without the
+    hook), every step's last bucket is timed, every gradient byte counted."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        ddp = torch.nn.parallel.DistributedDataParallel(model())
+        timer = worker.AllReduceTimer(1)
+        ddp.register_comm_hook(timer, worker.timed_allreduce)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+        for _ in range(3):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(ddp(X), Y).backward()
+            opt.step()
+        assert timer.steps == 3 and timer.wait_s > 0 and timer.grad_bytes == 3 * 5 * 4  # 5 float32 a step
+        for got, want in zip(ddp.module.parameters(), plain_torch(steps=3)):
+            assert torch.allclose(got, want, atol=1e-6)
+    finally:
+        dist.destroy_process_group()
+    two = worker.AllReduceTimer(2)
+    two.grad_bytes, two.steps = 4000, 2
+    assert two.bytes_per_step() == 2 * 2000  # a ring of 2: the gradients once each way
+
+
 def test_a_ps_replica_on_one_worker_steps_as_torch_does_and_counts_its_traffic(ps_group):
     rep = worker.replica(model(), OPT, {"strategy": {"name": "ps"}, "ps_group": ps_group(num_servers=1)})
     assert isinstance(rep, worker.PSReplica)
