@@ -41,7 +41,7 @@ import ray
 from orchard import background
 
 from .avatar import focal_length_px
-from .batch_plan import partitions_at, plan_batches
+from .batch_plan import fill_workers, partitions_at, plan_batches
 from .body_parts import NUM_PARTS
 from .checkpoint import save_checkpoint
 from .features import candidate_pool
@@ -495,7 +495,7 @@ class RoundRunner:
             else:
                 encode_s = 0.0
             phase1_start = time.perf_counter()
-            degrees = partitions_at(cfg, depth)
+            degrees = fill_workers(partitions_at(cfg, depth), self.workers, len(offsets))
             data_parts = self._data_partitions(int(degrees["data_units"]))
             frontier = sorted(frontier)  # children are created in order; sorted for lookups
             n_tree_nodes = len(tree)  # phase 4 grows `tree` mid-round

@@ -174,6 +174,17 @@ def test_histograms_are_as_narrow_as_their_largest_column_and_batches_widen_with
             np.testing.assert_array_equal(a, b)
 
 
+def test_a_round_has_a_task_for_every_worker_by_splitting_the_features_further():
+    from workloads.forest.batch_plan import fill_workers
+
+    degrees = {"data_units": 4, "features": 2, "nodes": 2}
+    assert fill_workers(degrees, 2, 1000) is degrees and fill_workers(degrees, 8, 1000) is degrees
+    assert fill_workers(degrees, 16, 1000) == {"data_units": 4, "features": 4, "nodes": 2}
+    assert fill_workers({**degrees, "data_units": 2}, 16, 1000)["features"] == 8
+    assert fill_workers({**degrees, "data_units": 3}, 16, 1000)["features"] == 6  # 18 tasks: none short
+    assert fill_workers({**degrees, "data_units": 1}, 64, 16)["features"] == 16  # never below one offset a part
+
+
 def test_histogram_subtraction_is_exact_where_the_parent_overflows_the_childrens_width():
     """The larger child's histogram is the parent's minus the smaller's, in the batch's narrow
     counts (uint8 here: the children's columns fit it) even where the parent's do not: the
