@@ -342,7 +342,8 @@ def run_one(cfg: dict, module, parent_run_id: str | None = None, on_metrics=None
     # Opening is atomic for signals: a run either does not exist or is closed with its status.
     with interrupts.deferred(reraise=True):
         if tcfg["enabled"]:
-            extra = {"orchard.overrides": json.dumps(redact.overrides(cfg.get("_overrides", [])))}
+            extra = {"orchard.overrides": json.dumps(redact.overrides(cfg.get("_overrides", []))),
+                     "orchard.started_at": f"{split.started_at:.3f}"}  # the time split's start, wall clock
             if registry.user_config_dirs():  # --config-dir: resume names them (it never adds them by itself)
                 extra["orchard.config_dirs"] = json.dumps(registry.user_config_dirs())
             if cfg.get("_resumes"):

@@ -30,6 +30,9 @@ class TimeSplit:
 
     def __init__(self, started: float | None = None):
         self.started = time.perf_counter() if started is None else started
+        # the same moment on the wall clock (seconds since the epoch): where another process's
+        # clock meets this split (the run's tag ``orchard.started_at``; bench/orchard_overhead.py)
+        self.started_at = time.time() - (time.perf_counter() - self.started)
         self._last = self.started
         self.parts: dict[str, float] = {}
 

@@ -18,6 +18,10 @@ def test_marks_cut_the_wall_clock_into_parts_that_add_up():
     assert split.parts["data"] >= 0.02 and split.parts["training"] >= 0.01
     assert abs(sum(split.parts.values()) - split.total()) < 1e-9
     assert split.metrics() == {"time/split/data_s": split.parts["data"], "time/split/training_s": split.parts["training"]}
+    # its start on the wall clock, where another process's clock meets it (the run's orchard.started_at)
+    before = time.time()
+    assert before - 1.0 < TimeSplit().started_at <= time.time()
+    assert abs(split.started_at + split.total() - time.time()) < 0.5
 
 
 def test_carving_moves_seconds_out_of_a_part_and_never_more_than_it_holds():

@@ -97,6 +97,5 @@ def _run(cfg: dict, ctx, round_ends: list) -> dict[str, float]:
             / max(sum(m["round/total_s"] for m in history), 1e-9)),
         "train/restarts": float(restarts),  # histogram actors' shares redone after a loss
         "time/data_s": data_s, "time/train_s": train_s,
-        "time/total_s": time.perf_counter() - started,
     })
     return metrics

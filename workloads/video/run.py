@@ -139,7 +139,7 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
                  if k in ("pipeline/store_mb_peak", "pipeline/store_limit_mb")},
               "memory/spilled_mb": sum(v for k, v in whole_run.items() if k.endswith("_spilled_mb")),
               **trained.whole_training, **wait_fractions(trained.waits),
-              "time/total_s": time.perf_counter() - t_start, "train/epochs_run": float(trained.epochs_run),
+              "train/epochs_run": float(trained.epochs_run),
               **({"train/resumed_from_epoch": float(first_epoch)} if first_epoch else {}),  # only a resumed run
               **({"time/to_target_s": trained.time_to_target} if trained.time_to_target is not None else {}),
               "alloc/shifts_applied": float(trained.shifts_applied), "alloc/shift_wait_s": trained.shift_wait_s,
