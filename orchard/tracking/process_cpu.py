@@ -26,13 +26,16 @@ class OwnCpu:
         self.seen: dict[tuple[int, float], list] = {}  # (pid, create time) -> [process, CPU s counted]
         self.total = 0.0
 
+    def members(self) -> list[psutil.Process]:
+        """The processes counted now: the root and its descendants."""
+        try:
+            return [self.root, *self.root.children(recursive=True)]
+        except psutil.Error:
+            return []
+
     def sample(self) -> float:
         """CPU seconds of the tree since this tracker was made (first samples count a process whole)."""
-        try:
-            tree = [self.root, *self.root.children(recursive=True)]
-        except psutil.Error:
-            tree = []
-        for p in tree:
+        for p in self.members():
             try:
                 self.seen.setdefault((p.pid, p.create_time()), [p, 0.0])
             except psutil.Error:

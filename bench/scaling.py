@@ -1,0 +1,243 @@
+"""Each workload at 1, 2, 4, ... workers and on 1, 2, 4 nodes with the same CPUs (issue 48).
+
+    python -m bench scaling              # ~25 min on 2 idle cores (3 repeats)
+    python -m bench scaling --smoke      # one repeat of the smallest sizes: checks it runs
+
+Every figure is one real ``python -m orchard workload=<name> ...`` run, attached to a
+``ray.cluster_utils.Cluster`` on this machine (``cluster=remote``), the way a user runs on a
+cluster: the worker sweep on one node holding all the cores, the node sweep on 1, 2, 4 nodes
+that share the same cores between them (each node ``cores / nodes`` CPUs and its share of the
+object store, so more nodes add object stores and the transfers between them, never CPUs).
+
+What each row holds, per repeat:
+- **the work's seconds**: the part of the run's time split (``time/split/<part>_s``, docs/runs.md)
+  that scales with workers: flower's step loops (``steps``), the others' ``training``. The run's
+  whole wall time stands beside it in the quality (fixed costs do not scale and are issue 49's).
+- **speed-up and efficiency** against one worker (one node), from the medians.
+- **effective parallelism**, seed 000's figure of merit (busy task and actor time over wall): for
+  forest its own ``throughput/effective_parallelism`` (its tasks' and histogram actors' busy time
+  over each round's wall, weighted by round); for every workload also the CPU-seconds the run's
+  Ray task and actor processes (``ray::*``) used over the run's wall, read from the OS, the same
+  measure for all four (``cpu parallelism``). The forest row's ``effective parallelism`` is the
+  seed's, the others' the CPU figure.
+- **bytes between nodes**: what crossed the loopback interface during the run. The nodes of a
+  ``cluster_utils.Cluster`` are processes on this machine, so objects between their stores and
+  the gRPC between raylets travel over loopback; the one-node run's loopback bytes (control
+  traffic only) stand beside it for the difference.
+
+Fair: the same data, config and total CPUs in every row of a workload; the worker counts
+alternate within each repeat, and one untimed run per workload first fills the data caches and
+numba's compile cache. On a machine with more cores the worker sweep goes on (1, 2, 4, ... up to
+the cores) and the node sweep to 4 nodes; run it there with ``--out`` and keep the file as
+``scaling_<cores>c.json``.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+from orchard.tracking.process_cpu import OwnCpu
+
+REPO = Path(__file__).resolve().parents[1]
+
+# each workload: the overrides over debug=smoke that give its workers something to share, the key
+# that sets its workers, and the part of the time split that is its parallel work
+WORKLOADS = {
+    "forest": {"overrides": ["forest.train_images=48", "forest.num_trees=1", "forest.max_depth=12",
+                             "forest.n_offsets=300", "forest.n_thresholds=20", "forest.examples_per_image=1000"],
+               "workers": "strategy.num_workers", "work": "training"},
+    "flower": {"overrides": ["flower.epochs=6"], "workers": "strategy.num_workers", "work": "steps",
+               "strategy": "ring"},
+    # the thesis's other strategy: one parameter server (cpus_per_server 0: it shares the workers' cores)
+    "flower ps": {"workload": "flower", "overrides": ["flower.epochs=6"], "workers": "strategy.num_workers",
+                  "work": "steps", "strategy": "ps"},
+    "singa": {"overrides": ["singa.epochs=4", "singa.tsne=false"], "workers": "strategy.num_workers",
+              "work": "training"},
+    # the seed's elastic decoders: the decode pool's size (an int: min = max, the pool does not grow on its own)
+    "video": {"overrides": ["video.epochs=2"], "workers": "video.decode_concurrency", "work": "training"},
+}
+SIZES = {"full": {"workloads": list(WORKLOADS), "smoke_sizes": False},
+         # the forest alone (bench scaling_forest): what fits a lent 16-core machine's minutes
+         "forest": {"workloads": ["forest"], "smoke_sizes": False},
+         "smoke": {"workloads": list(WORKLOADS), "smoke_sizes": True}}
+ESTIMATE = "~25 min on 2 idle cores (3 repeats)"
+
+
+class RayProcessCpu(OwnCpu):
+    """CPU seconds of every Ray task and actor process on this machine (``ray::*`` titles), each
+    counted from when it was first seen: the bench runs alone, so they are the run's."""
+
+    def __init__(self):
+        super().__init__(psutil.Process())
+        for p in self.members():  # what ran before the run is not the run's
+            try:
+                t = p.cpu_times()
+                self.seen[(p.pid, p.create_time())] = [p, t.user + t.system]
+            except psutil.Error:
+                pass
+
+    def members(self) -> list[psutil.Process]:
+        out = []
+        for p in psutil.process_iter():
+            try:
+                cmd = p.cmdline()
+            except psutil.Error:
+                continue
+            if cmd and cmd[0].startswith("ray::"):
+                out.append(p)
+        return out
+
+
+def loopback_bytes() -> int:
+    counters = psutil.net_io_counters(pernic=True).get("lo")
+    return counters.bytes_sent if counters else 0
+
+
+def start_cluster(nodes: int, cpus: int):
+    """A ``cluster_utils.Cluster`` of ``nodes`` nodes sharing ``cpus`` CPUs and one node's object
+    store (ray.init's 30% of available memory) between them."""
+    from ray.cluster_utils import Cluster
+
+    store = int(psutil.virtual_memory().available * 0.3) // nodes
+    per = [cpus // nodes + (1 if i < cpus % nodes else 0) for i in range(nodes)]
+    cluster = Cluster(initialize_head=True, connect=False,
+                      head_node_args={"num_cpus": per[0], "object_store_memory": store})
+    for n in per[1:]:
+        cluster.add_node(num_cpus=n, object_store_memory=store)
+    cluster.wait_for_nodes()
+    return cluster
+
+
+def one_run(workload: str, workers: int, address: str, folder: Path, smoke_sizes: bool) -> dict:
+    """One orchard run attached to the cluster at ``address``; its work seconds, wall, parallelism
+    and loopback bytes. Raises with the run's last line if it fails."""
+    from mlflow.tracking import MlflowClient
+
+    spec = WORKLOADS[workload]
+    uri = f"sqlite:///{folder}/mlflow.db"
+    cmd = [sys.executable, "-m", "orchard", f"workload={spec.get('workload', workload)}", "debug=smoke",
+           *([] if smoke_sizes else spec["overrides"]), *([f"strategy={spec['strategy']}"] if "strategy" in spec else []),
+           f"{spec['workers']}={workers}", "cluster=remote", f"cluster.address={address}",
+           f"tracking.uri={uri}", f"output_dir={folder}/outputs", "progress=never"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("RAY_ADDRESS", None)
+    cpu, stop = RayProcessCpu(), threading.Event()
+
+    def sample() -> None:  # often: what a process used after its last sample is lost when it exits
+        while not stop.wait(0.5):
+            cpu.sample()
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    lo, t0 = loopback_bytes(), time.perf_counter()
+    sampler.start()
+    done = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - t0
+    stop.set()
+    sampler.join()
+    busy, lo_bytes = cpu.sample(), loopback_bytes() - lo
+    if done.returncode != 0:
+        lines = [ln for ln in (done.stdout + done.stderr).splitlines() if ln.strip()]
+        raise RuntimeError(f"{workload} at {workers} workers exited {done.returncode}: {lines[-1] if lines else ''}")
+    client = MlflowClient(uri)
+    run = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                             order_by=["attributes.start_time DESC"], max_results=1)[0]
+    m = run.data.metrics
+    work = m.get(f"time/split/{spec['work']}_s")
+    if work is None:
+        raise RuntimeError(f"{workload}: the run logged no time/split/{spec['work']}_s")
+    out = {"work_s": work, "wall_s": wall, "total_s": m.get("time/total_s"), "cpu_parallelism": busy / wall,
+           "loopback_bytes": lo_bytes}
+    if "throughput/effective_parallelism" in m:  # forest: the seed's own figure
+        out["effective_parallelism"] = m["throughput/effective_parallelism"]
+    for key in ("time/comm_wait_s", "comm/bytes_per_step"):  # flower: what its steps waited on and moved
+        if key in m:
+            out[key.split("/")[1]] = m[key]
+    return out
+
+
+def counts(cores: int, start: int = 1) -> list[int]:
+    """1, 2, 4, ... up to ``cores`` (and ``cores`` itself when it is not a power of two)."""
+    out, n = [], start
+    while n <= cores:
+        out.append(n)
+        n *= 2
+    return out if out[-1] == cores else [*out, cores]
+
+
+def median(values: list[float]) -> float:
+    import statistics
+
+    return float(statistics.median(values))
+
+
+def figures(runs: list[dict], workers: int, nodes: int, base: list[dict], base_workers: int) -> dict:
+    """One side's quality: workers, nodes, effective parallelism, speed-up and efficiency against ``base``."""
+    work = median([r["work_s"] for r in runs])
+    speedup = median([r["work_s"] for r in base]) / work if work else float("nan")
+    cpu_par = median([r["cpu_parallelism"] for r in runs])
+    own = [r["effective_parallelism"] for r in runs if "effective_parallelism" in r]
+    return {"workers": workers, "nodes": nodes,
+            "effective parallelism": median(own) if own else cpu_par, "cpu parallelism": cpu_par,
+            "speed-up": speedup, "efficiency": speedup * base_workers / workers,
+            "run wall s": median([r["wall_s"] for r in runs]),
+            "loopback MB": median([r["loopback_bytes"] for r in runs]) / 1e6,
+            **{name: median([r[key] for r in runs]) for key, name in
+               (("comm_wait_s", "network wait s"), ("bytes_per_step", "bytes per step")) if key in runs[-1]}}
+
+
+def measure(size: dict, repeats: int) -> list[dict]:
+    from bench.rows import row
+
+    cores = os.cpu_count() or 1
+    worker_counts, node_counts = counts(cores), [n for n in (1, 2, 4) if n <= cores]
+    results: dict[tuple, list[dict]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-scaling-") as name:
+        tmp = Path(name)
+        for nodes in node_counts:
+            cluster = start_cluster(nodes, cores)
+            try:
+                # one node: the worker sweep; more nodes: all the cores' workers, spread over them
+                sweep = worker_counts if nodes == 1 else [cores]
+                for workload in size["workloads"]:
+                    folder = tmp / workload.replace(" ", "_")  # it goes into a sqlite URI
+                    folder.mkdir(exist_ok=True)
+                    if nodes == 1:  # untimed: data caches and numba's compile cache filled
+                        one_run(workload, cores, cluster.address, folder, size["smoke_sizes"])
+                    for _ in range(repeats):
+                        for workers in sweep:  # alternate: a change of load hits every count alike
+                            r = one_run(workload, workers, cluster.address, folder, size["smoke_sizes"])
+                            results.setdefault((workload, workers, nodes), []).append(r)
+                            print(f"  scaling: {workload} {workers} workers, {nodes} node(s): "
+                                  f"{ {k: round(v, 2) for k, v in r.items()} }", flush=True)
+            finally:
+                cluster.shutdown()
+    rows = []
+    for workload in size["workloads"]:
+        one = results[(workload, 1, 1)]
+        for workers in worker_counts[1:]:
+            side = results[(workload, workers, 1)]
+            rows.append(row(f"{workload}: {workers} workers vs 1 worker", "s", [r["work_s"] for r in side],
+                            [r["work_s"] for r in one], higher_is_better=False,
+                            orchard_label=f"orchard, {workers} workers", peer_label="orchard, 1 worker",
+                            quality={"orchard": figures(side, workers, 1, one, 1),
+                                     "peer": figures(one, 1, 1, one, 1)},
+                            note=f"work: time/split/{WORKLOADS[workload]['work']}_s"))
+        same = results[(workload, cores, 1)]
+        for nodes in node_counts[1:]:
+            side = results[(workload, cores, nodes)]
+            rows.append(row(f"{workload}: {nodes} nodes vs one node (same {cores} CPUs)", "s",
+                            [r["work_s"] for r in side], [r["work_s"] for r in same], higher_is_better=False,
+                            orchard_label=f"orchard, {cores} workers on {nodes} nodes",
+                            peer_label=f"orchard, {cores} workers on one node",
+                            quality={"orchard": figures(side, cores, nodes, same, cores),
+                                     "peer": figures(same, cores, 1, same, cores)},
+                            note=f"work: time/split/{WORKLOADS[workload]['work']}_s; loopback MB: what crossed "
+                                 "between the nodes' processes (the one-node figure is control traffic)"))
+    return rows

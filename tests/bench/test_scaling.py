@@ -1,0 +1,71 @@
+"""bench/scaling.py: its rows say what issue 48 and ../shared/checks/scale-out read (each
+workload's worker counts with their effective parallelism, a one-node vs more-nodes row with the
+same CPUs), and one real orchard run attached to a cluster comes back with its work seconds,
+CPU parallelism and loopback bytes. Timings are never asserted."""
+from __future__ import annotations
+
+import pytest
+
+from tests.session_ray import attach_overrides
+
+
+def test_the_rows_pair_each_count_with_one_worker_and_more_nodes_with_one(monkeypatch):
+    from bench import scaling
+
+    calls = []
+
+    class FakeCluster:
+        def __init__(self, nodes):
+            self.address, self.nodes = f"127.0.0.1:{6379 + nodes}", nodes
+
+        def shutdown(self):
+            calls.append(("down", self.nodes))
+
+    def one_run(workload, workers, address, folder, smoke_sizes):
+        nodes = int(address.rsplit(":", 1)[1]) - 6379
+        calls.append((workload, workers, nodes))
+        out = {"work_s": 12.0 / workers * (1.1 if nodes > 1 else 1.0), "wall_s": 30.0, "total_s": 29.0,
+               "cpu_parallelism": 0.9 * workers, "loopback_bytes": 1e6 * nodes}
+        return {**out, "effective_parallelism": 0.8 * workers} if workload == "forest" else out
+
+    monkeypatch.setattr(scaling.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(scaling, "start_cluster", lambda nodes, cpus: FakeCluster(nodes))
+    monkeypatch.setattr(scaling, "one_run", one_run)
+    rows = scaling.measure({"workloads": ["forest", "singa"], "smoke_sizes": True}, 2)
+
+    # one node: an untimed run, then the counts alternating within each repeat; more nodes: all the cores
+    assert calls[:8] == [("forest", 4, 1), *[("forest", w, 1) for w in (1, 2, 4)] * 2, ("singa", 4, 1)]
+    assert ("down", 1) in calls and ("forest", 4, 2) in calls and ("singa", 4, 4) in calls
+    names = [r["name"] for r in rows]
+    assert names == ["forest: 2 workers vs 1 worker", "forest: 4 workers vs 1 worker",
+                     "forest: 2 nodes vs one node (same 4 CPUs)", "forest: 4 nodes vs one node (same 4 CPUs)",
+                     "singa: 2 workers vs 1 worker", "singa: 4 workers vs 1 worker",
+                     "singa: 2 nodes vs one node (same 4 CPUs)", "singa: 4 nodes vs one node (same 4 CPUs)"]
+    four = rows[1]["quality"]["orchard"]
+    # forest's effective parallelism is its own (seed 000's); the others' the CPU figure
+    assert four["workers"] == 4 and four["effective parallelism"] == pytest.approx(3.2)
+    assert four["speed-up"] == pytest.approx(4.0) and four["efficiency"] == pytest.approx(1.0)
+    assert rows[5]["quality"]["orchard"]["effective parallelism"] == pytest.approx(3.6)
+    # the worker rows never say "node" (the check finds the forest's node row by it)
+    assert [n for n in names if "node" in n and n.startswith("forest")][0] == "forest: 2 nodes vs one node (same 4 CPUs)"
+    two = rows[2]
+    assert two["orchard"]["values"] == [pytest.approx(3.3)] * 2 and two["peer"]["values"] == [3.0, 3.0]
+    assert two["quality"]["orchard"]["nodes"] == 2 and two["quality"]["orchard"]["loopback MB"] == 2.0
+
+
+def test_counts_double_up_to_the_cores():
+    from bench.scaling import counts
+
+    assert counts(1) == [1] and counts(2) == [1, 2] and counts(16) == [1, 2, 4, 8, 16] and counts(6) == [1, 2, 4, 6]
+
+
+@pytest.mark.slow
+def test_one_real_run_reports_its_work_parallelism_and_bytes(ray_session, tmp_path):
+    """forest at debug=smoke attached to the session's Ray: its training seconds from the time
+    split, its own effective parallelism, and the CPU its Ray processes used."""
+    from bench import scaling
+
+    address = attach_overrides()[1].split("=", 1)[1]
+    r = scaling.one_run("forest", 2, address, tmp_path, smoke_sizes=True)
+    assert 0 < r["work_s"] < r["total_s"] <= r["wall_s"]
+    assert r["effective_parallelism"] > 0 and r["cpu_parallelism"] > 0 and r["loopback_bytes"] > 0
