@@ -26,6 +26,8 @@ EXTRA_BENCHES = {
     "forest_beyond": ("bench.forest_vs_peers", "beyond"),  # 3.4M pixels x 2,000 offsets: the peers' matrix (25 GiB) does not fit; ~35 min
     "video_shift": ("bench.video_shift", "full"),          # worker shifting on vs off: ~14 min
     "flower_profile": ("bench.flower_profile", "full"),    # where the ring and ps-sync step loops go: ~6 min
+    "scaling": ("bench.scaling", "full"),                  # every workload at 1, 2, 4, ... workers and on 1, 2, 4 nodes: ~25 min
+    "scaling_forest": ("bench.scaling", "forest"),         # the forest alone, for a bigger machine's minutes
 }
 # Benches of which one repeat is already a result worth keeping (about an hour each on 2 cores):
 # `--repeats 1` is allowed for them alone; the tables show such a figure with n=1 and no spread.

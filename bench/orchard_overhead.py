@@ -1,6 +1,6 @@
 """orchard's own overhead, side by side with wiring Ray + MLflow by hand.
 
-    python -m bench overhead            # ~2 minutes on 2 idle cores (3 repeats)
+    python -m bench overhead            # ~18 minutes on 2 idle cores (3 repeats)
 
 1. Seconds from the command to the workload's first step: `python -m orchard
    workload=bench_first_step` (Hydra composition, validation, embedded Ray, an MLflow run with the
@@ -19,6 +19,8 @@
    those logged (orchard's sink and MLflow's async queue are flushed first, with
    ``mlflow.flush_async_logging()``, and the flush's seconds stand beside each), so a cheaper call
    that drops metrics or defers the work shows.
+3. Each workload's smoke run, command to first step and last step to exit, against the same
+   ``run()`` wired by hand (ray.init + an MLflow run): bench/workload_overhead.py says how.
 """
 from __future__ import annotations
 
@@ -156,8 +158,9 @@ def metric_found(uri: str) -> str:
     return f"{sum('train/loss' in r.data.metrics for r in runs)}/{len(runs)}"
 
 
-SIZES = {"full": {"warmup": True, "calls": 2000}, "smoke": {"warmup": False, "calls": 50}}
-ESTIMATE = "~2 min on 2 idle cores"
+SIZES = {"full": {"warmup": True, "calls": 2000, "workloads": ["flower", "forest", "video", "singa"]},
+         "smoke": {"warmup": False, "calls": 50, "workloads": ["forest"]}}
+ESTIMATE = "~2 min on 2 idle cores, and ~4 min per workload (3 repeats)"
 
 
 def measure(size: dict, repeats: int) -> list[dict]:
@@ -200,4 +203,9 @@ def measure(size: dict, repeats: int) -> list[dict]:
                                              "flush s": calls[-1]["orchard_flush_s"]},
                                  "peer": {"values in store": calls[-1]["async_found"],
                                           "flush s": calls[-1]["async_flush_s"]}})
-    return [first, api, api_async]
+        # 3. each workload's smoke run against its own run() wired by hand (bench/workload_overhead.py)
+        from bench.workload_overhead import measure_workload
+
+        per_workload = [r for w in size["workloads"]
+                        for r in measure_workload(w, tmp / w, repeats, size["warmup"])]
+    return [first, api, api_async, *per_workload]
