@@ -198,6 +198,7 @@ def measure(size: dict, repeats: int) -> list[dict]:
     cores = os.cpu_count() or 1
     worker_counts, node_counts = counts(cores), [n for n in (1, 2, 4) if n <= cores]
     results: dict[tuple, list[dict]] = {}
+    failed: dict[str, str] = {}  # workload -> why: a run that fails is its workload's rows, not the end of the bench
     with tempfile.TemporaryDirectory(prefix="bench-scaling-") as name:
         tmp = Path(name)
         for nodes in node_counts:
@@ -205,21 +206,29 @@ def measure(size: dict, repeats: int) -> list[dict]:
             try:
                 # one node: the worker sweep; more nodes: all the cores' workers, spread over them
                 sweep = worker_counts if nodes == 1 else [cores]
-                for workload in size["workloads"]:
+                for workload in [w for w in size["workloads"] if w not in failed]:
                     folder = tmp / workload.replace(" ", "_")  # it goes into a sqlite URI
                     folder.mkdir(exist_ok=True)
-                    if nodes == 1:  # untimed: data caches and numba's compile cache filled
-                        one_run(workload, cores, cluster.address, folder, size["smoke_sizes"])
-                    for _ in range(repeats):
-                        for workers in sweep:  # alternate: a change of load hits every count alike
-                            r = one_run(workload, workers, cluster.address, folder, size["smoke_sizes"])
-                            results.setdefault((workload, workers, nodes), []).append(r)
-                            print(f"  scaling: {workload} {workers} workers, {nodes} node(s): "
-                                  f"{ {k: round(v, 2) for k, v in r.items()} }", flush=True)
+                    try:
+                        if nodes == 1:  # untimed: data caches and numba's compile cache filled
+                            one_run(workload, cores, cluster.address, folder, size["smoke_sizes"])
+                        for _ in range(repeats):
+                            for workers in sweep:  # alternate: a change of load hits every count alike
+                                r = one_run(workload, workers, cluster.address, folder, size["smoke_sizes"])
+                                results.setdefault((workload, workers, nodes), []).append(r)
+                                print(f"  scaling: {workload} {workers} workers, {nodes} node(s): "
+                                      f"{ {k: round(v, 2) for k, v in r.items()} }", flush=True)
+                    except RuntimeError as exc:
+                        failed[workload] = f"failed on {nodes} node(s): {str(exc)[:200]}"
+                        print(f"  scaling: {workload}: {failed[workload]}", flush=True)
             finally:
                 cluster.shutdown()
     rows = []
     for workload in size["workloads"]:
+        if workload in failed:
+            rows.append(row(f"{workload}: workers and nodes", "s", [], [], orchard_label="orchard",
+                            peer_label="orchard, 1 worker", higher_is_better=False, status=failed[workload]))
+            continue
         one = results[(workload, 1, 1)]
         for workers in worker_counts[1:]:
             side = results[(workload, workers, 1)]

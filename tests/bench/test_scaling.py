@@ -53,6 +53,28 @@ def test_the_rows_pair_each_count_with_one_worker_and_more_nodes_with_one(monkey
     assert two["quality"]["orchard"]["nodes"] == 2 and two["quality"]["orchard"]["loopback MB"] == 2.0
 
 
+def test_a_workload_whose_run_fails_is_a_row_saying_why_and_the_others_go_on(monkeypatch):
+    from bench import scaling
+
+    class FakeCluster:
+        address = "127.0.0.1:6379"
+
+        def shutdown(self):
+            pass
+
+    def one_run(workload, workers, address, folder, smoke_sizes):
+        if workload == "video":
+            raise RuntimeError("video at 2 workers exited 1: no")
+        return {"work_s": 2.0 / workers, "wall_s": 9.0, "total_s": 8.0, "cpu_parallelism": 1.0, "loopback_bytes": 0}
+
+    monkeypatch.setattr(scaling.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(scaling, "start_cluster", lambda nodes, cpus: FakeCluster())
+    monkeypatch.setattr(scaling, "one_run", one_run)
+    rows = {r["name"]: r for r in scaling.measure({"workloads": ["video", "singa"], "smoke_sizes": True}, 1)}
+    assert rows["video: workers and nodes"]["status"] == "failed on 1 node(s): video at 2 workers exited 1: no"
+    assert rows["singa: 2 workers vs 1 worker"]["status"] == "ok"
+
+
 def test_counts_double_up_to_the_cores():
     from bench.scaling import counts
 
