@@ -1,6 +1,6 @@
 """Each workload at 1, 2, 4, ... workers and on 1, 2, 4 nodes with the same CPUs (issue 48).
 
-    python -m bench scaling              # ~25 min on 2 idle cores (3 repeats)
+    python -m bench scaling              # ~30 min on 2 idle cores (3 repeats)
     python -m bench scaling --smoke      # one repeat of the smallest sizes: checks it runs
 
 Every figure is one real ``python -m orchard workload=<name> ...`` run, attached to a
@@ -11,7 +11,8 @@ object store, so more nodes add object stores and the transfers between them, ne
 
 What each row holds, per repeat:
 - **the work's seconds**: the part of the run's time split (``time/split/<part>_s``, docs/runs.md)
-  that scales with workers: flower's step loops (``steps``), the others' ``training``. The run's
+  that scales with workers: flower's step loops (``steps``), the others' ``training``. Sizes:
+``debug=smoke`` with a few more epochs, and the forest at issue 34's mid shape. The run's
   whole wall time stands beside it in the quality (fixed costs do not scale and are issue 49's).
 - **speed-up and efficiency** against one worker (one node), from the medians.
 - **effective parallelism**, seed 000's figure of merit (busy task and actor time over wall): for
@@ -26,8 +27,8 @@ What each row holds, per repeat:
   traffic only) stand beside it for the difference.
 
 Fair: the same data, config and total CPUs in every row of a workload; the worker counts
-alternate within each repeat, and one untimed run per workload first fills the data caches and
-numba's compile cache. On a machine with more cores the worker sweep goes on (1, 2, 4, ... up to
+alternate within each repeat, and one untimed run per workload on each new cluster first fills
+the data caches and takes every node's first imports and numba's compile cache. On a machine with more cores the worker sweep goes on (1, 2, 4, ... up to
 the cores) and the node sweep to 4 nodes; run it there with ``--out`` and keep the file as
 ``scaling_<cores>c.json``.
 """
@@ -43,6 +44,7 @@ from pathlib import Path
 
 import psutil
 
+from bench.forest_vs_peers import SHAPES
 from orchard.tracking.process_cpu import OwnCpu
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,9 +52,10 @@ REPO = Path(__file__).resolve().parents[1]
 # each workload: the overrides over debug=smoke that give its workers something to share, the key
 # that sets its workers, and the part of the time split that is its parallel work
 WORKLOADS = {
-    "forest": {"overrides": ["forest.train_images=48", "forest.num_trees=1", "forest.max_depth=12",
-                             "forest.n_offsets=300", "forest.n_thresholds=20", "forest.examples_per_image=1000"],
-               "workers": "strategy.num_workers", "work": "training"},
+    # forest at issue 34's mid shape (150k pixels x 1,000 offsets x 50 thresholds, depth 14, the
+    # workload's full-size scenes: no debug=smoke): a round's work large against its fixed cost. At
+    # smoke size (about 1 s of training) a second node's per-round cost was the whole figure
+    "forest": {"smoke": False, "overrides": SHAPES["mid"], "workers": "strategy.num_workers", "work": "training"},
     "flower": {"overrides": ["flower.epochs=6"], "workers": "strategy.num_workers", "work": "steps",
                "strategy": "ring"},
     # the thesis's other strategy: one parameter server (cpus_per_server 0: it shares the workers' cores)
@@ -67,7 +70,7 @@ SIZES = {"full": {"workloads": list(WORKLOADS), "smoke_sizes": False},
          # the forest alone (bench scaling_forest): what fits a lent 16-core machine's minutes
          "forest": {"workloads": ["forest"], "smoke_sizes": False},
          "smoke": {"workloads": list(WORKLOADS), "smoke_sizes": True}}
-ESTIMATE = "~25 min on 2 idle cores (3 repeats)"
+ESTIMATE = "~30 min on 2 idle cores (3 repeats)"
 
 
 class RayProcessCpu(OwnCpu):
@@ -115,6 +118,14 @@ def start_cluster(nodes: int, cpus: int):
     return cluster
 
 
+def run_overrides(workload: str, smoke_sizes: bool = False) -> list[str]:
+    """The orchard overrides of ``workload``'s runs (a label of ``WORKLOADS``), but its workers."""
+    spec = WORKLOADS[workload]
+    sizes = ["debug=smoke"] if smoke_sizes else [*(["debug=smoke"] if spec.get("smoke", True) else []), *spec["overrides"]]
+    return [f"workload={spec.get('workload', workload)}", *sizes,
+            *([f"strategy={spec['strategy']}"] if "strategy" in spec else [])]
+
+
 def one_run(workload: str, workers: int, address: str, folder: Path, smoke_sizes: bool) -> dict:
     """One orchard run attached to the cluster at ``address``; its work seconds, wall, parallelism
     and loopback bytes. Raises with the run's last line if it fails."""
@@ -122,8 +133,7 @@ def one_run(workload: str, workers: int, address: str, folder: Path, smoke_sizes
 
     spec = WORKLOADS[workload]
     uri = f"sqlite:///{folder}/mlflow.db"
-    cmd = [sys.executable, "-m", "orchard", f"workload={spec.get('workload', workload)}", "debug=smoke",
-           *([] if smoke_sizes else spec["overrides"]), *([f"strategy={spec['strategy']}"] if "strategy" in spec else []),
+    cmd = [sys.executable, "-m", "orchard", *run_overrides(workload, smoke_sizes),
            f"{spec['workers']}={workers}", "cluster=remote", f"cluster.address={address}",
            f"tracking.uri={uri}", f"output_dir={folder}/outputs", "progress=never"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -210,8 +220,10 @@ def measure(size: dict, repeats: int) -> list[dict]:
                     folder = tmp / workload.replace(" ", "_")  # it goes into a sqlite URI
                     folder.mkdir(exist_ok=True)
                     try:
-                        if nodes == 1:  # untimed: data caches and numba's compile cache filled
-                            one_run(workload, cores, cluster.address, folder, size["smoke_sizes"])
+                        # untimed, on every new cluster: data caches filled, and every node's workers
+                        # through their first imports and numba's cache (a two-node run's first
+                        # forest took 3x the others: the second node's first tasks)
+                        one_run(workload, cores, cluster.address, folder, size["smoke_sizes"])
                         for _ in range(repeats):
                             for workers in sweep:  # alternate: a change of load hits every count alike
                                 r = one_run(workload, workers, cluster.address, folder, size["smoke_sizes"])

@@ -97,10 +97,10 @@ def forest_shape(f: dict) -> dict:
 
 def bench_forest_shape() -> dict:
     """The shape ``python -m bench scaling`` trains: its overrides over debug=smoke, composed."""
-    from bench.scaling import WORKLOADS
+    from bench.scaling import run_overrides
     from orchard.config import compose
 
-    return forest_shape(compose(["workload=forest", "debug=smoke", *WORKLOADS["forest"]["overrides"]])["forest"])
+    return forest_shape(compose(run_overrides("forest"))["forest"])
 
 
 def cells(shape: dict) -> float:

@@ -33,9 +33,12 @@ def test_the_rows_pair_each_count_with_one_worker_and_more_nodes_with_one(monkey
     monkeypatch.setattr(scaling, "one_run", one_run)
     rows = scaling.measure({"workloads": ["forest", "singa"], "smoke_sizes": True}, 2)
 
-    # one node: an untimed run, then the counts alternating within each repeat; more nodes: all the cores
+    # one node: an untimed run, then the counts alternating within each repeat; more nodes: all the
+    # cores, again after an untimed run on the new cluster
     assert calls[:8] == [("forest", 4, 1), *[("forest", w, 1) for w in (1, 2, 4)] * 2, ("singa", 4, 1)]
-    assert ("down", 1) in calls and ("forest", 4, 2) in calls and ("singa", 4, 4) in calls
+    two_nodes = [c for c in calls if len(c) == 3 and c[2] == 2]
+    assert two_nodes == [("forest", 4, 2)] * 3 + [("singa", 4, 2)] * 3 and ("singa", 4, 4) in calls
+    assert ("down", 1) in calls
     names = [r["name"] for r in rows]
     assert names == ["forest: 2 workers vs 1 worker", "forest: 4 workers vs 1 worker",
                      "forest: 2 nodes vs one node (same 4 CPUs)", "forest: 4 nodes vs one node (same 4 CPUs)",
@@ -50,6 +53,10 @@ def test_the_rows_pair_each_count_with_one_worker_and_more_nodes_with_one(monkey
     assert [n for n in names if "node" in n and n.startswith("forest")][0] == "forest: 2 nodes vs one node (same 4 CPUs)"
     two = rows[2]
     assert two["orchard"]["values"] == [pytest.approx(3.3)] * 2 and two["peer"]["values"] == [3.0, 3.0]
+    # the forest runs at a shape with enough work: no debug=smoke; the others shrink with it
+    assert "debug=smoke" not in scaling.run_overrides("forest") and "forest.max_depth=14" in scaling.run_overrides("forest")
+    assert scaling.run_overrides("flower ps")[:2] == ["workload=flower", "debug=smoke"]
+    assert scaling.run_overrides("forest", smoke_sizes=True) == ["workload=forest", "debug=smoke"]
     assert two["quality"]["orchard"]["nodes"] == 2 and two["quality"]["orchard"]["loopback MB"] == 2.0
 
 
