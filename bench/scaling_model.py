@@ -152,8 +152,10 @@ def tables(results: Path = RESULTS) -> str:
                 miss = abs(predicted - measured) / measured
                 checks.append(f"{n} workers: {predicted:.2f} s predicted, {measured:.2f} s measured"
                               + (" (**miss**)" if miss > MISS else "") + f" ({name})")
+        predicted = (f"{t16:.2f} s / {pts[1] / t16:.2f}x" if w > 0
+                     else "none: more workers were slower here (no part divides)")
         lines.append(f"| {workload} | {pts[1]:.2f} s | {s:.2f} s{' (better than linear)' if s < 0 else ''} | "
-                     f"{w:.2f} s | {t16:.2f} s / {pts[1] / t16:.2f}x | {node} | "
+                     f"{w:.2f} s | {predicted} | {node} | "
                      f"{f'{four_nodes(cost):.2f} s' if cost else '-'} | {'; '.join(checks) or 'not measured'} |")
     if "forest" in fits:
         shape = bench_forest_shape()

@@ -64,3 +64,9 @@ def test_the_tables_check_a_bigger_machine_and_project_the_forest(tmp_path):
     singa = next(line for line in text.splitlines() if line.startswith("| singa |"))
     assert "(**miss**)" in singa and "| no row |" in singa
     assert "forest at the seed's scale" in text and "| 256 |" in text
+
+
+def test_docs_scaling_md_holds_what_the_model_makes_of_the_results_file():
+    """The tables between the markers in docs/scaling.md are bench.scaling_model's of today's
+    results files (python -m bench.scaling_model --write puts them there)."""
+    assert sm.block() == sm.tables()
