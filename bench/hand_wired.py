@@ -19,25 +19,26 @@ way (bench/orchard_overhead.py).
 from __future__ import annotations
 
 import importlib
-import io
 import json
 import os
 import sys
 import time
 from pathlib import Path
 
+from orchard.tracking.context import RunContext
 
-class HandWiredContext:
-    """The calls a workload's ``run`` makes on its context, each one straight to MLflow."""
+
+class HandWiredContext(RunContext):
+    """The calls a workload's ``run`` makes on its context, each one straight to MLflow: the
+    calls that reach orchard's sink actor are replaced; what only shapes a call (a dict or a
+    figure into bytes, the time split's marks) is RunContext's own."""
 
     def __init__(self, tracking_uri: str, run_id: str, run_dir: Path, storage, workload: str, strategy: str):
-        self.tracking_uri, self.run_id, self.run_dir, self.storage = tracking_uri, run_id, Path(run_dir), storage
-        self.workload, self.strategy = workload, strategy
-        self.time_split = None  # the driver's only (set by main); workers never mark
+        super().__init__(None, run_id, str(run_dir), workload, strategy, tracking_uri, storage)
         self._client = None
 
     def __getstate__(self):
-        return {**self.__dict__, "time_split": None, "_client": None}
+        return {**super().__getstate__(), "_client": None}
 
     def client(self):
         if self._client is None:
@@ -45,14 +46,6 @@ class HandWiredContext:
 
             self._client = MlflowClient(self.tracking_uri)
         return self._client
-
-    def mark(self, part: str) -> None:
-        if self.time_split is not None:
-            self.time_split.mark(part)
-
-    def carve(self, whole: str, pieces: dict[str, float]) -> None:
-        if self.time_split is not None:
-            self.time_split.carve(whole, pieces)
 
     def log_metrics(self, metrics: dict, step: int | None = None, keep_series: bool = False) -> None:
         from mlflow.entities import Metric
@@ -80,19 +73,7 @@ class HandWiredContext:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / Path(name).name
             path.write_bytes(data)
-            parent = os.path.dirname(name)
-            self.client().log_artifact(self.run_id, str(path), parent or None)
-
-    def log_text(self, text: str, name: str) -> None:
-        self.client().log_text(self.run_id, text, name)
-
-    def log_dict(self, data: dict, name: str) -> None:
-        self.log_text(json.dumps(data, indent=2, default=str), name)
-
-    def log_figure(self, figure, name: str, dpi: int = 100) -> None:
-        buf = io.BytesIO()
-        figure.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
-        self.log_bytes(buf.getvalue(), name)
+            self.client().log_artifact(self.run_id, str(path), os.path.dirname(name) or None)
 
     def claim_gpus(self) -> None:  # no resource sampler here to tell
         pass
