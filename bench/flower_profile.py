@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -33,7 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from bench.flower_strategies import SIZES as FLOWER_SIZES
-from bench.flower_strategies import STRATEGIES, orchard_outcome, plain_ddp_ranks, prepare_tiles_once
+from bench.flower_strategies import orchard_outcome, plain_ddp_ranks, prepare_tiles_once, STRATEGIES
+from orchard import background
 
 WORKERS = 2
 # profile_step: the step profiled on both sides, past the first ones (graph building, the first
@@ -53,34 +53,29 @@ class CpuAccount:
         self.every_s = every_s
         self.samples: dict[int, list[tuple[float, float]]] = defaultdict(list)  # pid -> (time, cpu s)
         self.names: dict[int, str] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="cpu-account", daemon=True)
+        self._poller = background.Poller(self._sample, every_s, "cpu-account", at_once=True)
 
     def __enter__(self) -> "CpuAccount":
-        self._thread.start()
+        self._poller.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
+        self._poller.stop(timeout_s=10)
 
-    def _run(self) -> None:
+    def _sample(self) -> None:
         import psutil
 
-        while True:
-            now = time.time()
-            for proc in psutil.process_iter(["cpu_times"]):
-                times = proc.info["cpu_times"]
-                if times is None:
-                    continue
-                if proc.pid not in self.names or _undecided(self.names[proc.pid]):
-                    try:
-                        self.names[proc.pid] = " ".join(proc.cmdline() or [proc.name()])[:200]
-                    except psutil.Error:
-                        self.names.setdefault(proc.pid, "")
-                self.samples[proc.pid].append((now, times.user + times.system))
-            if self._stop.wait(self.every_s):
-                return
+        now = time.time()
+        for proc in psutil.process_iter(["cpu_times"]):
+            times = proc.info["cpu_times"]
+            if times is None:
+                continue
+            if proc.pid not in self.names or _undecided(self.names[proc.pid]):
+                try:
+                    self.names[proc.pid] = " ".join(proc.cmdline() or [proc.name()])[:200]
+                except psutil.Error:
+                    self.names.setdefault(proc.pid, "")
+            self.samples[proc.pid].append((now, times.user + times.system))
 
     def used(self, pid: int, start: float, end: float) -> float:
         """CPU seconds process ``pid`` used between ``start`` and ``end`` (a process that did not

@@ -24,7 +24,7 @@ Why it is fair:
   parameter servers;
 - quality: each side's test MAE on the same held-out tiles (the blob counter's MAE beside
   orchard's), so a faster side that learned less shows.
-The orchard runs go through the CLI's own entry (orchard.lifecycle prepare/execute) into a
+The orchard runs go through the CLI's own entry (orchard.run.lifecycle prepare/execute) into a
 sqlite MLflow store in a temp folder. Full mode also gives the 1 -> 2 worker speed-up of ring.
 """
 from __future__ import annotations
@@ -147,8 +147,8 @@ def run_plain_ddp(world: int, setup: dict) -> dict:
 
 
 def orchard_outcome(overrides: list[str]):
-    """One orchard run through the CLI's own entry (orchard.lifecycle prepare/execute); its Outcome."""
-    from orchard.lifecycle import execute, prepare
+    """One orchard run through the CLI's own entry (orchard.run.lifecycle prepare/execute); its Outcome."""
+    from orchard.run.lifecycle import execute, prepare
 
     cfg, module = prepare(overrides)
     outcome = execute(cfg, module)

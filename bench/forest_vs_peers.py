@@ -42,7 +42,6 @@ import multiprocessing as mp
 import os
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -163,23 +162,39 @@ def mean_class_accuracy(truth, predicted) -> tuple[float, float]:
 
 
 # ---------------------------------------------------------------------------- one system per process
-def peak_memory_sampler(pid: int, stop: threading.Event, out: list) -> None:
-    """Peak memory (bytes) of process ``pid`` and all its descendants (Ray's processes included):
-    RSS and PSS summed over the tree. RSS counts a shared page in every process that maps it (Ray's
-    object store is shared memory, mapped by the driver and every worker), PSS divides it among
-    them: PSS is the fair sum for orchard; for the single-process peers the two agree. Run by the
-    bench's own process, so the peak is known even for a system the kernel killed."""
-    import psutil
+class PeakMemory:
+    """Peak memory (bytes) of process ``pid`` and all its descendants (Ray's processes included),
+    sampled every 0.1 s: RSS and PSS summed over the tree. RSS counts a shared page in every process
+    that maps it (Ray's object store is shared memory, mapped by the driver and every worker), PSS
+    divides it among them: PSS is the fair sum for orchard; for the single-process peers the two
+    agree. Run by the bench's own process, so the peak is known even for a system the kernel killed."""
 
-    peak_rss = peak_pss = 0
-    try:
-        root = psutil.Process(pid)
-    except psutil.Error:
-        root = None
-    while root is not None and not stop.is_set():
+    def __init__(self, pid: int):
+        import psutil
+
+        from orchard import background
+
+        self.rss = self.pss = 0
+        try:
+            self.root = psutil.Process(pid)
+        except psutil.Error:
+            self.root = None
+        self._poller = background.Poller(self._sample, 0.1, "bench-peak-memory", at_once=True)
+
+    def __enter__(self) -> "PeakMemory":
+        if self.root is not None:
+            self._poller.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._poller.stop(timeout_s=10)
+
+    def _sample(self) -> None:
+        import psutil
+
         rss = pss = 0
         try:
-            tree = [root, *root.children(recursive=True)]
+            tree = [self.root, *self.root.children(recursive=True)]
         except psutil.Error:
             tree = []
         for p in tree:
@@ -188,9 +203,7 @@ def peak_memory_sampler(pid: int, stop: threading.Event, out: list) -> None:
                 rss, pss = rss + full.rss, pss + full.pss
             except psutil.Error:
                 pass
-        peak_rss, peak_pss = max(peak_rss, rss), max(peak_pss, pss)
-        time.sleep(0.1)
-    out.extend([peak_rss, peak_pss])
+        self.rss, self.pss = max(self.rss, rss), max(self.pss, pss)
 
 
 def start_two_nodes(cpus: int):
@@ -385,25 +398,21 @@ def measure_one(name: str, cfg, data_dir: Path, profile: bool = False, limit_s: 
     load_before = os.getloadavg()[0]
     proc = ctx.Process(target=_child, args=(name, cfg, data_dir, profile, results))
     proc.start()
-    stop, peak = threading.Event(), []
-    sampler = threading.Thread(target=peak_memory_sampler, args=(proc.pid, stop, peak), daemon=True)
-    sampler.start()
     out, started = None, time.perf_counter()
-    while out is None:
-        try:
-            out = results.get(timeout=1.0)
-        except queues.Empty:
-            if not proc.is_alive():
-                proc.join()
-                out = {"error": "died"}
-            elif limit_s is not None and time.perf_counter() - started > limit_s:
-                proc.kill()
-                proc.join()
-                out = {"error": f"stopped: still training after {limit_s / 60:.0f} min", "stopped_after_s": limit_s}
-    proc.join()
-    stop.set()
-    sampler.join()
-    peak_rss, peak_pss = peak if peak else (0, 0)
+    with PeakMemory(proc.pid) as peak:
+        while out is None:
+            try:
+                out = results.get(timeout=1.0)
+            except queues.Empty:
+                if not proc.is_alive():
+                    proc.join()
+                    out = {"error": "died"}
+                elif limit_s is not None and time.perf_counter() - started > limit_s:
+                    proc.kill()
+                    proc.join()
+                    out = {"error": f"stopped: still training after {limit_s / 60:.0f} min", "stopped_after_s": limit_s}
+        proc.join()
+    peak_rss, peak_pss = peak.rss, peak.pss
     if out.get("error") == "died":
         out["error"] = _died(proc.exitcode, peak_rss)
     return {**out, "peak_bytes": peak_rss, "peak_pss_bytes": peak_pss, "load": (load_before, os.getloadavg()[0])}

@@ -11,7 +11,7 @@ What is not here is orchard's lifecycle: Hydra's composition and the checks (the
 composed, as JSON), the run folder and its record, the metrics sink and resource sampler
 actors, the heartbeat and leases, the console and the summary.
 
-The script keeps the same time split as orchard (orchard/time_split.py: the workload marks its
+The script keeps the same time split as orchard (orchard/tracking/time_split.py: the workload marks its
 parts through the context, the script marks Ray's start, the store and the close) and writes it
 with its wall-clock start to RESULT.json, so both sides' first and last step are read the same
 way (bench/orchard_overhead.py).
@@ -89,7 +89,7 @@ class HandWiredContext(RunContext):
 
 
 def main(config_path: str, result_path: str) -> None:
-    from orchard.time_split import TimeSplit
+    from orchard.tracking.time_split import TimeSplit
 
     split = TimeSplit()
     cfg = json.loads(Path(config_path).read_text())

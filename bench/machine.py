@@ -13,11 +13,11 @@ import os
 import platform
 import shutil
 import subprocess
-import threading
 import time
 
 import psutil
 
+from orchard import background
 from orchard.tracking.process_cpu import OwnCpu  # shared with the run's resource sampler
 
 # the peers and the stack under orchard whose versions change the figures
@@ -122,8 +122,7 @@ class LoadSampler:
         self.own = OwnCpu(self.me)
         self.loads: list[float] = []
         self.windows: list[float] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._poller = background.Poller(self._sample, interval_s, "bench-load-sampler")
         self.before = self.after = None
 
     def idle_cores(self, seconds: float = 3.0) -> float:
@@ -135,18 +134,21 @@ class LoadSampler:
     def start(self) -> None:
         self.before = {"load1": loadavg(), "busy_cores": self.idle_cores()}
         self._started = time.time()
-        self._thread.start()
+        self._window = (_busy_seconds(), self.own.sample(), time.monotonic())   # busy s, own s, its start
+        self._poller.start()
 
-    def _loop(self) -> None:
-        w_busy, w_own, w_t = _busy_seconds(), self.own.sample(), time.monotonic()
-        while not self._stop.wait(self.interval_s):
-            self.loads.append(loadavg())
-            own = self.own.sample()  # every interval: a process that exits loses at most one
-            now = time.monotonic()
-            if now - w_t >= self.window_s:
-                busy = _busy_seconds()
-                self.windows.append(self._foreign(busy - w_busy, own - w_own, now - w_t))
-                w_busy, w_own, w_t = busy, own, now
+    def _sample(self) -> None:
+        self.loads.append(loadavg())
+        own = self.own.sample()  # every interval: a process that exits loses at most one
+        w_busy, w_own, w_t = self._window
+        now = time.monotonic()
+        if now - w_t >= self.window_s:
+            busy = _busy_seconds()
+            self.windows.append(self._foreign(busy - w_busy, own - w_own, now - w_t))
+            self._window = (busy, own, now)
+
+    def _last_window(self) -> None:
+        w_busy, w_own, w_t = self._window
         now = time.monotonic()
         if now - w_t > 2 * self.interval_s or not self.windows:  # the last partial window
             busy, own = _busy_seconds(), self.own.sample()
@@ -159,8 +161,8 @@ class LoadSampler:
         return min(float(cores), max(0.0, (busy_s - max(0.0, own_s)) / wall_s))
 
     def stop(self) -> dict:
-        self._stop.set()
-        self._thread.join()
+        self._poller.stop(timeout_s=60)
+        self._last_window()
         self.after = {"load1": loadavg()}
         return self.summary()
 

@@ -38,13 +38,13 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import psutil
 
 from bench.forest_vs_peers import ONE_MACHINE, SHAPES
+from orchard import background
 from orchard.tracking.process_cpu import OwnCpu
 
 REPO = Path(__file__).resolve().parents[1]
@@ -142,19 +142,14 @@ def one_run(workload: str, workers: int, address: str, folder: Path, smoke_sizes
            f"tracking.uri={uri}", f"output_dir={folder}/outputs", "progress=never"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("RAY_ADDRESS", None)
-    cpu, stop = RayProcessCpu(), threading.Event()
-
-    def sample() -> None:  # often: what a process used after its last sample is lost when it exits
-        while not stop.wait(0.5):
-            cpu.sample()
-
-    sampler = threading.Thread(target=sample, daemon=True)
+    cpu = RayProcessCpu()
+    # often: what a process used after its last sample is lost when it exits
+    sampler = background.Poller(cpu.sample, 0.5, "bench-ray-cpu")
     lo, t0 = loopback_bytes(), time.perf_counter()
     sampler.start()
     done = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - t0
-    stop.set()
-    sampler.join()
+    sampler.stop(timeout_s=60)
     busy, lo_bytes = cpu.sample(), loopback_bytes() - lo
     if done.returncode != 0:
         lines = [ln for ln in (done.stdout + done.stderr).splitlines() if ln.strip()]

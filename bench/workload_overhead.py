@@ -6,7 +6,7 @@ Part of ``python -m bench overhead`` (bench/orchard_overhead.py). For each workl
 - **command to first step**: from the process's start to the moment its work began;
 - **last step to exit**: from the moment its work ended to the process's exit.
 
-Both sides keep orchard's time split (orchard/time_split.py; the workload marks its own parts
+Both sides keep orchard's time split (orchard/tracking/time_split.py; the workload marks its own parts
 through its context, so the parts are the same code on both sides) and say when it started on
 the wall clock (orchard: the run's ``orchard.started_at`` tag; the peer: its result file). The
 work is flower's step loops (``steps`` with the ``checkpoints`` and ``validation`` they held; the
@@ -83,7 +83,7 @@ def orchard_side(workload: str, folder: Path, extra: tuple[str, ...] = ()) -> di
 
 def peer_config(workload: str, folder: Path, extra: tuple[str, ...] = ()) -> Path:
     """orchard's composition of the same overrides, validated, as the JSON the peer reads."""
-    from orchard import registry
+    from orchard.config import registry
     from orchard.config import compose, validate
 
     cfg = compose(overrides(workload, folder, extra))
@@ -106,7 +106,7 @@ def peer_side(workload: str, folder: Path, config: Path) -> dict:
 
 
 def _ends(workload: str, t0: float, t_exit: float, started_at: float, parts: dict, status: str, metrics: dict) -> dict:
-    from orchard import registry
+    from orchard.config import registry
 
     first, last = step_window(workload, started_at, parts)
     named = getattr(registry.load(workload), "headline_metric", None)

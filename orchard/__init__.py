@@ -3,8 +3,8 @@
 Public API for workloads: ``RunContext`` (metrics, artifacts, progress from anywhere in the
 Ray cluster), ``ConfigError`` (one-line config errors), ``register_workload``.
 """
+from orchard.config.registry import register_workload
 from orchard.errors import ConfigError
-from orchard.registry import register_workload
 
 __version__ = "0.1.0"
 __all__ = ["ConfigError", "RunContext", "register_workload", "__version__"]

@@ -1,8 +1,8 @@
-"""Workload work on threads other than the main one, which the run lifecycle waits for before it
-stops Ray.
+"""Threads: workload work off the main thread, which the run lifecycle waits for before it stops
+Ray (``start``, ``call``, ``join_all``), and ``Poller``, the one shape of every periodic thread.
 
 Why off the main thread: the main thread keeps orchard's SIGINT/SIGTERM handler
-(orchard/interrupts.py). Ray defers SIGINT while the main thread submits a task, so a SIGTERM
+(orchard/terminal/interrupts.py). Ray defers SIGINT while the main thread submits a task, so a SIGTERM
 landing in that window reached orchard as a SIGINT; and Ray Train's ``fit()`` on the main thread
 installs a SIGINT handler of its own that answers Ctrl-C with ``SystemExit(0)``. Loops that submit
 many tasks, and Train runs, therefore run here while the main thread waits, interruptibly.
@@ -92,3 +92,56 @@ def join_all(timeout: float = STOP_TIMEOUT_S) -> list[str]:
     except KeyboardInterrupt:
         with _lock:
             return [t.name for t in _threads if t.is_alive()]
+
+
+class Poller:
+    """``tick()`` every ``every_s`` seconds on a daemon thread until ``stop()``: the one shape of
+    every periodic thread in orchard (the heartbeat, the lease's beat, the node watch, the
+    samplers, the progress line, the sweep's metric feed, the log's rotation).
+
+    ``at_once``: the first tick right away, then one every ``every_s``.
+    A tick may change ``every_s`` for the waits after it (a backoff while a store is away).
+    A tick that raises is skipped and the next one comes (a busy GCS or store: look again next
+    time); one that returns ``Poller.DONE`` ends the poller. ``stopping`` is set by ``stop()``, so
+    a tick that waits can wait on it. Not one of the threads ``join_all`` waits for: its owner stops
+    it (usually as a context manager), before or after Ray, as the owner's own docstring says."""
+
+    DONE = object()
+
+    def __init__(self, tick, every_s: float, name: str, at_once: bool = False):
+        self.tick, self.every_s, self.name, self.at_once = tick, every_s, name, at_once
+        self.stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "Poller":
+        self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Ask the thread to end and wait for it, at most ``timeout_s`` (default: two periods)."""
+        self.stopping.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(2 * self.every_s + 1.0 if timeout_s is None else timeout_s)
+
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def __enter__(self) -> "Poller":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _loop(self) -> None:
+        if self.at_once and self._once() is Poller.DONE:
+            return
+        while not self.stopping.wait(self.every_s):
+            if self._once() is Poller.DONE:
+                return
+
+    def _once(self):
+        try:
+            return self.tick()
+        except Exception:  # noqa: BLE001 - see the class docstring: the next tick looks again
+            return None

@@ -14,7 +14,7 @@ class Diverged(RuntimeError):
     """Training went non-finite (NaN or inf): the run ends FAILED (exit 1) with this one line,
     and goes on only with a new value for ``key``, the config key to change (now ``value``).
 
-    Raised by ``orchard.divergence`` from a training loop at its first non-finite loss (``what``
+    Raised by ``orchard.run.divergence`` from a training loop at its first non-finite loss (``what``
     is the metric's name) or, before a checkpoint, non-finite weights (``what="weights"``).
     ``epoch`` and ``step`` are 1-based counts of the run's training; ``hint`` is other advice for
     the line (``key`` may be None when no single config key sets it); ``checkpoint`` says whether

@@ -100,7 +100,7 @@ def run_orchard(ray_session, tracking_uri, tracking_dir, tmp_path):
     """``run_orchard(*overrides) -> RunResult``: the CLI's path, in process, on the test store."""
     from mlflow.tracking import MlflowClient
 
-    from orchard.lifecycle import execute, preflight, prepare
+    from orchard.run.lifecycle import execute, preflight, prepare
 
     def _run(*overrides: str) -> RunResult:
         cfg, module = prepare([*overrides, f"tracking.uri={tracking_uri}",

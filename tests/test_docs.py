@@ -1,6 +1,6 @@
 """The figures in README and docs/ cannot drift: every marked figure re-renders to what the page
 says, the generated benchmark tables match their results files, and every results file names a
-commit of this history measured on a clean tree."""
+commit of this history measured on a clean tree; docs/architecture.md's tree is the tree."""
 from __future__ import annotations
 
 import json
@@ -79,3 +79,42 @@ def test_a_default_run_record_renders_rates_counts_and_nested_keys(tmp_path, mon
                                 ("time_total_s", "throughput_example_features_per_s", "train_trees",
                                  "test_pixel_accuracy")), "docs/benchmarks/forest.md")
     assert ">3 min 23 s<" in text and ">189,000,000<" in text and ">3<" in text and ">0.722<" in text
+
+
+def test_the_architecture_tree_lists_every_core_file_and_only_files_that_exist():
+    """docs/architecture.md's tree of orchard/ is the tree: each listed file exists under its
+    folder, and every source file of the core is listed."""
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    tree = page.split("```\norchard/\n", 1)[1].split("```", 1)[0]
+    listed, folders = set(), []
+    for line in tree.splitlines():
+        indent, name = len(line) - len(line.lstrip()), line.split()[0]
+        folders = folders[: indent // 2 - 1]
+        if name.endswith("/"):
+            folders.append(name.rstrip("/"))
+        elif "." in name:
+            listed.add("/".join(["orchard", *folders, name]))
+    on_disk = {str(p.relative_to(ROOT)) for p in (ROOT / "orchard").rglob("*") if p.suffix in (".py", ".yaml")
+               and "__pycache__" not in p.parts and "conf" not in p.relative_to(ROOT / "orchard").parts[:1]}
+    assert sorted(listed - on_disk) == [], "listed in docs/architecture.md but not in orchard/"
+    assert sorted(on_disk - listed) == [], "in orchard/ but not in docs/architecture.md's tree"
+
+
+def test_no_source_file_passes_450_lines_but_forests_round_loop():
+    """What docs/architecture.md says of the files' size, kept true."""
+    big = {str(p.relative_to(ROOT)): n for folder in ("orchard", "workloads") for p in (ROOT / folder).rglob("*.py")
+           if (n := len(p.read_text().splitlines())) > 450}
+    assert set(big) <= {"workloads/forest/train.py"}, big
+
+
+def test_the_contract_lists_the_one_door_exactly():
+    """docs/design/contract.md's table of ``orchard.api`` names is the door's ``DOOR`` table."""
+    import re
+
+    from orchard.api import DOOR
+
+    page = (ROOT / "docs" / "design" / "contract.md").read_text()
+    section = page.split("## The one door: `orchard.api`", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[2] for line in section.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    listed = {name for row in rows for name in re.findall(r"`(\w+)`", row)}
+    assert listed == set(DOOR), f"only in the page: {sorted(listed - set(DOOR))}; only in DOOR: {sorted(set(DOOR) - listed)}"

@@ -1,4 +1,5 @@
-"""The core has no import circle, and each of its modules imports alone.
+"""The core has no import circle, its wings import only wings below them, the workloads have no
+circle either, and each core module imports alone.
 
 The graph is read from the source with ``ast``: every ``import`` of an ``orchard`` module at
 any depth of a file counts, inside functions too (a circle hidden in a function still ties
@@ -38,6 +39,7 @@ def _target(name: str, modules: dict[str, Path]) -> str | None:
 def imports_of(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
     """The package modules that ``module`` imports anywhere in its file (itself excluded)."""
     is_package = path.name == "__init__.py"
+    package = module.split(".")[0]
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
@@ -54,7 +56,7 @@ def imports_of(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
         else:
             continue
         for name in names:
-            if name == PACKAGE or name.startswith(PACKAGE + "."):
+            if name == package or name.startswith(package + "."):
                 target = _target(name, modules)
                 if target and target != module:
                     found.add(target)
@@ -128,6 +130,42 @@ def test_the_core_has_no_import_circle():
         "  " + " -> ".join(circle) for circle in found)
 
 
+# orchard's wings, lowest first (docs/architecture.md): a wing imports only the wings before it and
+# the top-level modules (errors, background, outcome). The terminal sits above config because
+# every line it prints is masked by config/redact.py; sweeps sit below the run, which starts them.
+WINGS = ("storage", "config", "terminal", "cluster", "tracking", "strategies", "models", "sweep", "run", "cli")
+
+
+def wing_of(module: str) -> str | None:
+    """``orchard.run.lifecycle`` -> ``run``; a top-level module (``orchard.errors``) -> None."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in WINGS else None
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a module in a higher wing than the importer's, as ``a -> b``."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        wing = wing_of(module)
+        for target in sorted(targets):
+            other = wing_of(target)
+            if wing and other and WINGS.index(other) > WINGS.index(wing):
+                found.append(f"{module} -> {target}")
+    return found
+
+
+def test_each_wing_imports_only_the_wings_below_it():
+    wings = {p.name for p in (ROOT / PACKAGE).iterdir() if (p / "__init__.py").is_file()}
+    assert wings == set(WINGS), f"a wing missing from WINGS, or gone from orchard/: {sorted(wings ^ set(WINGS))}"
+    up = upward_imports(import_graph())
+    assert not up, "imports of a higher wing (WINGS, lowest first):\n  " + "\n  ".join(up)
+
+
+def test_the_workloads_have_no_import_circle():
+    found = cycles(import_graph(ROOT, "workloads"))
+    assert not found, "import circles in workloads/:\n" + "\n".join("  " + " -> ".join(c) for c in found)
+
+
 def test_the_graph_sees_imports_inside_functions_and_relative_ones(tmp_path):
     """The detector itself: a circle through a function-level and a relative import is found."""
     pkg = tmp_path / PACKAGE
@@ -166,6 +204,7 @@ def test_each_core_module_imports_alone():
 
 
 if __name__ == "__main__":
-    graph = import_graph()
-    for circle in cycles(graph):
-        print(" -> ".join(circle))
+    for package in (PACKAGE, "workloads"):
+        for circle in cycles(import_graph(ROOT, package)):
+            print(" -> ".join(circle))
+    print("\n".join(upward_imports(import_graph())))

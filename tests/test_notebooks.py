@@ -15,7 +15,7 @@ NOTEBOOKS = {
     "singa_architectures.ipynb": ["mlp / local", "images/s"],
 }
 # executed beside runs of their own: flower's compares strategies, and the flower module's smoke
-# runs (ring, ps-sync, ps-async) are those runs: tests/workloads/flower/test_flower_runs.py
+# runs (ring, ps-sync, ps-async) are those runs: tests/workloads/flower/test_run.py
 EXECUTED_ELSEWHERE = {"flower_strategies.ipynb"}
 
 

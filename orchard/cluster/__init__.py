@@ -9,9 +9,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from orchard.cluster import ray_logging
-from orchard.cluster import ray_private
-from orchard.cluster.private_tmp import private_tmp
+from orchard.cluster import ray_logging, ray_private
+from orchard.storage.private_tmp import private_tmp
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # What a cluster=remote job ships, an allow-list (docs/cluster.md "Security"): these folders of the
@@ -19,7 +18,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # of these kinds. Never the rest of the checkout: a .env, mlflow.db, outputs/, a key file.
 SHIPPED_FOLDERS = ("orchard", "workloads", "conf")
 SHIPPED_FILES = ("*.py", "*.yaml", "*.yml")
-LIBRARY_LOG_LEVELS = ray_logging.LEVELS
 
 
 def connect(cluster: dict, elastic: bool = False) -> bool:
@@ -180,7 +178,7 @@ def _starting_ray():
     once it returns (exit 130 / 143, no run opened), and Ray does not put its own SIGTERM handler
     in place of orchard's (``ray_private.driver_keeps_its_sigterm_handler``). Raised in the middle
     of Ray's start-up, a signal was lost there or ended the process with status 15."""
-    from orchard import interrupts
+    from orchard.terminal import interrupts
 
     with ray_private.driver_keeps_its_sigterm_handler(), interrupts.deferred(reraise=True):
         yield
@@ -233,7 +231,7 @@ def outside_packages() -> list[Path]:
     workers import them): a registered module's package folder, if it is one."""
     import importlib.util
 
-    from orchard import registry
+    from orchard.config import registry
 
     found = []
     for module in registry.module_names():

@@ -24,10 +24,10 @@ import os
 import sys
 from pathlib import Path
 
+from orchard.config.schema import LIBRARY_LOG_LEVELS
 from orchard.cluster.ray_private import (TOKEN_SETUP_LOGGER, TRAIN_CHATTY_LOGGERS, TRAIN_PG_CLEANER_LOGGER,
                                  reconfigure_data_logging)
 
-LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 RAY_DATA_LOGGING = Path(__file__).resolve().parent / "ray_data_logging.yaml"
 LEVEL_ENV = "ORCHARD_RAY_LOG_LEVEL"
 SETUP_HOOK = "orchard.cluster.ray_logging.install_filters"
@@ -84,7 +84,7 @@ def _keep_data_logging_config() -> None:
     if not name or os.path.isabs(name):
         return
     try:
-        from orchard.cluster.private_tmp import private_tmp
+        from orchard.storage.private_tmp import private_tmp
 
         text = Path(name).read_bytes() if os.path.exists(name) else RAY_DATA_LOGGING.read_bytes()
         kept = private_tmp() / f"ray_data_logging-{hashlib.sha256(text).hexdigest()[:16]}.yaml"
@@ -123,7 +123,7 @@ def quiet(level: str, runtime_env: dict, where: str) -> dict:
     level = level.upper()
     worker_env = {LEVEL_ENV: level}
     os.environ.setdefault(LEVEL_ENV, level)
-    quiet_data = LEVELS.index(level) >= LEVELS.index("WARNING")
+    quiet_data = LIBRARY_LOG_LEVELS.index(level) >= LIBRARY_LOG_LEVELS.index("WARNING")
     if quiet_data:
         os.environ.setdefault("RAY_DATA_LOGGING_CONFIG", str(RAY_DATA_LOGGING))
         if "ray.data" in sys.modules:

@@ -34,7 +34,7 @@ def fit_off_main_thread(trainer):
 
     Called from the main thread, Ray Train installs a SIGINT handler of its own that is never
     removed and answers Ctrl-C with ``SystemExit(0)``; from another thread it installs none
-    (as inside Tune), so orchard's handler (``orchard/interrupts.py``) keeps the main thread:
+    (as inside Tune), so orchard's handler (``orchard/terminal/interrupts.py``) keeps the main thread:
     Ctrl-C or SIGTERM raise ``Interrupted`` here, and stopping Ray ends the Train run."""
     from orchard import background
 
@@ -137,7 +137,7 @@ def launch(train_loop: Callable[[dict], None], loop_config: dict, cfg: dict, ctx
     """Run ``train_loop(config)`` on ``cfg["strategy"]["num_workers"]`` Ray Train workers.
 
     ``config`` = ``loop_config`` + ``ctx``, ``strategy`` (and ``ps_group`` for ps).  Checkpoints
-    go to ``storage_path`` (default: the run's storage + ``/train``, orchard/storage.py) under ``name``; launching again with
+    go to ``storage_path`` (default: the run's storage + ``/train``, orchard/storage/) under ``name``; launching again with
     the same path and name resumes from the latest checkpoint.  Returns the Ray Train Result.
     """
     import ray.train
@@ -181,7 +181,7 @@ def launch(train_loop: Callable[[dict], None], loop_config: dict, cfg: dict, ctx
         scaling_config=scaling,
         run_config=RunConfig(
             name=name,
-            # a folder or a URI (s3://...): every node opens it itself (orchard/storage.py)
+            # a folder or a URI (s3://...): every node opens it itself (orchard/storage/)
             storage_path=_storage_path(storage_path, cfg, ctx),
             callbacks=[states] if states is not None else None,
             # A worker that dies, or a node lost under one, restarts the group from the last

@@ -21,11 +21,11 @@ driver's memory). The driver's node is the one node a run cannot lose (docs/clus
 """
 from __future__ import annotations
 
-import threading
 import time
 
 import ray
 
+from orchard import background
 from orchard.cluster import ray_private
 
 POLL_S = 1.0  # how often the driver reads the node table; a loss is timed to within this
@@ -49,30 +49,20 @@ class NodeWatch:
         self.lost_at: list[float] = []   # time.time() of each loss, in order
         self.joined = 0
         self._known: set[str] = set()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        # a check that fails (the GCS busy, Ray stopping) is looked at again next time
+        self._poller = background.Poller(self.check, poll_s, "orchard-node-watch")
 
     def __enter__(self) -> "NodeWatch":
         self._known = _alive_nodes()
-        self._thread = threading.Thread(target=self._run, name="orchard-node-watch", daemon=True)
-        self._thread.start()
+        self._poller.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5 * self.poll_s)
+        self._poller.stop(timeout_s=5 * self.poll_s)
         try:
             self.check()  # a loss in the last second of the run still counts
         except Exception:  # noqa: BLE001 - Ray stopping under an interrupt: what was seen stands
             pass
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.poll_s):
-            try:
-                self.check()
-            except Exception:  # noqa: BLE001 - the GCS busy or Ray stopping: look again next time
-                pass
 
     def check(self) -> None:
         """Compare the node table with what was alive before; log what changed."""
@@ -117,29 +107,21 @@ class StartBound:
     def __init__(self, log, bound_s: float, poll_s: float = POLL_S):
         self.log, self.bound_s, self.poll_s = log, bound_s, poll_s
         self.expired = False
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._poller = background.Poller(self._look, poll_s, "orchard-start-bound")
 
     def __enter__(self) -> "StartBound":
-        self._thread = threading.Thread(target=self._run, name="orchard-start-bound", daemon=True)
-        self._thread.start()
+        self._poller.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5 * self.poll_s)
+        self._poller.stop(timeout_s=5 * self.poll_s)
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.poll_s):
-            try:
-                since = ray.get(self.log.waiting_since.remote(), timeout=10)
-            except Exception:  # noqa: BLE001 - busy: look again next time
-                continue
-            if since is not None and time.time() - since > self.bound_s:
-                self.expired = True
-                self._end_controller()
-                return
+    def _look(self):
+        since = ray.get(self.log.waiting_since.remote(), timeout=10)   # busy: the poller looks again
+        if since is not None and time.time() - since > self.bound_s:
+            self.expired = True
+            self._end_controller()
+            return background.Poller.DONE
 
     def _end_controller(self) -> None:
         try:

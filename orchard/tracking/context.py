@@ -35,7 +35,7 @@ class RunContext:
         # Set only in the driver process (e.g. a Tune trial reporting its metric); never pickled.
         self._on_metrics: Callable[[dict, int | None], None] | None = None
         self._progress_sent = 0.0  # per process: progress is throttled, see progress()
-        # The run's time split (orchard/time_split.py), on the driver only: workers never mark it.
+        # The run's time split (orchard/tracking/time_split.py), on the driver only: workers never mark it.
         self.time_split = None
 
     def __getstate__(self):
@@ -48,7 +48,7 @@ class RunContext:
     # ------------------------------------------------------------------ time split
     def mark(self, part: str) -> None:
         """On the driver, as a step ends: the time since the last mark went to ``part``
-        (``time/split/<part>_s``, orchard/time_split.py). Nothing where no split is kept."""
+        (``time/split/<part>_s``, orchard/tracking/time_split.py). Nothing where no split is kept."""
         if self.time_split is not None:
             self.time_split.mark(part)
 

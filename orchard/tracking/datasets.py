@@ -31,7 +31,7 @@ def training_data(cfg: dict):
     from mlflow.data.dataset_source_registry import resolve_dataset_source
     from mlflow.data.meta_dataset import MetaDataset
 
-    from orchard import registry
+    from orchard.config import registry
 
     declared = getattr(registry.load(cfg["workload"]["name"]), "dataset", None)
     if declared is None:
@@ -56,7 +56,7 @@ def log_training_data(client, run_id: str, cfg: dict) -> None:
     from mlflow.entities import Dataset, DatasetInput, InputTag
     from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
-    from orchard.console import say
+    from orchard.terminal.console import say
     from orchard.tracking.store import retried
 
     try:

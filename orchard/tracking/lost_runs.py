@@ -27,6 +27,8 @@ import threading
 import time
 from pathlib import Path
 
+from orchard import background
+
 HEARTBEAT_S = 10.0
 # Twelve beats: a driver is judged lost only after many missed beats in a row (a store hiccup,
 # a busy host), never after one late write.
@@ -114,15 +116,10 @@ class Heartbeat:
     def __init__(self, client, run_id: str, interval_s: float = HEARTBEAT_S):
         self.client, self.run_id, self.interval = client, run_id, interval_s
         self._offset = 0.0  # the store's clock minus ours, as last measured
-        self._stop = threading.Event()
         self._reopening = threading.Lock()  # stop()'s last check and a beat's never interleave
-        self._thread = threading.Thread(target=self._loop, name="orchard-heartbeat", daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        self._beat()  # at once: the tag written at the run's creation is on this host's clock
-        while not self._stop.wait(self.interval):
-            self._beat()
+        # the first beat at once: the tag written at the run's creation is on this host's clock
+        self._poller = background.Poller(self._beat, interval_s, "orchard-heartbeat", at_once=True)
+        self._poller.start()
 
     def _beat(self) -> None:
         from mlflow.entities import RunTag
@@ -148,7 +145,7 @@ class Heartbeat:
         from orchard.tracking.store import retried
 
         with self._reopening:
-            if by_beat and self._stop.is_set():
+            if by_beat and self._poller.stopping.is_set():
                 return  # stop() made the last check; the run is being closed with its true status
             run = retried(self.client.get_run, self.run_id)
             if not run.data.tags.get(TAG_ERROR, "").startswith(LOST_REASON):
@@ -164,7 +161,7 @@ class Heartbeat:
         """No reopening after this returns.  Called before the driver closes the run: a run reaped
         since the last beat is reopened here, so the close that follows records its true status
         and no stale "driver lost"."""
-        self._stop.set()
+        self._poller.stop(timeout_s=0)
         try:
             self._reopen_if_reaped(time.time() + self._offset, by_beat=False)
         except Exception:  # the store is unreachable: the driver's close meets the same

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchard import config as config_lib
-from orchard import redact
+from orchard.config import redact
 from orchard.tracking.lost_runs import driver_tags
 from orchard.tracking.store import resolve_uri, retried, store_lock
 
@@ -87,7 +87,7 @@ def ensure_experiment(client, name: str, artifact_location: str | None) -> str:
 
 def artifact_root(tracking_uri: str, artifact_location: str | None) -> str | None:
     """Where a new experiment's artifacts go: ``tracking.artifact_location`` as a URI; a local
-    folder made its owner's alone (orchard/redact.py). A server's store (http/https) takes no
+    folder made its owner's alone (orchard/config/redact.py). A server's store (http/https) takes no
     folder of this machine: it would be the first user's disk for every teammate, so the
     server's own artifact root (None) serves instead."""
     if not artifact_location or "://" in artifact_location:
@@ -104,7 +104,7 @@ def open_run(cfg: dict, run_name: str, parent_run_id: str | None = None, extra_t
     from mlflow.tracking import MlflowClient
     from mlflow.utils.mlflow_tags import MLFLOW_GIT_COMMIT, MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NOTE, MLFLOW_SOURCE_NAME
 
-    from orchard import summary
+    from orchard.tracking import summary
     from orchard.tracking import datasets
 
     tcfg = cfg["tracking"]
@@ -124,7 +124,7 @@ def open_run(cfg: dict, run_name: str, parent_run_id: str | None = None, extra_t
     }
     if parent_run_id:
         tags[MLFLOW_PARENT_RUN_ID] = parent_run_id
-    # what everyone who reads the store sees: secrets masked (orchard/redact.py); the run has the real ones
+    # what everyone who reads the store sees: secrets masked (orchard/config/redact.py); the run has the real ones
     plain = redact.config({k: v for k, v in cfg.items() if k not in _NOT_PARAMS and not k.startswith("_")})
     flat = {k: str(v)[:6000] for k, v in config_lib.flatten(plain).items()}
     parent_params = retried(client.get_run, parent_run_id).data.params if parent_run_id else None
@@ -143,7 +143,7 @@ def open_run(cfg: dict, run_name: str, parent_run_id: str | None = None, extra_t
 
 def reopen_run(cfg: dict, run_id: str, attempt: int, extra_tags: dict | None = None) -> TrackedRun:
     """A sweep trial's run again RUNNING, driven by this process: the retry of an attempt whose
-    process was lost with its node (orchard/sweep.py, ``lost_attempt``). Params, config and data
+    process was lost with its node (orchard/sweep/trials.py, ``retry_of``). Params, config and data
     stay as the first attempt logged them (the same trial config); the run gets this driver's
     tags, the attempt's number and ``trial/retries``, and loses the reaper's "driver lost"."""
     from mlflow.entities import Metric, RunTag

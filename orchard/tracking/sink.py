@@ -31,6 +31,7 @@ from pathlib import Path
 
 import ray
 
+from orchard import background
 from orchard.tracking.store import first_line, quiet_store_logs, refused, retried
 
 MAX_BATCH = 900  # MLflow's log_batch takes at most 1000 metrics per call
@@ -79,8 +80,7 @@ class MetricsSink:
         self._interval = flush_interval_s
         if self._client is not None:
             self._reload()  # nothing yet for a new run; after a restart, what reached the store
-        self._stop = threading.Event()
-        self._flusher = threading.Thread(target=self._flush_loop, daemon=True)
+        self._flusher = background.Poller(self._flush_tick, flush_interval_s, "orchard-metrics-flush")
         self._flusher.start()
 
     # ------------------------------------------------------------------ writers
@@ -310,20 +310,18 @@ class MetricsSink:
             now, step = int(time.time() * 1000), self._run_step()
             return [Metric(k, float(n), now, step) for k, n in fresh.items()]
 
-    def _flush_loop(self) -> None:
-        wait = self._interval
-        while not self._stop.wait(wait):
-            try:
-                self.flush()
-                wait = self._interval
-            except Exception as exc:  # kept for the next flush; close() reports if the store stays away
-                wait = min(wait * 2, MAX_FLUSH_WAIT_S)
-                print(f"orchard: metrics flush failed, will retry in {wait:g} s: {first_line(exc)}")
+    def _flush_tick(self) -> None:
+        try:
+            self.flush()
+            self._flusher.every_s = self._interval
+        except Exception as exc:  # kept for the next flush, later and later; close() reports if the store stays away
+            self._flusher.every_s = min(self._flusher.every_s * 2, MAX_FLUSH_WAIT_S)
+            print(f"orchard: metrics flush failed, will retry in {self._flusher.every_s:g} s: {first_line(exc)}")
 
     @ray.method(concurrency_group="write")
     def close(self) -> int:
         """The last flush, retried with backoff while the store is busy, before the caller hears of it."""
-        self._stop.set()
+        self._flusher.stop(timeout_s=0)
         return retried(self.flush)
 
     @ray.method(concurrency_group="read")

@@ -18,6 +18,10 @@ from orchard import config as config_lib
 # Waits between the attempts of a store write (s): 5 attempts, 7.5 s of waiting.  With sqlite each
 # attempt already waits up to 20 s on a lock (MLflow's busy_timeout), so a store locked for good
 # costs a write under 2 minutes, then the error.
+# the store a run uses unless told otherwise: conf/tracking/mlflow.yaml's `uri` (a test keeps them equal),
+# named here for the commands that read a store without composing a config (runs, resume)
+DEFAULT_URI = "sqlite:///mlflow.db"
+
 RETRY_WAITS_S = (0.5, 1.0, 2.0, 4.0)
 # How long the pre-flight waits for another process's lock on a sqlite store (MLflow's busy_timeout).
 STORE_LOCK_WAIT_S = 20.0
@@ -142,7 +146,7 @@ def check_store(uri: str, timeout_s: float = 10.0, create: bool = True,
         _probe_write(path, lock_wait_s)
     from mlflow.tracking import MlflowClient
 
-    from orchard import redact
+    from orchard.config import redact
 
     quiet_store_logs()
     if create and not path.exists():  # its owner's alone before MLflow fills it (sqlite's side files take its mode)

@@ -15,10 +15,11 @@ other jobs, and NVML itself ignores CUDA_VISIBLE_DEVICES.
 from __future__ import annotations
 
 import statistics
-import threading
 from typing import Any
 
 import ray
+
+from orchard import background
 
 
 class NvmlReader:
@@ -104,13 +105,9 @@ class ResourceSampler:
             except psutil.Error:  # the driver is not visible from here (another PID namespace)
                 self.run_cpu = None
         self.step = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.sample()
+        # a sample that fails (the sink restarting, NVML busy) is taken again at the next tick
+        self._poller = background.Poller(self.sample, interval_s, "orchard-system-metrics")
+        self._poller.start()
 
     def sample(self) -> dict[str, float]:
         claimed = ray.get(self.ctx._sink.claimed_gpus.remote(self.node_id)) if self.nvml.handles else []
@@ -123,8 +120,7 @@ class ResourceSampler:
         return len(self.nvml.handles)
 
     def stop(self) -> int:
-        self._stop.set()
-        self._thread.join(timeout=5)
+        self._poller.stop(timeout_s=5)
         self.sample()  # at least one sample even for runs shorter than the interval
         self.ctx.flush()
         return self.step

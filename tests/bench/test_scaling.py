@@ -1,4 +1,4 @@
-"""bench/scaling.py: its rows say what issue 48 and ../shared/checks/scale-out read (each
+"""bench/scaling.py: its rows say what issue 48 and its scale-out acceptance check read (each
 workload's worker counts with their effective parallelism, a one-node vs more-nodes row with the
 same CPUs), and one real orchard run attached to a cluster comes back with its work seconds,
 CPU parallelism and loopback bytes. Timings are never asserted."""

@@ -247,7 +247,7 @@ def _assert_each_epoch_logged_once(uri: str, killed_id: str, new, epochs: int) -
 def _predict_on_two_nodes(fs, depths: list[str], run_id: str, uri: str, common: list[str], env: dict,
                           tmp_path: Path) -> None:
     """``mode=predict`` on the cluster (issue 17): the model and the driver's input files reach the
-    predictor actors through the bucket (orchard.batch_predict.predict_files), ground truth beside them."""
+    predictor actors through the bucket (orchard.models.batch_predict.predict_files), ground truth beside them."""
     import csv
 
     folder = tmp_path / "to_label"   # on the driver only

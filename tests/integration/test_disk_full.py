@@ -2,7 +2,7 @@
 output folder (its run folder, checkpoints and console log) is a small tmpfs, filled by the test once
 the first checkpoint is there.  The run must stop with one line naming the file it could not write,
 close its MLflow run FAILED with that reason, keep its last whole checkpoint and leave no partial
-file behind (orchard/storage.py, ``write_atomic``).
+file behind (orchard/storage/atomic.py, ``write_atomic``).
 
 The MLflow store and its artifacts stay off the tmpfs: a full disk under the run folder is the case
 here, not a store that cannot record.  Mounting needs root (CI runs as root); elsewhere it is skipped.

@@ -87,13 +87,13 @@ def test_a_sweep_with_a_diverging_trial_ranks_the_sane_one_best_and_registers_on
     """singa's sweep, two trials one at a time: ``singa.lr`` 1e30 (diverges in its first epoch) and 0.1.
     The sane trial is best (``best_run_id``, ``best/<metric>``, ``best.*``), the diverged one is
     FAILED (or ranked last with a non-finite metric) and never named best, and ``sweep.register``
-    puts only the sane trial's model in the registry (orchard/sweep.py, ``rank_key``)."""
+    puts only the sane trial's model in the registry (orchard/sweep/leaderboard.py, ``rank_key``)."""
     import math
     import uuid
 
     from mlflow.tracking import MlflowClient
 
-    from orchard.lifecycle import execute, preflight, prepare
+    from orchard.run.lifecycle import execute, preflight, prepare
 
     name = f"singa-diverging-sweep-{uuid.uuid4().hex[:8]}"
     cfg, module = prepare(["workload=singa", "sweep=singa_mlp", "singa.arch=local", "debug=smoke",

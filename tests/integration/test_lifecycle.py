@@ -23,7 +23,7 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
-from orchard.lifecycle import CLOSE_BUDGET_S
+from orchard.run.ending import CLOSE_BUDGET_S
 from tests.session_ray import attach_overrides
 from tests.tiny_workload.cli import main_in_process, tiny_cli
 
@@ -101,7 +101,7 @@ class Orchard:
                 raise AssertionError(f"no line with {text!r} within {timeout_s}s; output:\n{self.output()[-3000:]}")
             time.sleep(0.02)
 
-    # orchard's close gives a busy store up to lifecycle.CLOSE_BUDGET_S; CI once saw a forest
+    # orchard's close gives a busy store up to ending.CLOSE_BUDGET_S; CI once saw a forest
     # run's sqlite store locked at close under load, still closing 120 s after SIGTERM. The test
     # waits for that budget and a minute more.
     def stop(self, sig: int, timeout_s: float = CLOSE_BUDGET_S + 60, group: bool = False) -> int:
@@ -348,7 +348,7 @@ def test_every_workloads_preflight_passes_in_a_process_without_ray(tmp_path):
     """The preflight's fit check runs before any Ray exists: a workload that sizes its groups to
     the running Ray (singa) is left to the check after Ray starts, never an internal error."""
     script = ("import sys\n"
-              "from orchard.lifecycle import preflight, prepare\n"
+              "from orchard.run.lifecycle import preflight, prepare\n"
               "for name in ('flower', 'forest', 'video', 'singa'):\n"
               "    cfg, module = prepare([f'workload={name}', 'debug=smoke', 'tracking=none', f'output_dir={sys.argv[1]}'])\n"
               "    preflight(cfg, module)\n"

@@ -159,7 +159,7 @@ def test_the_same_sweep_started_twice_leaves_the_first_alone(ray_session, tmp_pa
 def test_a_second_resume_of_a_run_is_refused_naming_the_first(tmp_path):
     """Another process (here: this test) holds the lease of a KILLED run's resume: a resume of
     that run exits 2 with one line naming it, before Ray starts, and records nothing."""
-    from orchard import leases
+    from orchard.tracking import leases
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     client = MlflowClient(uri)

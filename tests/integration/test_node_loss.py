@@ -156,7 +156,7 @@ def test_flower_ps_elastic_loses_a_worker_and_a_server_trains_on_and_grows_back(
     """Parameter servers spread over the nodes, so the lost node takes a Train worker and a
     server shard. Elastic (strategy.min_workers=1): the group goes on with the one worker left,
     the servers filled again from the checkpoint, and grows back to two when the replacement
-    joins. (The fixed-size strategy=ring is what ../shared/checks/node-loss runs.) Epochs of ~2 s:
+    joins. (The fixed-size strategy=ring is what the node-loss acceptance check runs.) Epochs of ~2 s:
     the loss lands at epoch 2, the group grew back by epoch ~4-5 (measured), and the epochs after
     that are the margin for a slower regrowth (on a slower machine an epoch takes longer, and the
     regrowth, which waits for seconds, not epochs, lands earlier in the run)."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from orchard.lifecycle import execute, preflight, prepare
+from orchard.run.lifecycle import execute, preflight, prepare
 
 pytestmark = pytest.mark.slow
 SWEEPS = {"singa_mlp": "singa", "forest_features": "forest", "flower_lr": "flower", "video_lr": "video"}

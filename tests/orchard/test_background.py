@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from orchard import background, interrupts
+from orchard import background
+from orchard.terminal import interrupts
 
 
 def test_join_all_waits_for_a_thread_that_is_winding_down():
@@ -59,3 +60,29 @@ def test_an_interrupt_while_waiting_sets_stopping_and_the_thread_is_joined_later
     assert caught.value.exit_code == 143
     assert stopping.is_set()
     assert background.join_all(timeout=5) == [] and seen == ["stopped"]
+
+
+def test_a_poller_ticks_until_stopped_skips_a_failing_tick_and_ends_on_done():
+    import time
+
+    from orchard.background import Poller
+
+    ticks = []
+
+    def tick():
+        ticks.append(time.monotonic())
+        if len(ticks) == 2:
+            raise OSError("the store is away")   # skipped: the next tick comes
+        if len(ticks) == 4:
+            return Poller.DONE
+
+    poller = Poller(tick, 0.01, "orchard-test-poller", at_once=True).start()
+    deadline = time.monotonic() + 5
+    while poller.alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(ticks) == 4 and not poller.alive()
+
+    slow = []
+    with Poller(lambda: slow.append(1), 60.0, "orchard-test-slow") as waiting:
+        assert waiting.alive() and slow == []          # no tick before the first period without at_once
+    assert not waiting.alive() and waiting.stopping.is_set()   # stop() wakes the wait at once

@@ -27,7 +27,9 @@ def main_in_process(argv: list[str], capfd) -> tuple[int, str]:
     descriptor, as a terminal shows it)."""
     import pytest
 
-    from orchard import cli, console
+    from orchard import cli
+
+    from orchard.terminal import console
 
     capfd.readouterr()
     try:

@@ -6,7 +6,7 @@ import importlib
 import pytest
 
 from orchard import ConfigError
-from orchard.lifecycle import prepare
+from orchard.run.lifecycle import prepare
 
 SCHEMAS = {"forest": ["Forest"], "flower": ["Flower"], "video": ["Video", "Synthetic"], "singa": ["Singa"]}
 SECTIONS = {"Synthetic": "synthetic"}  # models that check one section of the workload's keys

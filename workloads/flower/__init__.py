@@ -1,16 +1,16 @@
 """workload=flower: the canola flower-counting CNN of the MSc thesis
-(../shared/seeds/001_645c270b6b9ac541.txt), trained with ring all-reduce or parameter servers.
+(the U. Saskatchewan MSc thesis A scalable CNN canola flower counter (docs/papers.md)), trained with ring all-reduce or parameter servers.
 
 The contract the core reads; the core calls run.py (mode=train) and predict.py (mode=predict)
-itself (orchard/registry.py). Light on purpose: heavy imports happen in those files.
+itself (orchard/config/registry.py). Light on purpose: heavy imports happen in those files.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from orchard import ConfigError
-from orchard.config import require
-from workloads.flower.checkpoint import train_storage
+from orchard.api import ConfigError, require
+
+from .checkpoint import train_storage
 
 STRATEGIES = ("ring", "ps")
 
@@ -31,7 +31,7 @@ def _valid_bins(bins) -> bool:
 
 def validate(cfg: dict) -> None:
     """Reject a bad flower config before Ray starts (orchard.ConfigError(key, allowed))."""
-    from orchard import schema
+    from orchard.api import schema
 
     from .schema import Flower
 
@@ -45,7 +45,7 @@ def validate(cfg: dict) -> None:
                 "null or the folder of a train run that checkpointed (holding train/flower/)")
         require(cfg, "flower.data_dir", lambda v: v is None or (Path(v) / "images").is_dir(),
                 "null (synthetic field) or a folder holding images/ (and points.csv or annotated/)")
-        from workloads.flower import preflight
+        from . import preflight
 
         preflight.check(cfg)  # tile vs field, tiles per worker, precision and GPU settings
 
@@ -63,10 +63,10 @@ def resources(cfg: dict):
     placement group of their own; inside the run's own reservation, the 1-CPU tasks of the
     tiling step and of the blob counter's calibration (tiles.prepare_tiles, baseline_counter; one
     at a time there) and, for strategy=ps, servers that hold CPUs."""
-    from orchard.cluster.placement import Resources, bundles
+    from orchard.api import Resources, bundles
 
     s = cfg["strategy"]
-    if cfg["mode"] == "predict":  # an actor pool of 1 CPU each, as many as fit (orchard/models.py)
+    if cfg["mode"] == "predict":  # an actor pool of 1 CPU each, as many as fit (orchard/models/__init__.py)
         return Resources(in_trial=bundles(1, 1.0))
     servers = bundles(s["num_servers"], s.get("cpus_per_server", 0)) if s["name"] == "ps" else ()
     return Resources(in_trial=bundles(1, 1.0) + servers,

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from workloads.flower.model import FlowerCounterCNN
+    from .model import FlowerCounterCNN
 
 MODEL_FILE = "model.pt"
 TRAIN_STORAGE_NOTE = "train_storage.txt"  # in a run folder: where its Ray Train run keeps checkpoints
@@ -27,7 +27,7 @@ def train_storage(cfg: dict, run_dir):
     """Where a train run's Ray Train checkpoints live (an ``orchard.storage.Storage``): the run's
     storage + ``/train``, or, for a run that resumed another, the storage it continued (named in
     its ``train_storage.txt``).  Read from the run storage, so the driver's folder may be gone."""
-    from orchard.storage import Storage
+    from orchard.api import Storage
 
     run = Storage.for_run(cfg, run_dir)
     return Storage(run.read_text(TRAIN_STORAGE_NOTE).strip()) if run.exists(TRAIN_STORAGE_NOTE) else run.child("train")
@@ -43,7 +43,7 @@ def resolve(cfg: dict, run_storage):
     return storage
 
 
-def save_model(run_storage, module, density_scale: float, tile_size: int) -> None:
+def save_weights(run_storage, module, density_scale: float, tile_size: int) -> None:
     """Rank 0 at the end of training: the trained weights as ``model.pt`` in the run storage."""
     import io
 
@@ -59,7 +59,7 @@ def load_model(path: str | Path, device: str = "cpu") -> tuple[FlowerCounterCNN,
     """The trained model saved by `train_loop` (weights only) on ``device``, and its density scale."""
     import torch
 
-    from workloads.flower.model import FlowerCounterCNN
+    from .model import FlowerCounterCNN
 
     data = torch.load(Path(path), map_location="cpu", weights_only=True)
     model = FlowerCounterCNN()

@@ -11,7 +11,7 @@ The photos are cut into the tile cache the workers train on by `tiles.py`.
 Bad data (docs/flower.md): the CSVs are checked whole before Ray starts and a bad row is one
 line naming the file, the line and what was expected (``TableError``, exit 2); a photo that
 cannot be read (truncated, not an image, over ``flower.max_image_pixels``) is skipped and
-counted by kind (``PhotoError``, ``orchard.skipped``), never the end of the run by itself.
+counted by kind (``PhotoError``, ``orchard.tracking.skipped``), never the end of the run by itself.
 """
 from __future__ import annotations
 
@@ -28,8 +28,9 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from orchard.storage import Storage
-from workloads.flower.synthetic_field import generate_field
+from orchard.api import Storage
+
+from .synthetic_field import generate_field
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp")
 DEFAULT_MAX_PIXELS = 178_956_970  # PIL's own refusal (2 x Image.MAX_IMAGE_PIXELS); flower.max_image_pixels
@@ -136,7 +137,7 @@ def read_photo(path: str | Path, max_pixels: int | None = DEFAULT_MAX_PIXELS) ->
 
 
 def _one_line(exc: BaseException) -> str:
-    from orchard.skipped import one_line
+    from orchard.api import one_line
 
     return one_line(exc)
 
@@ -263,7 +264,7 @@ def check_remote_tables(data: Storage) -> None:
     one's (preflight.check_tables): a bad row is ConfigError, exit 2, before any tile is made."""
     import tempfile
 
-    from orchard import ConfigError
+    from orchard.api import ConfigError
 
     with tempfile.TemporaryDirectory(prefix="orchard-flower-csv-") as tmp:
         for name in TABLES:
@@ -289,7 +290,7 @@ def image_points(data_dir: Path, name: str, csv_rows: list[dict] | None,
         crossed = crossed.with_suffix(".png")
     if crossed.exists():
         try:
-            from orchard.skipped import inside_folder
+            from orchard.api import inside_folder
 
             return red_cross_points(read_photo(inside_folder(crossed, data_dir), max_pixels))  # LeavesFolder: skipped
         except PhotoError as exc:

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import torch
 
-from workloads.flower.tiles import assign_bins, bin_label
+from .tiles import assign_bins, bin_label
 
 
 def count_errors(predicted: np.ndarray, truth: np.ndarray) -> dict[str, float]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from orchard.figures import pyplot
+from orchard.api import pyplot
 
 CNN_COLOUR, BLOB_COLOUR = "tab:blue", "tab:orange"
 

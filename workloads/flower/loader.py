@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from workloads.flower.density_map import density_map
+from .density_map import density_map
 
 DENSITY_FILE = "density.npy"
 

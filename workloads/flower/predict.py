@@ -12,14 +12,13 @@ density map is cropped back to the image: the count is its sum. Writes predictio
 """
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import cv2
 import numpy as np
 
-from workloads.flower.checkpoint import MODEL_FILE
-from workloads.flower.data import DEFAULT_MAX_PIXELS, IMAGE_SUFFIXES, PhotoError, photo_size, read_rgb
+from .checkpoint import MODEL_FILE
+from .data import DEFAULT_MAX_PIXELS, IMAGE_SUFFIXES, photo_size, PhotoError, read_rgb
 
 
 BAND_BYTES = 64 * 2**20   # tiles of one band of tile rows held at once by count_image (64 MiB)
@@ -35,7 +34,7 @@ def count_image(model, rgb: np.ndarray, tile_size: int, scale: float, batch_size
     counted on its own, so the map is the one the whole image cut at once gives."""
     import torch
 
-    from workloads.flower.evaluate import predict_density
+    from .evaluate import predict_density
 
     height, width = rgb.shape[:2]
     rows, cols = -(-height // tile_size), -(-width // tile_size)
@@ -94,8 +93,8 @@ def log_model(ctx, model_file: Path) -> Path:
     ``model`` of the run and ``<run folder>/model``."""
     import torch
 
-    from orchard.models import free_dims, pip_requirements, save_model
-    from workloads.flower.checkpoint import load_model
+    from orchard.api import free_dims, pip_requirements, save_model
+    from .checkpoint import load_model
 
     model, scale = load_model(model_file)
     tile = int(torch.load(model_file, map_location="cpu", weights_only=True).get("tile_size", 64))
@@ -122,7 +121,7 @@ class Predictor:
                  device: str = "auto", max_pixels: int | None = DEFAULT_MAX_PIXELS):
         import torch
 
-        from workloads.flower.checkpoint import load_model
+        from .checkpoint import load_model
 
         torch.set_num_threads(1)
         # auto: a GPU if this actor was given one (Ray hides the GPUs from actors that hold none)
@@ -132,7 +131,7 @@ class Predictor:
         self.max_pixels = max_pixels
 
     def __call__(self, batch: dict) -> dict:
-        from orchard.skipped import kind_of
+        from orchard.api import kind_of
 
         cols = {"path": [], "error": [], "kind": [], "width": [], "height": [], "count": []}
         for path in batch["path"]:
@@ -155,7 +154,7 @@ def predict_gpus(device: str, cluster_gpus: float) -> float:
     on a cluster with GPUs (Ray shows an actor only the GPUs it asked for), else none."""
     if str(device).startswith("cuda"):
         if cluster_gpus <= 0:
-            from orchard import ConfigError
+            from orchard.api import ConfigError
 
             raise ConfigError("flower.eval_device", f"auto or cpu on a cluster without GPUs; {device!r} asks for one")
         return 1.0
@@ -165,31 +164,25 @@ def predict_gpus(device: str, cluster_gpus: float) -> float:
 def predict(cfg: dict, ctx, out: Path) -> dict[str, float]:
     """``mode=predict``: count every image of ``input`` (a file, a folder, or a folder holding
     images/) with ``model`` into ``out``, the predictions folder the core opened (renamed into
-    place whole once this returns: orchard.registry.entry); predictions.csv, density PNGs,
+    place whole once this returns: orchard.config.registry.entry); predictions.csv, density PNGs,
     skipped.csv; images/s."""
     import ray
 
-    from orchard import batch_predict, models, skipped
+    from orchard.api import batch_predict, skipped
 
-    model_dir, meta = models.resolve_model(cfg["model"], "flower", ctx.tracking_uri, Path(ctx.run_dir) / "model_in")
-    weights = models.settings_file(model_dir, MODEL_FILE)   # one, found once: the predictor loads it
-    source = Path(cfg["input"]).expanduser()
-    if source.is_dir() and (source / "images").is_dir():
-        source = source / "images"
-    files, unusable = skipped.readable(skipped.listed_inputs(source, IMAGE_SUFFIXES), source)
-    (out / "density").mkdir(exist_ok=True)
-    started = time.perf_counter()
-    device = cfg["flower"]["eval_device"]
-    rows = batch_predict.predict_files(files, Predictor, {"weights": weights, "tile_size": int(meta.get("tile_size", 64)),
-                                                   "batch_size": int(cfg["flower"]["eval_batch_size"]),
-                                                   "device": device, "max_pixels": cfg["flower"].get("max_image_pixels")},
-                                ctx, ctx.storage, model_dir, out, desc="counting",
-                                num_gpus=predict_gpus(device, ray.cluster_resources().get("GPU", 0))) if files else []
-    rows += skipped.as_rows(unusable, source if source.is_dir() else source.parent)
-    elapsed = time.perf_counter() - started
-    skipped.record(ctx, skipped.from_rows(rows))   # data/skipped_files, data/skipped_files/<kind>, skipped.csv
-    metrics = batch_predict.report(rows, ["path", "width", "height", "count"], ctx, out, "images", elapsed)
-    good = [r for r in rows if not r["error"]]
-    pixels = sum(int(r["width"]) * int(r["height"]) for r in good)
-    return {**metrics, "predict/megapixels_per_s": pixels / 1e6 / max(elapsed, 1e-9),
-            "predict/total_count": float(sum(float(r["count"]) for r in good))}
+    f = cfg["flower"]
+
+    def plan(meta: dict, source: Path) -> batch_predict.Plan:
+        if source.is_dir() and (source / "images").is_dir():
+            source = source / "images"
+        return batch_predict.Plan(
+            MODEL_FILE, Predictor, skipped.listed_inputs(source, IMAGE_SUFFIXES), ["path", "width", "height", "count"],
+            "images", settings_arg="weights", subdir="density", desc="counting", source=source,
+            args={"tile_size": int(meta.get("tile_size", 64)), "batch_size": int(f["eval_batch_size"]),
+                  "device": f["eval_device"], "max_pixels": f.get("max_image_pixels")},
+            num_gpus=predict_gpus(f["eval_device"], ray.cluster_resources().get("GPU", 0)))
+
+    done = batch_predict.predict_inputs(cfg, ctx, out, "flower", plan)
+    pixels = sum(int(r["width"]) * int(r["height"]) for r in done.good)
+    return {**done.metrics, "predict/megapixels_per_s": pixels / 1e6 / max(done.elapsed_s, 1e-9),
+            "predict/total_count": float(sum(float(r["count"]) for r in done.good))}

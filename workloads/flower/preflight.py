@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchard import ConfigError
+from orchard.api import ConfigError
 
 
 def check(cfg: dict) -> None:
@@ -49,7 +49,7 @@ def check_gpus(cfg: dict) -> None:
 
 def synthetic_tiles(cfg: dict) -> int:
     """Tiles the synthetic field will make; refuses a tile larger than its frame."""
-    from workloads.flower.synthetic_field import field_window
+    from .synthetic_field import field_window
 
     f, s = cfg["flower"], cfg["flower"]["synthetic"]
     tile = f["tile_size"]
@@ -65,14 +65,14 @@ def data_dir_tiles(cfg: dict) -> int | None:
     """Tiles the user's images will make (their headers only); refuses a bad CSV row, too many
     unreadable photos and an image whose region of interest is smaller than a tile. None for a
     folder in remote storage (not read here: the driver checks its CSVs, ``check_tables``)."""
-    from orchard.storage import is_uri
+    from orchard.api import is_uri
 
     f = cfg["flower"]
     if is_uri(f["data_dir"]):
         return None
-    from orchard.skipped import LeavesFolder, SkippedFile, inside_folder
-    from workloads.flower.data import PhotoError, list_images, photo_size, read_table
-    from workloads.flower.tiles import region_of_interest
+    from orchard.api import LeavesFolder, SkippedFile, inside_folder
+    from .data import PhotoError, list_images, photo_size, read_table
+    from .tiles import region_of_interest
 
     root, tile = Path(f["data_dir"]), f["tile_size"]
     check_tables(root)
@@ -105,8 +105,8 @@ def data_dir_tiles(cfg: dict) -> int | None:
 def check_tables(root) -> None:
     """The data folder's CSVs, whole: a bad row is one line naming the file, the line and what
     was expected (ConfigError on ``flower.data_dir``). ``root``: a local folder."""
-    from workloads.flower.data import TableError
-    from workloads.flower.data import check_tables as read_all
+    from .data import TableError
+    from .data import check_tables as read_all
 
     try:
         read_all(Path(root))
@@ -117,8 +117,8 @@ def check_tables(root) -> None:
 def enough_photos(cfg: dict, skipped: list, total: int) -> None:
     """Refuse (ConfigError on ``flower.data_dir``, one line naming the first bad photo and the
     count) when none of the ``total`` photos, or too few (``flower.max_skipped_fraction``), can
-    be read; ``skipped``: ``orchard.skipped.SkippedFile`` rows."""
-    from orchard.skipped import too_many_skipped
+    be read; ``skipped``: ``orchard.tracking.skipped.SkippedFile`` rows."""
+    from orchard.api import too_many_skipped
 
     problem = too_many_skipped(skipped, total, cfg["flower"]["max_skipped_fraction"],
                                "flower.max_skipped_fraction", f"photos in {cfg['flower']['data_dir']}/images")

@@ -10,21 +10,21 @@ from pathlib import Path
 
 import numpy as np
 
-from orchard import skipped
-from orchard.storage import Storage, evicted_bytes
-from workloads.flower import baseline_counter, checkpoint, evaluate, figures
-from workloads.flower.checkpoint import MODEL_FILE, load_model
-from workloads.flower.data import synthetic_storage
-from workloads.flower.loader import ensure_density_targets
-from workloads.flower.preflight import enough_photos, enough_tiles_per_worker
-from workloads.flower.throughput import training_parts, worker_metrics
-from workloads.flower.tiles import TileSet, bin_label, bin_sample, tile_cache
+from orchard.api import evicted_bytes, skipped, Storage
+
+from . import baseline_counter, checkpoint, evaluate, figures
+from .checkpoint import load_model, MODEL_FILE
+from .data import synthetic_storage
+from .loader import ensure_density_targets
+from .preflight import enough_photos, enough_tiles_per_worker
+from .throughput import training_parts, worker_metrics
+from .tiles import bin_label, bin_sample, tile_cache, TileSet
 
 
 def run(cfg: dict, ctx) -> dict[str, float]:
     """The whole train run on the driver; returns the final metrics."""
-    from workloads.flower.model import FlowerCounterCNN, count_parameters
-    from workloads.flower.train import launch_workers, loop_config
+    from .model import FlowerCounterCNN, count_parameters
+    from .train import launch_workers, loop_config
 
     f = cfg["flower"]
     started, evicted_from = time.time(), evicted_bytes()
@@ -33,7 +33,7 @@ def run(cfg: dict, ctx) -> dict[str, float]:
 
     # 1. data
     # 1a. field images: the user's folder (a path or a storage URI), or the synthetic field kept
-    #     in the run storage (same format); workers read both through storage (orchard/storage.py)
+    #     in the run storage (same format); workers read both through storage (orchard/storage/)
     run_storage = ctx.storage
     data, data_hit = (Storage(f["data_dir"]), True) if f["data_dir"] else synthetic_storage(cfg)
     data_dir = data.uri
@@ -126,8 +126,8 @@ def run(cfg: dict, ctx) -> dict[str, float]:
                         cnn_counts=cnn_counts, blob_counts=blob_counts, cnn_table=cnn_table, blob_table=blob_table,
                         names=[f"{tiles.names[i]} ({k})" for i, k in zip(test_idx, kinds)])
     ctx.mark("figures")
-    from workloads.flower.predict import log_model
+    from .predict import log_model
 
     log_model(ctx, run_dir / MODEL_FILE)  # the MLflow Model: artifact model/ (docs/models.md)
-    ctx.mark("model")  # time/total_s is the lifecycle's: the time split's sum (orchard/time_split.py)
+    ctx.mark("model")  # time/total_s is the lifecycle's: the time split's sum (orchard/tracking/time_split.py)
     return metrics

@@ -1,5 +1,5 @@
 """The types and ranges of ``flower.*`` (conf/workload/flower.yaml), as pydantic models checked
-by ``validate`` (orchard/schema.py: strict types; a bad value is one line naming the key and the
+by ``validate`` (orchard/config/schema.py: strict types; a bad value is one line naming the key and the
 field's description).  What reads more than one value at once (the count bins' order, a data
 folder's files, the tile against the field and the GPU settings: preflight.py) stays in ``validate``."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Annotated, Literal, Optional
 
 from pydantic import AfterValidator, Field
 
-from orchard.schema import Section, positive_int
+from orchard.api import positive_int, Section
 
 POSITIVE = "a positive number"
 

@@ -91,7 +91,7 @@ def time_split(summaries: list[dict], train_started: float) -> dict[str, float]:
 
 
 def training_parts(metrics: dict[str, float]) -> dict[str, float]:
-    """The training part of the run's time split (orchard/time_split.py), as the slowest worker
+    """The training part of the run's time split (orchard/tracking/time_split.py), as the slowest worker
     measured it: the group's start (launch until its loop function ran), that function's start
     until the first step, the steps, checkpoints and validation; what is left (Ray Train's
     teardown, the reports) stays ``training``."""

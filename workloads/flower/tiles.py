@@ -15,8 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from orchard.storage import partial_name
-from workloads.flower.data import (
+from orchard.api import partial_name
+
+from .data import (
     DEFAULT_MAX_PIXELS,
     IMAGE_SUFFIXES,
     PhotoError,
@@ -87,11 +88,11 @@ def tile_images(data_dir, names: list[str], tile_size: int, roi: list[int] | Non
                 max_pixels: int | None = DEFAULT_MAX_PIXELS):
     """Tile a group of images (the body of one Ray task). Returns (tiles, index rows, point rows,
     skipped): a photo that cannot be read is left out and listed in skipped as
-    ``orchard.skipped.SkippedFile`` (name, kind, reason), never the end of the task.
+    ``orchard.tracking.skipped.SkippedFile`` (name, kind, reason), never the end of the task.
 
     ``data_dir`` is a folder or an ``orchard.storage.Storage``: a task on another node reads the
     field through storage (copied once per node), never a path only the driver has."""
-    from orchard.skipped import LeavesFolder, SkippedFile, inside_folder
+    from orchard.api import LeavesFolder, SkippedFile, inside_folder
 
     root = data_dir.localize() if hasattr(data_dir, "localize") else Path(data_dir)
     points_csv = read_table(root / "points.csv")
@@ -152,7 +153,7 @@ def prepare_tiles(data_dir: str | Path, out_dir: str | Path, tile_size: int, roi
     """Tile every image of data_dir, one Ray task per `images_per_task` images (parallel=False:
     in this process, for tools that run without Ray); write the cache under out_dir/tiles, with
     the photos that could not be read in tiles/skipped.csv (``TileSet.skipped``)."""
-    from orchard import skipped as skip_log
+    from orchard.api import skipped as skip_log
 
     if hasattr(data_dir, "localize"):  # an orchard.storage.Storage: list it there, tasks fetch it
         names = [n for n in data_dir.list("images") if Path(n).suffix.lower() in IMAGE_SUFFIXES]
@@ -237,7 +238,7 @@ class TileSet:
         self.names = [r["tile"] for r in index]
         self.counts = np.array([int(r["count"]) for r in index], dtype=np.int64)
         self.kinds = [r["kind"] for r in index]
-        from orchard import skipped as skip_log
+        from orchard.api import skipped as skip_log
 
         self.skipped = skip_log.read_csv(cache / skip_log.SKIPPED_CSV)  # photos left out ([]: a cache before it)
         self.photos = len({r["image"] for r in index})                  # photos that gave tiles

@@ -8,27 +8,25 @@ a GPU) and throughput = images of the window / its duration; every
 `profile_every` steps one step runs under the torch profiler and its Chrome trace is kept
 (the thesis's TF Timeline every 500 steps, 5.2.3). At the end each worker writes its own
 completion time and throughput series to workers/rank<r>.json in the run storage for the driver
-(orchard/storage.py: a bucket on a cluster; nothing here opens a path only the driver wrote).
+(orchard/storage/: a bucket on a cluster; nothing here opens a path only the driver wrote).
 """
 from __future__ import annotations
 
 import os
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from orchard import divergence
-from orchard.cluster.private_tmp import private_tmp
-from orchard.errors import Diverged
-from workloads.flower.checkpoint import save_model
-from workloads.flower.model import FlowerCounterCNN, euclidean_loss
-from workloads.flower.tiles import TileSet
+from orchard.api import background, Diverged, divergence, private_tmp
 
-DIVERGED_FILE = "diverged.json"  # in the run storage: where training went non-finite (orchard/divergence.py)
+from .checkpoint import save_weights
+from .model import euclidean_loss, FlowerCounterCNN
+from .tiles import TileSet
+
+DIVERGED_FILE = "diverged.json"  # in the run storage: where training went non-finite (orchard/run/divergence.py)
 
 
 def trace_step(run_step, trace_path: Path) -> None:
@@ -86,7 +84,7 @@ def _maybe_inject_fault(config: dict, env, run_storage, epoch: int, ctx) -> None
 def validation_mae(model, tiles: TileSet, val_idx: list[int], scale: float, device, batch_size: int = 32) -> float:
     """Count MAE on the held-back tiles, on rank 0 alone: through the plain module, so DDP's
     forward (which syncs buffers with the other ranks) is not entered by one rank only."""
-    from workloads.flower.evaluate import predict_density
+    from .evaluate import predict_density
 
     plain = getattr(model, "module", model)
     was_training = plain.training
@@ -105,25 +103,20 @@ class GpuSampler:
     def __init__(self, device: torch.device, every_s: float = 1.0):
         self.device, self.every_s = device, every_s
         self.samples: list[float] = []
-        self._stop = threading.Event()
-        self._thread = None
+        self._poller = background.Poller(self._sample, every_s, "flower-gpu-sampler")
         if _gpu_util(device) is not None:
-            self._thread = threading.Thread(target=self._run, name="flower-gpu-sampler", daemon=True)
-            self._thread.start()
+            self._poller.start()
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.every_s):
-            util = _gpu_util(self.device)
-            if util is not None:
-                self.samples.append(util)
+    def _sample(self) -> None:
+        util = _gpu_util(self.device)
+        if util is not None:
+            self.samples.append(util)
 
     def since(self, start: int) -> list[float]:
         return self.samples[start:]
 
     def stop(self) -> list[float]:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        self._poller.stop(timeout_s=5)
         return list(self.samples)
 
 
@@ -188,11 +181,11 @@ def train_loop(config: dict) -> None:
 
 
 def _train(config: dict, run_storage) -> None:
-    from orchard.strategies import worker
-    from workloads.flower.loader import TileLoader, load_density_targets
-    from workloads.flower.precision import Precision, compiled, prepare_model
+    from orchard.api import worker
+    from .loader import TileLoader, load_density_targets
+    from .precision import Precision, compiled, prepare_model
 
-    from orchard.storage import evicted_bytes
+    from orchard.api import evicted_bytes
 
     started, evicted_from = time.time(), evicted_bytes()
     ctx = config["ctx"]
@@ -276,7 +269,7 @@ def _train(config: dict, run_storage) -> None:
             #     the read waits for the window's last step)
             loss_sum, mae_sum = sums.tolist()
             sums.zero_()
-            # every rank checks its own loss: the first NaN/inf stops the run (orchard/divergence.py)
+            # every rank checks its own loss: the first NaN/inf stops the run (orchard/run/divergence.py)
             divergence.check({"loss": loss_sum}, epoch=epoch + 1, step=global_step, **advice)
             now, now_cpu = time.perf_counter(), time.process_time()
             images_per_s = in_window * len(x) / max(now - tick, 1e-9)
@@ -329,7 +322,7 @@ def _train(config: dict, run_storage) -> None:
                "cache_evicted_bytes": evicted_bytes() - evicted_from, "pid": os.getpid()}
     run_storage.write_json(f"workers/rank{env.rank}.json", summary)
     if env.rank == 0:
-        save_model(run_storage, getattr(replica, "module", model), scale, int(tiles.images.shape[1]))
+        save_weights(run_storage, getattr(replica, "module", model), scale, int(tiles.images.shape[1]))
 
 # --------------------------------------------------------------------------- on the driver
 def loop_config(cfg: dict, tile_store, density, fit_idx, val_idx, run_storage) -> dict:
@@ -352,7 +345,7 @@ def launch_workers(config: dict, cfg: dict, ctx, run_storage, train_store) -> No
     """Train on the workers; the strategy (ring | ps sync | ps async) is the launcher's business.
     Checkpoints go to ``train_store`` (checkpoint.resolve); a worker that saw the run diverge
     makes the run's error ``Diverged`` (``raise_if_diverged``), not Ray Train's."""
-    from orchard.strategies import launch
+    from orchard.api import launch
 
     try:
         launch(train_loop, config, cfg, ctx, name="flower", storage_path=train_store.uri)

@@ -1,7 +1,7 @@
 """workload=forest: the Kinect body-part decision forest trained in distributed rounds.
 
 Source: Budiu, Shotton, Murray, Finocchio, "Parallelizing the Training of the Kinect
-Body Parts Labeling Algorithm" (../shared/seeds/000_c5cb42071963b0ee.txt).
+Body Parts Labeling Algorithm" (Budiu et al., Parallelizing the Training of the Kinect Body Parts Labeling Algorithm (docs/papers.md)).
 Plain Ray tasks (histograms over data-unit x feature partitions) and actors (histogram
 sums and best splits over node partitions); no Ray Train. Kept light: heavy imports
 happen in the entry files the core calls, run.py (mode=train) and predict.py (mode=predict).
@@ -13,8 +13,7 @@ STRATEGIES = ("tasks",)
 
 def validate(cfg: dict) -> None:
     """Check every `forest.*` knob before Ray starts; raises orchard.ConfigError."""
-    from orchard import ConfigError, schema
-    from orchard.config import require, require_path
+    from orchard.api import ConfigError, schema, require, require_path
 
     from .checkpoint import CHECKPOINT_NAME, checkpoint_exists, resolve_checkpoint
     from .schema import Forest
@@ -51,7 +50,7 @@ def _check_data_dir(f: dict) -> None:
     """A real-data folder must hold >= 2 pairs and at least one usable body pixel: otherwise
     the run would train on nothing (exit 2 before anything starts, not an accuracy of 0).
     Pairs are read in name order only up to the first usable one."""
-    from orchard import ConfigError
+    from orchard.api import ConfigError
 
     from .depth_png import first_usable_pair, pair_stems
 
@@ -68,9 +67,7 @@ def _check_data_dir(f: dict) -> None:
 
 def resume(cfg: dict, previous_run_dir: str) -> None:
     """``python -m orchard resume <run id>``: continue from that run's last completed round."""
-    from orchard import ConfigError
-
-    from orchard.storage import Storage
+    from orchard.api import ConfigError, Storage
 
     from .checkpoint import CHECKPOINT_NAME, checkpoint_exists, resolve_checkpoint
 
@@ -90,10 +87,10 @@ def resources(cfg: dict):
     run itself, so all inside a sweep trial's placement group.  ``strategy.num_workers`` tasks in
     flight, each ``strategy.cpus_per_worker`` CPUs (rendering and data-unit tasks: 1 CPU); the
     histogram actors take no CPU."""
-    from orchard.cluster.placement import Resources, bundles
+    from orchard.api import Resources, bundles
 
     s = cfg["strategy"]
-    if cfg["mode"] == "predict":  # an actor pool of 1 CPU each, as many as fit (orchard/models.py)
+    if cfg["mode"] == "predict":  # an actor pool of 1 CPU each, as many as fit (orchard/models/__init__.py)
         return Resources(in_trial=bundles(1, 1.0))
     return Resources(in_trial=bundles(s["num_workers"], max(1.0, float(s.get("cpus_per_worker", 1)))))
 
@@ -105,7 +102,7 @@ def headline(cfg: dict, metrics: dict) -> list[str]:
             f"({cfg['forest']['num_trees']} trees, depth {metrics.get('train/max_depth_reached', 0):.0f})"]
 
 
-# What the logged model's loader (predict.py) imports: pinned in its requirements (orchard/logged_models.py).
+# What the logged model's loader (predict.py) imports: pinned in its requirements (orchard/models/logged.py).
 MODEL_IMPORTS = ("numba", "cv2")
 
 

@@ -21,7 +21,7 @@ _FIELDS = ("offsets", "threshold", "left", "right", "depth", "feature", "counts"
 
 def resolve_checkpoint(path) -> Path:
     """A checkpoint file, or a run folder holding CHECKPOINT_NAME -> the checkpoint file; a
-    storage URI (``s3://.../forest_checkpoint.npz``, orchard/storage.py) is returned as it is."""
+    storage URI (``s3://.../forest_checkpoint.npz``, orchard/storage/) is returned as it is."""
     if "://" in str(path):
         return str(path)
     path = Path(path).expanduser()
@@ -30,7 +30,7 @@ def resolve_checkpoint(path) -> Path:
 
 def checkpoint_exists(path) -> bool:
     """Is there a file at `path` (a local path or a storage URI)?"""
-    from orchard.storage import file_exists
+    from orchard.api import file_exists
 
     return file_exists(path)
 
@@ -44,7 +44,7 @@ def run_checkpoint(run_storage, run_dir: Path):
 def log_checkpoint(ctx, run_dir: Path, checkpoint) -> None:
     """The last checkpoint as the run's artifact ``model/forest_checkpoint.npz`` (copied into
     the run folder first when it lives in remote storage)."""
-    from orchard.storage import is_uri, read_file
+    from orchard.api import is_uri, read_file
 
     if is_uri(checkpoint):
         (run_dir / CHECKPOINT_NAME).write_bytes(read_file(checkpoint))
@@ -82,18 +82,18 @@ def save_checkpoint(path: Path, state: dict) -> None:
         flat[f"weights{t}"] = weights
     if state["partial"] is not None:
         flat.update({f"partial_{k}": v for k, v in state["partial"].items()})
-    from orchard.storage import write_file
+    from orchard.api import write_file
 
     buffer = io.BytesIO()
     np.savez(buffer, **flat)
-    # whole or not at all (orchard/storage.py): a local file through write_atomic (fsynced, renamed;
+    # whole or not at all (orchard/storage/atomic.py): a local file through write_atomic (fsynced, renamed;
     # a full disk is StorageFull naming the file, the previous round's kept), a URI as one object
     write_file(path, buffer.getvalue())
 
 
 def load_checkpoint(path: Path) -> dict:
     """Read a checkpoint written by `save_checkpoint` (no pickles allowed); a path or a URI."""
-    from orchard.storage import is_uri, read_file
+    from orchard.api import is_uri, read_file
 
     source = io.BytesIO(read_file(path)) if is_uri(path) else Path(path)
     with np.load(source, allow_pickle=False) as data:

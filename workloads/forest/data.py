@@ -6,7 +6,7 @@ rendered into the run storage), then the data units held in Ray's object store.
                depth_png.py)
   load_blocks  preprocessing into data units (flip / compose / clutter / noise, 2,000 examples
                per image) in parallel Ray tasks (data_unit.py); the blocks stay in the object
-               store; bad pairs skipped and counted (orchard/skipped.py)
+               store; bad pairs skipped and counted (orchard/tracking/skipped.py)
 """
 from __future__ import annotations
 
@@ -42,10 +42,10 @@ def corpus(cfg: dict, storage, run_dir: Path, palette: np.ndarray, parallelism: 
 def checked_blocks(refs: list, report_refs: list, ctx, split: str) -> tuple[list, dict]:
     """Keep the blocks that hold images (before phase 1). Returns (block refs, {"skipped":
     [SkippedFile] named ``<split>/<stem>``, "images": n, "examples": n}); the caller reports
-    the skipped pairs (orchard/skipped.py)."""
+    the skipped pairs (orchard/tracking/skipped.py)."""
     import ray
 
-    from orchard.skipped import SkippedFile
+    from orchard.api import SkippedFile
 
     reports = ray.get(report_refs)
     kept = [ref for ref, report in zip(refs, reports) if report["images"]]
@@ -59,7 +59,7 @@ def load_blocks(cfg: dict, ctx, run_dir: Path, palette: np.ndarray, parallelism:
     no usable body pixel is left to train or test on."""
     import ray
 
-    from orchard import skipped
+    from orchard.api import skipped
 
     from .data_unit import build_blocks
 
@@ -73,7 +73,7 @@ def load_blocks(cfg: dict, ctx, run_dir: Path, palette: np.ndarray, parallelism:
     test_refs, test_reports = build_blocks(test_stems, f["images_per_block"], keep_labels=True,
                                            first_block_id=1_000_000, first_image_id=1_000_000, **common)
     # bad pairs are skipped and counted here, before phase 1: one line each, data/skipped_files,
-    # data/skipped_files/<kind>, skipped.csv (orchard/skipped.py, as flower and video do)
+    # data/skipped_files/<kind>, skipped.csv (orchard/tracking/skipped.py, as flower and video do)
     train_refs, train_data = checked_blocks(train_refs, train_reports, ctx, "training")
     test_refs, test_data = checked_blocks(test_refs, test_reports, ctx, "test")
     skipped.report(ctx, train_data["skipped"] + test_data["skipped"], "forest", step=0)
@@ -83,7 +83,7 @@ def load_blocks(cfg: dict, ctx, run_dir: Path, palette: np.ndarray, parallelism:
                      "data/train_images": train_data["images"], "data/train_examples": train_data["examples"],
                      "data/test_images": test_data["images"]}, step=0)
     if not train_data["examples"] or not test_refs:  # the contract: bad data found on reading -> exit 2
-        from orchard import ConfigError
+        from orchard.api import ConfigError
         raise ConfigError("forest.data_dir", f"usable body pixels; {train_data['images']} training and "
                           f"{test_data['images']} test images could be read, with {train_data['examples']} "
                           f"body-pixel examples")

@@ -32,9 +32,8 @@ def sample_examples(depth: np.ndarray, labels: np.ndarray, count: int,
 
 def _local_stem(stem) -> Path:
     """A pair's stem on this node: a path as it is, a storage URI copied into the node cache
-    (orchard/storage.py), so a task never opens a path only the driver wrote."""
-    from orchard.skipped import inside_folder
-    from orchard.storage import Storage, is_uri
+    (orchard/storage/), so a task never opens a path only the driver wrote."""
+    from orchard.api import inside_folder, Storage, is_uri
 
     if not is_uri(stem):  # a pair whose file links out of its folder is skipped (LeavesFolder), never read
         for suffix in ("_depth.png", "_labels.png"):
@@ -55,14 +54,14 @@ def build_block(stems: list[str], image_ids: list[int], block_id: int, seed: int
 
     A pair that cannot be read (corrupt, truncated, missing its label image, mismatched
     sizes, colours outside the palette) is skipped and named in block["skipped"]
-    (``orchard.skipped.SkippedFile``: the stem, its kind, the reason); a block whose every
+    (``orchard.tracking.skipped.SkippedFile``: the stem, its kind, the reason); a block whose every
     pair was skipped has no "depths".
 
     With probability `compose_prob` a scene is composed with the next image of the
     block (cyclically), making a two-person scene. Randomness is a pure function of
     (seed, image id), so a block is reproducible wherever and whenever it is built.
     """
-    from orchard.skipped import SkippedFile, kind_of, one_line
+    from orchard.api import SkippedFile, kind_of, one_line
 
     from .depth_png import preprocess, read_pair
 

@@ -42,7 +42,7 @@ def write_pair(stem: Path, depth_mm: np.ndarray, labels: np.ndarray, palette: np
 
 class BadPair(ValueError):
     """A PNG pair that cannot be used; ``kind`` is the key of ``data/skipped_files/<kind>``
-    (orchard/skipped.py): missing, unreadable, not_depth, size_mismatch, off_palette."""
+    (orchard/tracking/skipped.py): missing, unreadable, not_depth, size_mismatch, off_palette."""
 
     def __init__(self, kind: str, reason: str):
         super().__init__(reason)

@@ -16,7 +16,6 @@ scored: per-pixel, per-class and mean per-class accuracy over all such images.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import cv2
@@ -68,7 +67,7 @@ def log_model(ctx, trees: list, class_weights: list, forest_cfg: dict, palette: 
     """At the end of training: the forest as an MLflow pyfunc Model (artifact ``model``)."""
     import tempfile
 
-    from orchard.models import save_model, save_pyfunc
+    from orchard.api import save_model, save_pyfunc
     from .model import pack_forest
 
     packed = pack_forest(trees, class_weights)
@@ -123,7 +122,7 @@ class Predictor:
         from .evaluate import confusion_matrix
         from .body_parts import BACKGROUND
 
-        from orchard.skipped import kind_of
+        from orchard.api import kind_of
 
         n_conf = self.parts * self.parts
         cols = {"path": [], "error": [], "kind": [], "width": [], "height": [], "labelled_pixels": [], "scored": [],
@@ -159,7 +158,7 @@ class Predictor:
 
 def depth_files(folder) -> list[Path]:
     """PNGs of ``input`` that are not label images of a pair."""
-    from orchard.skipped import listed_inputs
+    from orchard.api import listed_inputs
 
     # links to nothing and unreadable files are listed too: predict skips and counts them
     return [p for p in listed_inputs(folder, (".png",)) if not p.name.endswith("_labels.png")]
@@ -167,28 +166,21 @@ def depth_files(folder) -> list[Path]:
 
 def predict(cfg: dict, ctx, out: Path) -> dict[str, float]:
     """``mode=predict``: label every depth PNG of ``input`` into ``out`` (the predictions folder
-    the core opened: orchard/registry.py ``entry``); accuracy where ground-truth labels sit beside."""
-    from orchard import batch_predict, models, skipped
+    the core opened: orchard/config/registry.py ``entry``); accuracy where ground-truth labels sit beside."""
+    from orchard.api import batch_predict
 
     from .body_parts import NUM_PARTS, PART_NAMES
     from .evaluate import accuracy_metrics
 
-    model_dir, _ = models.resolve_model(cfg["model"], "forest", ctx.tracking_uri, Path(ctx.run_dir) / "model_in")
-    settings = models.settings_file(model_dir, SETTINGS_FILE)   # one, found once: the predictor loads it
-    source = Path(cfg["input"]).expanduser()
-    files, unusable = skipped.readable(depth_files(source), source)
-    (out / "labels").mkdir(exist_ok=True)
-    started = time.perf_counter()
-    rows = batch_predict.predict_files(files, Predictor, {"settings": settings}, ctx, ctx.storage, model_dir, out,
-                                companions=lambda p: [t for t in [truth_file(p)] if t is not None],
-                                desc="labelling") if files else []
-    rows += skipped.as_rows(unusable, source if source.is_dir() else source.parent)
-    elapsed = time.perf_counter() - started
-    skipped.record(ctx, skipped.from_rows(rows))   # data/skipped_files, data/skipped_files/<kind>, skipped.csv
-    metrics = batch_predict.report(rows, ["path", "width", "height", "labelled_pixels", "scored"], ctx, out, "images", elapsed)
-    good = [r for r in rows if not r["error"]]
-    metrics["predict/pixels_per_s"] = sum(int(r["width"]) * int(r["height"]) for r in good) / max(elapsed, 1e-9)
-    scored = [r for r in good if r["scored"]]
+    def plan(meta: dict, source: Path) -> batch_predict.Plan:
+        return batch_predict.Plan(SETTINGS_FILE, Predictor, depth_files(source),
+                                  ["path", "width", "height", "labelled_pixels", "scored"], "images", subdir="labels",
+                                  companions=lambda p: [t for t in [truth_file(p)] if t is not None], desc="labelling")
+
+    done = batch_predict.predict_inputs(cfg, ctx, out, "forest", plan)
+    metrics = dict(done.metrics)
+    metrics["predict/pixels_per_s"] = sum(int(r["width"]) * int(r["height"]) for r in done.good) / max(done.elapsed_s, 1e-9)
+    scored = [r for r in done.good if r["scored"]]
     if scored:
         confusion = np.sum([np.asarray(r["confusion"]).reshape(NUM_PARTS, NUM_PARTS) for r in scored], axis=0)
         acc = accuracy_metrics(confusion)

@@ -32,7 +32,7 @@ def run(cfg: dict, ctx) -> dict[str, float]:
     A node lost meanwhile costs no result (docs/cluster.md, "Losing nodes"): Ray rebuilds its
     data blocks from their lineage and retries its tasks, its histogram actors come back on the
     nodes alive and the round redoes their share (train.py); the watch counts it."""
-    from orchard.strategies.node_loss import NodeWatch
+    from orchard.api import NodeWatch
 
     round_ends: list[float] = []  # when each round finished: after a lost node, when training went on
     with NodeWatch(ctx) as watch:

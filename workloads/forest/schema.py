@@ -1,5 +1,5 @@
 """The types and ranges of ``forest.*`` (conf/workload/forest.yaml), as pydantic models checked
-by ``validate`` (orchard/schema.py: strict types; a bad value is one line naming the key and the
+by ``validate`` (orchard/config/schema.py: strict types; a bad value is one line naming the key and the
 field's description).  What reads two keys at once (feature partitions against offsets, the
 memory budget against one node's histogram, the palette) stays in ``validate``."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Optional
 
 from pydantic import Field
 
-from orchard.schema import Section, positive_int
+from orchard.api import positive_int, Section
 
 POSITIVE = "a positive number"
 AT_LEAST_0 = "a number >= 0"

@@ -29,6 +29,10 @@ there and only partial histograms cross between nodes (locality.py).
 The tasks' bodies are in round_tasks.py, the batch plan in batch_plan.py, the histogram actors'
 lifecycle (start, reset, revive or replace) in histogram_pool.py; `grow_forest`
 grows the T trees of a run, each from its own candidate pool (`tree_pool`).
+
+Why one file of ~670 lines (the only source file over 450): ``RoundRunner`` is one round's state
+(the frontier, the actors, the batch plan, the checkpoint) carried through four phases that
+share it; every body that does not need that state has already left for the modules above.
 """
 from __future__ import annotations
 
@@ -38,7 +42,7 @@ import time
 import numpy as np
 import ray
 
-from orchard import background
+from orchard.api import background
 
 from .avatar import focal_length_px
 from .batch_plan import fill_workers, partitions_at, plan_batches
@@ -50,7 +54,7 @@ from .locality import assign_homes, cpu_nodes, group_by_home, locations, object_
 from .model import Tree
 from .round_tasks import encode_task, phase1_task, phase2_task, traversal_arrays
 from .shuffle import count_dtype
-from .subtraction import ParentStore, apply_init, plan_derivations, subtract_siblings
+from .subtraction import apply_init, ParentStore, plan_derivations, subtract_siblings
 
 
 class TrainingInterrupted(RuntimeError):

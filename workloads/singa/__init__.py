@@ -1,11 +1,11 @@
 """workload=singa: SINGA-style layer models and training architectures.
 
-Source: ../shared/seeds/003_91d1b6974c17e1ff.txt (Wang et al., SINGA), sections 3-6 and
+Source: Wang et al., SINGA: Putting Deep Learning in the Hands of Multimedia Users (docs/papers.md) (Wang et al., SINGA), sections 3-6 and
 Appendix B.  A net is a YAML list of layers (conf/singa/apps/<app>.yaml, or the user's own file
 ``singa.net=...`` with layer types from ``singa.layer_modules=[...]``) built on the layer contract
 of ``layers/base.py``; ``singa.arch`` (conf/singa/arch/<arch>.yaml) picks how worker groups and
 parameter servers share the training.  Light on import: heavy modules load in run.py (the
-entry of a train run) and predict.py (mode=predict), which the core calls (orchard/registry.py).
+entry of a train run) and predict.py (mode=predict), which the core calls (orchard/config/registry.py).
 """
 from __future__ import annotations
 
@@ -19,12 +19,10 @@ def validate(cfg: dict) -> None:
     pre-training stage's) on two samples of its data and runs one BP/CD pass, so a broken net
     fails here naming its layer; a strategy or cluster key the chosen arch would ignore is
     rejected too."""
-    from orchard import schema
-    from orchard.config import require_choice, require_path
-    from orchard.errors import ConfigError
-    from workloads.singa.data import DATASETS
-    from workloads.singa.settings import arch_names, check_net, load_net, net_key, resolve_arch, resolve_training
-    from workloads.singa.updaters import UPDATERS
+    from orchard.api import schema, require_choice, require_path, ConfigError
+    from .data import DATASETS
+    from .settings import arch_names, check_net, load_net, net_key, resolve_arch, resolve_training
+    from .updaters import UPDATERS
 
     from .schema import Arch, Singa
 
@@ -71,9 +69,9 @@ def validate(cfg: dict) -> None:
         raise ConfigError("singa.cluster.worker_groups", "1 for arch local")
     _reject_ignored_keys(cfg, arch)
     # [last] build the net(s) on real samples: one line naming the layer, before Ray starts
-    from workloads.singa.model import NetError
+    from .model import NetError
 
-    from workloads.singa.data import InputTooLarge
+    from .data import InputTooLarge
 
     try:
         check_net(cfg)
@@ -88,7 +86,7 @@ def validate(cfg: dict) -> None:
 def _reject_ignored_keys(cfg: dict, arch: dict) -> None:
     """No silent keys: a strategy or ``singa.cluster`` value the chosen arch would not use is
     an error, not a no-op."""
-    from orchard.errors import ConfigError
+    from orchard.api import ConfigError
 
     name, strategy, s = arch["name"], cfg["strategy"], cfg["singa"]
     serverless = name in ("local", "allreduce")
@@ -150,11 +148,11 @@ def resources(cfg: dict):
     (``architectures.py``; placed SPREAD, so outside a sweep trial's placement group) with the CPUs
     ``train._cpus_per_group`` gives it, and the parameter servers, started by the run itself,
     where they hold CPUs (``strategy.cpus_per_server``)."""
-    from orchard.cluster.placement import Resources, bundles
-    from workloads.singa.settings import resolve_arch
-    from workloads.singa.train import _cpus_per_group
+    from orchard.api import Resources, bundles
+    from .settings import resolve_arch
+    from .train import _cpus_per_group
 
-    if cfg["mode"] == "predict":  # an actor pool of 1 CPU each, as many as fit (orchard/models.py)
+    if cfg["mode"] == "predict":  # an actor pool of 1 CPU each, as many as fit (orchard/models/__init__.py)
         return Resources(in_trial=bundles(1, 1.0))
     arch = resolve_arch(cfg)
     servers = int(arch.get("server_groups", 0) or 0) * int(arch.get("servers_per_group", 0) or 0)
@@ -164,11 +162,10 @@ def resources(cfg: dict):
 
 def resume(cfg: dict, previous_run_dir: str) -> None:
     """``python -m orchard resume <run id>``: go on from that run's last checkpointed epoch."""
-    from orchard.errors import ConfigError
-    from orchard.storage import Storage
-    from workloads.singa.checkpoint import CHECKPOINT_NAME
+    from orchard.api import ConfigError, Storage
+    from .checkpoint import CHECKPOINT_NAME
 
-    # the run storage (orchard/storage.py), so the driver's run folder may be gone
+    # the run storage (orchard/storage/), so the driver's run folder may be gone
     if not Storage.for_run(cfg, previous_run_dir).exists(CHECKPOINT_NAME):
         raise ConfigError("singa.resume", f"a run folder holding {CHECKPOINT_NAME}; the run stopped before its "
                           f"first checkpointed epoch ({previous_run_dir})")
@@ -180,7 +177,7 @@ def headline(cfg: dict, metrics: dict) -> list[str]:
     s = cfg["singa"]
     net = f"{s.get('net') or s['app']} on {s['arch']}"
     if "data/train_samples" in metrics:  # the partition of the data the accuracy was measured on
-        from workloads.singa.settings import load_net
+        from .settings import load_net
 
         net += (f", {s.get('data') or load_net(cfg).get('data')}: {metrics['data/train_samples']:,.0f} train / "
                 f"{metrics['data/test_samples']:,.0f} test")
@@ -191,7 +188,7 @@ def headline(cfg: dict, metrics: dict) -> list[str]:
     return [f"test accuracy {acc:.3f} vs target {target:.2f} ({'met' if acc >= target else 'not met'}; {net})"]
 
 
-# What the logged model's loader (predict.py) imports: pinned in its requirements (orchard/logged_models.py).
+# What the logged model's loader (predict.py) imports: pinned in its requirements (orchard/models/logged.py).
 MODEL_IMPORTS = ("torch",)
 
 
@@ -206,8 +203,8 @@ def headline_metric(metrics: dict) -> tuple[str, float]:
 def dataset(cfg: dict) -> dict:
     """What a train run learns from, for its MLflow dataset input (orchard/tracking/datasets.py): the
     files of ``singa.data_dir``, or a dataset a package ships or a loader makes (by its settings)."""
-    from workloads.singa.data import DATASETS
-    from workloads.singa.settings import load_net
+    from .data import DATASETS
+    from .settings import load_net
 
     s = cfg["singa"]
     data = s.get("data") or load_net(cfg).get("data")

@@ -33,7 +33,7 @@ import numpy as np
 import ray
 import torch
 
-from workloads.singa.worker_group import WorkerGroup
+from .worker_group import WorkerGroup
 
 ARCHITECTURES = ("local", "sync_ps", "async_ps", "replicated", "allreduce")
 
@@ -80,7 +80,7 @@ class GroupActor:
 
     # -- parameter servers -----------------------------------------------------------------------
     def connect_ps(self, ps_group, worker_index: int, weight_decay: float = 0.0) -> None:
-        from orchard.strategies.ps import PSClient
+        from orchard.api import PSClient
 
         self.client = PSClient(ps_group, worker_index)
         self.weight_decay = float(weight_decay)
@@ -90,7 +90,7 @@ class GroupActor:
         """``steps`` iterations of compute; every ``sync_every``-th one pushes the accumulated
         gradients and pulls fresh parameters in one fused call (a random ``sample_ratio`` share
         of the parameters when it is < 1)."""
-        from orchard.strategies.ps import payload_bytes
+        from orchard.api import payload_bytes
 
         names = sorted(self.group.get_params())
         every = int(self.group.spec.get("push_every", 1) or 1)
@@ -218,7 +218,7 @@ class Architecture:
     def __init__(self, arch: dict, spec: dict, cpus_per_group: float, start_bound_s: float | None = None):
         """``start_bound_s``: how long the groups may wait for their CPUs (a replacement node);
         then ``node_loss.NotPlaced`` says in one line what they needed."""
-        from orchard.strategies.node_loss import NotPlaced, get_all
+        from orchard.api import NotPlaced, get_all
 
         self.arch, self.spec = arch, spec
         self.name = arch["name"]
@@ -249,7 +249,7 @@ class Architecture:
         self.sample_ratio = float(arch.get("sample_ratio", 1.0) or 1.0)
         params = ray.get(self.actors[0].get_params.remote())
         if self.name in ("sync_ps", "async_ps", "replicated"):
-            from orchard.strategies.ps import PSGroup
+            from orchard.api import PSGroup
 
             replicas = int(arch.get("server_groups", 1)) if self.name == "replicated" else 1
             rule = server_optimizer(spec["updater"], arch.get("server_updater"))
@@ -281,7 +281,7 @@ class Architecture:
             refs = [a.run_allreduce.remote(steps) for a in self.actors]
         else:
             refs = [a.run_local.remote(steps) for a in self.actors]
-        from orchard.strategies.node_loss import get_all
+        from orchard.api import get_all
 
         # the first error at once: after a lost node the groups left may wait for it forever
         metrics = get_all(refs)[0]
@@ -315,7 +315,7 @@ class Architecture:
 
     def params(self) -> dict:
         if self.ps_groups:
-            from orchard.strategies.ps import PSClient
+            from orchard.api import PSClient
 
             return PSClient(self.ps_groups[0], 0).pull()
         return ray.get(self.actors[0].get_params.remote())

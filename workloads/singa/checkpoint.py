@@ -1,5 +1,5 @@
 """What a singa run saves and how it goes on from it: the net's parameters as of the last
-checkpointed epoch (``CHECKPOINT_NAME`` in the run storage, orchard/storage.py), with the stage
+checkpointed epoch (``CHECKPOINT_NAME`` in the run storage, orchard/storage/), with the stage
 (pre-training RBM i, then BP) and epoch they belong to.  ``python -m orchard resume <run id>``
 (``singa.resume``) starts from it; a rebuilt architecture after a lost node (train.fit) too."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from orchard.divergence import check_weights
+from orchard.api import check_weights
 
 CHECKPOINT_NAME = "singa_checkpoint.npz"  # in the run folder: the parameters as of the last checkpointed epoch
 
@@ -59,7 +59,7 @@ def finite(params: dict, epoch: int, step: int, lr: dict | None) -> dict:
 def previous(cfg: dict) -> dict | None:
     """The checkpoint of the run ``singa.resume`` names (``load_checkpoint``), or None.  Read from
     the run storage: a bucket on a cluster, so a resume needs nothing from the driver's disk."""
-    from orchard.storage import Storage
+    from orchard.api import Storage
 
     s = cfg["singa"]
     return load_checkpoint(Storage.for_run(cfg, s["resume"])) if s.get("resume") else None

@@ -18,7 +18,7 @@ MAX_INPUT_MB = 2048   # singa.max_input_mb's default: the most one input file ma
 class InputTooLarge(ValueError):
     """An input file over ``singa.max_input_mb`` (its size, or the size its header declares)."""
 
-    kind = "too_large"   # data/skipped_files/too_large where a file is skipped (orchard/skipped.py)
+    kind = "too_large"   # data/skipped_files/too_large where a file is skipped (orchard/tracking/skipped.py)
 
 
 def check_input_size(path, size: int, max_bytes: int, what: str = "holds") -> None:

@@ -47,8 +47,8 @@ def neighbourhood_purity(features: np.ndarray, labels: np.ndarray, k: int = 10) 
 
 def local_net(spec: dict, params: dict):
     """The net of ``spec`` with ``params``, in this process, and its dataset."""
-    from workloads.singa.data import load_dataset
-    from workloads.singa.model import NeuralNet
+    from .data import load_dataset
+    from .model import NeuralNet
 
     data = load_dataset(spec["data"], spec.get("data_dir"), spec["seed"], spec["smoke"], spec.get("max_input_mb"))
     net = NeuralNet(spec["layers"], data.shapes(), seed=spec["seed"])

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
-from orchard.figures import logged_series, pyplot
+from orchard.api import logged_series, pyplot
 
 _NOT_CURVES = ("throughput/", "time/", "comm/", "system/", "tsne/", "reached_target")
 
@@ -94,7 +94,7 @@ def tsne_figure(features: np.ndarray, labels: np.ndarray, title: str, seed: int 
 def log_tsne_figures(spec: dict, params: dict, layers: list[str], samples: int, ctx) -> dict[str, float]:
     """Appendix A: one t-SNE figure per layer for ``samples`` test images; returns each layer's
     neighbourhood purity (how well its features cluster by class)."""
-    from workloads.singa.evaluate import features_of_test_set, local_net, neighbourhood_purity
+    from .evaluate import features_of_test_set, local_net, neighbourhood_purity
 
     net, data = local_net(spec, params)
     feats = features_of_test_set(net, data, layers, limit=samples)

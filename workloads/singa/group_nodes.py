@@ -27,9 +27,9 @@ import numpy as np
 import ray
 import torch
 
-from workloads.singa.layers.base import import_layer_modules
-from workloads.singa.model import NeuralNet
-from workloads.singa.partition import PartitionedNet
+from .layers.base import import_layer_modules
+from .model import NeuralNet
+from .partition import PartitionedNet
 
 BRIDGE_TIMEOUT_S = 300.0
 

@@ -17,8 +17,8 @@ from typing import Iterable
 import numpy as np
 import torch
 
-from workloads.singa.layers import Layer, Param, layer_class
-from workloads.singa.layers.base import source_count
+from .layers import Layer, layer_class, Param
+from .layers.base import source_count
 
 
 class NetError(ValueError):

@@ -24,9 +24,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from workloads.singa.layers import Layer, layer_class
-from workloads.singa.layers.connection import piece_bounds
-from workloads.singa.model import NeuralNet
+from .layers import Layer, layer_class
+from .layers.connection import piece_bounds
+from .model import NeuralNet
 
 SCHEMES = ("none", "data", "model", "hybrid")
 

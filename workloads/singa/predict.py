@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import csv
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -33,8 +32,8 @@ class SingaModel:
     """The pyfunc model: ``predict(samples)`` -> class probabilities (N, K); no Ray."""
 
     def __init__(self, config: dict, params: dict):
-        from workloads.singa.layers.base import import_layer_modules
-        from workloads.singa.model import NeuralNet
+        from .layers.base import import_layer_modules
+        from .model import NeuralNet
 
         import_layer_modules(config.get("layer_modules") or [])
         self.config = config
@@ -66,7 +65,7 @@ def _load_pyfunc(data_path: str):
     with np.load(folder / PARAMS_FILE, allow_pickle=False) as data:
         params = {k: np.array(data[k]) for k in data.files}
     if config.get("kind") == "retrieval":
-        from workloads.singa import retrieval_model
+        from . import retrieval_model
 
         return retrieval_model.load(folder, config, params)
     return SingaModel(config, params)
@@ -77,9 +76,9 @@ def log_model(ctx, spec: dict, params: dict) -> Path | None:
     (artifact ``model``); None for a net that does not classify (nothing to predict)."""
     import tempfile
 
-    from orchard.models import save_model, save_pyfunc
-    from workloads.singa.data import load_dataset
-    from workloads.singa.retrieval_model import is_retrieval_net, save_retrieval_model
+    from orchard.api import save_model, save_pyfunc
+    from .data import load_dataset
+    from .retrieval_model import is_retrieval_net, save_retrieval_model
 
     data = load_dataset(spec["data"], spec.get("data_dir"), spec["seed"], True,
                         spec.get("max_input_mb"))  # shapes and an example
@@ -149,13 +148,13 @@ def read_samples(path: Path, config: dict, max_bytes: int | None = None) -> tupl
     ``max_bytes`` (singa.max_input_mb; None: its default)."""
     import cv2
 
-    from workloads.singa.data import MAX_INPUT_MB, InputTooLarge, check_input_size
+    from .data import MAX_INPUT_MB, InputTooLarge, check_input_size
 
     max_bytes = int(max_bytes or MAX_INPUT_MB * 2**20)
     name = path.name.lower()
     shape = tuple(config["input_shapes"][config["field"]])
     if "idx3" in name:
-        from workloads.singa.apps.digits import read_idx
+        from .apps.digits import read_idx
 
         try:
             x = read_idx(path, max_bytes)
@@ -169,7 +168,7 @@ def read_samples(path: Path, config: dict, max_bytes: int | None = None) -> tupl
             else x.reshape(len(x), *shape)
         return samples, (y if y is not None and len(y) == len(samples) else None)
     if name.startswith(("data_batch", "test_batch")):
-        from workloads.singa.apps.cifar import read_cifar_batch
+        from .apps.cifar import read_cifar_batch
 
         try:
             x, y = read_cifar_batch(path, max_bytes)
@@ -206,7 +205,7 @@ class Predictor:
         self.max_bytes = round(float(max_input_mb) * 2**20) if max_input_mb else None
 
     def __call__(self, batch: dict) -> dict:
-        from orchard.skipped import kind_of
+        from orchard.api import kind_of
 
         cols = {k: [] for k in ("path", "error", "kind", "samples", "labelled", "correct", "label", "confidence")}
         for path in batch["path"]:
@@ -235,7 +234,7 @@ class Predictor:
 def sample_files(source) -> list[Path]:
     """Files of ``input`` (and of its numeric class folders); IDX label files and CIFAR's
     ``batches.meta`` are read beside what they label, not on their own."""
-    from orchard.skipped import listed_inputs
+    from orchard.api import listed_inputs
 
     source = Path(source).expanduser()
     files = listed_inputs(source, ())   # links to nothing and unreadable files too: skipped and counted
@@ -248,36 +247,34 @@ def sample_files(source) -> list[Path]:
 
 def predict(cfg: dict, ctx, out: Path) -> dict[str, float]:
     """``mode=predict``: classify every sample of ``input`` into ``out`` (the predictions folder the
-    core opened: orchard/registry.py ``entry``), accuracy over the samples with known labels; for
+    core opened: orchard/config/registry.py ``entry``), accuracy over the samples with known labels; for
     the msae's model, retrieve each query image's nearest tag documents (retrieval_model.py)."""
-    from orchard import batch_predict, models, skipped
+    from orchard.api import batch_predict, skipped
 
-    model_dir, meta = models.resolve_model(cfg["model"], "singa", ctx.tracking_uri, Path(ctx.run_dir) / "model_in")
-    net = models.settings_file(model_dir, NET_FILE)   # checked here, loaded by the predictor: the same file
-    models.trusted_modules(model_dir / net, "layer_modules", cfg["singa"].get("layer_modules"), "singa.layer_modules")
-    source = Path(cfg["input"]).expanduser()
-    if meta.get("kind") == "retrieval":   # the msae: files of query images in, their nearest tag documents out
-        from workloads.singa import retrieval_model as retrieval
+    s = cfg["singa"]
+    trusted = ("layer_modules", s.get("layer_modules"), "singa.layer_modules")
 
-        listed = skipped.listed_inputs(source, ())   # every file, so one of another kind is named, not passed over
-        predictor, companions, desc, totals = retrieval.QueryPredictor, None, "retrieving", retrieval.totals
-        subdir, columns = retrieval.RETRIEVED_DIR, retrieval.COLUMNS
+    def plan(meta: dict, source: Path) -> batch_predict.Plan:
+        args = {"max_input_mb": s.get("max_input_mb")}
+        if meta.get("kind") == "retrieval":   # the msae: files of query images in, their nearest tag documents out
+            from . import retrieval_model as retrieval
+
+            # every file, so one of another kind is named, not passed over
+            return batch_predict.Plan(NET_FILE, retrieval.QueryPredictor, skipped.listed_inputs(source, ()),
+                                      retrieval.COLUMNS, "files", args={**args, "load": _load_pyfunc},
+                                      settings_arg="net", trusted=trusted, subdir=retrieval.RETRIEVED_DIR,
+                                      desc="retrieving", batch_size=16)
+        return batch_predict.Plan(NET_FILE, Predictor, sample_files(source),
+                                  ["path", "samples", "label", "confidence", "labelled", "correct"], "files", args=args,
+                                  settings_arg="net", trusted=trusted, subdir="labels", companions=idx_labels,
+                                  desc="classifying", batch_size=16)
+
+    done = batch_predict.predict_inputs(cfg, ctx, out, "singa", plan)
+    if done.meta.get("kind") == "retrieval":
+        from .retrieval_model import totals
     else:
-        listed = sample_files(source)
-        predictor, companions, desc, totals = Predictor, idx_labels, "classifying", _classified
-        subdir, columns = "labels", ["path", "samples", "label", "confidence", "labelled", "correct"]
-    files, unusable = skipped.readable(listed, source)
-    (out / subdir).mkdir(exist_ok=True)
-    started = time.perf_counter()
-    rows = batch_predict.predict_files(files, predictor, {"net": net, "max_input_mb": cfg["singa"].get("max_input_mb")}, ctx,
-                                       ctx.storage, model_dir, out, companions=companions, desc=desc,
-                                       batch_size=16) if files else []
-    rows += skipped.as_rows(unusable, source if source.is_dir() else source.parent)
-    elapsed = time.perf_counter() - started
-    skipped.record(ctx, skipped.from_rows(rows))   # data/skipped_files, data/skipped_files/<kind>, skipped.csv
-    metrics = batch_predict.report(rows, columns, ctx, out, "files", elapsed)
-    metrics.update(totals([r for r in rows if not r["error"]], elapsed))
-    return metrics
+        totals = _classified
+    return {**done.metrics, **totals(done.good, done.elapsed_s)}
 
 
 def _classified(good: list[dict], elapsed_s: float) -> dict[str, float]:

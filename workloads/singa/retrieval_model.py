@@ -41,8 +41,8 @@ class RetrievalModel:
     float32 as the loader gives them: (N, 64) in 0..1 for digits_tags."""
 
     def __init__(self, config: dict, params: dict, database: dict):
-        from workloads.singa.layers.base import import_layer_modules
-        from workloads.singa.model import NeuralNet
+        from .layers.base import import_layer_modules
+        from .model import NeuralNet
 
         import_layer_modules(config.get("layer_modules") or [])
         self.config = config
@@ -92,7 +92,7 @@ def save_retrieval_model(ctx, config: dict, params: dict, data, write_net) -> Pa
     """Log the msae net as a retrieval model (``orchard.models.save_model``); ``config`` is the
     net's (predict.log_model), ``data`` its dataset, ``write_net(folder)`` writes net.json and
     params.npz.  Returns the local model folder."""
-    from orchard.models import save_model, save_pyfunc
+    from orchard.api import save_model, save_pyfunc
 
     config.update(kind="retrieval", k=NEAREST, documents=[" ".join(d) for d in data.meta.get("test_docs", [])])
     model = RetrievalModel(config, params, {})
@@ -121,7 +121,7 @@ COLUMNS = ["path", "queries", "labelled", "relevant", "nearest"]   # predictions
 class NotQueries(ValueError):
     """A file that holds no images this model takes: another format, array, shape or type."""
 
-    kind = "not_queries"   # data/skipped_files/not_queries (orchard/skipped.py)
+    kind = "not_queries"   # data/skipped_files/not_queries (orchard/tracking/skipped.py)
 
 
 def allowed(shape: tuple) -> str:
@@ -134,7 +134,7 @@ def read_queries(path: Path, shape: tuple, max_bytes: int) -> tuple[np.ndarray, 
     """A query file -> (images (N, *shape) float32, class ids (N,) or None).  ``NotQueries`` for a
     file of another kind, ``InputTooLarge`` for one over ``max_bytes`` (an .npz: unpacked),
     ValueError for one numpy cannot read.  Never unpickles (``allow_pickle=False``)."""
-    from workloads.singa.data import InputTooLarge, check_input_size
+    from .data import InputTooLarge, check_input_size
 
     suffix = path.suffix.lower()
     if suffix not in QUERY_SUFFIXES:
@@ -186,17 +186,17 @@ def read_queries(path: Path, shape: tuple, max_bytes: int) -> tuple[np.ndarray, 
 
 
 class QueryPredictor:
-    """Ray Data actor (orchard.batch_predict.predict_files): holds the retrieval model, answers
+    """Ray Data actor (orchard.models.batch_predict.predict_files): holds the retrieval model, answers
     each query file with its table in ``retrieved/<file>.csv`` and a row of counts."""
 
-    def __init__(self, model_dir: str, out_dir: str, net: str, max_input_mb: float | None = None):
+    def __init__(self, model_dir: str, out_dir: str, net: str, load, max_input_mb: float | None = None):
+        """``load``: predict.py's model loader, handed in (this module is below predict.py)."""
         import torch
 
-        from workloads.singa.data import MAX_INPUT_MB
-        from workloads.singa.predict import _load_pyfunc
+        from .data import MAX_INPUT_MB
 
         torch.set_num_threads(1)
-        self.model = _load_pyfunc(str((Path(model_dir) / net).parent))  # the net.json predict checked
+        self.model = load(str((Path(model_dir) / net).parent))  # the net.json predict checked
         self.out = Path(out_dir) / RETRIEVED_DIR
         self.max_bytes = round(float(max_input_mb or MAX_INPUT_MB) * 2**20)
         # documents of one class each (digits_tags) make a labelled image's retrieval right or wrong;
@@ -204,7 +204,7 @@ class QueryPredictor:
         self.by_class = self.model.labels.ndim == 1
 
     def __call__(self, batch: dict) -> dict:
-        from orchard.skipped import kind_of, one_line
+        from orchard.api import kind_of, one_line
 
         cols = {k: [] for k in ("path", "error", "kind", "queries", "labelled", "relevant", "nearest")}
         for path in batch["path"]:

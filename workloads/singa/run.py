@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import yaml
 
-from workloads.singa.checkpoint import Checkpointer, previous
-from workloads.singa.evaluate import msae_retrieval
-from workloads.singa.figures import log_architecture_comparison, log_learning_curves, log_tsne_figures
-from workloads.singa.layers.base import import_layer_modules
-from workloads.singa.settings import load_net, resolve_arch, resolve_training
-from workloads.singa.train import train_stages
+from .checkpoint import Checkpointer, previous
+from .evaluate import msae_retrieval
+from .figures import log_architecture_comparison, log_learning_curves, log_tsne_figures
+from .layers.base import import_layer_modules
+from .settings import load_net, resolve_arch, resolve_training
+from .train import train_stages
 
 
 def run(cfg: dict, ctx) -> dict[str, float]:
@@ -42,7 +42,7 @@ def run(cfg: dict, ctx) -> dict[str, float]:
 
     saver = Checkpointer(ctx.storage, int(cfg["strategy"].get("checkpoint_every", 1) or 1))
     # a lost node: the architecture is rebuilt on the nodes alive (train.fit); what it cost is logged
-    from orchard.strategies.node_loss import NodeWatch, Rebuilds
+    from orchard.api import NodeWatch, Rebuilds
 
     with NodeWatch(ctx) as watch:
         rebuilds = Rebuilds(watch, int(cfg["strategy"].get("max_failures", 0) or 0))
@@ -60,7 +60,7 @@ def run(cfg: dict, ctx) -> dict[str, float]:
 
     # 4. log model and figures: the MLflow Model, artifact model/ (predict.py, docs/models.md);
     #    t-SNE of the tsne_layers, learning curves, this arch beside the others (figures.py)
-    from workloads.singa.predict import log_model
+    from .predict import log_model
 
     log_model(ctx, spec, out["params"])
     ctx.mark("model")

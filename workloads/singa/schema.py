@@ -1,6 +1,6 @@
 """The types and ranges of ``singa.*`` (conf/workload/singa.yaml) and of the training
 architecture a run resolves (the ``singa.arch`` preset under ``singa.cluster``), as pydantic
-models checked by ``validate`` (orchard/schema.py: strict types; a bad value is one line naming
+models checked by ``validate`` (orchard/config/schema.py: strict types; a bad value is one line naming
 the key and the field's description).  What reads a registry, a file or two keys at once (the
 arch and data names, the net, which cluster keys an arch may use) stays in ``validate``."""
 from __future__ import annotations
@@ -9,10 +9,11 @@ from typing import Literal, Optional
 
 from pydantic import Field
 
-from orchard.schema import Section, positive_int
-from workloads.singa.partition import SCHEMES
-from workloads.singa.settings import APPS
-from workloads.singa.updaters import UPDATERS
+from orchard.api import positive_int, Section
+
+from .partition import SCHEMES
+from .settings import APPS
+from .updaters import UPDATERS
 
 POSITIVE_INT = "a positive integer"
 AT_LEAST_0 = "an integer >= 0"

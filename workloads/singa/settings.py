@@ -15,7 +15,7 @@ NET_KEYS = ("layers", "data", "algorithm", "train", "pretrain", "tsne_layers")
 
 
 def singa_conf_dir() -> Path:
-    from orchard.config import conf_dir
+    from orchard.api import conf_dir
 
     return conf_dir() / "singa"
 
@@ -136,9 +136,9 @@ def check_net(cfg: dict) -> None:
     starts.  The user's ``singa.layer_modules`` are imported here first."""
     import torch
 
-    from workloads.singa.data import load_dataset
-    from workloads.singa.layers.base import import_layer_modules
-    from workloads.singa.model import NetError, NeuralNet
+    from .data import load_dataset
+    from .layers.base import import_layer_modules
+    from .model import NetError, NeuralNet
 
     s = cfg["singa"]
     import_layer_modules(s.get("layer_modules") or [])

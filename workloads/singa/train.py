@@ -10,11 +10,10 @@ import time
 import numpy as np
 import ray
 
-from orchard import divergence
-from orchard.divergence import word
-from orchard.errors import Diverged
-from workloads.singa.checkpoint import CHECKPOINT_NAME, finite, restore_point, stage_start
-from workloads.singa.settings import group_spec
+from orchard.api import Diverged, divergence, word
+
+from .checkpoint import CHECKPOINT_NAME, finite, restore_point, stage_start
+from .settings import group_spec
 
 
 def train_stages(cfg: dict, ctx, app: dict, train: dict, arch: dict, resumed: dict | None, initial: dict | None,
@@ -81,8 +80,8 @@ def _rename(metrics: dict[str, float], split: str) -> dict[str, float]:
 def _rebuild(arch: dict, spec: dict, cfg: dict, bound_s: float):
     """The architecture again on the nodes alive, with the CPUs they have. Tried again while Ray
     still places a group on the node going away (its start is cancelled), up to ``bound_s``."""
-    from orchard.strategies.node_loss import NotPlaced
-    from workloads.singa.architectures import Architecture
+    from orchard.api import NotPlaced
+    from .architectures import Architecture
 
     deadline = time.monotonic() + bound_s
     while True:
@@ -96,18 +95,31 @@ def _rebuild(arch: dict, spec: dict, cfg: dict, bound_s: float):
             time.sleep(1.0)
 
 
+def _after_lost_node(lost, arch: dict, spec: dict, cfg: dict, ctx, rebuilds, saver, start_epoch: int, prefix: str,
+                     bound_s: float):
+    """A group or server went with its node: the lost architecture abandoned, the same groups
+    built again on the nodes alive from the stage's last checkpoint, the restart logged.
+    Returns the new architecture and the epoch it goes on from."""
+    lost.abandon()
+    epoch, params = restore_point(saver, start_epoch, spec.get("initial_params"))
+    machine = _rebuild(arch, {**spec, "initial_params": params}, cfg, bound_s)
+    ctx.log_metrics({"train/restarts": rebuilds.restarts, prefix + "train/resumed_from_epoch": epoch,
+                     "train/group_nodes": len(set(machine.nodes))}, step=rebuilds.restarts)
+    return machine, epoch
+
+
 def fit(spec: dict, arch: dict, cfg: dict, ctx, epochs: int, target: float | None, prefix: str = "",
         start_epoch: int = 0, saver=None, lr: dict | None = None, rebuilds=None) -> dict:
     """Run epochs ``start_epoch + 1 .. epochs`` of ``spec`` under ``arch``; evaluate after every
     epoch; ``saver(epoch, epochs, params_fn)`` checkpoints.  A NaN or infinite training loss (or
     non-finite weights at a checkpoint) raises ``Diverged`` naming ``lr`` (``_lr_advice``): the
-    last checkpoint stays the last finite one (orchard/divergence.py).
+    last checkpoint stays the last finite one (orchard/run/divergence.py).
 
     ``rebuilds`` (``node_loss.Rebuilds``): a group or server lost with its node ends the round;
     the architecture is built again on the nodes alive (the same groups, with the CPUs left)
     from the stage's last checkpoint, up to ``strategy.max_failures`` times."""
-    from workloads.singa.architectures import Architecture
-    from orchard.strategies.node_loss import start_bound_s
+    from .architectures import Architecture
+    from orchard.api import start_bound_s
 
     bound = start_bound_s(cfg)
     machine = Architecture(arch, spec, _cpus_per_group(cfg, arch), bound)
@@ -161,13 +173,9 @@ def fit(spec: dict, arch: dict, cfg: dict, ctx, epochs: int, target: float | Non
                 if rebuilds is None or not rebuilds.recoverable(exc, mark):
                     raise
                 # [lost a node] the same groups again on the nodes alive, from the last checkpoint
-                machine.abandon()
-                machine = None  # nothing of it to shut down if the new one cannot start
-                epoch, params = restore_point(saver, start_epoch, spec.get("initial_params"))
-                machine = _rebuild(arch, {**spec, "initial_params": params}, cfg, bound)
+                lost, machine = machine, None  # nothing of it to shut down if the new one cannot start
+                machine, epoch = _after_lost_node(lost, arch, spec, cfg, ctx, rebuilds, saver, start_epoch, prefix, bound)
                 done, mark = epoch * spe, rebuilds.started()
-                ctx.log_metrics({"train/restarts": rebuilds.restarts, prefix + "train/resumed_from_epoch": epoch,
-                                 "train/group_nodes": len(set(machine.nodes))}, step=rebuilds.restarts)
         if not last_eval:  # resumed after its last epoch: nothing left to train, still report
             last_eval = _rename(machine.evaluate(), "test")
         stats = machine.stats()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from workloads.singa.layers import Param
+from .layers import Param
 
 UPDATERS = ("sgd", "adagrad", "adam")
 

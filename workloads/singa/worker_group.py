@@ -14,13 +14,14 @@ import time
 import numpy as np
 import torch
 
-from orchard.divergence import non_finite
-from workloads.singa.apps.augment import deform
-from workloads.singa.data import load_dataset
-from workloads.singa.layers.base import import_layer_modules
-from workloads.singa.model import NeuralNet
-from workloads.singa.partition import partition_net
-from workloads.singa.updaters import Updater, learning_rate
+from orchard.api import non_finite
+
+from .apps.augment import deform
+from .data import load_dataset
+from .layers.base import import_layer_modules
+from .model import NeuralNet
+from .partition import partition_net
+from .updaters import learning_rate, Updater
 
 
 class WorkerGroup:
@@ -42,7 +43,7 @@ class WorkerGroup:
         # A partitioned group's K nodes run as Ray actors; this process keeps the master params.
         self.nodes = None
         if self.partitioned:
-            from workloads.singa.group_nodes import NodeGroup
+            from .group_nodes import NodeGroup
 
             recipe = {"layers": spec["layers"], "input_shapes": full.shapes(), "seed": spec["seed"],
                       "group_size": self.net.group_size, "plan": self.net.plan,
@@ -60,7 +61,7 @@ class WorkerGroup:
         self._order = None
         self._compute_s = 0.0
         # (step, metric, value) of the first step whose loss metrics were NaN or inf (1-based,
-        # this group's count): the driver stops the run there (orchard/divergence.py)
+        # this group's count): the driver stops the run there (orchard/run/divergence.py)
         self.first_non_finite: tuple[int, str, float] | None = None
 
     # -- data -------------------------------------------------------------------------------

@@ -1,11 +1,11 @@
 """workload=video: the Hierarchical Elastic Video learning system (HEV) as Ray Data stages.
 
-Source: ../shared/seeds/002_72214092b69955a1.txt (design notes, partly Chinese). Layers:
+Source: the hierarchical elastic video-learning design notes (docs/papers.md) (design notes, partly Chinese). Layers:
 video cache/decode (decoder.py, cache.py), feature extraction (extractors.py, stages.py,
 pipeline.py), two-stream CNN training (model.py, train.py), fusion (aggregation.py, evaluate.py),
 inference on untrimmed video (inference.py), master/bypass control (master.py).
 The core calls run.py's ``run`` for mode=train and predict.py's ``predict`` for
-mode=predict (orchard/registry.py ``entry``). Light on purpose: nothing heavy is
+mode=predict (orchard/config/registry.py ``entry``). Light on purpose: nothing heavy is
 imported here.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ STRATEGIES = ("ring",)
 
 
 def _pool(cfg: dict, key: str) -> None:
-    from orchard.config import require
+    from orchard.api import require
 
     require(cfg, key, lambda v: (isinstance(v, int) and v > 0) or
             (len(v) == 2 and 0 < int(v[0]) <= int(v[1])), "a positive int or [min, max] with 0 < min <= max")
@@ -22,8 +22,7 @@ def _pool(cfg: dict, key: str) -> None:
 
 def validate(cfg: dict) -> None:
     """Reject a bad ``video.*`` config before Ray starts (raises ``orchard.ConfigError``)."""
-    from orchard import ConfigError, schema
-    from orchard.config import require, require_choice, require_path
+    from orchard.api import ConfigError, schema, require, require_choice, require_path
 
     from .schema import StreamScaling, Synthetic, Video
 
@@ -35,7 +34,7 @@ def validate(cfg: dict) -> None:
     require_path(cfg, "video.root", allow_none=True)
     require_path(cfg, "video.split_files", kind="dir", allow_none=True)
     if v["root"] is not None:
-        from .data import check_classes
+        from .layouts import check_classes
 
         problem = check_classes(v["root"], v.get("split_files"), int(v.get("split") or 1))
         if problem:
@@ -63,8 +62,8 @@ def validate(cfg: dict) -> None:
 
 def _has_checkpoint(cfg: dict):
     """``previous run folder -> bool``: its storage part holds a video checkpoint (the driver's
-    folder itself may be gone: orchard/storage.py)."""
-    from orchard.storage import Storage
+    folder itself may be gone: orchard/storage/)."""
+    from orchard.api import Storage
 
     from .checkpoint import CHECKPOINT_NAME
 
@@ -74,7 +73,7 @@ def _has_checkpoint(cfg: dict):
 def resume(cfg: dict, previous_run_dir: str) -> None:
     """``python -m orchard resume <run id>``: train the epochs after that run's last checkpointed one
     (none left: go on from its states to aggregation and inference)."""
-    from orchard import ConfigError
+    from orchard.api import ConfigError
 
     if cfg["mode"] != "train":
         raise ConfigError("mode", "train: only a training run has checkpoints to resume from")
@@ -84,7 +83,7 @@ def resume(cfg: dict, previous_run_dir: str) -> None:
 
 def _registered_extractors(modules) -> list[str]:
     """The extractor table after importing ``video.extractor_modules`` (and entry points)."""
-    from orchard import ConfigError
+    from orchard.api import ConfigError
 
     from .extractors import available
 
@@ -108,14 +107,14 @@ def resources(cfg: dict):
     placement groups of their own (the streams train at once); inside the run's own reservation,
     the index's 1-CPU probe tasks, then the Ray Data decode and feature pools at their smallest
     (an autoscaling pool grows into what that bundle has spare)."""
-    from orchard.cluster.placement import Resources, bundles
+    from orchard.api import Resources, bundles
 
     from .train import trainer_cpus
 
     def smallest(pool) -> int:  # a pool size: n or [min, max]
         return int(pool) if isinstance(pool, int) else int(pool[0])
 
-    if cfg["mode"] == "predict":  # an actor pool of 1 CPU each, as many as fit (orchard/models.py)
+    if cfg["mode"] == "predict":  # an actor pool of 1 CPU each, as many as fit (orchard/models/__init__.py)
         return Resources(in_trial=bundles(1, 1.0))
     v, s = cfg["video"], cfg["strategy"]
     stages = len(set(v["streams"].values()))
@@ -136,7 +135,7 @@ def headline(cfg: dict, metrics: dict) -> list[str]:
     return [f"top-1: fused {fused[best]:.3f} ({best}) vs chance {metrics['val/chance_top1']:.3f}; streams alone: {streams}"]
 
 
-# What the logged model's loader (predict.py) imports: pinned in its requirements (orchard/logged_models.py).
+# What the logged model's loader (predict.py) imports: pinned in its requirements (orchard/models/logged.py).
 MODEL_IMPORTS = ("torch", "cv2")
 
 

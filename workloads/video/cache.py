@@ -17,7 +17,7 @@ hits, an edited one misses, and two runs over the same data share entries.
   file, fsynced and renamed (``orchard.storage.write_atomic``); eviction holds an exclusive
   ``flock``; a reader that loses an entry to eviction counts a miss and recomputes). A full
   disk costs the entry it refused (not cached, no partial file), never the run. On remote storage (``s3://...``) the entries are
-  objects every node reads and writes (orchard/storage.py), shared by the runs and nodes on
+  objects every node reads and writes (orchard/storage/), shared by the runs and nodes on
   that storage; there is no mtime to refresh nor lock to hold, so orchard does not evict
   there: bound the prefix with the store's own expiry rule (an S3 lifecycle rule).
 
@@ -143,7 +143,7 @@ class FeatureCache:
     @property
     def _remote(self):
         """The disk cache's ``Storage`` when it lives in remote storage (``s3://...``), else None."""
-        from orchard.storage import Storage, is_uri
+        from orchard.api import Storage, is_uri
 
         return Storage(self.directory) if self.kind == "disk" and is_uri(self.directory) else None
 
@@ -194,7 +194,7 @@ class FeatureCache:
                 # at start and whenever this process's estimate says full: the truth, under the lock
                 self._held, removed = evict_lru(self.directory, self.max_bytes - len(data))
                 self.evicted += removed
-            from orchard.storage import StorageFull, write_atomic
+            from orchard.api import StorageFull, write_atomic
 
             try:
                 write_atomic(self._file(key), data)  # readers never see half an entry, nor a full disk a partial one
@@ -229,7 +229,7 @@ def make_cache(kind: str, directory: str | os.PathLike, max_mb: float) -> Featur
     max_bytes = int(max_mb * 2**20)
     if kind == "memory":
         import ray
-        from orchard.strategies.node_loss import on_this_node
+        from orchard.api import on_this_node
 
         store = ray.remote(num_cpus=0)(MemoryStore).options(**on_this_node()).remote(max_bytes)
         return FeatureCache("memory", store=store, max_bytes=max_bytes)
@@ -242,7 +242,7 @@ def cache_dir(cfg: dict):
     """The frame-index store and disk cache (an ``orchard.storage.Storage``): ``video.cache_dir``,
     or ``<storage root>/video/cache`` (``storage.uri``, else ``output_dir``): shared by every run
     on that storage, and by every node."""
-    from orchard.storage import Storage
+    from orchard.api import Storage
 
     return Storage(cfg["video"].get("cache_dir") or Storage.root(cfg).child("video", "cache"))
 

@@ -1,7 +1,7 @@
 """The video run's own checkpoint: every stream's state at the end of an epoch, in the run storage.
 
 Written by the driver after each epoch's states came back from the streams' rank 0 (train.py)
-and were validated: ``<run storage>/video_checkpoint.pt`` (orchard/storage.py, so a bucket on a
+and were validated: ``<run storage>/video_checkpoint.pt`` (orchard/storage/, so a bucket on a
 cluster), one ``torch.save`` of plain values only (bytes, ints, strings): ``torch.load(...,
 weights_only=True)`` reads it back, no user object is ever unpickled. Written whole (renamed into
 place, or one object), so a run killed mid-write keeps the previous epoch's checkpoint.

@@ -1,22 +1,9 @@
 """Find the videos of a dataset, index each one's frames, and set the bad files aside (counted by kind).
 
-Layouts, read as they are:
-
-- a folder with one sub-folder per class (UCF101's ``UCF-101/<class>/*.avi``);
-- a manifest CSV with columns ``path,label`` and optionally ``split`` (train|val); relative
-  paths are relative to the CSV;
-- UCF101 split files (``classInd.txt``, ``trainlist0N.txt``, ``testlist0N.txt``) or HMDB51's
-  (``<class>_test_splitN.txt``, tags 1 = train, 2 = test, 0 = unused), in ``video.split_files``
-  or found next to the videos; the test list is the validation set.
-
-Every regular, non-hidden file a layout names is a candidate: a JPEG, an audio file or a
-broken video is not silently ignored but probed, rejected and counted by kind
-(``decoder.SKIP_KINDS``), because a user wants to know their data has holes.
-
-The frame index of a video (the pts of every frame) and its content digest are read once
-and kept under ``<cache_dir>/index``: a second run over the same files decodes nothing to
-scan them.  The store is bounded (``video.index_max_mb``): after each scan the least recently
-used entries go (a read refreshes an entry; an edited file's old entry is never read again).
+``scan`` reads a dataset in any of its layouts (layouts.py), probes every file a layout names
+with the frame index (frame_index.py: read once per file, kept across runs) and sets aside what
+is not a usable video, counted by kind (``decoder.SKIP_KINDS``): a JPEG, an audio file or a
+broken video is not silently ignored, because a user wants to know their data has holes.
 
 For a run (run.py step 1): ``index_videos`` scans ``video.root``, or the synthetic videos
 ``prepare_data`` writes to storage once (synthetic_videos.py), and logs what it found;
@@ -25,19 +12,16 @@ are the videos inference classifies (``video.inference.root``, or synthetic ones
 """
 from __future__ import annotations
 
-import contextlib
-import csv
-import hashlib
-import json
 import os
-import re
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from .decoder import BadVideo, build_decoder, file_stat, local_video, looks_like_video
+from .decoder import file_stat
+from .frame_index import probe_all, prune_index
+from .layouts import classes_problem, read_layout
 
 
 @dataclass
@@ -67,288 +51,6 @@ class VideoIndex:
         return dict(Counter(self.skipped_kinds.values()))
 
 
-@dataclass
-class Layout:
-    rows: list[tuple[str, str, str | None]]   # (path, class name, split or None)
-    classes: list[str]                        # every class the layout declares
-    kind: str
-    outside: dict[str, str] = field(default_factory=dict)  # path -> why: links out of the folder, never read
-
-
-# --------------------------------------------------------------------------- layouts
-def _scan_folder(root: Path) -> Layout:
-    rows, classes = [], []
-    for class_dir in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        classes.append(class_dir.name)
-        for f in sorted(class_dir.iterdir()):
-            if f.is_file() and not f.name.startswith("."):
-                rows.append((str(f), class_dir.name, None))
-    return Layout(rows, classes, "folders")
-
-
-_MANIFEST = "rows path,label[,split]: a video file, its class name, and train, val or test"
-
-
-def _scan_manifest(csv_path: Path) -> Layout:
-    """The rows of a manifest CSV, checked whole: a row without a path or a label, or with an
-    unknown split, is a LayoutError naming the file and its line (the config check: exit 2)."""
-    rows = []
-    try:
-        with open(csv_path, newline="", encoding="utf-8-sig") as fh:
-            reader = csv.DictReader(fh)
-            header = [h.strip() for h in reader.fieldnames or ()]
-            if not {"path", "label"} <= set(header):
-                raise LayoutError(f"{csv_path}: a manifest needs the columns path,label[,split]; "
-                                  f"found {','.join(header) or 'no header'}")
-            reader.fieldnames = header
-            for rec in reader:
-                path, label = (rec.get("path") or "").strip(), (rec.get("label") or "").strip()
-                missing = [k for k, v in (("path", path), ("label", label)) if not v]
-                if missing:
-                    raise LayoutError(f"{csv_path} line {reader.line_num}: no {' and no '.join(missing)} "
-                                      f"(expected {_MANIFEST})")
-                split = (rec.get("split") or "").strip().lower() or None
-                if split not in (None, "train", "val", "test"):
-                    raise LayoutError(f"{csv_path} line {reader.line_num}: split {split!r} (expected {_MANIFEST})")
-                p = Path(path)
-                p = p if p.is_absolute() else csv_path.parent / p
-                rows.append((str(p), label, {"test": "val"}.get(split, split)))
-    except UnicodeDecodeError:
-        raise LayoutError(f"{csv_path}: not a CSV table in UTF-8 text (expected {_MANIFEST})") from None
-    except csv.Error as exc:
-        raise LayoutError(f"{csv_path}: not a CSV table ({exc}; expected {_MANIFEST})") from None
-    return Layout(rows, sorted({r[1] for r in rows}), "manifest")
-
-
-class LayoutError(ValueError):
-    """The dataset's layout cannot be read (the config check turns it into one line)."""
-
-
-def find_split_files(root: Path, split_files: str | None, split: int) -> tuple[str, Path] | None:
-    """``("ucf101" | "hmdb51", folder)`` of the split files, or None for a plain layout."""
-    candidates = [Path(split_files)] if split_files else \
-        [root, root / "ucfTrainTestlist", root / "testTrainMulti_7030_splits", root.parent / "ucfTrainTestlist"]
-    for folder in candidates:
-        if (folder / "classInd.txt").is_file():
-            return "ucf101", folder
-        if folder.is_dir() and any(folder.glob(f"*_test_split{split}.txt")):
-            return "hmdb51", folder
-    if split_files:
-        raise LayoutError(f"{split_files}: neither classInd.txt (UCF101) nor *_test_split{split}.txt (HMDB51)")
-    return None
-
-
-def _video_path(root: Path, rel: str) -> str:
-    for base in (root, root / "UCF-101", root / "hmdb51", root / "videos"):
-        if (base / rel).exists():
-            return str(base / rel)
-    return str(root / rel)
-
-
-def _scan_ucf101(root: Path, folder: Path, split: int) -> Layout:
-    classes = {}
-    for line in (folder / "classInd.txt").read_text().splitlines():
-        if line.strip():
-            number, name = line.split(maxsplit=1)
-            classes[int(number)] = name.strip()
-    rows = []
-    for list_name, split_name in ((f"trainlist{split:02d}.txt", "train"), (f"testlist{split:02d}.txt", "val")):
-        list_file = folder / list_name
-        if not list_file.is_file():
-            raise LayoutError(f"{folder}: no {list_name} next to classInd.txt")
-        for line in list_file.read_text().splitlines():
-            parts = line.split()
-            if not parts:
-                continue
-            rel = parts[0].replace("\\", "/")
-            name = classes[int(parts[1])] if len(parts) > 1 else rel.split("/")[0]
-            rows.append((_video_path(root, rel), name, split_name))
-    return Layout(rows, [classes[k] for k in sorted(classes)], "ucf101")
-
-
-def _scan_hmdb51(root: Path, folder: Path, split: int) -> Layout:
-    rows, classes = [], []
-    for list_file in sorted(folder.glob(f"*_test_split{split}.txt")):
-        name = re.sub(rf"_test_split{split}\.txt$", "", list_file.name)
-        classes.append(name)
-        for line in list_file.read_text().splitlines():
-            parts = line.split()
-            if len(parts) >= 2 and parts[1] in ("1", "2"):
-                rows.append((_video_path(root, f"{name}/{parts[0]}"), name, "train" if parts[1] == "1" else "val"))
-    return Layout(rows, classes, "hmdb51")
-
-
-def read_layout(root: str, split_files: str | None = None, split: int = 1) -> Layout:
-    """The candidate files of a dataset and the classes its layout declares (no decoding)."""
-    root_path = Path(os.path.expanduser(str(root)))
-    if root_path.suffix.lower() == ".csv":
-        return _scan_manifest(root_path)
-    found = find_split_files(root_path, split_files, split)
-    if found is None:
-        layout = _scan_folder(root_path)
-    else:
-        kind, folder = found
-        layout = (_scan_ucf101 if kind == "ucf101" else _scan_hmdb51)(root_path, folder, split)
-    return _no_links_out(layout, root_path)
-
-
-def _no_links_out(layout: Layout, root: Path) -> Layout:
-    """A folder's rows without the files that link out of it (a manifest names its paths; a
-    folder's links out are never opened), those set aside in ``outside`` to be counted."""
-    from orchard.skipped import LeavesFolder, inside_folder
-
-    for path, _, _ in layout.rows:
-        try:
-            if Path(path).exists():
-                inside_folder(path, root)
-        except LeavesFolder as exc:
-            layout.outside[path] = str(exc)
-    layout.rows = [r for r in layout.rows if r[0] not in layout.outside]
-    return layout
-
-
-def check_classes(root: str, split_files: str | None = None, split: int = 1) -> str:
-    """``""`` when the dataset has two or more classes, each with a plausible video; else why not.
-
-    Header checks only (``decoder.looks_like_video``, one file per class at best), so that
-    the config check can run it before Ray starts; ``scan`` decodes everything later.
-    """
-    try:
-        layout = read_layout(root, split_files, split)
-    except (LayoutError, OSError, KeyError, ValueError) as exc:
-        return f"a readable dataset layout; {exc}"
-    by_class = defaultdict(list)
-    for path, name, _ in layout.rows:
-        by_class[name].append(path)
-    return classes_problem(layout.classes, lambda c: any(looks_like_video(p) == "" for p in by_class[c]), root)
-
-
-def classes_problem(classes: list[str], usable, root: str) -> str:
-    """The one-line complaint about a dataset's classes, or ``""``."""
-    if len(classes) < 2:
-        found = f"1 class ({classes[0]})" if classes else "no class"
-        return f"at least 2 classes with usable videos to classify; found {found} in {root}"
-    empty = [c for c in classes if not usable(c)]
-    if empty:
-        return (f"a usable video in every class; none in {len(empty)} class(es): {', '.join(empty[:5])}"
-                f"{' ...' if len(empty) > 5 else ''} ({root})")
-    return ""
-
-
-# --------------------------------------------------------------------------- the frame index store
-def file_digest(path: str, chunk: int = 1 << 20) -> str:
-    """sha256 of the file's bytes: the content address of its cache entries."""
-    h = hashlib.sha256()
-    with open(local_video(path), "rb") as fh:
-        while block := fh.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-class IndexStore:
-    """Per-file probe results (``{kind, reason, digest, pts, size}``), keyed by path, size, mtime,
-    in storage (orchard/storage.py: a folder, or a bucket shared by the nodes and runs).
-
-    One small JSON per file, written whole: concurrent runs may both write one, never half of
-    one. An edited file (new size or mtime) misses and is probed again. Paths are local paths or
-    storage URIs (``s3://...``); the store itself is a local folder or a URI.
-    """
-
-    def __init__(self, directory: str | os.PathLike | None):
-        from orchard.storage import Storage
-
-        self.storage = Storage(directory) if directory else None
-
-    def _name(self, path: str) -> str | None:
-        from orchard.storage import is_uri
-
-        stat = file_stat(path) if self.storage is not None else None
-        if stat is None:
-            return None
-        where = path if is_uri(path) else os.path.abspath(path)
-        key = hashlib.sha1(f"{where}|{stat[0]}|{stat[1]}".encode()).hexdigest()
-        return f"{key[:2]}/{key}.json"
-
-    def get(self, path: str) -> dict | None:
-        name = self._name(path)
-        if name is None:
-            return None
-        try:
-            record = json.loads(self.storage.read_bytes(name))
-        except (OSError, ValueError):   # absent (pyarrow: FileNotFoundError), or unreadable: probe again
-            return None
-        if self.storage.is_local:   # used now: last in line when the store is pruned (prune_index)
-            with contextlib.suppress(OSError):
-                os.utime(self.storage.local_path / name)
-        return record
-
-    def put(self, path: str, record: dict) -> None:
-        name = self._name(path)
-        if name is not None:
-            self.storage.write_text(name, json.dumps(record))
-
-
-def prune_index(index_dir: str | None, max_mb: float | None) -> int:
-    """Hold the frame-index store under ``max_mb`` MiB: its least recently used entries are
-    removed (``cache.evict_lru``). Returns how many went. A store in remote storage
-    (``s3://...``) has no mtime to refresh: bound it with the store's own expiry rule."""
-    from orchard.storage import Storage
-
-    from .cache import evict_lru
-
-    if not index_dir or not max_mb:
-        return 0
-    store = Storage(index_dir)
-    if not store.is_local or not store.local_path.is_dir():
-        return 0
-    return evict_lru(store.local_path, int(float(max_mb) * 2**20), pattern="*/*.json")[1]
-
-
-def probe_file(path: str, decoder, store: IndexStore) -> tuple[dict, bool]:
-    """``({kind, reason, digest, pts, size}, reused)`` for one file (a local path or a storage
-    URI, copied to this node to decode it); kind ``""`` = a usable video."""
-    cached = store.get(path)
-    if cached is not None:
-        return cached, True
-    record = {"kind": "", "reason": "", "digest": "", "pts": [], "size": 0}
-    try:
-        stat = file_stat(path)
-        if stat is None:
-            raise BadVideo("missing file", "missing")
-        record["size"] = stat[0]
-        if stat[0] == 0:
-            raise BadVideo("zero-byte file", "empty")
-        record["pts"] = decoder.index(path).tolist()
-        record["digest"] = file_digest(path)
-    except BadVideo as exc:
-        record.update(kind=exc.kind, reason=str(exc), pts=[])
-    if record["kind"] != "missing":
-        store.put(path, record)
-    return record, False
-
-
-def _probe_chunk(paths: list[str], decoder: str, store_dir: str | None) -> list[tuple[dict, bool]]:
-    dec, store = build_decoder(decoder), IndexStore(store_dir)
-    return [probe_file(p, dec, store) for p in paths]
-
-
-def probe_all(paths: list[str], decoder: str = "pyav", store_dir: str | None = None,
-              chunk: int = 16) -> list[tuple[dict, bool]]:
-    """Probe every file; in parallel Ray tasks when Ray is up (one chunk per task)."""
-    chunks = [paths[i:i + chunk] for i in range(0, len(paths), chunk)]
-    try:
-        import ray
-        parallel = ray.is_initialized() and len(chunks) > 1
-    except ImportError:
-        parallel = False
-    if parallel:
-        task = ray.remote(num_cpus=1)(_probe_chunk)
-        results = ray.get([task.remote(c, decoder, store_dir) for c in chunks])
-    else:
-        results = [_probe_chunk(c, decoder, store_dir) for c in chunks]
-    return [r for res in results for r in res]
-
-
 def scan(root: str, val_fraction: float = 0.25, seed: int = 0, min_frames: int = 2,
          decoder: str = "pyav", index_dir: str | None = None, split_files: str | None = None,
          split: int = 1, storage_uri: str | None = None, index_max_mb: float | None = None) -> VideoIndex:
@@ -361,7 +63,7 @@ def scan(root: str, val_fraction: float = 0.25, seed: int = 0, min_frames: int =
     on whatever node they run (``decoder.local_video``). ``index_max_mb``: the bound the index
     store is pruned to after the scan (``prune_index``; None: not pruned).
     """
-    from orchard.skipped import LeavesFolder
+    from orchard.api import LeavesFolder
 
     layout = read_layout(root, split_files, split)
     rows = layout.rows
@@ -411,8 +113,7 @@ def index_videos(cfg: dict, ctx, store):
     """Index the videos (frame pts, read once and kept under ``store``'s ``index`` folder: the
     run's cache storage, cache.cache_dir), set non-videos aside (counted by kind) and log what was
     found; returns ``(index, train ids, val ids, skipped files by kind)``."""
-    from orchard import skipped
-    from orchard.errors import ConfigError
+    from orchard.api import skipped, ConfigError
 
     vcfg, seed = cfg["video"], int(cfg["seed"])
     root, storage_uri = prepare_data(cfg, ctx)
@@ -428,7 +129,7 @@ def index_videos(cfg: dict, ctx, store):
                           f"{len(val_ids)} in {root}")
     ctx.log_params({"video.root_used": storage_uri or root, "video.classes": ",".join(index.classes), "video.layout": index.layout})
     ctx.log_dict({"files": index.skipped, "kinds": index.skipped_kinds}, "tables/skipped_files.json")
-    # the bad-data policy shared by the workloads (orchard/skipped.py): named, counted by kind, skipped.csv
+    # the bad-data policy shared by the workloads (orchard/tracking/skipped.py): named, counted by kind, skipped.csv
     set_aside = [skipped.SkippedFile(Path(p).name, index.skipped_kinds.get(p, "unreadable"), r)
                  for p, r in index.skipped.items()]
     skipped_by_kind = {k: v for k, v in skipped.report(ctx, set_aside, "video").items() if k != "data/skipped_files"}
@@ -447,9 +148,9 @@ def prepare_data(cfg: dict, ctx) -> tuple[str, str | None]:
     None when that folder is the one they are read from).
 
     The synthetic videos live in ``<storage root>/video/data/<settings>`` (``storage.uri``, or
-    ``output_dir`` by default: orchard/storage.py), keyed by the generator's settings, so later
+    ``output_dir`` by default: orchard/storage/), keyed by the generator's settings, so later
     runs and other nodes reuse them."""
-    from orchard.storage import Storage
+    from orchard.api import Storage
 
     vcfg = cfg["video"]
     if vcfg.get("root"):

@@ -22,9 +22,9 @@ import numpy as np
 
 DECODERS = {"pyav": "workloads.video.decoder:PyAVDecoder"}
 SHORT_RULES = ("loop", "pad")
-# why a file is not a usable video: the keys of data/skipped_files/<kind> in MLflow (orchard/skipped.py)
+# why a file is not a usable video: the keys of data/skipped_files/<kind> in MLflow (orchard/tracking/skipped.py)
 SKIP_KINDS = ("missing", "empty", "unreadable", "image", "audio_only", "no_video_stream", "single_frame",
-              "no_frames", "truncated", "corrupt", "outside_folder")  # the last: orchard.skipped.LeavesFolder
+              "no_frames", "truncated", "corrupt", "outside_folder")  # the last: orchard.tracking.skipped.LeavesFolder
 # containers and codecs that hold still images (a .jpg in a class folder opens as a 1-frame "video")
 _IMAGE_FORMATS = ("image2", "jpeg_pipe", "png_pipe", "bmp_pipe", "webp_pipe", "tiff_pipe", "gif_pipe",
                   "pgm_pipe", "ppm_pipe", "qoi_pipe", "j2k_pipe", "svg_pipe")
@@ -35,7 +35,7 @@ def local_video(path: str) -> str:
     """A video as a file on *this* node: a local path as it is; a storage URI (``s3://...``, the
     run's ``storage.uri``) copied once into the node cache (``Storage.local_copy``), since FFmpeg
     opens files. Decode stages on any node read videos this way, never by a driver's path."""
-    from orchard.storage import Storage, is_uri
+    from orchard.api import Storage, is_uri
 
     if not is_uri(path):
         return str(path)
@@ -45,7 +45,7 @@ def local_video(path: str) -> str:
 
 def file_stat(path: str) -> tuple[int, int] | None:
     """``(size in bytes, mtime in ns)`` of a local path or a storage URI; None when it is absent."""
-    from orchard.storage import is_uri
+    from orchard.api import is_uri
 
     if not is_uri(path):
         import os

@@ -49,7 +49,7 @@ def make_queues(alloc: dict[str, int], depth: int) -> dict[str, list]:
     node: a lost node must not take batches the trainers have not read (node_loss.py)."""
     from ray.util.queue import Queue
 
-    from orchard.strategies.node_loss import on_this_node
+    from orchard.api import on_this_node
 
     options = {"num_cpus": 0, **on_this_node()}
     return {s: [Queue(maxsize=depth, actor_options=options) for _ in range(n)] for s, n in alloc.items()}
@@ -256,6 +256,6 @@ class Feeder:
 
     def start(self, batches):
         """Deal ``batches`` on a thread the run lifecycle waits for (orchard/background.py); a Future."""
-        from orchard import background
+        from orchard.api import background
 
         return background.start(self.run, batches, name="video-feeder")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
-from orchard.figures import logged_series, pyplot
+from orchard.api import logged_series, pyplot
 
 PHASE_NAMES = {"data": "index videos", "val": "validation features + scoring", "train": "training epochs",
                "aggregation": "fit fusions", "inference": "untrimmed inference"}

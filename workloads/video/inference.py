@@ -91,7 +91,7 @@ def run_inference(videos: list[dict], classes: list[str], models: dict, streams:
     from .pipeline import build_dataset, frame_count
     from .model import predict
 
-    from .data import file_digest
+    from .frame_index import file_digest
 
     features = sorted({s["feature"] for s in streams.values()})
     count = frame_count(features, int(vcfg["stack"]), vcfg.get("extractor_modules") or ())

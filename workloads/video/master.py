@@ -191,7 +191,7 @@ def start_master(labels: list[int], lengths: list[int], seed: int):
     name = f"orchard_video_master_{uuid.uuid4().hex[:12]}"
     # Async actor: a held release() must not block stop()/resume()/decoded() or other datasets.
     # on the driver's node: its sampler and decode control hold no checkpoint (node_loss.py)
-    from orchard.strategies.node_loss import on_this_node
+    from orchard.api import on_this_node
 
     handle = ray.remote(num_cpus=0, max_concurrency=256)(Master).options(name=name, **on_this_node()).remote(
         labels, lengths, seed)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import time
 
-from orchard.cluster.ray_private import data_execution_callback_class
+from orchard.api import data_execution_callback_class
 
 ExecutionCallback = data_execution_callback_class()  # Ray Data's only hook into a running dataset
 

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import csv
 import json
-import time
 from pathlib import Path
 
 import numpy as np
+
+from .evaluate import highlight_metrics, merge_windows
 
 SETTINGS_FILE, ATTENTION_FILE = "video.json", "attention.pt"
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mkv", ".mov", ".webm", ".m4v", ".mpg", ".mpeg", ".ogv")
@@ -177,19 +178,6 @@ class VideoModel:
                 "frames": length, "windows": len(offsets), "kept": int(out["keep"].sum()), "segments": segments}
 
 
-def merge_windows(offsets: list[int], count: int, length: int, confidence: list[float]) -> list[tuple[int, int, float]]:
-    """Kept windows [offset, offset + count) -> merged segments (start, end, mean confidence)."""
-    segments: list[list] = []
-    for o, c in sorted(zip(offsets, confidence)):
-        start, end = int(o), min(int(o) + count, length)
-        if segments and start <= segments[-1][1]:
-            segments[-1][1] = max(segments[-1][1], end)
-            segments[-1][2].append(float(c))
-        else:
-            segments.append([start, end, [float(c)]])
-    return [(s, e, float(np.mean(c))) for s, e, c in segments]
-
-
 def _load_pyfunc(data_path: str) -> VideoModel:
     """MLflow's entry point (loader_module): rebuild both streams and the fusion from plain files."""
     import torch
@@ -209,7 +197,7 @@ def log_model(ctx, models: dict, streams: dict, classes: list[str], vcfg: dict, 
 
     import torch
 
-    from orchard.models import save_model, save_pyfunc
+    from orchard.api import save_model, save_pyfunc
 
     method = winner if vcfg["inference"]["method"] == "winner" else vcfg["inference"]["method"]
     attention = fitted.get("attention")
@@ -241,97 +229,9 @@ def log_model(ctx, models: dict, streams: dict, classes: list[str], vcfg: dict, 
     return save_model(ctx, "video", write)
 
 
-# --------------------------------------------------------------------------- highlights vs truth
-def temporal_iou(a: tuple[int, int], b: tuple[int, int]) -> float:
-    """IoU of two frame ranges [start, end)."""
-    inter = max(0, min(a[1], b[1]) - max(a[0], b[0]))
-    union = max(a[1], b[1]) - min(a[0], b[0])
-    return inter / union if union > 0 else 0.0
-
-
-def union_iou(pred: list[tuple[int, int]], truth: list[tuple[int, int]], length: int) -> float:
-    """IoU of the frame sets covered by two lists of segments (a video's highlight quality)."""
-    p, t = np.zeros(length + 1, bool), np.zeros(length + 1, bool)
-    for s, e in pred:
-        p[s:e] = True
-    for s, e in truth:
-        t[s:e] = True
-    union = (p | t).sum()
-    return float((p & t).sum() / union) if union else 0.0
-
-
-def average_precision(detections: list[tuple[str, int, int, float]], truth: dict[str, list[tuple[int, int]]],
-                      threshold: float = 0.5) -> float:
-    """AP of scored segments ``(video, start, end, score)`` against true segments per video:
-    a detection is a hit when its tIoU with a not yet matched true segment reaches
-    ``threshold`` (ActivityNet/THUMOS style, all-point interpolation)."""
-    total = sum(len(v) for v in truth.values())
-    if not total:
-        return 0.0
-    used = {v: [False] * len(segs) for v, segs in truth.items()}
-    hits = []
-    for video, s, e, _ in sorted(detections, key=lambda d: -d[3]):
-        ious = [temporal_iou((s, e), t) for t in truth.get(video, [])]
-        best = int(np.argmax(ious)) if ious else -1
-        hit = best >= 0 and ious[best] >= threshold and not used[video][best]
-        if hit:
-            used[video][best] = True
-        hits.append(hit)
-    if not hits:
-        return 0.0
-    tp = np.cumsum(hits)
-    precision = tp / np.arange(1, len(hits) + 1)
-    recall = tp / total
-    # all-point interpolation: precision made monotone, summed over recall steps
-    precision = np.maximum.accumulate(precision[::-1])[::-1]
-    steps = np.diff(np.concatenate([[0.0], recall]))
-    return float((precision * steps).sum())
-
-
-def highlight_metrics(predicted: dict[str, dict], truth: dict[str, list[tuple]], prefix: str) -> dict[str, float]:
-    """``<prefix>/temporal_iou`` (mean over videos with truth), ``<prefix>/map_tiou_0.5``
-    (mean over the true classes of per-class AP; a detection's class is its video's label,
-    truth rows without a label count for every class: class-agnostic AP).
-
-    ``predicted``: video -> {"label", "segments": [(start, end, score)], "frames"};
-    ``truth``: video -> [(start, end, label or None)]."""
-    videos = [v for v in truth if v in predicted]
-    if not videos:
-        return {}
-    ious = [union_iou([(s, e) for s, e, _ in predicted[v]["segments"]], [(s, e) for s, e, _ in truth[v]],
-                      max(predicted[v]["frames"], max(e for _, e, _ in truth[v]))) for v in videos]
-    labels = sorted({lab for v in videos for *_, lab in truth[v] if lab})
-    aps = []
-    for lab in labels or [None]:
-        gt = {v: [(s, e) for s, e, l in truth[v] if lab is None or l == lab] for v in videos}
-        det = [(v, s, e, c) for v in videos for s, e, c in predicted[v]["segments"]
-               if lab is None or predicted[v]["label"] == lab]
-        if any(gt.values()):
-            aps.append(average_precision(det, gt, 0.5))
-    return {f"{prefix}/temporal_iou": float(np.mean(ious)), f"{prefix}/map_tiou_0.5": float(np.mean(aps)) if aps else 0.0,
-            f"{prefix}/videos_with_truth": float(len(videos))}
-
-
-def training_highlight_metrics(records: list[dict], count: int) -> dict[str, float]:
-    """tIoU and mAP@0.5 of the synthetic untrimmed set's highlights during training
-    (run.py step 3: each record's kept windows vs its known action frames)."""
-    predicted, truth = {}, {}
-    for r in records:
-        start, end = r.get("action_frames") or [None, None]
-        if start is None:
-            continue
-        kept = [w for w in r["windows"] if w["highlight"]]
-        last = max((w["offset"] for w in r["windows"]), default=0) + count
-        predicted[r["path"]] = {"label": r["label"], "frames": last,
-                                "segments": merge_windows([w["offset"] for w in kept], count, last,
-                                                          [w["confidence"] for w in kept])}
-        truth[r["path"]] = [(int(start), int(end), r.get("truth"))]
-    return highlight_metrics(predicted, truth, "infer")
-
-
 def read_truth(path: Path) -> dict[str, list[tuple]]:
     """``video,start_frame,end_frame[,label]`` -> video file name -> [(start, end, label)]."""
-    from orchard import ConfigError
+    from orchard.api import ConfigError
 
     out: dict[str, list[tuple]] = {}
     try:
@@ -357,7 +257,7 @@ class Predictor:
         self.max_frames = int(max_frames)
 
     def __call__(self, batch: dict) -> dict:
-        from orchard.skipped import kind_of
+        from orchard.api import kind_of
 
         from .decoder import BadVideo, build_decoder
 
@@ -381,30 +281,28 @@ class Predictor:
 def predict(cfg: dict, ctx, out: Path) -> dict[str, float]:
     """``mode=predict``: classify every video of ``input``; highlight segments; tIoU and mAP@0.5
     against ``segments.csv`` when the input folder has one. ``out`` is the predictions folder the
-    core opened (orchard/registry.py ``entry``: renamed into place once written whole)."""
-    from orchard import batch_predict, models, skipped
+    core opened (orchard/config/registry.py ``entry``: renamed into place once written whole)."""
+    from orchard.api import batch_predict, skipped
 
-    model_dir, _ = models.resolve_model(cfg["model"], "video", ctx.tracking_uri, Path(ctx.run_dir) / "model_in")
-    settings = models.settings_file(model_dir, SETTINGS_FILE)   # checked here, loaded by the predictor: the same file
-    models.trusted_modules(model_dir / settings, "extractor_modules", cfg["video"].get("extractor_modules"),
-                           "video.extractor_modules")
-    source = Path(cfg["input"]).expanduser()
-    files, unusable = skipped.readable((p for p in skipped.listed_inputs(source, ()) if p.name != TRUTH_FILE), source)
-    started = time.perf_counter()
-    held = int(cfg["video"]["inference"].get("max_frames_in_memory") or MAX_FRAMES_IN_MEMORY)
-    rows = batch_predict.predict_files(files, Predictor, {"settings": settings, "max_frames": held}, ctx, ctx.storage, model_dir, out,
-                                desc="classifying", batch_size=2) if files else []
-    rows += skipped.as_rows(unusable, source if source.is_dir() else source.parent)
-    elapsed = time.perf_counter() - started
-    skipped.record(ctx, skipped.from_rows(rows))   # data/skipped_files, data/skipped_files/<kind>, skipped.csv
-    metrics = batch_predict.report(rows, ["path", "label", "confidence", "frames", "kept", "segments"], ctx, out, "videos", elapsed)
-    good = [r for r in rows if not r["error"]]
-    metrics["predict/frames_per_s"] = sum(int(r["frames"]) for r in good) / max(elapsed, 1e-9)
+    v = cfg["video"]
+
+    def plan(meta: dict, source: Path) -> batch_predict.Plan:
+        videos = [p for p in skipped.listed_inputs(source, ()) if p.name != TRUTH_FILE]
+        held = int(v["inference"].get("max_frames_in_memory") or MAX_FRAMES_IN_MEMORY)
+        return batch_predict.Plan(SETTINGS_FILE, Predictor, videos,
+                                  ["path", "label", "confidence", "frames", "kept", "segments"], "videos",
+                                  args={"max_frames": held}, desc="classifying", batch_size=2,
+                                  trusted=("extractor_modules", v.get("extractor_modules"), "video.extractor_modules"))
+
+    done = batch_predict.predict_inputs(cfg, ctx, out, "video", plan)
+    metrics = dict(done.metrics)
+    metrics["predict/frames_per_s"] = sum(int(r["frames"]) for r in done.good) / max(done.elapsed_s, 1e-9)
+    source = done.source
     truth_path = source / TRUTH_FILE if source.is_dir() else source.with_name(TRUTH_FILE)
     if truth_path.is_file():
         truth = read_truth(truth_path)
         predicted = {Path(r["path"]).name: {"label": r["label"], "frames": int(r["frames"]),
-                                            "segments": [tuple(s) for s in json.loads(r["segments"])]} for r in good}
+                                            "segments": [tuple(s) for s in json.loads(r["segments"])]} for r in done.good}
         found = highlight_metrics(predicted, truth, "predict")
         metrics.update(found)
         batch_predict.log_outputs(ctx, out)

@@ -25,7 +25,7 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
 
     import ray
 
-    from orchard.storage import Storage
+    from orchard.api import Storage
 
     from . import figures
     from .cache import accumulate, cache_dir, make_cache
@@ -37,7 +37,8 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
     from .master import evenly_spaced_segments, start_master
     from .operator_metrics import operator_metrics, operator_summaries
     from .pipeline import frame_count
-    from .predict import log_model, training_highlight_metrics
+    from .evaluate import training_highlight_metrics
+    from .predict import log_model
     from .train import stream_channels, train_epochs, wait_fractions
 
     ray.data.DataContext.get_current().enable_progress_bars = False

@@ -1,5 +1,5 @@
 """The types and ranges of ``video.*`` (conf/workload/video.yaml), as pydantic models checked
-by ``validate`` (orchard/schema.py: strict types; a bad value is one line naming the key and the
+by ``validate`` (orchard/config/schema.py: strict types; a bad value is one line naming the key and the
 field's description).  What reads more than one value or the world stays in ``validate``: folders
 and files that must exist, the streams against the registered extractors and the worker counts,
 a pool's [min, max] order, a checkpoint to resume from."""
@@ -9,7 +9,7 @@ from typing import Annotated, Dict, Literal, Optional
 
 from pydantic import Field
 
-from orchard.schema import Section, positive_int
+from orchard.api import positive_int, Section
 
 EVEN_SIZE = "an even size >= 16 pixels"
 CPU_SHARE = "a CPU share in (0, 64]"

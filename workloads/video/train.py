@@ -1,15 +1,14 @@
 """Two-stream training: one Ray Train run per stream for the whole training, fed by one pipeline.
 
 Each stream trains under the ring strategy (``orchard.strategies.launch``: TorchTrainer +
-DDP) with its own worker count, all streams at the same time. Its workers read their
-batches from the feeder's queues (feeder.py), which deal them one streaming pipeline
-(decode once, every feature) for all epochs; at each end-of-epoch mark rank 0 hands the
-stream's state to the driver (which scores it on the validation segments while training
-goes on) and every rank reports a checkpoint.
+DDP) with its own worker count, all streams at the same time; its workers run
+stream_worker.py's ``train_loop``.  The driver's side is here: ``launch_streams`` starts the
+groups, ``train_epochs`` deals the epochs, scores each stream's state on the validation segments
+while training goes on, checkpoints, and shifts workers between the streams
+(``shift_workers``) when one lags.
 """
 from __future__ import annotations
 
-import io
 import logging
 import time
 from concurrent.futures import wait as wait_futures
@@ -17,8 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from orchard import background, divergence
-from orchard.errors import Diverged
+from orchard.api import background, Diverged, divergence
+
+from .stream_worker import train_loop
 
 log = logging.getLogger(__name__)
 
@@ -28,215 +28,6 @@ def stream_channels(feature: str, stack: int, options: dict, size: int) -> int:
     from .extractors import output_shape
 
     return output_shape(feature, stack, size, **(options.get(feature) or {}))[0]
-
-
-def train_loop(config: dict) -> None:
-    """Every epoch of one stream on one Ray Train worker (the model never sees the strategy).
-
-    A worker that sees its stream diverge (a NaN or infinite loss, or weights at an epoch's end:
-    ``orchard.divergence``) hands ``{"stream", "diverged"}`` to the driver, which ends the run
-    (``_diverged``), and returns: no checkpoint of it, and no retries of Ray Train."""
-    from ray.exceptions import RayActorError
-
-    try:
-        _train(config)
-    except Diverged as err:
-        try:
-            config["results"].put({"stream": config["stream"], "diverged": err.fields()})
-        except RayActorError:
-            return   # the driver already stopped the run and shut its queues down
-
-
-def _train(config: dict) -> None:
-    import torch
-    from ray.exceptions import RayActorError
-    from torch import nn
-
-    from orchard.strategies import worker
-
-    from .feeder import END, RESIZE, STOP
-    from .model import build_stream_model
-
-    # [1] build the model; a group Ray Train restarted resumes after its own last checkpointed
-    #     epoch; else a resumed run (python -m orchard resume) starts from the driver's video
-    #     checkpoint (checkpoint.py), handed over in the loop config: no file to open here
-    env = worker.env(config)
-    torch.manual_seed(config["seed"] + env.rank)
-    model = build_stream_model(config["in_channels"], config["num_classes"], config["widths"],
-                               config["dropout"])
-    replica = worker.replica(model, config["optimizer"], config)
-    first_epoch, step = int(config.get("first_epoch", 0)), int(config.get("first_step", 0))
-    restored = worker.load_checkpoint()
-    if restored is not None:
-        replica.load_state_dict(restored[0])
-        first_epoch = restored[1] + 1
-        step = int(restored[0].get("stream_steps", step))  # per-step metrics go on from there
-    elif config.get("state") is not None:
-        replica.load_state_dict(torch.load(io.BytesIO(config["state"]), weights_only=True))
-    stream, ctx = config["stream"], config["ctx"]
-    # every world_size-th queue of the stream: one per worker, but a group that shrank after a
-    # lost node (elastic: strategy.min_workers) reads the queues of the workers it lacks too, so
-    # the stream's global batch and the feeder's dealing do not change with the group's size
-    mine, results = config["queues"][env.rank::env.world_size], config["results"]
-    loss_fn = nn.CrossEntropyLoss()
-    advice = {"key": "video.optimizer.lr", "value": float(config["optimizer"]["lr"])}
-
-    epoch = first_epoch
-    while epoch < config["epochs"]:
-        replica.model.train()
-        seen = correct = 0
-        loss_sum = wait_s = 0.0
-        t0 = time.perf_counter()
-        going = dict(enumerate(mine))   # this worker's queues whose epoch has not ended yet
-        ended: dict[int, int] = {}      # queue -> the epoch its end-of-epoch mark closed
-        while True:
-            # [2] this worker's part of the next global batch, one item from each of its
-            #     queues; the time spent waiting for it is the trainer's view of starvation
-            t_wait = time.perf_counter()
-            parts = []
-            for i, queue in list(going.items()):
-                try:
-                    item = queue.get(block=True)
-                except RayActorError:
-                    # the driver shut the queues down: the run was interrupted or failed there.
-                    # Ending here (not raising) spares Train its retries, so Ctrl-C ends at once
-                    return
-                if isinstance(item, tuple) and item[0] in (STOP, RESIZE):
-                    # STOP: the run met its target, the driver already has the state it validated;
-                    # RESIZE: the driver relaunches this stream with another worker count from the
-                    # state of the epoch just finished (its checkpoint)
-                    return
-                if isinstance(item, tuple) and item[0] == END:
-                    ended[i] = int(item[1])
-                    del going[i]
-                    continue
-                parts.append(item)
-            wait_s += time.perf_counter() - t_wait
-            if not _every_rank_has(bool(parts), env.world_size):
-                # the epoch ends for all ranks at once (DDP steps together): a rank whose queues
-                # are a batch ahead of another's (one taken by a worker lost in the restart) drops
-                # what is left of its epoch
-                closed = _drain_to_end(going)
-                if closed is None:
-                    return
-                ended |= closed
-                break
-            x = torch.tensor(np.concatenate([p["x"] for p in parts])).to(env.device)   # a copy: read-only arrays
-            y = torch.tensor(np.concatenate([p["y"] for p in parts]), dtype=torch.long).to(env.device)
-            # [3] forward, backward, all-reduce (DDP), step
-            logits = replica.model(x)
-            loss = loss_fn(logits, y)
-            replica.zero_grad()
-            loss.backward()
-            replica.step()
-            # [4] per-stream metrics
-            seen += len(y)
-            correct += int((logits.argmax(1) == y).sum())
-            value = loss.item()
-            loss_sum += value * len(y)
-            step += 1
-            divergence.check({f"{stream} loss": value}, epoch=epoch + 1, step=step, **advice)
-            if env.rank == 0:
-                ctx.log_metrics({f"train/{stream}_loss": value}, step=step)
-        # the feeder's count of the epoch wins. A group restarted (a lost node, an elastic
-        # resize) while one queue had passed its end-of-epoch mark and another had not finds its
-        # queues an epoch apart: every queue of every rank goes on to the latest mark any of them
-        # reached (dropping the batches between), and the state after this pass is handed over
-        # for each epoch from the one the group began with to that one, so the driver, which
-        # validates epoch by epoch, misses none
-        last = _close_epoch(mine, ended, env.world_size)
-        if last is None:
-            return
-        handed, epoch = range(min(epoch, last), last + 1), last
-        elapsed = time.perf_counter() - t0
-        totals = torch.tensor([seen, correct, loss_sum, wait_s / max(elapsed, 1e-9)], dtype=torch.float64)
-        if env.world_size > 1:
-            import torch.distributed as dist
-
-            dist.all_reduce(totals)
-        seen_all, correct_all, loss_all, wait_sum = totals.tolist()
-        metrics = {f"train/{stream}_epoch_loss": loss_all / max(seen_all, 1),
-                   f"pipeline/{stream}_trainer_wait_fraction": wait_sum / env.world_size,
-                   f"train/{stream}_top1": correct_all / max(seen_all, 1),
-                   f"throughput/{stream}_clips_per_s": seen_all / max(elapsed, 1e-9),
-                   # the group that trained the epoch (elastic groups shrink after a lost node)
-                   f"train/{stream}_workers": float(env.world_size)}
-        # [5] rank 0 hands the epoch's state to the driver; every rank reports a checkpoint (of
-        #     finite weights only: the last update of the epoch may have left them NaN)
-        divergence.check_weights(replica.module.parameters(), epoch=epoch + 1, step=step, **advice)
-        state = replica.state_dict()
-        if env.rank == 0:
-            ctx.log_metrics(metrics, step=epoch)
-            buf = io.BytesIO()
-            torch.save(state, buf)
-            try:
-                for each in handed:
-                    results.put({"stream": stream, "epoch": each, "state": buf.getvalue(), "metrics": metrics,
-                                 "steps": step})
-            except RayActorError:
-                return   # as above: the driver stopped the run and shut its queues down
-        worker.save_checkpoint({**state, "stream_steps": step}, {**metrics, "steps": step}, epoch)
-        epoch += 1
-
-
-def _every_rank_has(have: bool, world_size: int) -> bool:
-    """Whether every rank of the group has a batch for the next step (one rank alone: ``have``)."""
-    if world_size == 1:
-        return have
-    import torch
-    import torch.distributed as dist
-
-    flag = torch.tensor([1 if have else 0], dtype=torch.int32)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag.item())
-
-
-def _close_epoch(mine: list, ended: dict[int, int], world_size: int) -> int | None:
-    """The epoch this pass closes: the latest any queue of any rank saw end (``ended``: index in
-    ``mine`` -> the epoch its mark closed), after reading the queues that are behind it up to its
-    mark; None when the run stopped meanwhile."""
-    last = _agree_on_latest(max(ended.values()), world_size)
-    behind = {i: mine[i] for i, e in ended.items() if e < last}
-    if behind and _drain_to_end(behind, until=last) is None:
-        return None
-    return last
-
-
-def _agree_on_latest(epoch: int, world_size: int) -> int:
-    """The latest epoch any rank of the group saw end (one rank alone: ``epoch``)."""
-    if world_size == 1:
-        return epoch
-    import torch
-    import torch.distributed as dist
-
-    latest = torch.tensor([epoch], dtype=torch.int64)
-    dist.all_reduce(latest, op=dist.ReduceOp.MAX)
-    return int(latest.item())
-
-
-def _drain_to_end(queues, until: int | None = None) -> dict[int, int] | None:
-    """Read ``queues`` (a list, or index -> queue) up to their end-of-epoch marks, dropping the
-    batches; with ``until``, up to the mark that closes that epoch. Returns index -> the epoch
-    its last mark closed, or None when the run stopped meanwhile (a stop or resize mark, or the
-    queues shut down)."""
-    from ray.exceptions import RayActorError
-
-    from .feeder import END
-
-    closed = {}
-    for i, queue in (queues.items() if isinstance(queues, dict) else enumerate(queues)):
-        while True:
-            try:
-                item = queue.get(block=True)
-            except RayActorError:
-                return None
-            if isinstance(item, tuple):
-                if item[0] != END:
-                    return None
-                closed[i] = int(item[1])
-                if until is None or closed[i] >= until:
-                    break
-    return closed
 
 
 def trainer_cpus(cfg: dict, stream: str) -> float:
@@ -277,7 +68,7 @@ def launch_streams(streams: dict[str, dict], alloc: dict[str, int], queues: dict
     at the epoch after that one. ``generation`` > 0 names a relaunched stream's Train run apart
     from the run before it (a new run, not a restart of the old one).
     """
-    from orchard.strategies import launch
+    from orchard.api import launch
 
     vcfg = cfg["video"]
 

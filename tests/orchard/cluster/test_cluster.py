@@ -8,7 +8,6 @@ import pytest
 from tests.tiny_workload.cli import tiny_cli, tiny_cli_env
 
 
-
 @pytest.mark.slow
 def test_remote_mode_attaches_to_a_running_cluster(ray_session, tmp_path):
     from mlflow.tracking import MlflowClient
@@ -89,7 +88,7 @@ def test_a_remote_job_ships_an_allow_list_of_the_checkout_not_its_secrets(tmp_pa
     from orchard.cluster import ship
 
     root, mine = tmp_path / "checkout", tmp_path / "elsewhere" / "mypkg"
-    files = ["orchard/cli.py", "orchard/.env", "orchard/__pycache__/cli.cpython-311.pyc", "workloads/a/run.py",
+    files = ["orchard/cli/__init__.py", "orchard/.env", "orchard/__pycache__/cli.cpython-311.pyc", "workloads/a/run.py",
              "workloads/a/id_rsa", "conf/config.yaml", ".env", "mlflow.db", "mlflow.db.lock", "outputs/run/log.txt",
              "notes/secret.key"]
     for rel in files:
@@ -103,7 +102,7 @@ def test_a_remote_job_ships_an_allow_list_of_the_checkout_not_its_secrets(tmp_pa
     dest.mkdir()
     ship(root, [mine], dest)
     shipped = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file())
-    assert shipped == ["conf/config.yaml", "mypkg/__init__.py", "mypkg/conf/tiny.yaml", "orchard/cli.py",
+    assert shipped == ["conf/config.yaml", "mypkg/__init__.py", "mypkg/conf/tiny.yaml", "orchard/cli/__init__.py",
                        "workloads/a/run.py"]
 
 
@@ -113,7 +112,7 @@ def test_embedded_ray_and_local_caches_live_in_a_private_folder_of_the_user(tmp_
     import os
 
     from orchard import cluster
-    from orchard.cluster.private_tmp import private_tmp
+    from orchard.storage.private_tmp import private_tmp
 
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     for var in ("ORCHARD_NODE_CACHE", "NUMBA_CACHE_DIR"):
@@ -126,48 +125,6 @@ def test_embedded_ray_and_local_caches_live_in_a_private_folder_of_the_user(tmp_
     cluster.prepare_local_env()
     assert os.environ["ORCHARD_NODE_CACHE"] == str(own / "node-cache")
     assert os.environ["NUMBA_CACHE_DIR"] == str(tmp_path / "cache" / "orchard" / "numba")
-
-
-OPEN_HEAD = r"""
-import sys
-from ray.cluster_utils import Cluster
-
-head = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 0})
-print(head.address, flush=True)
-sys.stdin.read()   # up until the test closes our stdin
-head.shutdown()
-"""
-
-
-def test_attaching_to_a_cluster_without_token_auth_is_refused_off_this_machine(ray_session, monkeypatch, capsys):
-    """Issue 30: a cluster whose head runs without Ray's token answers anyone; orchard refuses to
-    attach to one on another machine (one line naming cluster.allow_unauthenticated), says so in
-    one line for one on this machine, and is silent for a cluster with auth on."""
-    import os
-    import sys
-
-    from orchard import lifecycle
-    from orchard.errors import ConfigError
-
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
-    head = subprocess.Popen([sys.executable, "-c", OPEN_HEAD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            env=env, text=True)
-    try:
-        address = head.stdout.readline().strip()
-        assert address, "the auth-less head did not start"
-        lifecycle._check_cluster_auth(address, {})
-        assert "runs without token auth" in capsys.readouterr().err
-        monkeypatch.setattr(lifecycle, "_on_this_machine", lambda host: False)
-        with pytest.raises(ConfigError) as err:
-            lifecycle._check_cluster_auth(address, {})
-        assert err.value.key == "cluster.allow_unauthenticated" and "without token auth" in str(err.value)
-        lifecycle._check_cluster_auth(address, {"allow_unauthenticated": True})   # said on purpose
-        # the test session's Ray started with auth on (Ray 2.60's default for ray.init): not a word
-        lifecycle._check_cluster_auth(ray_session.get_runtime_context().gcs_address, {})
-        assert capsys.readouterr().err == ""
-    finally:
-        head.stdin.close()
-        head.wait(timeout=120)
 
 
 def test_an_elastic_run_keeps_ray_trains_own_poll_interval(monkeypatch):

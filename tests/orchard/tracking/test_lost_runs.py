@@ -5,8 +5,8 @@ import subprocess
 import sys
 import time
 
+from orchard.cli.runs import runs_command
 from orchard.tracking import lost_runs as runs
-from orchard.runs import runs_command
 
 
 def _dead_pid() -> int:

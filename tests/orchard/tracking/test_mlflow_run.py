@@ -25,7 +25,7 @@ def client(tmp_path):
 @pytest.fixture
 def cfg(client, tmp_path):
     """The tiny workload's config as the lifecycle hands it over, with a secret on the command line."""
-    from orchard.lifecycle import prepare
+    from orchard.run.lifecycle import prepare
 
     cfg, _ = prepare(["workload=tiny", "tiny.lr=0.05", f"+cluster.runtime_env.env_vars.HF_TOKEN={SECRET}",
                       f"tracking.uri={client.tracking_uri}", f"tracking.artifact_location={tmp_path}/artifacts",
@@ -49,7 +49,7 @@ def test_an_experiment_the_user_gave_another_kind_keeps_it(client):
 
 
 def test_a_runs_params_are_its_config_flattened_with_secrets_masked_and_no_bookkeeping(client, cfg):
-    from orchard import redact
+    from orchard.config import redact
     from orchard.config import flatten
 
     run = client.get_run(mlflow_run.open_run(cfg, "r").run_id)

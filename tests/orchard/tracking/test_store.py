@@ -125,7 +125,7 @@ def test_a_write_that_meets_a_lock_is_retried_until_the_lock_is_gone(tmp_path, m
 def test_a_fresh_store_migrated_by_another_process_at_once_is_waited_for(said, tmp_path, monkeypatch):
     """MLflow's migration of a fresh sqlite store fails with "duplicate column name" (or "table
     ... already exists") when a process outside orchard's lock (a watcher polling the store, a
-    notebook) migrates it at the same moment (seen in ../shared/checks/node-loss): check_store
+    notebook) migrates it at the same moment (seen in the node-loss acceptance check): check_store
     waits for the other one to finish and goes on, instead of failing the run."""
     import mlflow.tracking
 
@@ -148,3 +148,13 @@ def test_a_fresh_store_migrated_by_another_process_at_once_is_waited_for(said, t
     monkeypatch.setattr(store.time, "sleep", lambda s: None)
     store.check_store(f"sqlite:///{tmp_path}/mlflow.db")
     assert len(calls) == 2 and (tmp_path / "mlflow.db").is_file()
+
+
+def test_the_default_store_is_named_once_and_is_the_configs():
+    """``DEFAULT_URI`` (what runs/resume read without composing a config) is conf/tracking/mlflow.yaml's."""
+    import yaml
+
+    from orchard.config import conf_dir
+    from orchard.tracking.store import DEFAULT_URI
+
+    assert yaml.safe_load((conf_dir() / "tracking" / "mlflow.yaml").read_text())["uri"] == DEFAULT_URI

@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from orchard import ConfigError
-from orchard.skipped import SkippedFile
+from orchard.tracking.skipped import SkippedFile
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -150,7 +150,7 @@ def test_a_photo_linked_from_outside_the_data_folder_is_skipped_and_counted_neve
 
 
 def test_skipped_files_are_counted_by_kind_and_too_many_is_one_line():
-    from orchard.skipped import metrics, too_many_skipped
+    from orchard.tracking.skipped import metrics, too_many_skipped
 
     rows = [SkippedFile("a.png", "truncated", "image file is truncated"), SkippedFile("b.png", "not_image", "x"),
             SkippedFile("c.png", "truncated", "image file is truncated")]
@@ -163,7 +163,7 @@ def test_skipped_files_are_counted_by_kind_and_too_many_is_one_line():
 
 
 def test_skipped_csv_round_trips(tmp_path):
-    from orchard.skipped import read_csv, write_csv
+    from orchard.tracking.skipped import read_csv, write_csv
 
     rows = [SkippedFile("a, b.png", "corrupt", 'broken "IDAT" chunk')]
     assert read_csv(write_csv(rows, tmp_path / "skipped.csv")) == rows

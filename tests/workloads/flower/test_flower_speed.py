@@ -260,12 +260,12 @@ def test_the_gpu_preset_falls_back_to_the_cpu_at_smoke_size(run_orchard):
 def test_a_profiled_steps_trace_is_logged_from_the_users_own_folder_and_not_kept(monkeypatch):
     """The profiled step's Chrome trace goes to the run (``traces/``) from this user's 0700
     folder, never a guessable /tmp path, and no copy stays on the node.  (The torch profiler
-    itself, ~10 s to start here, writes real traces in the smoke runs: test_flower_runs.py.)"""
+    itself, ~10 s to start here, writes real traces in the smoke runs: test_run.py.)"""
     import json
     import os
     import stat
 
-    from orchard.cluster.private_tmp import private_tmp
+    from orchard.storage.private_tmp import private_tmp
     from workloads.flower import train
     from workloads.flower.train import profiled_step
 

@@ -91,7 +91,7 @@ def test_predict_counts_new_images_and_skips_a_bad_file(trained, field_png, tmp_
         assert sorted(r["file"] for r in csv.DictReader(f)) == ["big.png", "gone.png", "notes.png"]
     m = result.metrics
     assert m["predict/images"] == 1 and m["predict/skipped"] == 3 and m["predict/images_per_s"] > 0
-    # counted by kind, as training counts them (orchard/skipped.py)
+    # counted by kind, as training counts them (orchard/tracking/skipped.py)
     assert m["data/skipped_files"] == 3 and m["data/skipped_files/missing"] == 1 and m["data/skipped_files/too_large"] == 1
     assert "skipped.csv" in result.artifacts()
     assert {"predictions/predictions.csv", "predictions/skipped.csv", "predictions/density"} <= set(result.artifacts("predictions"))

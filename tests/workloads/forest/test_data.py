@@ -112,7 +112,7 @@ def test_corrupt_and_mismatched_pairs_are_skipped_and_named(tmp_path, compose):
                         "clutter_prob": 0.0, "clutter_objects": 0, "noise_sigma_mm": 0.0, "dropout": 0.0},
                         50, keep_labels=False)
     assert len(block["image_ids"]) == 3 and list(block["image_ids"]) == [0, 1, 2]
-    skipped = {s.file: s for s in block["skipped"]}          # orchard.skipped.SkippedFile rows
+    skipped = {s.file: s for s in block["skipped"]}          # orchard.tracking.skipped.SkippedFile rows
     assert set(skipped) == {str(tmp_path / "broken"), str(tmp_path / "small")}
     assert "!=" in skipped[str(tmp_path / "small")].reason   # the size mismatch is named
     assert skipped[str(tmp_path / "small")].kind == "size_mismatch" and skipped[str(tmp_path / "broken")].kind == "unreadable"

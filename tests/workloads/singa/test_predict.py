@@ -71,6 +71,6 @@ def test_predict_reads_idx_cifar_batches_and_images_and_skips_a_bad_file(trained
     assert idx_acc > 0.5
     m = result.metrics
     assert m["predict/files"] == 3 and m["predict/skipped"] == 1 and m["predict/samples"] == 205
-    assert m["data/skipped_files"] == 1                      # counted by kind too (orchard/skipped.py)
+    assert m["data/skipped_files"] == 1                      # counted by kind too (orchard/tracking/skipped.py)
     correct = sum(int(r["correct"]) for r in rows.values())
     assert m["predict/accuracy"] == pytest.approx(correct / 205)

@@ -48,7 +48,7 @@ def test_a_manifest_that_is_not_a_text_table_is_one_line(tmp_path, compose):
 
 
 def test_manifest_labels_and_paths_are_read_without_stray_spaces(tmp_path):
-    from workloads.video.data import read_layout
+    from workloads.video.layouts import read_layout
 
     path = _manifest(tmp_path, "\ufeffpath , label,split\n a.mp4 ,cat ,TEST\nb.mp4,dog,\n")
     layout = read_layout(str(path))

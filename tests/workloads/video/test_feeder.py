@@ -163,7 +163,7 @@ def test_a_restarted_worker_whose_queues_are_an_epoch_apart_goes_on_to_the_lates
     later epoch, the queue behind reads (and drops) its batches up to that mark, and both queues
     then begin the same epoch."""
     from workloads.video.feeder import END, STOP
-    from workloads.video.train import _close_epoch, _drain_to_end
+    from workloads.video.stream_worker import _close_epoch, _drain_to_end
 
     ahead = _Listed([(END, 7), "a8"])                       # its epoch 6 ended before the loss
     behind = _Listed([(END, 6), "b7", "b7'", (END, 7), "b8"])

@@ -21,7 +21,8 @@ def trained(cli_run):
 
 
 def test_temporal_iou_and_average_precision():
-    from workloads.video.predict import average_precision, highlight_metrics, merge_windows, temporal_iou
+    from workloads.video.evaluate import average_precision, highlight_metrics, temporal_iou
+    from workloads.video.evaluate import merge_windows
 
     assert temporal_iou((0, 10), (5, 15)) == pytest.approx(5 / 15)
     assert merge_windows([0, 4, 12], 8, 30, [0.5, 0.7, 0.9]) == [(0, 20, pytest.approx(0.7))]

@@ -132,7 +132,7 @@ def test_the_cli_exits_2_with_one_line_on_a_one_class_folder(real_folder, tmp_pa
 def test_a_video_linked_from_outside_the_folder_is_set_aside_and_never_opened(tmp_path):
     """A class folder's link to a file elsewhere (/etc/passwd) is neither probed nor decoded:
     set aside (``scan`` counts it as ``outside_folder``)."""
-    from workloads.video.data import read_layout
+    from workloads.video.layouts import read_layout
 
     (tmp_path / "root" / "run").mkdir(parents=True)
     (tmp_path / "root" / "run" / "a.mp4").write_bytes(b"not probed here")

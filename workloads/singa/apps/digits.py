@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from workloads.singa.data import MAX_INPUT_MB, Dataset, check_input_size, stratified_split
+from ..data import check_input_size, Dataset, MAX_INPUT_MB, stratified_split
 
 MNIST_FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),

@@ -1,5 +1,5 @@
 """SINGA layers: the contract (``base``) and the built-in layer types, registered by name."""
-from workloads.singa.layers.base import (AutogradLayer, Blob, Layer, LAYER_TYPES, Param,
+from .base import (AutogradLayer, Blob, Layer, LAYER_TYPES, Param,
                                          layer_class, register_layer)
 
 # Imported on the first lookup of an unknown type name, so `import workloads.singa` stays light.

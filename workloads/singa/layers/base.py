@@ -69,7 +69,7 @@ def layer_class(type_name: str):
     """Resolve a layer type name to its class (lazy import for built-ins, then the
     ``orchard.singa_layers`` entry points)."""
     if type_name not in LAYER_TYPES:
-        from workloads.singa.layers import BUILTIN_MODULES  # noqa: F401  (fills LAYER_TYPES)
+        from . import BUILTIN_MODULES  # noqa: F401  (fills LAYER_TYPES)
         for module in BUILTIN_MODULES:
             importlib.import_module(module)
     if type_name not in LAYER_TYPES:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from workloads.singa.layers.base import Layer, register_layer
+from .base import Layer, register_layer
 
 
 def _chw(src: Layer) -> tuple[int, int, int]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from workloads.singa.layers.base import Layer, register_layer
+from .base import Layer, register_layer
 
 
 class _LossLayer(Layer):

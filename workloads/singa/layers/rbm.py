@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from workloads.singa.layers.base import Layer, register_layer
+from .base import Layer, register_layer
 
 
 @register_layer("rbm_visible")

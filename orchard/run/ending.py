@@ -1,0 +1,156 @@
+"""How a run ends: the close that always happens (the sink drained, metrics and the time split
+logged, the MLflow run closed with its true status and reason, within ``CLOSE_BUDGET_S``) and
+the summary printed after it, with the command that resumes a run that did not finish."""
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from orchard.config import redact, registry
+from orchard.errors import Diverged
+from orchard.terminal import console
+from orchard.terminal.console import say
+from orchard.run.services import LiveServices
+from orchard.tracking.time_split import TimeSplit
+
+# How long closing a run waits for the metrics sink while the store is busy: for the system
+# series and for the final metrics, each; then for its last flush (retried inside the sink).
+SINK_CALL_TIMEOUT_S = 60
+SINK_CLOSE_TIMEOUT_S = 120
+CLOSE_BUDGET_S = 2 * SINK_CALL_TIMEOUT_S + SINK_CLOSE_TIMEOUT_S
+
+
+def end_run(live: LiveServices | None, tracked, heartbeat, status: str, error, metrics: dict, split: TimeSplit,
+            log_part: tuple[int, Path] | None = None) -> dict:
+    """Stop samplers, log the final metrics at the run's last step, flush, end the MLflow run.
+
+    The time split ends as the final metrics go out (``close``: from the workload's last mark to
+    here); the sink's last flush and the MLflow run's end come after it, outside ``time/total_s``.
+    Each step is guarded: whatever fails here, the run still ends with its true status."""
+    import ray
+
+    from orchard.tracking import mlflow_run as tracking
+    from orchard.tracking import system_metrics
+
+    summary: dict = {}
+    if live is not None:
+        try:
+            system_metrics.stop_samplers(live.samplers)
+        except Exception as exc:
+            say(f"orchard: resource samplers did not stop cleanly: {exc}", file=sys.stderr)
+        try:
+            series = ray.get(live.sink.series.remote("system/"), timeout=SINK_CALL_TIMEOUT_S)
+            summary = system_metrics.summarize(series)
+            final = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+            split.mark("close")
+            ray.get(live.sink.log_final.remote({**summary, **final, **split.metrics(), "time/total_s": split.total()},
+                                               int(time.time() * 1000)), timeout=SINK_CALL_TIMEOUT_S)
+            ray.get(live.sink.close.remote(), timeout=SINK_CLOSE_TIMEOUT_S)
+        except Exception as exc:
+            say(f"orchard: final metrics not all recorded: {str(exc).splitlines()[0][:200]}", file=sys.stderr)
+        try:
+            ray.kill(live.sink)
+        except Exception:
+            pass
+    if heartbeat is not None:
+        heartbeat.stop()
+    if log_part is not None:
+        try:  # this run's part of the console log: in its folder and beside its metrics
+            kept = console.copy_run_part(log_part[0], log_part[1] / "orchard.log")
+            if kept is not None and tracked:
+                tracked.client().log_artifact(tracked.run_id, str(kept))
+        except Exception as exc:
+            say(f"orchard: the run's log was not kept: {exc}", file=sys.stderr)
+    if tracked and _stopped_by_sweep(tracked):
+        return summary  # its sweep's scheduler stopped it and closed it KILLED, with the reason
+    if tracked and status == "FINISHED":
+        try:  # the model's page shows what it scored, on which data
+            from orchard.models.logged import link_quality
+
+            link_quality(tracked.client(), tracked.run_id)
+        except Exception as exc:
+            say(f"orchard: the model's metrics were not linked to it: {str(exc).splitlines()[0][:200]}", file=sys.stderr)
+    if tracked:
+        try:
+            tracking.close_run(tracked, status, error)
+        except Exception as exc:  # the reaper will close it ("driver lost") once this process is gone
+            say(f"orchard: could not record the run's status {status}: {exc}", file=sys.stderr)
+    return summary
+
+
+def _stopped_by_sweep(tracked) -> bool:
+    from orchard.sweep.trials import STOPPED_TAG
+
+    try:
+        return STOPPED_TAG in tracked.client().get_run(tracked.run_id).data.tags
+    except Exception:  # the store cannot answer: close it as usual
+        return False
+
+
+def print_summary(cfg: dict, module, name: str, tracked, status: str, run_dir: Path, metrics: dict,
+                  error: BaseException | None = None) -> None:
+    from orchard.tracking import summary
+
+    label = f"{cfg['workload']['name']}/{cfg['strategy']['name']}"
+    took = metrics.get("time/total_s")
+    title = f"orchard {label}: {name}  {status}" + (f" in {took:,.1f} s" if isinstance(took, (int, float)) else "")
+    footer = [f"run dir:   {run_dir}"]
+    if tracked:
+        n = sum(isinstance(v, (int, float)) for v in metrics.values())
+        footer.append(f"MLflow:    run {tracked.run_id} (experiment {tracked.experiment_id}), {n} metrics, the run's log and artifacts")
+        figures = _figure_names(tracked)
+        if figures:
+            footer.append(f"figures:   {', '.join(figures)} (artifacts figures/)")
+        if isinstance(error, Diverged):  # the same config would diverge again: not without a change
+            footer.extend(_diverged_hint(cfg, module, tracked.run_id, error))
+        elif status in ("KILLED", "FAILED") and hasattr(module, "resume"):
+            footer.append(f"resume:    python -m orchard resume {tracked.run_id}" + _resume_args(cfg))
+        footer.extend(summary.view_lines(tracked.tracking_uri, tracked.experiment_id, tracked.run_id))  # last: the run's page
+    say(summary.render(title, summary.headline(module, cfg, metrics), metrics, footer))
+
+
+def _diverged_hint(cfg: dict, module, run_id: str, error: Diverged) -> list[str]:
+    """How to go on after a run diverged: resume from its last finite checkpoint with a new
+    value for the key, or (none kept) run again with one; never the same config again."""
+    if not error.key:  # no single config key sets it: the console line says what to change
+        return [f"resume:    after that change: python -m orchard resume {run_id}" + _resume_args(cfg)] \
+            if error.checkpoint and hasattr(module, "resume") else []
+    resumable = run_id if error.checkpoint else cfg.get("_resumes")  # else the run this one resumed
+    if resumable and hasattr(module, "resume"):
+        return [f"resume:    with a lower {error.key}: python -m orchard resume {resumable} {error.key}=..." + _resume_args(cfg)]
+    typed = [o for o in cfg.get("_overrides", []) if o.split("=", 1)[0].lstrip("+~") != error.key]
+    return [f"again:     with a lower {error.key} (no checkpoint before it diverged): "
+            f"python -m orchard {shlex.join(typed)} {error.key}=..."]
+
+
+def _figure_names(tracked) -> list[str]:
+    """The run's figures (PNG artifacts under figures/), by name, for the summary."""
+    try:
+        found = tracked.client().list_artifacts(tracked.run_id, "figures")
+    except Exception:  # an artifact store that cannot list: the UI still shows them
+        return []
+    return sorted(Path(a.path).stem for a in found if a.path.endswith(".png"))
+
+
+def tracking_address(uri: str) -> str:
+    """The tracking store as a user opens it: a server's URL as it is, a local store with the UI
+    command that serves it."""
+    from orchard.tracking import store as tracking_store
+
+    return uri if uri.startswith(("http://", "https://")) else f"{uri} (view: {tracking_store.ui_command(uri)})"
+
+
+def _resume_args(cfg: dict) -> str:
+    """What ``python -m orchard resume <id>`` needs after the id: the store (unless the default),
+    and what this run was given that a resume does not take back from the store (config folders,
+    and overrides off ``from_the_store``'s allow-list), masked as recorded."""
+    from orchard.run import from_the_store
+    from orchard.tracking.store import DEFAULT_URI
+
+    uri = cfg["tracking"]["uri"]
+    given = [] if uri == DEFAULT_URI else [f"tracking.uri={uri}"]
+    again = given + from_the_store.held_back(redact.overrides(cfg.get("_overrides", [])), given)
+    return "".join(f" {shlex.quote(o)}" for o in again) + "".join(
+        f" --config-dir {shlex.quote(d)}" for d in registry.user_config_dirs())

@@ -1,0 +1,71 @@
+"""orchard/run/preflight.py: what is refused before a run starts anything: Ray without its token auth,
+here and on a cluster off this machine."""
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+
+def test_ray_without_its_token_is_refused_unless_allowed(monkeypatch, capsys, tmp_path):
+    """Ray keeps its token only while RAY_AUTH_MODE is unset or exactly ``token``."""
+    from orchard import cli
+    from orchard.errors import ConfigError
+    from orchard.run.preflight import _check_ray_auth
+
+    for mode in ("disabled", "off", "none", "Token", ""):
+        monkeypatch.setenv("RAY_AUTH_MODE", mode)
+        with pytest.raises(ConfigError) as refused:
+            _check_ray_auth({"mode": "local"})
+        assert refused.value.key == "cluster.allow_unauthenticated"
+        _check_ray_auth({"mode": "local", "allow_unauthenticated": True})  # meant: an isolated network
+    monkeypatch.setenv("RAY_AUTH_MODE", "off")  # the CLI: one line, exit 2, before Ray starts
+    with pytest.raises(SystemExit) as ended:
+        cli.main(["workload=tiny", "tracking=none", f"output_dir={tmp_path}"])
+    assert ended.value.code == 2 and "RAY_AUTH_MODE='off'" in capsys.readouterr().err
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    _check_ray_auth({"mode": "local"})
+    monkeypatch.delenv("RAY_AUTH_MODE")
+    _check_ray_auth({"mode": "local"})
+
+
+OPEN_HEAD = r"""
+import sys
+from ray.cluster_utils import Cluster
+
+head = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 0})
+print(head.address, flush=True)
+sys.stdin.read()   # up until the test closes our stdin
+head.shutdown()
+"""
+
+
+def test_attaching_to_a_cluster_without_token_auth_is_refused_off_this_machine(ray_session, monkeypatch, capsys):
+    """Issue 30: a cluster whose head runs without Ray's token answers anyone; orchard refuses to
+    attach to one on another machine (one line naming cluster.allow_unauthenticated), says so in
+    one line for one on this machine, and is silent for a cluster with auth on."""
+    import os
+    import sys
+
+    from orchard.run import preflight
+    from orchard.errors import ConfigError
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
+    head = subprocess.Popen([sys.executable, "-c", OPEN_HEAD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            env=env, text=True)
+    try:
+        address = head.stdout.readline().strip()
+        assert address, "the auth-less head did not start"
+        preflight.check_cluster_auth(address, {})
+        assert "runs without token auth" in capsys.readouterr().err
+        monkeypatch.setattr(preflight, "_on_this_machine", lambda host: False)
+        with pytest.raises(ConfigError) as err:
+            preflight.check_cluster_auth(address, {})
+        assert err.value.key == "cluster.allow_unauthenticated" and "without token auth" in str(err.value)
+        preflight.check_cluster_auth(address, {"allow_unauthenticated": True})   # said on purpose
+        # the test session's Ray started with auth on (Ray 2.60's default for ray.init): not a word
+        preflight.check_cluster_auth(ray_session.get_runtime_context().gcs_address, {})
+        assert capsys.readouterr().err == ""
+    finally:
+        head.stdin.close()
+        head.wait(timeout=120)
