@@ -60,7 +60,7 @@ DOOR: dict[str, str] = {
     "Resources": "orchard.cluster.placement:Resources",
     "bundles": "orchard.cluster.placement:bundles",
     # strategies: Ray Train ring groups, parameter servers, and surviving a lost node
-    "launch": "orchard.strategies.launch",
+    "launch": "orchard.strategies.launch:launch",
     "worker": "orchard.strategies.worker",
     "PSClient": "orchard.strategies.ps:PSClient",
     "PSGroup": "orchard.strategies.ps:PSGroup",

@@ -42,7 +42,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-# Flags measured to render the MLflow UI headless here (../shared/GROUND.md); the virtual time
+# Flags measured to render the MLflow UI headless here (measured on the project's machines); the virtual time
 # budget lets the single-page app fetch and draw before the dump or the shot.
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--no-first-run")

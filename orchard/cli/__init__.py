@@ -11,8 +11,7 @@ from orchard import config as config_lib
 from orchard.cli import flags as flag_lib
 from orchard.errors import ConfigError
 from orchard.run import lifecycle
-from orchard.terminal import console
-from orchard.terminal import interrupts
+from orchard.terminal import console, interrupts
 from orchard.terminal.console import say
 
 USAGE = """usage: python -m orchard workload=<name> [strategy=<name>] [group=option ...] [key=value ...]

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from orchard.config import redact, registry
 from orchard.errors import Diverged
+from orchard.run.services import LiveServices
 from orchard.terminal import console
 from orchard.terminal.console import say
-from orchard.run.services import LiveServices
 from orchard.tracking.time_split import TimeSplit
 
 # How long closing a run waits for the metrics sink while the store is busy: for the system

@@ -32,13 +32,12 @@ from orchard import background
 from orchard import config as config_lib
 from orchard.config import redact, registry
 from orchard.errors import ConfigError, Diverged
-from orchard.terminal import console
-from orchard.terminal import interrupts
-from orchard.terminal.console import say
-from orchard.run.ending import end_run, print_summary, tracking_address
 from orchard.outcome import Outcome
+from orchard.run.ending import end_run, print_summary, tracking_address
 from orchard.run.preflight import check_fits, preflight
 from orchard.run.services import LiveServices, start_run_services
+from orchard.terminal import console, interrupts
+from orchard.terminal.console import say
 from orchard.tracking.time_split import TimeSplit
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 from orchard.config import registry
 from orchard.errors import ConfigError
 from orchard.run import from_the_store
-from orchard.terminal.console import say
 from orchard.run.lifecycle import execute, open_console, preflight, prepare
+from orchard.terminal.console import say
 
 
 def resume(run_id: str, extra: list[str]) -> int:

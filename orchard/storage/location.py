@@ -12,7 +12,7 @@ import shutil
 import uuid
 from pathlib import Path
 
-from orchard.storage.atomic import PARTIAL_PREFIX, as_storage_full, partial_name, write_atomic
+from orchard.storage.atomic import as_storage_full, partial_name, PARTIAL_PREFIX, write_atomic
 from orchard.storage.node_cache import _cache_grew, _size, _touch, node_cache_dir, NODE_CACHE_MAX_BYTES
 
 

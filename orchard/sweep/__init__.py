@@ -23,15 +23,17 @@ import sys
 from typing import Callable
 
 from orchard.errors import ConfigError
-from orchard.terminal import interrupts
-from orchard.terminal.console import say
 from orchard.outcome import Outcome
 from orchard.sweep import seal as sweep_seal
-from orchard.sweep.leaderboard import best_row, failure_lines, format_leaderboard, leaderboard, no_best_line
+from orchard.sweep.leaderboard import (best_row, failure_lines, format_leaderboard, leaderboard, no_best_line,
+                                       trial_error)
 from orchard.sweep.parent_run import ParentRun
-from orchard.sweep.saved_state import saved_state_of, saved_statuses, seal_state, staging_of, sweep_dir, sweep_key, tune_path
+from orchard.sweep.saved_state import (saved_state_of, saved_statuses, seal_state, staging_of, sweep_dir, sweep_key,
+                                       tune_path)
 from orchard.sweep.space import anchored, param_space, trial_count, trial_resources
-from orchard.sweep.trials import make_trainable, scheduler_of, trial_error, trial_progress, trial_stopper
+from orchard.sweep.trials import make_trainable, scheduler_of, trial_progress, trial_stopper
+from orchard.terminal import interrupts
+from orchard.terminal.console import say
 
 
 # --------------------------------------------------------------------------- the sweep

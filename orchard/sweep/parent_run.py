@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 from orchard.config import redact
-from orchard.terminal import interrupts
-from orchard.terminal.console import say
 from orchard.sweep.leaderboard import best_row, FINAL, STOPPED_EARLY
 from orchard.sweep.saved_state import checked_state, restorable
+from orchard.terminal import interrupts
+from orchard.terminal.console import say
 
 
 class ParentRun:

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from orchard.terminal.console import say
 from orchard.sweep import seal as sweep_seal
+from orchard.terminal.console import say
 
 
 # Overrides that say where a sweep runs and records, not what its trials compute: they do not

@@ -13,10 +13,9 @@ from typing import Callable, TYPE_CHECKING
 from orchard import background
 from orchard.config import registry
 from orchard.errors import ConfigError
-from orchard.terminal import console
-from orchard.terminal import interrupts
-from orchard.terminal.console import say
 from orchard.sweep.leaderboard import FINAL, rank_key, STOPPED_EARLY, trial_error
+from orchard.terminal import console, interrupts
+from orchard.terminal.console import say
 
 if TYPE_CHECKING:
     from orchard.sweep.parent_run import ParentRun

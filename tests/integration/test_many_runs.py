@@ -15,7 +15,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.integration.test_lifecycle import env, orchard, runs
-from tests.orchard.test_sweep import TWO_LRS
+from tests.orchard.sweep.test_sweep import TWO_LRS
 from tests.session_ray import attach_overrides
 from tests.tiny_workload.cli import main_in_process, tiny_cli, tiny_cli_env
 

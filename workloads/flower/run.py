@@ -83,12 +83,12 @@ def run(cfg: dict, ctx) -> dict[str, float]:
     #    business. With val_fraction > 0 some training tiles are held back and scored after every
     #    val_every epochs by rank 0 (val/mae): the per-epoch metric a sweep's ASHA cuts on.
     run_storage.delete("workers")
-    config = loop_config(cfg, tile_store, density, fit_idx, val_idx, run_storage)
+    config = loop_config(cfg, tile_store, density, fit_idx, val_idx)
     prepared_s = time.time() - started
     ctx.mark("data")
     train_started = time.time()
     # a resumed run continues the previous run's Ray Train run and its checkpoints (checkpoint.py)
-    launch_workers(config, cfg, ctx, run_storage, checkpoint.resolve(cfg, run_storage))
+    launch_workers(config, cfg, ctx, checkpoint.resolve(cfg, run_storage))
     metrics = {"time/train_wall_s": time.time() - train_started, "time/prepare_s": prepared_s}
     # the workers' summaries and the model come back through storage, never a driver path
     ctx.mark("training")

@@ -60,7 +60,7 @@ def _gpu_util(device: torch.device) -> float | None:
         return None
 
 
-def _maybe_inject_fault(config: dict, env, run_storage, epoch: int, ctx) -> None:
+def _maybe_inject_fault(config: dict, env, epoch: int, ctx) -> None:
     """flower.fail_at_epoch: the last worker's process dies once, at the first step of that epoch.
 
     A marker file makes it happen once per run, so the restarted worker group (FailureConfig)
@@ -69,9 +69,9 @@ def _maybe_inject_fault(config: dict, env, run_storage, epoch: int, ctx) -> None
     fail_at = config.get("fail_at_epoch")
     if fail_at is None or epoch != int(fail_at) or env.rank != env.world_size - 1:
         return
-    if run_storage.exists("fault_injected"):
+    if ctx.storage.exists("fault_injected"):
         return
-    run_storage.write_bytes("fault_injected", b"1")
+    ctx.storage.write_bytes("fault_injected", b"1")
     ctx.flush()
     # Ray Train's controller collects reports (and so registers the last checkpoint) when it
     # polls the workers, every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (2 s); dying right after a report
@@ -135,13 +135,13 @@ def train_step(forward, replica, precision, x: torch.Tensor, target: torch.Tenso
     sums.add_(torch.stack([loss.detach(), count_error]))
 
 
-def raise_if_diverged(run_storage, train_store, ctx) -> None:
+def raise_if_diverged(ctx, train_store) -> None:
     """On the driver, after Ray Train returned or raised: a worker's ``diverged`` record becomes
     the run's ``Diverged`` (``train/diverged_at_step`` logged), its ``checkpoint`` saying whether
     Ray Train kept one (of finite weights: none other is ever reported) to resume from."""
-    if not run_storage.exists(DIVERGED_FILE):
+    if not ctx.storage.exists(DIVERGED_FILE):
         return
-    err = Diverged(**run_storage.read_json(DIVERGED_FILE))
+    err = Diverged(**ctx.storage.read_json(DIVERGED_FILE))
     err.checkpoint = any(name.startswith("checkpoint_") for name in train_store.list("flower"))
     divergence.log(ctx, err)
     raise err
@@ -170,17 +170,17 @@ def train_loop(config: dict) -> None:
     A worker that sees the run diverge (``Diverged``) writes where to the run storage and raises,
     which ends its whole group (peers may wait in an all-reduce); the group Ray Train starts again
     reads that record and ends at once, and the driver raises it again (``raise_if_diverged``)."""
-    run_storage = config["run_storage"]  # orchard.storage.Storage: this run's folder in storage
+    run_storage = config["ctx"].storage  # this run's folder in the storage location, on every node
     if run_storage.exists(DIVERGED_FILE):
         return  # started again after a worker saw the run diverge: nothing to train
     try:
-        _train(config, run_storage)
+        _train(config)
     except Diverged as err:
         run_storage.write_json(DIVERGED_FILE, err.fields())
         raise
 
 
-def _train(config: dict, run_storage) -> None:
+def _train(config: dict) -> None:
     from orchard.api import worker
     from .loader import TileLoader, load_density_targets
     from .precision import Precision, compiled, prepare_model
@@ -239,7 +239,7 @@ def _train(config: dict, run_storage) -> None:
     for epoch in range(first_epoch, epochs):
         # [4] a new shuffle of this worker's shard every epoch, `prefetch` batches made ahead
         shuffled = np.random.default_rng((config["seed"], epoch, env.rank)).permutation(len(shard))
-        _maybe_inject_fault(config, env, run_storage, epoch, ctx)
+        _maybe_inject_fault(config, env, epoch, ctx)
         # loss and MAE add up on the device; the host reads them once per logged window, so the
         # step never waits for the GPU (a read is a sync)
         sums = torch.zeros(2, device=env.device)
@@ -320,18 +320,18 @@ def _train(config: dict, run_storage) -> None:
                **replica.comm_stats(),  # ps: the time this worker waited on the servers, bytes a step
                # what this worker's node cache evicted to copy its tiles (storage.node_cache_max_gb)
                "cache_evicted_bytes": evicted_bytes() - evicted_from, "pid": os.getpid()}
-    run_storage.write_json(f"workers/rank{env.rank}.json", summary)
+    ctx.storage.write_json(f"workers/rank{env.rank}.json", summary)
     if env.rank == 0:
-        save_weights(run_storage, getattr(replica, "module", model), scale, int(tiles.images.shape[1]))
+        save_weights(ctx.storage, getattr(replica, "module", model), scale, int(tiles.images.shape[1]))
 
 # --------------------------------------------------------------------------- on the driver
-def loop_config(cfg: dict, tile_store, density, fit_idx, val_idx, run_storage) -> dict:
+def loop_config(cfg: dict, tile_store, density, fit_idx, val_idx) -> dict:
     """What every worker's ``train_loop`` reads (the launcher adds ctx, strategy, ps_group):
     the tile cache and density targets in storage, this run's split and the flower settings."""
     f = cfg["flower"]
     return {
         "cache": tile_store.child("tiles"), "density": density, "train_idx": fit_idx.tolist(),
-        "run_storage": run_storage, "val_idx": val_idx.tolist(), "val_every": int(f.get("val_every", 1)),
+        "val_idx": val_idx.tolist(), "val_every": int(f.get("val_every", 1)),
         "seed": cfg["seed"], "batch_size": f["batch_size"], "prefetch": f["prefetch"], "epochs": f["epochs"],
         "density_scale": f["density_scale"], "optimizer": dict(f["optimizer"]),
         "profile_every": f["profile_every"], "checkpoint_every": cfg["strategy"].get("checkpoint_every", 1),
@@ -341,7 +341,7 @@ def loop_config(cfg: dict, tile_store, density, fit_idx, val_idx, run_storage) -
     }
 
 
-def launch_workers(config: dict, cfg: dict, ctx, run_storage, train_store) -> None:
+def launch_workers(config: dict, cfg: dict, ctx, train_store) -> None:
     """Train on the workers; the strategy (ring | ps sync | ps async) is the launcher's business.
     Checkpoints go to ``train_store`` (checkpoint.resolve); a worker that saw the run diverge
     makes the run's error ``Diverged`` (``raise_if_diverged``), not Ray Train's."""
@@ -350,6 +350,6 @@ def launch_workers(config: dict, cfg: dict, ctx, run_storage, train_store) -> No
     try:
         launch(train_loop, config, cfg, ctx, name="flower", storage_path=train_store.uri)
     except Exception:
-        raise_if_diverged(run_storage, train_store, ctx)  # a worker raised Diverged: that, not Train's error
+        raise_if_diverged(ctx, train_store)  # a worker raised Diverged: that, not Train's error
         raise
-    raise_if_diverged(run_storage, train_store, ctx)  # a worker diverged, the group Train restarted ended at once
+    raise_if_diverged(ctx, train_store)  # a worker diverged, the group Train restarted ended at once

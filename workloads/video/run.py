@@ -88,8 +88,7 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
     #    per stream; every epoch is validated, checkpointed and may shift a worker (train.py)
     trained = train_epochs(cfg, ctx, index=index, train_ids=train_ids, streams=streams, features=features,
                            count=count, master=master, cache=cache, val_data=val_data, resumed=resumed,
-                           first_epoch=first_epoch, run_storage=run_storage, cache_totals=cache_totals,
-                           phase_s=phase_s)
+                           first_epoch=first_epoch, cache_totals=cache_totals, phase_s=phase_s)
     ctx.mark("training")
     ctx.carve("training", {"validation": phase_s["val"] - validated_before})  # every epoch's, on the driver
     models, scores, labels, val = trained.models, trained.scores, trained.labels, trained.val

@@ -113,7 +113,7 @@ class Trained:
 
 
 def train_epochs(cfg: dict, ctx, *, index, train_ids: list[int], streams: dict, features: list[str], count: int,
-                 master, cache, val_data: dict, resumed: dict | None, first_epoch: int, run_storage,
+                 master, cache, val_data: dict, resumed: dict | None, first_epoch: int,
                  cache_totals: dict, phase_s: dict) -> Trained:
     """Every epoch after ``first_epoch``: the master's segment seeds through one pipeline, the
     feeder dealing it to one Ray Train run per stream; after each epoch the driver validates the
@@ -171,7 +171,7 @@ def train_epochs(cfg: dict, ctx, *, index, train_ids: list[int], streams: dict, 
                 while len(done.get(epoch, {})) < len(streams):
                     item = _next_result(results, runs, feeder)
                     if "diverged" in item:   # a stream's loss or weights went non-finite: the run ends
-                        raise _diverged(item, run_storage, ctx)
+                        raise _diverged(item, ctx)
                     done.setdefault(item["epoch"], {})[item["stream"]] = item
                 for s, item in done[epoch].items():
                     states[s], steps[s] = item["state"], int(item["steps"])
@@ -201,7 +201,7 @@ def train_epochs(cfg: dict, ctx, *, index, train_ids: list[int], streams: dict, 
                 met = target is not None and fused >= target
                 # the epoch's checkpoint in the run storage, before its metrics: an epoch whose
                 # figures are logged is one a resume will not train again (checkpoint.py)
-                save_checkpoint(run_storage, epoch, states, steps, alloc, history, history_waits,
+                save_checkpoint(ctx.storage, epoch, states, steps, alloc, history, history_waits,
                                 training_done=met or epoch + 1 == epochs)
                 clips = len(streams) * int(vcfg["clips_per_epoch"])
                 ctx.log_metrics({**pipe, **val, **{f"alloc/{s}_workers": n for s, n in alloc.items()},
@@ -303,13 +303,13 @@ def _next_result(results, runs: dict, feeder) -> dict:
                 raise RuntimeError("the streams' training ended before handing over every epoch") from None
 
 
-def _diverged(item: dict, run_storage, ctx):
+def _diverged(item: dict, ctx):
     """The run's ``Diverged`` from a stream's hand-over (``train_loop``), ``train/diverged_at_step``
     logged; its ``checkpoint`` says whether an epoch's checkpoint (all finite) is there to resume."""
     from .checkpoint import CHECKPOINT_NAME
 
     err = Diverged(**item["diverged"])
-    err.checkpoint = run_storage.exists(CHECKPOINT_NAME)
+    err.checkpoint = ctx.storage.exists(CHECKPOINT_NAME)
     divergence.log(ctx, err)
     return err
 

@@ -2,8 +2,8 @@
 import io
 import types
 
-from orchard.tracking import summary
 from orchard.terminal.progress import ProgressLine, render
+from orchard.tracking import summary
 
 
 def test_progress_line_shows_step_rates_and_eta():

@@ -3,10 +3,10 @@ import numpy as np
 import pytest
 
 from workloads.flower.data import read_rgb, red_cross_points
-from workloads.flower.tiles import (TileSet, assign_bins, bin_sample, region_of_interest, split_into_tiles,
-                                    tile_images)
 from workloads.flower.density_map import density_map
 from workloads.flower.synthetic_field import draw_red_crosses, generate_field
+from workloads.flower.tiles import (TileSet, assign_bins, bin_sample, region_of_interest, split_into_tiles,
+                                    tile_images)
 
 
 @pytest.mark.parametrize("points", [

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from workloads.flower.density_map import density_map
-from workloads.flower.loader import TileLoader, density_targets
+from workloads.flower.loader import density_targets, TileLoader
 from workloads.flower.model import FlowerCounterCNN
 
 

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from workloads.flower.model import FlowerCounterCNN, count_parameters, euclidean_loss
+from workloads.flower.model import count_parameters, euclidean_loss, FlowerCounterCNN
 
 # Table 3.1 as printed: TensorFlow shapes, conv (kh, kw, in, out), deconv (kh, kw, out, in).
 TABLE_3_1 = {

@@ -10,7 +10,7 @@ import torch
 
 from workloads.singa.group_nodes import NodeGroup
 from workloads.singa.model import NeuralNet
-from workloads.singa.partition import PartitionedNet, partition_net, plan_partition
+from workloads.singa.partition import partition_net, PartitionedNet, plan_partition
 from workloads.singa.settings import load_app
 
 SMALL_CNN = [
