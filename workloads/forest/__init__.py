@@ -18,35 +18,37 @@ def validate(cfg: dict) -> None:
     from .checkpoint import CHECKPOINT_NAME, checkpoint_exists, resolve_checkpoint
     from .schema import Forest
 
-    f = cfg["forest"]
-    schema.check(Forest, f, "forest")  # each key's type and range (workloads/forest/schema.py)
-    for i, entry in enumerate(f.get("partitions_by_depth") or []):
+    forest_cfg = cfg["forest"]
+    schema.check(Forest, forest_cfg, "forest")  # each key's type and range (workloads/forest/schema.py)
+    for i, entry in enumerate(forest_cfg.get("partitions_by_depth") or []):
         if not isinstance(entry, dict) or "from_depth" not in entry \
                 or not set(entry) <= {"from_depth", "data_units", "features", "nodes"} \
                 or any(not isinstance(v, int) or v < (0 if k == "from_depth" else 1) for k, v in entry.items()):
             raise ConfigError(f"forest.partitions_by_depth[{i}]",
                               f"{{from_depth: int >= 0, data_units|features|nodes: int >= 1}}, got {entry!r}")
-    if f["partitions"]["features"] > f["n_offsets"]:
+    if forest_cfg["partitions"]["features"] > forest_cfg["n_offsets"]:
         raise ConfigError("forest.partitions.features",
-                          f"at most forest.n_offsets={f['n_offsets']} feature partitions, got {f['partitions']['features']}")
-    one_node = f["n_offsets"] * (f["n_thresholds"] + 1) * 31 * 4
-    if f["memory_budget_mb"] * 2**20 < one_node:
+                          f"at most forest.n_offsets={forest_cfg['n_offsets']} feature partitions, "
+                          f"got {forest_cfg['partitions']['features']}")
+    one_node = forest_cfg["n_offsets"] * (forest_cfg["n_thresholds"] + 1) * 31 * 4
+    if forest_cfg["memory_budget_mb"] * 2**20 < one_node:
         raise ConfigError("forest.memory_budget_mb",
-                          f"at least {one_node / 2**20:.2f} (one node's full histogram), got {f['memory_budget_mb']}")
+                          f"at least {one_node / 2**20:.2f} (one node's full histogram), "
+                          f"got {forest_cfg['memory_budget_mb']}")
     try:
         from .depth_png import palette_array
-        palette_array(f["palette"])
+        palette_array(forest_cfg["palette"])
     except Exception as exc:  # noqa: BLE001 - any malformed palette is a config error
         raise ConfigError("forest.palette", f"32 distinct '#rrggbb' colours (31 parts, then background): {exc}")
     require_path(cfg, "forest.data_dir", kind="dir")
-    if f.get("data_dir"):
-        _check_data_dir(f)
-    if f.get("resume") is not None:
+    if forest_cfg.get("data_dir"):
+        _check_data_dir(forest_cfg)
+    if forest_cfg.get("resume") is not None:
         require(cfg, "forest.resume", lambda v: checkpoint_exists(resolve_checkpoint(v)),
                 f"a {CHECKPOINT_NAME} file or a run folder that holds one")
 
 
-def _check_data_dir(f: dict) -> None:
+def _check_data_dir(forest_cfg: dict) -> None:
     """A real-data folder must hold >= 2 pairs and at least one usable body pixel: otherwise
     the run would train on nothing (exit 2 before anything starts, not an accuracy of 0).
     Pairs are read in name order only up to the first usable one."""
@@ -54,15 +56,15 @@ def _check_data_dir(f: dict) -> None:
 
     from .depth_png import first_usable_pair, pair_stems
 
-    stems = pair_stems(f["data_dir"])
+    stems = pair_stems(forest_cfg["data_dir"])
     if len(stems) < 2:
         raise ConfigError("forest.data_dir", f"a folder with >= 2 <stem>_depth.png / <stem>_labels.png "
-                          f"pairs; {f['data_dir']!r} has {len(stems)}")
+                          f"pairs; {forest_cfg['data_dir']!r} has {len(stems)}")
     from .depth_png import palette_array
-    usable, problems = first_usable_pair(stems, palette_array(f["palette"]))
+    usable, problems = first_usable_pair(stems, palette_array(forest_cfg["palette"]))
     if usable is None:
         raise ConfigError("forest.data_dir", f"pairs with body pixels; none of the {len(stems)} pairs in "
-                          f"{f['data_dir']!r} has one (first: {problems[0]})")
+                          f"{forest_cfg['data_dir']!r} has one (first: {problems[0]})")
 
 
 def resume(cfg: dict, previous_run_dir: str) -> None:
@@ -113,9 +115,12 @@ def headline_metric(metrics: dict) -> tuple[str, float]:
 
 def dataset(cfg: dict) -> dict:
     """What a train run learns from, for its MLflow dataset input (orchard/tracking/datasets.py)."""
-    f = cfg["forest"]
-    if f["data_dir"]:
-        return {"name": f"depth pairs {str(f['data_dir']).rstrip('/').rsplit('/', 1)[-1]}", "path": f["data_dir"]}
+    forest_cfg = cfg["forest"]
+    if forest_cfg["data_dir"]:
+        folder = str(forest_cfg["data_dir"])
+        return {"name": f"depth pairs {folder.rstrip('/').rsplit('/', 1)[-1]}", "path": forest_cfg["data_dir"]}
     keys = ("train_images", "test_images", "image_height", "image_width", "preprocess")
-    return {"name": f"synthetic avatars {f['train_images']}+{f['test_images']} {f['image_width']}x{f['image_height']}",
-            "generator": "workloads.forest.avatar", "settings": {**{k: f[k] for k in keys}, "seed": cfg["seed"]}}
+    sizes = (f"{forest_cfg['train_images']}+{forest_cfg['test_images']} "
+             f"{forest_cfg['image_width']}x{forest_cfg['image_height']}")
+    return {"name": f"synthetic avatars {sizes}",
+            "generator": "workloads.forest.avatar", "settings": {**{k: forest_cfg[k] for k in keys}, "seed": cfg["seed"]}}

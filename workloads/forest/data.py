@@ -22,19 +22,21 @@ def corpus(cfg: dict, storage, run_dir: Path, palette: np.ndarray, parallelism: 
     the run's ``storage`` (``ctx.storage``)."""
     from .avatar import render_dataset
 
-    f = cfg["forest"]
-    if f.get("data_dir"):
-        stems = pair_stems(f["data_dir"])  # validate() saw >= 2 pairs, one of them usable
-        n_test = min(len(stems) - 1, f["test_images"])
-        return stems[:len(stems) - n_test][:f["train_images"]], stems[len(stems) - n_test:]
-    h, w = f["image_height"], f["image_width"]
+    forest_cfg = cfg["forest"]
+    if forest_cfg.get("data_dir"):
+        stems = pair_stems(forest_cfg["data_dir"])  # validate() saw >= 2 pairs, one of them usable
+        n_test = min(len(stems) - 1, forest_cfg["test_images"])
+        return stems[:len(stems) - n_test][:forest_cfg["train_images"]], stems[len(stems) - n_test:]
+    h, w = forest_cfg["image_height"], forest_cfg["image_width"]
     data = storage.child("data")  # rendered into the run storage (s3://... on a cluster)
     if not data.is_local:
-        return (render_dataset(data.child("train"), f["train_images"], cfg["seed"], 0, h, w, palette, parallelism),
-                render_dataset(data.child("test"), f["test_images"], cfg["seed"], 1, h, w, palette, parallelism))
-    train = render_dataset(run_dir / "data" / "train", f["train_images"], cfg["seed"], 0, h, w,
+        return (render_dataset(data.child("train"), forest_cfg["train_images"], cfg["seed"], 0, h, w, palette,
+                               parallelism),
+                render_dataset(data.child("test"), forest_cfg["test_images"], cfg["seed"], 1, h, w, palette,
+                               parallelism))
+    train = render_dataset(run_dir / "data" / "train", forest_cfg["train_images"], cfg["seed"], 0, h, w,
                            palette, parallelism)
-    test = render_dataset(run_dir / "data" / "test", f["test_images"], cfg["seed"], 1, h, w,
+    test = render_dataset(run_dir / "data" / "test", forest_cfg["test_images"], cfg["seed"], 1, h, w,
                           palette, parallelism)
     return train, test
 
@@ -63,14 +65,14 @@ def load_blocks(cfg: dict, ctx, run_dir: Path, palette: np.ndarray, parallelism:
 
     from .data_unit import build_blocks
 
-    f, seed = cfg["forest"], cfg["seed"]
+    forest_cfg, seed = cfg["forest"], cfg["seed"]
     # the corpus in the real PNG format
     train_stems, test_stems = corpus(cfg, ctx.storage, run_dir, palette, parallelism)
     # data units: preprocessing + example sampling, materialised in the object store
-    common = dict(seed=seed, palette=palette, preprocess_settings=f["preprocess"],
-                  examples_per_image=f["examples_per_image"])
-    train_refs, train_reports = build_blocks(train_stems, f["images_per_block"], keep_labels=False, **common)
-    test_refs, test_reports = build_blocks(test_stems, f["images_per_block"], keep_labels=True,
+    common = dict(seed=seed, palette=palette, preprocess_settings=forest_cfg["preprocess"],
+                  examples_per_image=forest_cfg["examples_per_image"])
+    train_refs, train_reports = build_blocks(train_stems, forest_cfg["images_per_block"], keep_labels=False, **common)
+    test_refs, test_reports = build_blocks(test_stems, forest_cfg["images_per_block"], keep_labels=True,
                                            first_block_id=1_000_000, first_image_id=1_000_000, **common)
     # bad pairs are skipped and counted here, before phase 1: one line each, data/skipped_files,
     # data/skipped_files/<kind>, skipped.csv (orchard/tracking/skipped.py, as flower and video do)

@@ -645,23 +645,23 @@ def grow_forest(train_refs: list, cfg: dict, ctx, state: dict, checkpoint, round
     round, checkpointing to `checkpoint` every round; each round's metrics logged at step
     tree x max_depth + depth and its end time appended to `round_ends`. Returns (this run's round
     metrics, histogram actors' shares redone after a loss)."""
-    f, strategy, seed = cfg["forest"], cfg["strategy"], cfg["seed"]
-    total_rounds = f["num_trees"] * f["max_depth"]
+    forest_cfg, strategy, seed = cfg["forest"], cfg["strategy"], cfg["seed"]
+    total_rounds = forest_cfg["num_trees"] * forest_cfg["max_depth"]
     history: list[dict] = []
 
     def on_round(tree_index, depth, metrics):
-        step = tree_index * f["max_depth"] + depth
+        step = tree_index * forest_cfg["max_depth"] + depth
         history.append(metrics)
         round_ends.append(time.time())
         ctx.log_metrics(metrics, step=step)
-        ctx.progress(step + 1, total_rounds, desc=f"tree {tree_index + 1}/{f['num_trees']} depth {depth}",
+        ctx.progress(step + 1, total_rounds, desc=f"tree {tree_index + 1}/{forest_cfg['num_trees']} depth {depth}",
                      **{"Mef/s": metrics["round/example_features_per_s"] / 1e6})
 
-    runner = RoundRunner(train_refs, f, strategy, seed, checkpoint, on_round)
+    runner = RoundRunner(train_refs, forest_cfg, strategy, seed, checkpoint, on_round)
 
     def grow_all():
-        for tree_index in range(len(state["trees"]), f["num_trees"]):
-            runner.train_tree(tree_index, tree_pool(seed, tree_index, f), state)
+        for tree_index in range(len(state["trees"]), forest_cfg["num_trees"]):
+            runner.train_tree(tree_index, tree_pool(seed, tree_index, forest_cfg), state)
 
     try:
         # off the main thread (orchard/background.py): the rounds submit thousands of tasks, and a
