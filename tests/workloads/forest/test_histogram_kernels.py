@@ -1,32 +1,15 @@
-"""Eq. 1 against hand-computed values; the numba kernels against plain-numpy references."""
+"""workloads/forest/histogram_kernels.py: the numba kernels (histograms, the bin cache, best splits, traversal)
+against plain-numpy references."""
 import math
 
 import numpy as np
 import pytest
 
-from workloads.forest.features import candidate_pool, feature_matrix, feature_response
+from workloads.forest.features import candidate_pool, feature_matrix
 from workloads.forest.histogram_kernels import (accumulate_bins, accumulate_histograms, assign_nodes, best_splits,
                                                 encode_bins)
 
 BG = np.float32(10000)
-
-
-def test_feature_formula_by_hand():
-    depths = np.zeros((1, 5, 7), np.uint16)
-    depths[0, 2, 3] = 2000          # the pixel x: 2 m away
-    depths[0, 2, 5] = 2100          # x + u/d: u = (0, 4) pixel-metres -> 4 / 2 m = 2 px right
-    depths[0, 0, 3] = 1500          # x + v/d: v = (-4, 0) -> 2 px up
-    # f = d(x + u/d(x)) - d(x + v/d(x)) = 2100 - 1500
-    assert feature_response(depths, 0, 2, 3, 0.0, 4.0, -4.0, 0.0, BG) == pytest.approx(600.0)
-    # v = 0 compares the probe with the pixel itself
-    assert feature_response(depths, 0, 2, 3, 0.0, 4.0, 0.0, 0.0, BG) == pytest.approx(100.0)
-    # a probe off the image, or on a pixel with no reading, reads the large constant
-    assert feature_response(depths, 0, 2, 3, 0.0, 20.0, 0.0, 0.0, BG) == pytest.approx(10000 - 2000)
-    assert feature_response(depths, 0, 2, 3, 2.0, 0.0, 0.0, 0.0, BG) == pytest.approx(10000 - 2000)
-    # depth invariance: twice as far, the same world offset lands half as many pixels away
-    depths[0, 2, 3] = 4000
-    depths[0, 2, 4] = 4300
-    assert feature_response(depths, 0, 2, 3, 0.0, 4.0, 0.0, 0.0, BG) == pytest.approx(300.0)
 
 
 def _random_scene(seed=0, n_img=3, h=24, w=32, n_ex=400):
@@ -146,86 +129,3 @@ def test_tree_traversal_matches_python():
     assert len(set(nodes.tolist())) == 3
 
 
-def test_histograms_are_as_narrow_as_their_largest_column_and_batches_widen_with_them():
-    """Deep nodes hold a few hundred examples: their counts fit uint8/uint16, so a batch's
-    histogram takes a quarter/half of the int32 bytes and the same budget holds more nodes;
-    best_splits reads any of them to the same split."""
-    from workloads.forest.batch_plan import plan_batches
-    from workloads.forest.shuffle import count_dtype
-
-    assert [count_dtype(n).name for n in (0, 255, 256, 65535, 65536)] == \
-        ["uint8", "uint8", "uint16", "uint16", "int32"]
-    nodes, columns = list(range(40)), [5] * 40
-    budget = 20 * 5 * 10 * 8 * 4            # 20 nodes' int32 histograms (10 features, 8 bins)
-    wide = plan_batches(nodes, columns, 10, 10, 8, 4, budget)
-    narrow = plan_batches(nodes, columns, 10, 10, 8, 4, budget, [1] * 40)
-    mixed = plan_batches(nodes, columns, 10, 10, 8, 4, budget, [1] * 20 + [4] * 20)
-    assert [len(b[0]) for b in wide] == [20, 20] and {b[2] for b in wide} == {4}
-    assert [len(b[0]) for b in narrow] == [40] and narrow[0][2] == 1
-    assert all(len(b[0]) * 5 * 10 * 8 * b[2] <= budget for b in mixed) and mixed[-1][2] == 4
-
-    rng = np.random.default_rng(3)
-    hist = rng.integers(0, 200, (6, 4, 9)).astype(np.int32)
-    col_start, col_class = np.array([0, 2, 6], np.int32), np.array([0, 3, 0, 1, 2, 5], np.int32)
-    weights = rng.uniform(0.5, 2.0, 31)
-    as_int32 = best_splits(hist, col_start, col_class, weights, 3, 31)
-    for dtype in (np.uint8, np.uint16):
-        for a, b in zip(as_int32, best_splits(hist.astype(dtype), col_start, col_class, weights, 3, 31)):
-            np.testing.assert_array_equal(a, b)
-
-
-def test_a_round_has_a_task_for_every_worker_by_splitting_the_features_further():
-    from workloads.forest.batch_plan import fill_workers
-
-    degrees = {"data_units": 4, "features": 2, "nodes": 2}
-    assert fill_workers(degrees, 2, 1000) is degrees and fill_workers(degrees, 8, 1000) is degrees
-    assert fill_workers(degrees, 16, 1000) == {"data_units": 4, "features": 4, "nodes": 2}
-    assert fill_workers({**degrees, "data_units": 2}, 16, 1000)["features"] == 8
-    assert fill_workers({**degrees, "data_units": 3}, 16, 1000)["features"] == 6  # 18 tasks: none short
-    assert fill_workers({**degrees, "data_units": 1}, 64, 16)["features"] == 16  # never below one offset a part
-
-
-def test_histogram_subtraction_is_exact_where_the_parent_overflows_the_childrens_width():
-    """The larger child's histogram is the parent's minus the smaller's, in the batch's narrow
-    counts (uint8 here: the children's columns fit it) even where the parent's do not: the
-    parent is cast and subtracted modulo 256, and the true result fits (subtraction.py)."""
-    from workloads.forest.subtraction import apply_init, subtract_siblings
-
-    rng = np.random.default_rng(0)
-    small = rng.integers(0, 120, (2, 5, 7))     # the smaller child: classes 3 and 7
-    large = rng.integers(100, 256, (3, 5, 7))   # the larger child: classes 3, 7 and 9
-    parent = large.astype(np.uint16)            # the parent's columns of the larger child's classes
-    parent[:2] += small.astype(np.uint16)
-    assert parent.max() > 255
-    hist = np.zeros((5, 5, 7), np.uint8)        # the batch: smaller child's columns 0-1, larger's 2-4
-    apply_init(hist, [(2, parent)])             # with the reset: the parent's columns, mod 256
-    hist[:2] += small.astype(np.uint8)          # phase 2 counted the smaller child only
-    subtract_siblings(hist, [(2, 0), (3, 1)])   # classes 3 and 7 are in both; 9 only in the larger
-    np.testing.assert_array_equal(hist[2:], large)
-    np.testing.assert_array_equal(hist[:2], small)
-
-
-@pytest.mark.parametrize("density,dtype,top", [(0.01, np.uint8, 3), (0.01, np.uint16, 300), (0.9, np.uint16, 70000),
-                                               (0.0, np.uint8, 0)])
-def test_a_partial_travels_sparse_or_dense_and_adds_where_its_features_belong(density, dtype, top):
-    """shuffle.encode_partial picks the smaller encoding (sparse deep in the tree, dense near the
-    root) with counts as narrow as its largest, and add_partial puts a feature partition's slice at
-    its features of the receiver's histogram: the same sums as numpy's dense add."""
-    from workloads.forest.shuffle import add_partial, encode_partial, encoded_bytes
-
-    rng = np.random.default_rng(7)
-    wide = np.int32 if top >= 2**16 else dtype
-    part = (rng.integers(1, max(top, 1) + 1, (6, 5, 9)) * (rng.random((6, 5, 9)) < density)).astype(wide)
-    if top:
-        part.flat[0] = top
-    encoded = encode_partial(part)
-    sparse = "index" in encoded
-    assert sparse == (density < 0.5)                    # an empty slice: no cells at all
-    counts = encoded["count"] if sparse else encoded["dense"]
-    assert counts.dtype == (np.uint8 if top < 256 else np.uint16 if top < 2**16 else np.int32)
-    assert encoded_bytes(encoded) <= part.size * counts.dtype.itemsize
-    receiver = rng.integers(0, 5, (7, 12, 9)).astype(np.int64)
-    expected = receiver.copy()
-    expected[:6, 4:9] += part
-    add_partial(receiver, 4, encoded)
-    np.testing.assert_array_equal(receiver, expected)

@@ -1,0 +1,45 @@
+"""workloads/forest/batch_plan.py: node batches sized to the histograms' width, and a task for every worker."""
+from __future__ import annotations
+
+import numpy as np
+
+from workloads.forest.histogram_kernels import best_splits
+
+
+def test_histograms_are_as_narrow_as_their_largest_column_and_batches_widen_with_them():
+    """Deep nodes hold a few hundred examples: their counts fit uint8/uint16, so a batch's
+    histogram takes a quarter/half of the int32 bytes and the same budget holds more nodes;
+    best_splits reads any of them to the same split."""
+    from workloads.forest.batch_plan import plan_batches
+    from workloads.forest.shuffle import count_dtype
+
+    assert [count_dtype(n).name for n in (0, 255, 256, 65535, 65536)] == \
+        ["uint8", "uint8", "uint16", "uint16", "int32"]
+    nodes, columns = list(range(40)), [5] * 40
+    budget = 20 * 5 * 10 * 8 * 4            # 20 nodes' int32 histograms (10 features, 8 bins)
+    wide = plan_batches(nodes, columns, 10, 10, 8, 4, budget)
+    narrow = plan_batches(nodes, columns, 10, 10, 8, 4, budget, [1] * 40)
+    mixed = plan_batches(nodes, columns, 10, 10, 8, 4, budget, [1] * 20 + [4] * 20)
+    assert [len(b[0]) for b in wide] == [20, 20] and {b[2] for b in wide} == {4}
+    assert [len(b[0]) for b in narrow] == [40] and narrow[0][2] == 1
+    assert all(len(b[0]) * 5 * 10 * 8 * b[2] <= budget for b in mixed) and mixed[-1][2] == 4
+
+    rng = np.random.default_rng(3)
+    hist = rng.integers(0, 200, (6, 4, 9)).astype(np.int32)
+    col_start, col_class = np.array([0, 2, 6], np.int32), np.array([0, 3, 0, 1, 2, 5], np.int32)
+    weights = rng.uniform(0.5, 2.0, 31)
+    as_int32 = best_splits(hist, col_start, col_class, weights, 3, 31)
+    for dtype in (np.uint8, np.uint16):
+        for a, b in zip(as_int32, best_splits(hist.astype(dtype), col_start, col_class, weights, 3, 31)):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_a_round_has_a_task_for_every_worker_by_splitting_the_features_further():
+    from workloads.forest.batch_plan import fill_workers
+
+    degrees = {"data_units": 4, "features": 2, "nodes": 2}
+    assert fill_workers(degrees, 2, 1000) is degrees and fill_workers(degrees, 8, 1000) is degrees
+    assert fill_workers(degrees, 16, 1000) == {"data_units": 4, "features": 4, "nodes": 2}
+    assert fill_workers({**degrees, "data_units": 2}, 16, 1000)["features"] == 8
+    assert fill_workers({**degrees, "data_units": 3}, 16, 1000)["features"] == 6  # 18 tasks: none short
+    assert fill_workers({**degrees, "data_units": 1}, 64, 16)["features"] == 16  # never below one offset a part

@@ -1,0 +1,61 @@
+"""workloads/video/decoder.py: exact frames at an offset, long-GOP and VP9 seeks, the short-video rule,
+the configured size, and each kind of bad file the probe rejects."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from workloads.video.decoder import BadVideo, PyAVDecoder, wanted_indices
+from workloads.video.synthetic_videos import render_clip, write_bad_files, write_mp4
+
+
+@pytest.mark.parametrize("offset", [0, 1, 7, 15, 16, 17, 19])
+def test_decode_returns_exactly_the_frames_of_a_sequential_decode(tiny_videos, offset):
+    _, index = tiny_videos
+    dec = PyAVDecoder()
+    path = index.paths[0]
+    reference = dec.decode_all(path)                       # every frame, in order
+    assert len(reference) == index.lengths[0] == 24
+    clip = dec.decode(path, offset, 5, length=24)
+    assert clip.shape == (5, 32, 32, 3) and clip.dtype == np.uint8
+    assert np.array_equal(clip, reference[offset:offset + 5])
+
+
+def test_long_gop_mpeg4_and_vp9_seek_to_the_right_frame(tmp_path):
+    frames = render_clip("move_right", seed=1, size=32, num_frames=60)
+    for codec, gop, ext in (("libx264", 250, "mp4"), ("mpeg4", 12, "mp4"), ("libvpx-vp9", 20, "webm")):
+        path = tmp_path / f"{codec}.{ext}"
+        write_mp4(path, frames, codec=codec, gop=gop)
+        dec = PyAVDecoder()
+        reference = dec.decode_all(str(path))
+        assert np.array_equal(dec.decode(str(path), 41, 6, length=60), reference[41:47]), codec
+
+
+def test_short_videos_loop_or_pad_as_documented(tiny_videos):
+    _, index = tiny_videos
+    path = index.paths[0]
+    reference = PyAVDecoder().decode_all(path)
+    looped = PyAVDecoder(short_rule="loop").decode(path, 21, 6, length=24)
+    padded = PyAVDecoder(short_rule="pad").decode(path, 21, 6, length=24)
+    assert np.array_equal(looped, reference[[21, 22, 23, 0, 1, 2]])
+    assert np.array_equal(padded, reference[[21, 22, 23, 23, 23, 23]])
+    assert wanted_indices(0, 4, 2, "loop") == [0, 1, 0, 1]
+
+
+def test_resize_gives_the_configured_size(tiny_videos):
+    _, index = tiny_videos
+    assert PyAVDecoder(size=16).decode(index.paths[1], 3, 2, length=24).shape == (2, 16, 16, 3)
+
+
+def test_probe_rejects_each_kind_of_bad_file(tmp_path, tiny_videos):
+    _, index = tiny_videos
+    bad = write_bad_files(tmp_path, index.paths[0])
+    dec = PyAVDecoder()
+    for kind, path in bad.items():
+        if kind == "zero_byte":
+            continue  # the scan rejects it before probing (a clearer reason)
+        with pytest.raises(BadVideo):
+            dec.probe(path)
+    assert dec.probe(index.paths[0]) == 24
+
+
