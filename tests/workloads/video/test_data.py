@@ -6,6 +6,16 @@ from pathlib import Path
 from workloads.video.synthetic_videos import write_bad_files
 
 
+def _folder_with_bad_files(root: Path, good: list[str]) -> dict[str, str]:
+    cls = root / "move_right"
+    cls.mkdir(parents=True)
+    for i, p in enumerate(good):
+        (cls / f"good_{i}.mp4").write_bytes(Path(p).read_bytes())
+    other = root / "move_left"
+    other.mkdir()
+    (other / "good.mp4").write_bytes(Path(good[0]).read_bytes())
+    (other / "good2.mp4").write_bytes(Path(good[1]).read_bytes())
+    return write_bad_files(cls, good[0])
 
 
 def test_scan_skips_counts_and_names_corrupt_truncated_empty_and_text_files(tmp_path, tiny_videos, ray_session):
@@ -35,15 +45,3 @@ def test_a_manifest_csv_with_relative_paths_and_given_splits(tmp_path, tiny_vide
     assert [Path(p).name for p in found.paths] == ["clip0.mp4", "clip1.mp4", "clip2.mp4"]
     assert found.labels == [0, 1, 0] and found.splits == ["train", "val", "val"]
     assert list(found.skipped) == [str(tmp_path / "missing.mp4")]
-
-
-def _folder_with_bad_files(root: Path, good: list[str]) -> dict[str, str]:
-    cls = root / "move_right"
-    cls.mkdir(parents=True)
-    for i, p in enumerate(good):
-        (cls / f"good_{i}.mp4").write_bytes(Path(p).read_bytes())
-    other = root / "move_left"
-    other.mkdir()
-    (other / "good.mp4").write_bytes(Path(good[0]).read_bytes())
-    (other / "good2.mp4").write_bytes(Path(good[1]).read_bytes())
-    return write_bad_files(cls, good[0])

@@ -6,6 +6,13 @@ import numpy as np
 from workloads.video.inference import classify_untrimmed, highlight_mask, window_offsets
 
 
+HIGHLIGHT = {"motion_ratio": 0.5, "confidence_ratio": 0.5, "min_motion_contrast": 0.02}
+
+
+def _gate(confidence, motion, **overrides):
+    opts = HIGHLIGHT | overrides
+    return highlight_mask(np.array(confidence), np.array(motion), opts["motion_ratio"],
+                          opts["confidence_ratio"], opts["min_motion_contrast"]).tolist()
 
 
 def test_sliding_windows_cover_the_whole_video():
@@ -46,12 +53,3 @@ def test_untrimmed_label_comes_from_the_highlights_not_the_background():
     assert out["keep"].tolist() == [False] * 10 + [True] * 2
     assert out["label"] == 2
     assert out["label_all_windows"] == 1         # without highlight detection the background wins
-
-
-HIGHLIGHT = {"motion_ratio": 0.5, "confidence_ratio": 0.5, "min_motion_contrast": 0.02}
-
-
-def _gate(confidence, motion, **overrides):
-    opts = HIGHLIGHT | overrides
-    return highlight_mask(np.array(confidence), np.array(motion), opts["motion_ratio"],
-                          opts["confidence_ratio"], opts["min_motion_contrast"]).tolist()
