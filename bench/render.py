@@ -181,6 +181,26 @@ a test fails when a quoted figure differs from its file, or when a results file 
 history or a tree with uncommitted changes). Records beside the benches, in docs/records/: the README's
 fresh-clone install and test-suite times (`python -m bench.quickstart_record`) and each workload's default
 command (`python -m bench.default_run_record forest`). Scaling beyond these machines: [scaling](scaling.md).
+
+**Figures typed by hand** elsewhere in README and docs/ (a note taken while profiling, a setting, a
+paper's figure) carry a citation in their paragraph, list item or table row (a table's caption covers
+its rows), in one of four forms that `tests/test_docs.py` reads (bench/doc_citations.py):
+
+- `(results/flower.json, commit 894215a, 2026-11-26, load 0.96)`: a measurement, with the file that
+  holds it (a results file, a record or a notes page), the commit it was measured at (or, for a note
+  taken by hand, `note` and the commit that recorded it), the date and the load average (`idle` or
+  `unknown` where no figure was noted);
+- `(paper: flower, Table 5.2)`: a figure of a seed paper, by workload (docs/papers.md names the
+  document) and where in it;
+- `(set: conf/workload/flower.yaml)`: not a measurement but a setting, a limit or a target, with the
+  file that sets it;
+- `(model: T(N) = S + W / N)`: not a measurement but a figure computed from others (a count, a
+  model's output), and how.
+
+The test fails on a figure with a unit (seconds, MB, images/s, a ratio `1.6x`, a percentage, an
+accuracy, a line count) outside a marker, code and a cited block, and on a citation whose file or
+commit does not exist or whose paper docs/papers.md does not name; `python -m bench.doc_citations`
+lists both. A citation does not re-measure: a cited figure is as old as its date says.
 """
 
 

@@ -1,12 +1,14 @@
 """The figures in README and docs/ cannot drift: every marked figure re-renders to what the page
-says, the generated benchmark tables match their results files, and every results file names a
-commit of this history measured on a clean tree; docs/architecture.md's tree is the tree."""
+says, every other figure cites where it came from (and the cited file and commit exist), the
+generated benchmark tables match their results files, and every results file names a commit of
+this history measured on a clean tree; docs/architecture.md's tree is the tree."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
+from bench.doc_citations import ALLOWED, citation_problems, citation_problems_in, figures_in, uncited_figures
 from bench.doc_figures import FigureError, markdown_files, provenance_problems, render_all, render_text
 from bench.render import render
 from bench.rows import row, summarize
@@ -29,6 +31,54 @@ def test_the_generated_benchmark_tables_match_the_results_files(tmp_path):
 
 def test_every_results_file_names_a_commit_of_this_history_on_a_clean_tree():
     assert provenance_problems() == []
+
+
+def test_every_hand_typed_figure_in_readme_and_docs_has_a_marker_or_a_citation():
+    """A figure typed by hand (seconds, MB, images/s, 1.6x, 97%, an accuracy) outside a marker and
+    code carries a citation in its block (bench/doc_citations.py; the forms: docs/benchmarks.md)."""
+    uncited = uncited_figures()
+    assert not uncited, ("figures with neither a marker nor a citation (make them markers, cite them as "
+                         "docs/benchmarks.md says, or delete them):\n" + "\n".join(map(str, uncited)))
+
+
+def test_every_citation_names_a_file_a_commit_and_a_paper_that_exist():
+    assert citation_problems() == []
+
+
+@pytest.mark.parametrize(("text", "flagged"), [
+    ("A smoke run takes ~30 s on 2 cores.", ["~30 s"]),
+    ("It moves 3.48 MB a step, 49.5 images/s, 1.63x the peer, test MAE 0.47.",
+     ["3.48 MB", "49.5 images/s", "1.63x", "MAE 0.47"]),
+    ("It moves 3.48 MB a step (results/singa.json, commit 0000000, 2026-11-24, load 0.94).", []),
+    ('A step: <!-- fig flower.json "ring vs plain DDP, 1 worker, per step" orchard -->62.3 images/s<!-- /fig -->.', []),
+    ("Waits 10 s (set: orchard/tracking/store.py); the thesis: 7.5x (paper: flower, 5.1.3).", []),
+    ("A 1280x720 field, 3 x 4 tiles, `timeout_s: 600 s`, target >= 0.9x.", []),
+    ("```bash\npython -m orchard workload=forest debug=smoke   # ~30 s\n```", ["~30 s"]),
+    ("| run | time |\n| --- | --- |\n| ring | 221 s |", ["221 s"]),
+    ("Runs timed by hand (note, commit 0000000, 2026-11-21, load idle):\n\n| run | time |\n| --- | --- |\n"
+     "| ring | 221 s |", []),
+])
+def test_the_scanner_finds_a_new_hand_typed_figure_and_accepts_a_marked_or_cited_one(text, flagged):
+    assert [f.text for f in figures_in("docs/page.md", text)] == flagged
+
+
+def test_a_citation_of_a_missing_file_commit_or_paper_is_a_problem_naming_the_page():
+    problems = citation_problems_in("docs/page.md", "\n".join([
+        "a (results/nope.json, commit 894215a, 2026-11-26, load 0.96)",
+        "b (results/flower.json, commit 0123456789abcdef, 2026-11-26, load 0.96)",
+        "c (paper: nope, Table 1)",
+        "d (set: conf/nope.yaml)",
+        "e (note, commit 894215a, 2026-11-26, load idle) (results/flower.json, commit 894215a, 2026-11-26, load 0.96)",
+    ]))
+    assert problems == ["docs/page.md:1: no file 'results/nope.json'", "docs/page.md:4: no file 'conf/nope.yaml'",
+                        "docs/page.md:3: docs/papers.md names no document for 'nope'",
+                        "docs/page.md:2: commit 0123456789abcdef is not in this repository"]
+
+
+def test_the_allow_list_stays_short_and_every_entry_is_on_its_page():
+    assert len(ALLOWED) <= 5
+    for page, words, why in ALLOWED:
+        assert words in (ROOT / page).read_text() and why
 
 
 def test_a_marker_naming_a_missing_row_or_field_is_an_error_naming_the_page():
