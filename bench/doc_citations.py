@@ -136,10 +136,11 @@ def figures_in(page: str, text: str) -> list[Figure]:
     for line, block, caption in blocks(prose(text)):
         if cited(block) or cited(caption):
             continue
-        for n, words in enumerate(block.splitlines()):
-            for m in (*FIGURE.finditer(words), *QUALITY.finditer(words)):
-                if not allowed(page, words, m[0]) and not BOUND.search(words, 0, m.start()):
-                    found.append(Figure(page, line + n, m[0].strip()))
+        # the whole block at once: a figure may wrap ("under 10\nminutes")
+        for m in (*FIGURE.finditer(block), *QUALITY.finditer(block)):
+            words = block[block.rfind("\n", 0, m.start()) + 1:].split("\n", 1)[0]
+            if not allowed(page, words, m[0]) and not BOUND.search(block, 0, m.start()):
+                found.append(Figure(page, line + block.count("\n", 0, m.start()), " ".join(m[0].split())))
     return found
 
 
