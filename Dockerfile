@@ -10,7 +10,7 @@
 FROM python:3.11-slim
 
 # torch from PyTorch's CPU index first (the default index's wheel brings ~3 GB of CUDA
-# libraries); `pip install .` then finds torch==2.13.0 already there
+# libraries); `pip install ".[all]"` then finds torch 2.13.0, inside its range, already there
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 RUN pip install --no-cache-dir torch==2.13.0 --index-url ${TORCH_INDEX}
 
@@ -19,7 +19,7 @@ COPY pyproject.toml README.md LICENSE ./
 COPY orchard ./orchard
 COPY workloads ./workloads
 COPY conf ./conf
-RUN pip install --no-cache-dir . && python -c "import orchard, workloads.flower"
+RUN pip install --no-cache-dir ".[all]" && python -c "import orchard, workloads.flower"
 
 # not root: orchard keeps its store, logs and Ray's session in the user's own folders
 RUN useradd --create-home orchard && mkdir /runs && chown orchard /runs

@@ -6,7 +6,7 @@ Ray cluster), ``ConfigError`` (one-line config errors), ``register_workload``.
 from orchard.config.registry import register_workload
 from orchard.errors import ConfigError
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"  # pyproject's version (CHANGELOG.md says what it holds)
 __all__ = ["ConfigError", "RunContext", "register_workload", "__version__"]
 
 

@@ -32,16 +32,27 @@ def _pyproject() -> dict:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
+def _tested_torch() -> str:
+    """The torch release CI tests (pyproject: "tested with X"), inside the extras' torch range."""
+    from packaging.specifiers import SpecifierSet
+
+    text = (ROOT / "pyproject.toml").read_text()
+    tested = re.search(r"tested with ([\d.]+)", text).group(1)
+    assert tested in SpecifierSet(re.search(r'"torch(>=[\d.]+,<[\d.]+)"', text).group(1))
+    return tested
+
+
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
 def test_the_recipe_installs_pyprojects_torch_and_the_package_from_its_own_sources(recipe):
     steps = instructions(recipe)
     assert steps[0][0] == "FROM" and "python:3.1" in steps[0][1]
-    torch_pin = next(d for d in _pyproject()["project"]["dependencies"] if d.startswith("torch"))
+    torch_pin = f"torch=={_tested_torch()}"
     runs = [args for kind, args in steps if kind == "RUN"]
     torch_step = next(i for i, r in enumerate(runs) if "pip install" in r and "torch" in r)
     assert torch_pin in runs[torch_step] and "--index-url" in runs[torch_step]  # from PyTorch's own index
-    package_step = next(i for i, r in enumerate(runs) if re.search(r"pip install (--no-cache-dir )?\.", r))
-    assert torch_step < package_step  # torch first, so `pip install .` keeps that build
+    # the package with every workload's extra (the README's first command is flower's)
+    package_step = next(i for i, r in enumerate(runs) if re.search(r'pip install (--no-cache-dir )?"\.\[all\]"', r))
+    assert torch_step < package_step  # torch first, so `pip install ".[all]"` keeps that build
     # every source the package is built from is copied before it is installed, and exists here
     copied = {src for kind, args in steps if kind == "COPY" for src in args.split()[:-1]}
     packages = _pyproject()["tool"]["setuptools"]["packages"]["find"]["include"]
@@ -105,7 +116,8 @@ def test_the_ray_up_yaml_is_valid_for_rays_launcher_and_starts_every_node_with_t
     assert all("RAY_AUTH_MODE=token" in c for c in starts if "ray start" in c)
     assert "--dashboard-host=127.0.0.1" in " ".join(config["head_start_ray_commands"])
     setup = " ".join(config["setup_commands"])
-    torch_pin = next(d for d in _pyproject()["project"]["dependencies"] if d.startswith("torch"))
+    torch_pin = f"torch=={_tested_torch()}"
+    assert '"orchard[all] @ ' in setup  # every workload's packages
     assert torch_pin in setup and "--index-url" in setup and "chmod 600 ~/.ray/auth_token" in setup
 
 

@@ -30,11 +30,17 @@ def test_readmes_first_block_is_cis_install_and_needs_no_local_wheels():
     assert "python .ci/check_torch.py" in ci
 
 
-def test_readme_says_where_the_cpu_only_torch_comes_from():
+def test_readme_says_where_the_cpu_only_torch_comes_from_and_which_torch_is_tested():
+    from packaging.specifiers import SpecifierSet
+
     blocks = "\n".join(_quickstart_blocks())
-    assert f"pip install torch==2.13.0 --index-url {CPU_INDEX}" in blocks
-    pinned = re.search(r'"torch==([\d.]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
-    assert f"torch=={pinned}" in blocks  # the README's version is the one pyproject pins
+    tested = re.search(rf"pip install torch==([\d.]+) --index-url {CPU_INDEX}", blocks).group(1)
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    ranges = set(re.findall(r'"torch(>=[\d.]+,<[\d.]+)"', pyproject))
+    assert len(ranges) == 1  # one range for every extra that brings torch, with a floor and a ceiling
+    assert tested in SpecifierSet(ranges.pop())  # the README's version is inside it
+    assert f"tested with {tested}" in pyproject  # and is the one pyproject says CI tests
+    assert f"tested with {tested}" in (ROOT / "README.md").read_text()
 
 
 def test_cis_torch_check_accepts_a_cuda_build_on_a_machine_without_a_gpu(tmp_path):

@@ -19,6 +19,14 @@ _WORKLOADS: dict[str, str] = {
     "singa": "workloads.singa",
     "video": "workloads.video",
 }
+# The packages each built-in workload's extra installs (pyproject's optional-dependencies), by
+# import name: `pip install orchard` is the core, `orchard[video]` adds what workload=video imports.
+EXTRAS: dict[str, tuple[str, ...]] = {
+    "flower": ("torch", "PIL", "cv2", "skimage"),
+    "forest": ("numba", "cv2"),
+    "singa": ("torch", "cv2", "sklearn", "pandas"),
+    "video": ("torch", "av", "cv2"),
+}
 _CONFIG_DIRS: list[str] = []
 PREDICTIONS_DIR = "predictions"  # a predict run's outputs, in its folder and among its artifacts
 _USER_DIRS: list[str] = []
@@ -78,6 +86,11 @@ def load(name: str) -> ModuleType:
     _load_entry_points()
     if name not in _WORKLOADS:
         raise KeyError(f"unknown workload {name!r}; registered: {', '.join(names())}")
+    missing = missing_extra(name)
+    if missing:  # the workloads import these lazily: say so here, before anything starts
+        from orchard.errors import ConfigError
+
+        raise ConfigError(f"workload={name}", f'needs pip install "orchard[{name}]" (not installed: {", ".join(missing)})')
     module = importlib.import_module(_WORKLOADS[name])
     if not hasattr(module, "STRATEGIES"):
         raise TypeError(f"workload module {module.__name__} lacks STRATEGIES")
@@ -85,6 +98,21 @@ def load(name: str) -> ModuleType:
     if not (_own_run(module) or (is_package and importlib.util.find_spec(f"{module.__name__}.run"))):
         raise TypeError(f"workload module {module.__name__} has neither run.py nor run(cfg, ctx)")
     return module
+
+
+def missing_extra(name: str) -> list[str]:
+    """The packages of a built-in workload's extra that cannot be imported here (none for a
+    workload registered from outside, or a built-in name registered again to another module)."""
+    if _WORKLOADS.get(name) != f"workloads.{name}":
+        return []
+    return [package for package in EXTRAS.get(name, ()) if not _importable(package)]
+
+
+def _importable(package: str) -> bool:
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):  # a finder that refuses it, or a module set to None
+        return False
 
 
 def _own_run(module):

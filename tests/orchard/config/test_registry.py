@@ -24,6 +24,17 @@ def test_unknown_name_is_a_key_error():
         registry.load("nope")
 
 
+def test_a_builtin_workload_whose_extra_is_missing_is_a_config_error_naming_the_extra(monkeypatch):
+    from orchard.errors import ConfigError
+
+    monkeypatch.setitem(sys.modules, "numba", None)  # as if `pip install orchard` without [forest]
+    with pytest.raises(ConfigError, match=r'workload=forest: needs pip install "orchard\[forest\]" \(not installed: numba\)'):
+        registry.load("forest")
+    assert registry.missing_extra("flower") == []  # installed here
+    monkeypatch.setitem(registry._WORKLOADS, "forest", "tests.tiny_workload")  # the name taken by a module of one's own
+    assert registry.missing_extra("forest") == []
+
+
 def test_module_without_run_is_refused(tmp_path, monkeypatch):
     pkg = tmp_path / "halfdone_workload.py"
     pkg.write_text("STRATEGIES = ('ring',)\n")
