@@ -38,7 +38,7 @@ def start_run_services(cfg: dict, tracked, run_id: str | None, run_dir: Path, on
     from orchard.storage import Storage
 
     ctx = RunContext(sink, run_id, str(run_dir), cfg["workload"]["name"], cfg["strategy"]["name"], uri,
-                     storage=Storage.for_run(cfg, run_dir))
+                     storage=Storage.for_run(cfg, run_dir), previous_storage=Storage.previous_run(cfg))
     ctx._on_metrics = on_metrics
     ctx.time_split = split
     live = LiveServices(ctx, sink, [])

@@ -50,6 +50,17 @@ class Storage:
         and orchard's own run folders this *is* the run folder on the driver."""
         return cls.root(cfg).child(cfg["workload"]["name"], run_key(cfg, run_dir))
 
+    @classmethod
+    def previous_run(cls, cfg: dict) -> "Storage | None":
+        """The storage of the run this one continues: the workload section's ``resume`` key names
+        that run's folder (set by ``python -m orchard resume <run id>``, or typed), or None. A key
+        naming a file of this machine (forest takes a checkpoint file) has no run storage: None.
+        Built here, once, for the resume checks and for ``ctx.previous_storage``."""
+        previous = (cfg.get(cfg["workload"]["name"]) or {}).get("resume")
+        if not previous or (not _is_uri(str(previous)) and Path(os.path.expanduser(str(previous))).is_file()):
+            return None
+        return cls.for_run(cfg, previous)
+
     def child(self, *parts: str) -> "Storage":
         return Storage(self._join(*parts), self.node_cache_max_bytes)
 

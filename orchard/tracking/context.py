@@ -21,7 +21,7 @@ _VALID_NAMES: set[str] = set()  # metric names this process has checked: MLflow'
 
 class RunContext:
     def __init__(self, sink, run_id: str | None, run_dir: str, workload: str, strategy: str,
-                 tracking_uri: str | None = None, storage=None):
+                 tracking_uri: str | None = None, storage=None, previous_storage=None):
         self._sink = sink
         self.run_id = run_id
         self.run_dir = Path(run_dir)
@@ -29,6 +29,9 @@ class RunContext:
         # any node read and write (checkpoints, data, caches). The lifecycle sets it once; no
         # workload rebuilds it from the config.
         self.storage = storage
+        # On a resumed run, the storage of the run it continues (Storage.previous_run): where its
+        # checkpoints are read from; None for a fresh run.
+        self.previous_storage = previous_storage
         self.workload = workload
         self.strategy = strategy
         self.tracking_uri = tracking_uri

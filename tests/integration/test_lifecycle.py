@@ -249,7 +249,7 @@ def test_forest_resume_after_a_crash_continues_from_the_last_round(ray_session, 
     assert failed.info.status == "FAILED"
     assert f"resume {failed.info.run_id}" in crashed.stdout  # the summary says how to go on
     new = resume_to_finished(failed, uri, tmp_path, *attach_overrides())
-    assert new.data.params["forest.resume"] != "None"
+    assert new.data.params["forest.resume"] != "None" and new.data.metrics["train/resumed_from_round"] == 2
     again = subprocess.run(orchard("resume", new.info.run_id, f"tracking.uri={uri}"), cwd=tmp_path, env=env(),
                            capture_output=True, text=True, timeout=120)
     assert again.returncode == 2 and "KILLED or FAILED" in again.stderr

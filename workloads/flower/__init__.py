@@ -1,5 +1,5 @@
-"""workload=flower: the canola flower-counting CNN of the MSc thesis
-(the U. Saskatchewan MSc thesis A scalable CNN canola flower counter (docs/papers.md)), trained with ring all-reduce or parameter servers.
+"""workload=flower: the canola flower-counting CNN of the U. Saskatchewan MSc thesis "A scalable
+CNN canola flower counter" (docs/papers.md), trained with ring all-reduce or parameter servers.
 
 The contract the core reads; the core calls run.py (mode=train) and predict.py (mode=predict)
 itself (orchard/config/registry.py). Light on purpose: heavy imports happen in those files.
@@ -31,7 +31,7 @@ def _valid_bins(bins) -> bool:
 
 def validate(cfg: dict) -> None:
     """Reject a bad flower config before Ray starts (orchard.ConfigError(key, allowed))."""
-    from orchard.api import schema
+    from orchard.api import schema, Storage
 
     from .schema import Flower
 
@@ -41,7 +41,7 @@ def validate(cfg: dict) -> None:
     require(cfg, "flower.bins", _valid_bins,
             "a list of increasing, non-overlapping [low, high] count ranges (high may be null)")
     if cfg["mode"] == "train":
-        require(cfg, "flower.resume", lambda v: v is None or train_storage(cfg, v).exists("flower"),
+        require(cfg, "flower.resume", lambda v: v is None or train_storage(Storage.previous_run(cfg)).exists("flower"),
                 "null or the folder of a train run that checkpointed (holding train/flower/)")
         require(cfg, "flower.data_dir", lambda v: v is None or (Path(v) / "images").is_dir(),
                 "null (synthetic field) or a folder holding images/ (and points.csv or annotated/)")

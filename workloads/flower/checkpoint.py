@@ -23,23 +23,22 @@ MODEL_FILE = "model.pt"
 TRAIN_STORAGE_NOTE = "train_storage.txt"  # in a run folder: where its Ray Train run keeps checkpoints
 
 
-def train_storage(cfg: dict, run_dir):
-    """Where a train run's Ray Train checkpoints live (an ``orchard.storage.Storage``): the run's
-    storage + ``/train``, or, for a run that resumed another, the storage it continued (named in
-    its ``train_storage.txt``).  Read from the run storage, so the driver's folder may be gone."""
+def train_storage(run):
+    """Where a train run's Ray Train checkpoints live (an ``orchard.storage.Storage``), given the
+    run's storage: its ``/train``, or, for a run that resumed another, the storage it continued
+    (named in its ``train_storage.txt``).  Read from storage, so the driver's folder may be gone."""
     from orchard.api import Storage
 
-    run = Storage.for_run(cfg, run_dir)
     return Storage(run.read_text(TRAIN_STORAGE_NOTE).strip()) if run.exists(TRAIN_STORAGE_NOTE) else run.child("train")
 
 
-def resolve(cfg: dict, run_storage):
+def resolve(ctx):
     """The Train storage of this run, noted in its ``train_storage.txt`` (a resume of this run
     finds it there). A resumed run continues the previous run's Train run (same storage path
     and name): Ray Train restores its latest checkpoint, and new checkpoints join it there."""
-    f = cfg["flower"]
-    storage = train_storage(cfg, f["resume"]) if f.get("resume") else run_storage.child("train")
-    run_storage.write_text(TRAIN_STORAGE_NOTE, storage.uri)  # a resume of this run finds it
+    storage = (train_storage(ctx.previous_storage) if ctx.previous_storage is not None
+               else ctx.storage.child("train"))
+    ctx.storage.write_text(TRAIN_STORAGE_NOTE, storage.uri)  # a resume of this run finds it
     return storage
 
 

@@ -88,7 +88,7 @@ def run(cfg: dict, ctx) -> dict[str, float]:
     ctx.mark("data")
     train_started = time.time()
     # a resumed run continues the previous run's Ray Train run and its checkpoints (checkpoint.py)
-    launch_workers(config, cfg, ctx, checkpoint.resolve(cfg, run_storage))
+    launch_workers(config, cfg, ctx, checkpoint.resolve(ctx))
     metrics = {"time/train_wall_s": time.time() - train_started, "time/prepare_s": prepared_s}
     # the workers' summaries and the model come back through storage, never a driver path
     ctx.mark("training")

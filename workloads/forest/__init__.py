@@ -1,7 +1,7 @@
 """workload=forest: the Kinect body-part decision forest trained in distributed rounds.
 
 Source: Budiu, Shotton, Murray, Finocchio, "Parallelizing the Training of the Kinect
-Body Parts Labeling Algorithm" (Budiu et al., Parallelizing the Training of the Kinect Body Parts Labeling Algorithm (docs/papers.md)).
+Body Parts Labeling Algorithm" (docs/papers.md).
 Plain Ray tasks (histograms over data-unit x feature partitions) and actors (histogram
 sums and best splits over node partitions); no Ray Train. Kept light: heavy imports
 happen in the entry files the core calls, run.py (mode=train) and predict.py (mode=predict).
@@ -13,9 +13,9 @@ STRATEGIES = ("tasks",)
 
 def validate(cfg: dict) -> None:
     """Check every `forest.*` knob before Ray starts; raises orchard.ConfigError."""
-    from orchard.api import ConfigError, schema, require, require_path
+    from orchard.api import ConfigError, schema, require, require_path, Storage
 
-    from .checkpoint import CHECKPOINT_NAME, checkpoint_exists, resolve_checkpoint
+    from .checkpoint import CHECKPOINT_NAME, previous_checkpoint
     from .schema import Forest
 
     forest_cfg = cfg["forest"]
@@ -44,7 +44,7 @@ def validate(cfg: dict) -> None:
     if forest_cfg.get("data_dir"):
         _check_data_dir(forest_cfg)
     if forest_cfg.get("resume") is not None:
-        require(cfg, "forest.resume", lambda v: checkpoint_exists(resolve_checkpoint(v)),
+        require(cfg, "forest.resume", lambda v: previous_checkpoint(v, Storage.previous_run(cfg)) is not None,
                 f"a {CHECKPOINT_NAME} file or a run folder that holds one")
 
 
@@ -71,14 +71,11 @@ def resume(cfg: dict, previous_run_dir: str) -> None:
     """``python -m orchard resume <run id>``: continue from that run's last completed round."""
     from orchard.api import ConfigError, Storage
 
-    from .checkpoint import CHECKPOINT_NAME, checkpoint_exists, resolve_checkpoint
+    from .checkpoint import CHECKPOINT_NAME, previous_checkpoint
 
-    kept = Storage.for_run(cfg, previous_run_dir)  # the run storage: the driver's folder may be gone
-    if checkpoint_exists(resolve_checkpoint(previous_run_dir)):  # a local folder, or a run folder's URI
-        cfg["forest"]["resume"] = str(previous_run_dir)
-    elif kept.exists(CHECKPOINT_NAME):
-        cfg["forest"]["resume"] = f"{kept.uri}/{CHECKPOINT_NAME}"
-    else:
+    cfg["forest"]["resume"] = str(previous_run_dir)
+    # its storage first (the driver's folder may be gone), then the folder on this machine
+    if previous_checkpoint(previous_run_dir, Storage.previous_run(cfg)) is None:
         raise ConfigError("forest.resume", f"a run folder holding {CHECKPOINT_NAME}; the run stopped before "
                           f"its first round ended ({previous_run_dir})")
     cfg["forest"]["stop_after_rounds"] = None  # the deliberate crash of a test run is not carried over

@@ -51,13 +51,28 @@ def log_checkpoint(ctx, run_dir: Path, checkpoint) -> None:
     ctx.log_artifact(run_dir / CHECKPOINT_NAME, "model")
 
 
-def initial_state(forest_cfg: dict, seed: int) -> dict:
-    """A fresh checkpoint state, or the one `forest.resume` points at (same forest config)."""
+def previous_checkpoint(resume, previous_storage):
+    """The checkpoint `forest.resume` points at, or None where there is none: the previous run's
+    storage first (``Storage.previous_run``: on a cluster a bucket, the driver's folder may be
+    gone), then `resume` itself as a path of this machine (a checkpoint file, or a run folder
+    whose storage is elsewhere)."""
+    if previous_storage is not None and previous_storage.exists(CHECKPOINT_NAME):
+        return previous_storage.child(CHECKPOINT_NAME).uri
+    local = resolve_checkpoint(resume)
+    return local if checkpoint_exists(local) else None
+
+
+def initial_state(forest_cfg: dict, seed: int, previous_storage=None) -> dict:
+    """A fresh checkpoint state, or the one `forest.resume` points at (same forest config);
+    ``previous_storage``: the storage of the run it names (``ctx.previous_storage``)."""
     fingerprint = config_fingerprint(forest_cfg, seed)
     if forest_cfg.get("resume") is None:
         return {"fingerprint": fingerprint, "trees": [], "class_weights": [], "partial": None,
                 "frontier": [], "next_depth": 0}
-    state = load_checkpoint(resolve_checkpoint(forest_cfg["resume"]))
+    checkpoint = previous_checkpoint(forest_cfg["resume"], previous_storage)
+    if checkpoint is None:
+        raise ValueError(f"forest.resume: no {CHECKPOINT_NAME} at {forest_cfg['resume']} or in its run storage")
+    state = load_checkpoint(checkpoint)
     if state["fingerprint"] != fingerprint:
         raise ValueError("forest.resume: the checkpoint was trained with a different forest "
                          f"config or seed:\n  checkpoint: {state['fingerprint']}\n  this run: {fingerprint}")

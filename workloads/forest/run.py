@@ -56,7 +56,9 @@ def _run(cfg: dict, ctx, round_ends: list) -> dict[str, float]:
     ctx.mark("data")
 
     # 2. train: the trees in rounds, checkpointed every round into the run storage
-    state = initial_state(f, seed)
+    state = initial_state(f, seed, ctx.previous_storage)
+    # a resumed run goes on at the round after its checkpoint's (the others log resumed_from_epoch)
+    first_round = len(state["trees"]) * f["max_depth"] + (state["next_depth"] if state["partial"] is not None else 0)
     checkpoint = run_checkpoint(ctx.storage, run_dir)
     train_start = time.perf_counter()
     history, restarts = grow_forest(train_refs, cfg, ctx, state, checkpoint, round_ends)
@@ -97,5 +99,6 @@ def _run(cfg: dict, ctx, round_ends: list) -> dict[str, float]:
             / max(sum(m["round/total_s"] for m in history), 1e-9)),
         "train/restarts": float(restarts),  # histogram actors' shares redone after a loss
         "time/data_s": data_s, "time/train_s": train_s,
+        **({"train/resumed_from_round": float(first_round)} if f.get("resume") else {}),  # only a resumed run
     })
     return metrics

@@ -1,7 +1,7 @@
 """workload=singa: SINGA-style layer models and training architectures.
 
-Source: Wang et al., SINGA: Putting Deep Learning in the Hands of Multimedia Users (docs/papers.md) (Wang et al., SINGA), sections 3-6 and
-Appendix B.  A net is a YAML list of layers (conf/singa/apps/<app>.yaml, or the user's own file
+Source: Wang et al., "SINGA: Putting Deep Learning in the Hands of Multimedia Users" (docs/papers.md),
+sections 3-6 and Appendix B.  A net is a YAML list of layers (conf/singa/apps/<app>.yaml, or the user's own file
 ``singa.net=...`` with layer types from ``singa.layer_modules=[...]``) built on the layer contract
 of ``layers/base.py``; ``singa.arch`` (conf/singa/arch/<arch>.yaml) picks how worker groups and
 parameter servers share the training.  Light on import: heavy modules load in run.py (the
@@ -165,11 +165,11 @@ def resume(cfg: dict, previous_run_dir: str) -> None:
     from orchard.api import ConfigError, Storage
     from .checkpoint import CHECKPOINT_NAME
 
-    # the run storage (orchard/storage/), so the driver's run folder may be gone
-    if not Storage.for_run(cfg, previous_run_dir).exists(CHECKPOINT_NAME):
+    cfg["singa"]["resume"] = str(previous_run_dir)
+    # its storage (orchard/storage/), so the driver's run folder may be gone
+    if not Storage.previous_run(cfg).exists(CHECKPOINT_NAME):
         raise ConfigError("singa.resume", f"a run folder holding {CHECKPOINT_NAME}; the run stopped before its "
                           f"first checkpointed epoch ({previous_run_dir})")
-    cfg["singa"]["resume"] = str(previous_run_dir)
 
 
 def headline(cfg: dict, metrics: dict) -> list[str]:

@@ -56,13 +56,11 @@ def finite(params: dict, epoch: int, step: int, lr: dict | None) -> dict:
     return params
 
 
-def previous(cfg: dict) -> dict | None:
-    """The checkpoint of the run ``singa.resume`` names (``load_checkpoint``), or None.  Read from
-    the run storage: a bucket on a cluster, so a resume needs nothing from the driver's disk."""
-    from orchard.api import Storage
-
-    s = cfg["singa"]
-    return load_checkpoint(Storage.for_run(cfg, s["resume"])) if s.get("resume") else None
+def previous(previous_storage) -> dict | None:
+    """The checkpoint of the run ``singa.resume`` names (``load_checkpoint``), or None: read from
+    that run's storage (``ctx.previous_storage``: a bucket on a cluster, so a resume needs nothing
+    from the driver's disk)."""
+    return load_checkpoint(previous_storage) if previous_storage is not None else None
 
 
 def stage_start(resumed: dict | None, stage: int) -> int:

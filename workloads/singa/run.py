@@ -35,7 +35,7 @@ def run(cfg: dict, ctx) -> dict[str, float]:
     #    skipped, the stage it was in goes on from its epoch (checkpoint.py).
     final: dict[str, float] = {}
     initial = None
-    resumed = previous(cfg)
+    resumed = previous(ctx.previous_storage)
     if resumed is not None:
         initial = resumed["params"]
         final["train/resumed_from_epoch"] = float(resumed["epoch"])

@@ -1,6 +1,6 @@
 """workload=video: the Hierarchical Elastic Video learning system (HEV) as Ray Data stages.
 
-Source: the hierarchical elastic video-learning design notes (docs/papers.md) (design notes, partly Chinese). Layers:
+Source: the hierarchical elastic video-learning design notes (docs/papers.md; partly in Chinese). Layers:
 video cache/decode (decoder.py, cache.py), feature extraction (extractors.py, stages.py,
 pipeline.py), two-stream CNN training (model.py, train.py), fusion (aggregation.py, evaluate.py),
 inference on untrimmed video (inference.py), master/bypass control (master.py).
@@ -56,18 +56,19 @@ def validate(cfg: dict) -> None:
         _pool(cfg, f"video.{key}")
     require_path(cfg, "video.inference.root", kind="dir", allow_none=True)
     if cfg["mode"] == "train" and v.get("resume") is not None:
-        require(cfg, "video.resume", _has_checkpoint(cfg),
+        require(cfg, "video.resume", lambda _: _has_checkpoint(cfg),
                 "null or the folder of a video run that checkpointed an epoch (video_checkpoint.pt in its storage)")
 
 
-def _has_checkpoint(cfg: dict):
-    """``previous run folder -> bool``: its storage part holds a video checkpoint (the driver's
-    folder itself may be gone: orchard/storage/)."""
+def _has_checkpoint(cfg: dict) -> bool:
+    """The previous run's storage holds a video checkpoint (the driver's folder itself may be
+    gone: orchard/storage/)."""
     from orchard.api import Storage
 
     from .checkpoint import CHECKPOINT_NAME
 
-    return lambda run_dir: Storage.for_run(cfg, run_dir).exists(CHECKPOINT_NAME)
+    previous = Storage.previous_run(cfg)
+    return previous is not None and previous.exists(CHECKPOINT_NAME)
 
 
 def resume(cfg: dict, previous_run_dir: str) -> None:

@@ -25,8 +25,6 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
 
     import ray
 
-    from orchard.api import Storage
-
     from . import figures
     from .cache import accumulate, cache_dir, make_cache
     from .checkpoint import load_checkpoint
@@ -68,7 +66,7 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
     # a resumed run (python -m orchard resume) goes on from the previous run's video checkpoint,
     # read from storage alone (the driver's folder may be gone): its states, allocation, history
     run_storage = ctx.storage
-    resumed = load_checkpoint(Storage.for_run(cfg, vcfg["resume"])) if vcfg.get("resume") else None
+    resumed = load_checkpoint(ctx.previous_storage) if ctx.previous_storage is not None else None
     first_epoch = 0 if resumed is None else epochs if resumed["training_done"] else int(resumed["epoch"]) + 1
     op_summaries = []
     if resumed:  # at once: it says what this run is while it trains (and again with the final metrics)

@@ -33,6 +33,22 @@ def test_run_folders_the_user_named_alike_never_share_a_storage_folder(tmp_path)
     assert run_key(cfg, tmp_path / "A" / "exp") == run_key(cfg, str(tmp_path / "A" / "exp"))
 
 
+def test_the_previous_run_storage_is_where_the_run_named_by_resume_wrote_and_none_without_one(tmp_path):
+    """ctx.previous_storage (Storage.previous_run): built once from the workload section's resume
+    key, in the bucket when storage.uri is one; a checkpoint file on this machine has no run storage."""
+    run_id = "0123456789abcdef0123456789abcdef"
+    cfg = {"output_dir": str(tmp_path / "out"), "storage": {"uri": "s3://bucket/p"}, "workload": {"name": "singa"},
+           "singa": {"resume": None}}
+    assert Storage.previous_run(cfg) is None
+    cfg["singa"]["resume"] = f"/gone/driver/singa/{run_id}"  # the driver's folder need not exist
+    assert Storage.previous_run(cfg) == Storage.for_run(cfg, cfg["singa"]["resume"])
+    assert Storage.previous_run(cfg).uri == f"s3://bucket/p/singa/{run_id}"
+    checkpoint = tmp_path / "forest_checkpoint.npz"
+    checkpoint.write_bytes(b"npz")
+    cfg.update(workload={"name": "forest"}, forest={"resume": str(checkpoint)})
+    assert Storage.previous_run(cfg) is None
+
+
 def test_a_storage_travels_into_a_ray_task_as_its_uri(ray_session, tmp_path):
     store = Storage(tmp_path / "s")
     store.write_text("a/b.txt", "hello")
