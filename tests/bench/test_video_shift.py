@@ -1,6 +1,6 @@
 """bench/video_shift.py's row: each side timed to its target (or its whole training when it never
 met it), the sides alternating within a repeat, each side's shifts and target count beside it.
-The shifting itself is tested on a real run in tests/workloads/video/test_worker_shift.py."""
+The shifting itself is tested on a real run in tests/workloads/video/test_train.py."""
 from __future__ import annotations
 
 

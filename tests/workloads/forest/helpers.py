@@ -9,6 +9,8 @@ from workloads.forest.avatar import render_avatar_image
 from workloads.forest.data_unit import build_block
 from workloads.forest.depth_png import palette_array, write_pair
 
+BG = np.float32(10000)  # the background depth (mm) a probe off the body reads (forest.background_mm's default)
+
 
 def palette(compose) -> np.ndarray:
     return palette_array(compose("workload=forest")["forest"]["palette"])

@@ -6,7 +6,7 @@ import pytest
 
 from workloads.forest.features import feature_response
 
-BG = np.float32(10000)   # the background depth (mm) of the feature's probes off the body
+from .helpers import BG
 
 
 def test_feature_formula_by_hand():

@@ -9,7 +9,7 @@ from workloads.forest.features import candidate_pool, feature_matrix
 from workloads.forest.histogram_kernels import (accumulate_bins, accumulate_histograms, assign_nodes, best_splits,
                                                 encode_bins)
 
-BG = np.float32(10000)
+from .helpers import BG
 
 
 def _random_scene(seed=0, n_img=3, h=24, w=32, n_ex=400):

@@ -1,4 +1,4 @@
-"""Run by test_singa_two_nodes.py in its own process (it needs a Ray of its own): the user's
+"""Run by test_worker_group.py in its own process (it needs a Ray of its own): the user's
 layers train under sync_ps and allreduce on one node, then on a two-node
 ``ray.cluster_utils.Cluster`` with one worker group per node; prints the results as JSON."""
 from __future__ import annotations

@@ -8,6 +8,8 @@ import pytest
 from workloads.video.decoder import BadVideo, PyAVDecoder, wanted_indices
 from workloads.video.synthetic_videos import render_clip, write_bad_files, write_mp4
 
+from .conftest import write_clip
+
 
 @pytest.mark.parametrize("offset", [0, 1, 7, 15, 16, 17, 19])
 def test_decode_returns_exactly_the_frames_of_a_sequential_decode(tiny_videos, offset):
@@ -59,3 +61,27 @@ def test_probe_rejects_each_kind_of_bad_file(tmp_path, tiny_videos):
     assert dec.probe(index.paths[0]) == 24
 
 
+def test_every_frame_of_a_vfr_file_matches_a_sequential_decode(tmp_path):
+    path = tmp_path / "vfr.mp4"
+    write_clip(path, 2, 1, vfr=True, n=40, seed=5)
+    dec = PyAVDecoder()
+    pts = dec.index(str(path))
+    gaps = np.diff(pts)
+    assert len(pts) == 40 and len(set(gaps.tolist())) > 1            # really variable frame rate
+    reference = dec.decode_all(str(path))
+    for offset in range(0, 36):                                      # every requested frame, seek or not
+        clip = PyAVDecoder().decode(str(path), offset, 5, pts=pts)
+        assert np.array_equal(clip, reference[offset:offset + 5]), offset
+    # the short-video rule wraps in presented frames too
+    assert np.array_equal(dec.decode(str(path), 38, 4), reference[[38, 39, 0, 1]])
+
+
+def test_non_videos_are_rejected_by_kind(real_folder):
+    dec = PyAVDecoder()
+    kinds = {}
+    for name in ("down/photo.jpg", "right/notes.mp4", "diagonal/voice.m4a", "diagonal/still.mp4"):
+        with pytest.raises(BadVideo) as err:
+            dec.index(str(real_folder / name))
+        kinds[name] = err.value.kind
+    assert kinds == {"down/photo.jpg": "image", "right/notes.mp4": "unreadable",
+                     "diagonal/voice.m4a": "audio_only", "diagonal/still.mp4": "single_frame"}

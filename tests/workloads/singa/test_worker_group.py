@@ -1,4 +1,4 @@
-"""Multi-node (issue 16): worker groups on two Ray nodes reach each other at their node's
+"""workloads/singa/worker_group.py on many nodes (issue 16): worker groups on two Ray nodes reach each other at their node's
 address and train exactly as on one node.  ``ray.cluster_utils.Cluster`` needs a Ray of its own,
 so the run happens in a subprocess (two_node_cluster.py), beside the session's Ray."""
 from __future__ import annotations

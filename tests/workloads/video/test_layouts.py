@@ -1,60 +1,75 @@
-"""Real files as users have them: VFR clips, still images, audio-only files, one-frame clips;
-UCF101/HMDB51 split files; datasets the config check refuses with one line and exit 2."""
+"""workloads/video/layouts.py: the dataset layouts users have (class folders, UCF101/HMDB51 split
+files as they are, a manifest CSV), and the ones refused before Ray starts: one line naming the
+file (and the line), exit 2, no traceback."""
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from orchard import ConfigError
-from workloads.video.decoder import BadVideo, PyAVDecoder
 
-from .conftest import write_clip
-
-
-def test_every_frame_of_a_vfr_file_matches_a_sequential_decode(tmp_path):
-    path = tmp_path / "vfr.mp4"
-    write_clip(path, 2, 1, vfr=True, n=40, seed=5)
-    dec = PyAVDecoder()
-    pts = dec.index(str(path))
-    gaps = np.diff(pts)
-    assert len(pts) == 40 and len(set(gaps.tolist())) > 1            # really variable frame rate
-    reference = dec.decode_all(str(path))
-    for offset in range(0, 36):                                      # every requested frame, seek or not
-        clip = PyAVDecoder().decode(str(path), offset, 5, pts=pts)
-        assert np.array_equal(clip, reference[offset:offset + 5]), offset
-    # the short-video rule wraps in presented frames too
-    assert np.array_equal(dec.decode(str(path), 38, 4), reference[[38, 39, 0, 1]])
+ROOT = Path(__file__).resolve().parents[3]
 
 
-def test_non_videos_are_rejected_by_kind(real_folder):
-    dec = PyAVDecoder()
-    kinds = {}
-    for name in ("down/photo.jpg", "right/notes.mp4", "diagonal/voice.m4a", "diagonal/still.mp4"):
-        with pytest.raises(BadVideo) as err:
-            dec.index(str(real_folder / name))
-        kinds[name] = err.value.kind
-    assert kinds == {"down/photo.jpg": "image", "right/notes.mp4": "unreadable",
-                     "diagonal/voice.m4a": "audio_only", "diagonal/still.mp4": "single_frame"}
+def _manifest(tmp_path, rows: str) -> Path:
+    for name in ("a.mp4", "b.mp4", "c.mp4"):
+        (tmp_path / name).write_bytes(b"\x00" * 64)  # never decoded: the rows are refused first
+    path = tmp_path / "manifest.csv"
+    path.write_text(rows)
+    return path
 
 
-def test_scan_counts_skips_by_kind_and_reuses_the_frame_index(real_folder, tmp_path):
-    from workloads.video.data import scan
+@pytest.mark.parametrize("rows, line, says", [
+    ("path,label\na.mp4,cat\nb.mp4,dog\nc.mp4\n", 4, "no label"),
+    ("path,label\na.mp4,cat\nb.mp4,\n", 3, "no label"),
+    ("path,label\na.mp4,cat\n,dog\n", 3, "no path"),
+    ("path,label,split\na.mp4,cat,train\nb.mp4,dog,holdout\n", 3, "split 'holdout'"),
+])
+def test_a_bad_manifest_row_is_named_by_file_and_line(tmp_path, compose, rows, line, says):
+    from workloads import video
 
-    store = tmp_path / "index"
-    first = scan(str(real_folder), val_fraction=0.25, seed=0, index_dir=str(store))
-    assert first.classes == ["diagonal", "down", "right"] and len(first.paths) == 12
-    assert first.skipped_counts() == {"image": 1, "unreadable": 1, "audio_only": 1, "single_frame": 1}
-    vfr = first.paths.index(str(real_folder / "right" / "right_0.mp4"))
-    assert first.lengths[vfr] == 24 and len(first.pts[vfr]) == 24
-    assert first.index_reused == 0
-    again = scan(str(real_folder), val_fraction=0.25, seed=0, index_dir=str(store))
-    assert again.index_reused == 16                                 # nothing decoded the second time
-    assert [p.tolist() for p in again.pts] == [p.tolist() for p in first.pts]
-    assert again.digests == first.digests and len(set(first.digests)) == 12
-    assert again.splits == first.splits                              # the seeded split repeats
+    path = _manifest(tmp_path, rows)
+    with pytest.raises(ConfigError) as err:
+        video.validate(compose("workload=video", f"video.root={path}"))
+    message = str(err.value)
+    assert err.value.key == "video.root"
+    assert f"{path} line {line}: {says}" in message and "path,label" in message
+    assert "\n" not in message
+
+
+def test_a_manifest_that_is_not_a_text_table_is_one_line(tmp_path, compose):
+    from workloads import video
+
+    path = _manifest(tmp_path, "")
+    path.write_bytes(bytes(range(256)) * 8)
+    with pytest.raises(ConfigError) as err:
+        video.validate(compose("workload=video", f"video.root={path}"))
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_manifest_labels_and_paths_are_read_without_stray_spaces(tmp_path):
+    from workloads.video.layouts import read_layout
+
+    path = _manifest(tmp_path, "\ufeffpath , label,split\n a.mp4 ,cat ,TEST\nb.mp4,dog,\n")
+    layout = read_layout(str(path))
+    assert layout.classes == ["cat", "dog"]
+    assert layout.rows == [(str(tmp_path / "a.mp4"), "cat", "val"), (str(tmp_path / "b.mp4"), "dog", None)]
+
+
+def test_the_cli_refuses_a_row_without_a_label_before_ray_starts(tmp_path):
+    path = _manifest(tmp_path, "path,label\na.mp4,cat\nb.mp4,dog\nc.mp4\n")
+    proc = subprocess.run([sys.executable, "-m", "orchard", "workload=video", f"video.root={path}", "debug=smoke",
+                           "tracking=none", f"output_dir={tmp_path}/out"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    console = proc.stdout + proc.stderr
+    assert proc.returncode == 2, console
+    assert "traceback" not in console.lower()
+    assert f"{path} line 4: no label" in console
+    assert not (tmp_path / "out" / "logs").exists()  # refused before the console moved to a log: before Ray
 
 
 def _ucf_layout(real_folder: Path, root: Path) -> Path:
@@ -127,16 +142,3 @@ def test_the_cli_exits_2_with_one_line_on_a_one_class_folder(real_folder, tmp_pa
         main(["workload=video", "debug=smoke", f"video.root={one.parent}", "tracking=none"])
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 2 and len(err) == 1 and "video.root" in err[0]
-
-
-def test_a_video_linked_from_outside_the_folder_is_set_aside_and_never_opened(tmp_path):
-    """A class folder's link to a file elsewhere (/etc/passwd) is neither probed nor decoded:
-    set aside (``scan`` counts it as ``outside_folder``)."""
-    from workloads.video.layouts import read_layout
-
-    (tmp_path / "root" / "run").mkdir(parents=True)
-    (tmp_path / "root" / "run" / "a.mp4").write_bytes(b"not probed here")
-    (tmp_path / "root" / "run" / "b.mp4").symlink_to("/etc/passwd")
-    layout = read_layout(str(tmp_path / "root"))
-    assert [Path(r[0]).name for r in layout.rows] == ["a.mp4"]
-    assert list(layout.outside) == [str(tmp_path / "root" / "run" / "b.mp4")]

@@ -1,4 +1,4 @@
-"""A user's own layers and nets (issue 16): ``singa.net`` + ``singa.layer_modules`` from the CLI
+"""workloads/singa/settings.py: a user's own layers and nets (issue 16): ``singa.net`` + ``singa.layer_modules`` from the CLI
 under the distributed architectures, and nets checked before anything starts (one line naming
 the layer, exit 2)."""
 from __future__ import annotations

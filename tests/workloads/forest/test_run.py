@@ -1,4 +1,4 @@
-"""workload=forest through the real CLI path: config checks, smoke run into MLflow, resume."""
+"""workloads/forest/run.py through the real CLI path: config checks, smoke run into MLflow, resume."""
 import numpy as np
 import pytest
 

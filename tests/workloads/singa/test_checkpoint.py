@@ -1,4 +1,4 @@
-"""singa's checkpoint under divergence: the last finite one is kept (the end-to-end run with
+"""workloads/singa/checkpoint.py under divergence: the last finite one is kept (the end-to-end run with
 singa.lr=1e30 is in tests/integration/test_divergence.py)."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``singa.data=mnist`` on the standard IDX files (written here: real scikit-learn digits drawn
+"""workloads/singa/data.py: ``singa.data=mnist`` on the standard IDX files (written here: real scikit-learn digits drawn
 at MNIST's 28x28, the train images gzipped), with the data partition logged beside the accuracy,
 and two architectures compared in the second run's ``figures/architectures.png``."""
 from __future__ import annotations
