@@ -1,7 +1,8 @@
 """``python -m orchard workload=<name> [strategy=<name>] [key=value ...]``: parses argv only.
 
 Everything a run goes through (config, checks, Ray, MLflow, the workload, its status and exit
-code) is ``orchard/run/lifecycle.py``; ``runs`` (orchard/cli/runs.py) and ``resume`` (orchard/run/resume.py) are its maintenance commands.
+code) is ``orchard/run/lifecycle.py``; ``runs`` (orchard/cli/runs.py), ``resume`` (orchard/run/resume.py) and ``ui``
+(orchard/cli/ui.py) are its maintenance commands.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ USAGE = """usage: python -m orchard workload=<name> [strategy=<name>] [group=opt
        python -m orchard --hydra-help | --version | -sc install=bash|zsh   Hydra's flags / versions / tab completion
        python -m orchard resume <run id> [tracking.uri=...]     continue a KILLED or FAILED run from its checkpoint
        python -m orchard runs list|show|compare|reap [tracking.uri=...]   the store's runs: list, one again, side by side; close runs whose driver died
+       python -m orchard ui [<run id>] [tracking.uri=...] [port=N]   the MLflow UI on the store (127.0.0.1), in its training view
 
 options:
   --config-dir DIR, -cd DIR   your own config groups beside orchard's (DIR/experiment/mine.yaml -> experiment=mine)
@@ -119,7 +121,7 @@ def _add_config_dir(flag: str, folder: str) -> None:
 def _dispatch(argv: list[str]) -> None:
     try:
         argv = _take_options(argv)
-        if argv and argv[0] in ("runs", "resume"):
+        if argv and argv[0] in ("runs", "resume", "ui"):
             sys.exit(_maintenance(argv))
         flags = flag_lib.parse(argv)
     except ConfigError as err:
@@ -144,6 +146,10 @@ def _maintenance(argv: list[str]) -> int:
         from orchard.cli.runs import runs_command
 
         return runs_command(argv[1:])
+    if argv[0] == "ui":
+        from orchard.cli.ui import ui_command
+
+        return ui_command(argv[1:])
     if len(argv) < 2 or "=" in argv[1]:
         say("usage: python -m orchard resume <run id> [tracking.uri=...]", file=sys.stderr)
         return 2

@@ -134,12 +134,12 @@ def _figure_names(tracked) -> list[str]:
     return sorted(Path(a.path).stem for a in found if a.path.endswith(".png"))
 
 
-def tracking_address(uri: str) -> str:
+def tracking_address(uri: str, run_id: str | None = None) -> str:
     """The tracking store as a user opens it: a server's URL as it is, a local store with the UI
-    command that serves it."""
+    command that serves it (at the run's page)."""
     from orchard.tracking import store as tracking_store
 
-    return uri if uri.startswith(("http://", "https://")) else f"{uri} (view: {tracking_store.ui_command(uri)})"
+    return uri if uri.startswith(("http://", "https://")) else f"{uri} (view: {tracking_store.ui_command(uri, run_id)})"
 
 
 def _resume_args(cfg: dict) -> str:

@@ -204,7 +204,7 @@ def run_one(cfg: dict, module, parent_run_id: str | None = None, on_metrics=None
 
             heartbeat = Heartbeat(tracked.client(), tracked.run_id)
             if not quiet:  # where to watch it while it runs (a team's server, or the local store)
-                say(f"orchard: MLflow run {tracked.run_id} at {tracking_address(tracked.tracking_uri)}")
+                say(f"orchard: MLflow run {tracked.run_id} at {tracking_address(tracked.tracking_uri, tracked.run_id)}")
         run_id = tracked.run_id if tracked else None
         run_dir = _run_folder(cfg, run_id, name, trial=parent_run_id is not None)
         if tracked:  # now, not through the metrics sink: a driver killed in its first seconds leaves a resumable run

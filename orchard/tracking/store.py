@@ -215,15 +215,18 @@ UI_PORT = 5000   # MLflow's own default for `mlflow ui`
 UI_TRAINING_VIEW = "workflowType=machine_learning"
 
 
-def ui_command(uri: str) -> str:
-    """The command that opens the MLflow UI on this store (bound to localhost)."""
+def ui_command(uri: str, run_id: str | None = None) -> str:
+    """The command that opens the MLflow UI on this store (bound to localhost, in the training
+    view; orchard/cli/ui.py), at the run's page when given (its id shortened, as ``runs`` shows it)."""
     if uri.startswith(("http://", "https://")):
         return f"open {uri}"
-    return f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port {UI_PORT}"
+    words = ["python -m orchard ui", run_id[:8] if run_id else None,
+             None if uri == DEFAULT_URI else f"tracking.uri={uri}"]
+    return " ".join(w for w in words if w)
 
 
 def run_url(uri: str, experiment_id: str, run_id: str) -> str:
-    """The run's page in the MLflow UI: on the tracking server itself, or on the ``mlflow ui``
-    that ``ui_command`` starts."""
+    """The run's page in the MLflow UI: on the tracking server itself, or on the UI that
+    ``ui_command`` starts (on port 5000 when it is free)."""
     base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else f"http://127.0.0.1:{UI_PORT}"
     return f"{base}/#/experiments/{experiment_id}/runs/{run_id}?{UI_TRAINING_VIEW}"

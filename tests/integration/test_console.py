@@ -41,10 +41,10 @@ def test_a_smoke_run_prints_only_orchards_lines_with_the_headline_first(cli_run,
     assert len(lines) <= 60, run.console
     # the config in one line first; the summary's title, then the workload's headline
     assert lines[0].startswith(f"orchard: workload={workload}")
-    assert any(line.startswith("orchard: MLflow run ") and "view: mlflow ui" in line for line in lines[:3]), lines[:3]
+    assert any(line.startswith("orchard: MLflow run ") and "view: python -m orchard ui" in line for line in lines[:3]), lines[:3]
     title = next(i for i, line in enumerate(lines) if line.startswith(f"orchard {workload}/"))
     assert HEADLINE[workload] in lines[title + 1], lines[title:title + 3]
-    assert any(line.startswith("view:      mlflow ui") for line in lines[title:])
+    assert any(line.startswith("view:      python -m orchard ui") for line in lines[title:])
     # everything else is in the run's log: in its folder and beside its metrics in MLflow
     assert (run.run_dir / "orchard.log").stat().st_size > 0
     assert "orchard.log" in run.artifacts()

@@ -60,9 +60,9 @@ def test_a_smoke_run_opens_in_the_ui_with_its_model_data_description_and_headlin
     at = max(i for i, line in enumerate(lines) if line.startswith("view:      "))
     last = lines[at:at + 2]
     assert not any(line.startswith(("run dir:", "MLflow:", "figures:", "resume:")) for line in lines[at:])
-    assert last[0].startswith("view:      mlflow ui --backend-store-uri ")
-    assert re.search(rf"then open http://127\.0\.0\.1:5000/#/experiments/{info.experiment_id}/runs/{info.run_id}"
-                     r"\?workflowType=machine_learning$", last[1]), last
+    assert last[0].startswith(f"view:      python -m orchard ui {info.run_id[:8]} tracking.uri=")
+    assert re.search(rf"\(opens http://127\.0\.0\.1:5000/#/experiments/{info.experiment_id}/runs/{info.run_id}"
+                     r"\?workflowType=machine_learning\)$", last[1]), last
 
 
 @pytest.mark.parametrize("workload", list(SMOKE))

@@ -65,7 +65,7 @@ def test_show_prints_one_run_again_by_a_prefix_of_its_id(tmp_path, capsys):
     assert out.startswith("orchard flower/ring: bad  FAILED in ")
     assert "bad run" in out and "error:     ValueError: loss is nan" in out and "more lines" not in out
     assert "train/loss" in out and "system/cpu_pct_mean" not in out and "(1 more in the MLflow UI)" in out
-    assert "mlflow ui --backend-store-uri" in out
+    assert f"python -m orchard ui {ids['bad'][:8]} tracking.uri=" in out
 
 
 def test_compare_puts_the_runs_side_by_side_with_the_parameters_that_differ(tmp_path, capsys):

@@ -50,7 +50,7 @@ def test_a_config_is_masked_in_a_copy_the_run_keeps_the_real_values():
 
 
 def test_every_console_line_and_error_path_masks_uris(tracking_uri, tracking_dir, tmp_path, capsys):
-    """``say`` (every resume/cli line, the summary's ``mlflow ui --backend-store-uri``), a config
+    """``say`` (every resume/cli line, the summary's ``python -m orchard ui ... tracking.uri=``), a config
     error on the command line, and a failed run's ``orchard.error`` tag and ``error.txt``."""
     from mlflow.tracking import MlflowClient
 
@@ -65,7 +65,7 @@ def test_every_console_line_and_error_path_masks_uris(tracking_uri, tracking_dir
         cli.main(["workload=forest", f"forest.data_dir=/nonexistent/https://{MARK}@host/x"])
     assert ended.value.code == 2
     console = capsys.readouterr()
-    assert "mlflow ui --backend-store-uri postgresql://bob:***@db/mlflow" in console.out
+    assert "python -m orchard ui r tracking.uri=postgresql://bob:***@db/mlflow" in console.out
     assert "forest.data_dir" in console.err and MARK not in console.out + console.err
 
     client = MlflowClient(tracking_uri)

@@ -58,8 +58,9 @@ def test_a_failed_run_without_results_falls_back_instead_of_crashing():
 def test_the_summary_ends_with_the_runs_page_in_the_ui_on_the_store_or_the_server():
     run = "0123456789abcdef0123456789abcdef"
     local = summary.view_lines("sqlite:////tmp/m.db", "3", run)
-    assert local[0] == "view:      mlflow ui --backend-store-uri sqlite:////tmp/m.db --host 127.0.0.1 --port 5000"
-    assert local[1].endswith(f"then open http://127.0.0.1:5000/#/experiments/3/runs/{run}?workflowType=machine_learning")
+    assert local[0] == "view:      python -m orchard ui 01234567 tracking.uri=sqlite:////tmp/m.db"
+    assert local[1].endswith(f"(opens http://127.0.0.1:5000/#/experiments/3/runs/{run}?workflowType=machine_learning)")
+    assert summary.view_lines("sqlite:///mlflow.db", "3", run)[0] == "view:      python -m orchard ui 01234567"
     served = summary.view_lines("https://ml:secret@mlflow.example:8443/", "3", run)
     assert served[0] == f"view:      https://ml:***@mlflow.example:8443/#/experiments/3/runs/{run}?workflowType=machine_learning"
     assert served[1].startswith("server:    https://ml:***@mlflow.example:8443/") and "secret" not in " ".join(served)
