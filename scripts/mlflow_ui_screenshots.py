@@ -8,6 +8,8 @@ as the browser drew it, that
   * the experiment, opened as orchard's summary links it, shows its runs table (MLflow's "Model
     training" view), not the GenAI overview of traces, and its Dataset column names the run's data;
   * the run's page lists its logged model and its dataset;
+  * the model's page shows its headline metric, measured on the run's dataset, and no bookkeeping
+    series (``system/``, ``cache/``);
 
 (MLflow 3.17's UI picks GenAI or Model training per browser, GenAI unless switched, or from the
 ``workflowType`` URL parameter that orchard's links carry: orchard/tracking/store.py, ``run_url``)
@@ -16,6 +18,7 @@ and saves the pictures docs/ shows:
 
   mlflow_experiment.png      the experiment as the UI opens it: runs, their Dataset column
   mlflow_run.png             one run's page: description, Logged models, Datasets, parameters, metrics
+  mlflow_model.png           the run's logged model: its quality metrics, linked to the run's dataset
   mlflow_compare_flower.png  "Compare runs" for the newest flower strategy=ring and strategy=ps runs
 
 Usage (about 2 min on a busy 2-core machine: the UI's start, then ~15 s per page):
@@ -137,6 +140,19 @@ def check_run_page(dom: str, model: str, dataset: str) -> list[str]:
     return bad
 
 
+def check_model_page(dom: str, dataset: str, metric: str) -> list[str]:
+    """What is wrong with the logged model's page: it must say what it is (its description), show
+    its quality metric linked to the run's dataset, and none of the run's bookkeeping series
+    (system samples, cache counters)."""
+    bad = ["the model page has no description"] if "No description" in dom else []
+    if metric not in dom:
+        bad.append(f"the model page does not show its metric {metric!r}")
+    if dataset not in dom:
+        bad.append(f"the model page does not name the dataset {dataset!r} its metrics were measured on")
+    bad += [f"the model page lists the bookkeeping metric prefix {p!r}" for p in ("system/", "cache/") if p in dom]
+    return bad
+
+
 def newest_flower_runs(client) -> dict[str, object]:
     """The newest finished train run of each flower strategy: {"ring": Run, "ps": Run}."""
     exp = client.get_experiment_by_name("flower")
@@ -163,7 +179,9 @@ def visit(store: str, run_id: str, chromium: str, out: Path | None = None, compa
     exp = run.info.experiment_id
     dataset = run.inputs.dataset_inputs[0].dataset.name if run.inputs and run.inputs.dataset_inputs else "(no dataset)"
     model_ids = [m.model_id for m in (run.outputs.model_outputs if run.outputs else [])]
-    model = client.get_logged_model(model_ids[-1]).name if model_ids else "(no model)"
+    logged = client.get_logged_model(model_ids[-1]) if model_ids else None
+    model = logged.name if logged else "(no model)"
+    headline = next((k for k in sorted(run.data.metrics) if k.startswith("headline/")), "headline/")
     port = free_port()
     ui = start_ui(store, port)
     base = f"http://127.0.0.1:{port}/#"
@@ -173,6 +191,9 @@ def visit(store: str, run_id: str, chromium: str, out: Path | None = None, compa
                                               shot("mlflow_experiment.png"), (2160, 520), budget_ms), dataset)
         bad += check_run_page(open_page(chromium, f"{base}/experiments/{exp}/runs/{run_id}?{UI_TRAINING_VIEW}",
                                         shot("mlflow_run.png"), (2200, 1850), budget_ms), model, dataset)
+        if logged is not None:
+            bad += check_model_page(open_page(chromium, f"{base}/experiments/{exp}/models/{logged.model_id}?{UI_TRAINING_VIEW}",
+                                              shot("mlflow_model.png"), (2000, 1400), budget_ms), dataset, headline)
         if compare and out:
             exps = sorted({client.get_run(r).info.experiment_id for r in compare})
             open_page(chromium, f"{base}/compare-runs?runs={json.dumps(compare)}&experiments={json.dumps(exps)}"

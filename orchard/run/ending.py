@@ -89,6 +89,15 @@ def _stopped_by_sweep(tracked) -> bool:
         return False
 
 
+def _metric_count(tracked, metrics: dict) -> int:
+    """As the MLflow UI counts them (the samplers' and workers' series too); the run's own final
+    figures where the store cannot answer."""
+    try:
+        return len(tracked.client().get_run(tracked.run_id).data.metrics)
+    except Exception:  # the store is gone at the end: count what this process holds
+        return sum(isinstance(v, (int, float)) for v in metrics.values())
+
+
 def print_summary(cfg: dict, module, name: str, tracked, status: str, run_dir: Path, metrics: dict,
                   error: BaseException | None = None) -> None:
     from orchard.tracking import summary
@@ -98,7 +107,7 @@ def print_summary(cfg: dict, module, name: str, tracked, status: str, run_dir: P
     title = f"orchard {label}: {name}  {status}" + (f" in {took:,.1f} s" if isinstance(took, (int, float)) else "")
     footer = [f"run dir:   {run_dir}"]
     if tracked:
-        n = sum(isinstance(v, (int, float)) for v in metrics.values())
+        n = _metric_count(tracked, metrics)
         footer.append(f"MLflow:    run {tracked.run_id} (experiment {tracked.experiment_id}), {n} metrics, the run's log and artifacts")
         figures = _figure_names(tracked)
         if figures:

@@ -112,7 +112,8 @@ def headline_metrics(module, metrics: dict) -> dict[str, float]:
 
 
 def note_result(client, run_id: str, module, cfg: dict, metrics: dict) -> None:
-    """Append the headline result to the run's description (set when the run opened)."""
+    """Append the headline result to the run's description (set when the run opened); the run's
+    logged model gets the same description (its page in the UI says what it is and how it did)."""
     from mlflow.utils.mlflow_tags import MLFLOW_RUN_NOTE
 
     from orchard.tracking.store import retried
@@ -120,8 +121,11 @@ def note_result(client, run_id: str, module, cfg: dict, metrics: dict) -> None:
     lines = headline(module, cfg, metrics)
     if not lines:
         return
-    note = retried(client.get_run, run_id).data.tags.get(MLFLOW_RUN_NOTE) or description(cfg)
-    retried(client.set_tag, run_id, MLFLOW_RUN_NOTE, f"{note} → {lines[0]}")
+    run = retried(client.get_run, run_id)
+    note = f"{run.data.tags.get(MLFLOW_RUN_NOTE) or description(cfg)} → {lines[0]}"
+    retried(client.set_tag, run_id, MLFLOW_RUN_NOTE, note)
+    for output in (run.outputs.model_outputs if run.outputs else []):
+        retried(client.set_logged_model_tags, output.model_id, {MLFLOW_RUN_NOTE: note})
 
 
 def view_lines(tracking_uri: str, experiment_id: str, run_id: str) -> list[str]:

@@ -45,6 +45,9 @@ def test_a_smoke_run_prints_only_orchards_lines_with_the_headline_first(cli_run,
     title = next(i for i, line in enumerate(lines) if line.startswith(f"orchard {workload}/"))
     assert HEADLINE[workload] in lines[title + 1], lines[title:title + 3]
     assert any(line.startswith("view:      python -m orchard ui") for line in lines[title:])
+    # the metric count the summary gives is the one the MLflow UI shows (series and samplers too)
+    counted = next(line for line in lines[title:] if line.startswith("MLflow:"))
+    assert f", {len(run.run.data.metrics)} metrics," in counted, counted
     # everything else is in the run's log: in its folder and beside its metrics in MLflow
     assert (run.run_dir / "orchard.log").stat().st_size > 0
     assert "orchard.log" in run.artifacts()

@@ -49,6 +49,7 @@ def test_a_smoke_run_opens_in_the_ui_with_its_model_data_description_and_headlin
     note = tags["mlflow.note.content"]
     assert note.startswith(f"**{workload}**") and "debug=smoke" in note and "tracking.uri" not in note
     assert " → " in note and HEADLINE[workload] in note.split(" → ", 1)[1]   # the summary's headline line
+    assert model.tags["mlflow.note.content"] == note   # the model's page says the same
     name, source = HEADLINE_METRIC[workload]
     assert name in metrics
     if source:
