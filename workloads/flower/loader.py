@@ -8,7 +8,10 @@ What the step needs per batch is two gathers from memory, so that is all the loa
 - images travel as uint8 and targets as float16 (a quarter and a half of float32's bytes) and
   become float32 on the device; NHWC permuted to NCHW is already the channels_last layout;
 - ``threads`` loader threads make batches ahead of the step (``depth`` batches in flight); on
-  the CPU they also do the float conversion, off the step's thread.
+  the CPU they also do the float conversion, off the step's thread;
+- with ``augment`` (``photo_augment.PhotoDegradation``) the loader threads degrade each batch's
+  uint8 tiles as a camera would (JPEG, blur, noise, exposure) after the gather, from a generator
+  of the batch's own (``photo_augment.batch_rng``); the targets are never touched.
 
 Measured with ``python -m workloads.flower.loader`` (images/s on one thread; no test asserts it).
 """
@@ -22,6 +25,7 @@ import numpy as np
 import torch
 
 from .density_map import density_map
+from .photo_augment import batch_rng
 
 DENSITY_FILE = "density.npy"
 
@@ -67,13 +71,14 @@ class TileLoader:
 
     ``images`` (N, T, T, 3) uint8 and ``targets`` (N, T, T) (float16 as stored, or float32;
     arrays or memory maps) are gathered once at ``shard`` (tile indices) into RAM;
-    ``epoch(order)`` then yields ``(x (B, 3, T, T) float32 in [0, 1], target (B, 1, T, T)
+    ``epoch(order, key)`` then yields ``(x (B, 3, T, T) float32 in [0, 1], target (B, 1, T, T)
     float32 x scale)`` on ``device`` for each whole batch of ``order`` (positions in the shard;
-    the remainder is dropped).
+    the remainder is dropped). ``augment`` (a ``PhotoDegradation`` or None) degrades the copy of
+    a batch's images, never the shard held here, with draws seeded by ``key`` and the batch.
     """
 
     def __init__(self, images, targets, shard, batch_size: int, scale: float, device="cpu",
-                 depth: int = 3, threads: int = 1, channels_last: bool = False):
+                 depth: int = 3, threads: int = 1, channels_last: bool = False, augment=None):
         shard = np.asarray(shard, dtype=np.int64)
         ordered = np.argsort(shard, kind="stable")  # read the memory maps front to back
         held_images = np.empty((len(shard),) + tuple(images.shape[1:]), np.uint8)
@@ -85,6 +90,7 @@ class TileLoader:
         self.device = torch.device(device)
         self.depth, self.threads = max(1, int(depth)), max(1, int(threads))
         self.channels_last = bool(channels_last)
+        self.augment = augment
         self.cuda = self.device.type == "cuda"
         # CUDA: depth batches in flight plus the one being copied, in pinned buffers that are
         # reused, so a job never waits for a buffer only a later job would free
@@ -105,15 +111,20 @@ class TileLoader:
             x = x.contiguous()
         return x, targets.unsqueeze(1).float().mul_(self.scale)
 
-    def _fill(self, positions: np.ndarray):
+    def _fill(self, positions: np.ndarray, rng: np.random.Generator | None):
         index = torch.from_numpy(positions)
         if not self.cuda:  # CPU: the finished batch, made off the step's thread
-            return self._finish(torch.index_select(self.images, 0, index), torch.index_select(self.targets, 0, index))
+            x = torch.index_select(self.images, 0, index)
+            if self.augment is not None:
+                self.augment(x.numpy(), rng)  # in place on the gathered copy (.numpy() shares it)
+            return self._finish(x, torch.index_select(self.targets, 0, index))
         x, y, copied = self.free.get()
         if copied is not None:
             copied.synchronize()  # the last copy out of these pinned buffers has finished
         torch.index_select(self.images, 0, index, out=x)
         torch.index_select(self.targets, 0, index, out=y)
+        if self.augment is not None:
+            self.augment(x.numpy(), rng)  # on the host, before the copy: uint8 travels as before
         return x, y
 
     def _to_device(self, x: torch.Tensor, y: torch.Tensor):
@@ -125,22 +136,28 @@ class TileLoader:
         self.free.put((x, y, event))  # refilled once the copies above have run
         return self._finish(xd, yd)
 
-    def epoch(self, order):
-        """Yield the device batches of ``order`` (shard positions), ``depth`` made ahead."""
+    def _submit(self, pool: ThreadPoolExecutor, order: np.ndarray, start: int, key: tuple[int, ...]):
+        """The batch of ``order`` that begins at ``start``, made by a loader thread."""
+        rng = batch_rng(key, start // self.batch) if self.augment is not None else None
+        return pool.submit(self._fill, order[start:start + self.batch], rng)
+
+    def epoch(self, order, key: tuple[int, ...] = (0,)):
+        """Yield the device batches of ``order`` (shard positions), ``depth`` made ahead; ``key``
+        (the run's seed, the epoch, the rank) seeds the augmentation of each batch."""
         order = np.asarray(order, dtype=np.int64)
         jobs = iter(range(0, len(order) - self.batch + 1, self.batch))
         pool = ThreadPoolExecutor(self.threads, thread_name_prefix="flower-loader")
         pending: list = []
         try:
             for start in jobs:
-                pending.append(pool.submit(self._fill, order[start:start + self.batch]))
+                pending.append(self._submit(pool, order, start, key))
                 if len(pending) >= self.depth:
                     break
             while pending:
                 x, y = pending.pop(0).result()
                 start = next(jobs, None)
                 if start is not None:
-                    pending.append(pool.submit(self._fill, order[start:start + self.batch]))
+                    pending.append(self._submit(pool, order, start, key))
                 yield self._to_device(x, y)
         finally:
             for job in pending:

@@ -19,6 +19,34 @@ def _sized(roi: list[float]) -> list[float]:
     return roi
 
 
+def _ordered(pair: list) -> list:
+    if pair[0] > pair[1]:
+        raise ValueError("low above high")
+    return pair
+
+
+def _range(low_bound: float, high_bound: float, kind: type, description: str):
+    """A field for a [low, high] pair with low_bound <= low <= high <= high_bound."""
+    item = Annotated[kind, Field(ge=low_bound, le=high_bound)]
+    return Annotated[list[item], Field(min_length=2, max_length=2, description=description), AfterValidator(_ordered)]
+
+
+PROBABILITY = "a probability in [0, 1]"
+
+
+class Augment(Section):
+    """``flower.augment``: the photo degradations of training (photo_augment.py)."""
+    brightness: float = Field(ge=0, lt=1, description="a relative change in [0, 1)")
+    contrast: float = Field(ge=0, lt=1, description="a relative change in [0, 1)")
+    colour: float = Field(ge=0, lt=1, description="a relative change in [0, 1)")
+    blur_probability: float = Field(ge=0, le=1, description=PROBABILITY)
+    blur_sigma: _range(0, 10, float, "[low, high] blur sigma in pixels, 0 <= low <= high <= 10")
+    noise_probability: float = Field(ge=0, le=1, description=PROBABILITY)
+    noise_std: _range(0, 64, float, "[low, high] noise sigma in grey levels, 0 <= low <= high <= 64")
+    jpeg_probability: float = Field(ge=0, le=1, description=PROBABILITY)
+    jpeg_quality: _range(1, 100, int, "[low, high] JPEG qualities, 1 <= low <= high <= 100")
+
+
 class Synthetic(Section):
     annotation: Literal["csv", "red_cross"] = Field(description="one of csv, red_cross")
 
@@ -51,5 +79,6 @@ class Flower(Section):
     compile: bool = Field(description="true or false")
     loader_threads: Optional[int] = Field(gt=0, description="null (the worker's CPUs decide) or a positive integer")
     eval_device: str = Field(pattern=r"^(auto|cpu)$|^cuda", description="auto, cpu or cuda[:index]")
+    augment: Optional[Augment] = Field(description="null (lossless training) or the photo degradations' settings")
     synthetic: Synthetic
     optimizer: Optimizer

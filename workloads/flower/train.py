@@ -183,6 +183,7 @@ def train_loop(config: dict) -> None:
 def _train(config: dict) -> None:
     from orchard.api import worker
     from .loader import TileLoader, load_density_targets
+    from .photo_augment import PhotoDegradation
     from .precision import Precision, compiled, prepare_model
 
     from orchard.api import evicted_bytes
@@ -194,7 +195,8 @@ def _train(config: dict) -> None:
     torch.set_num_threads(max(1, int(config["strategy"].get("cpus_per_worker", 1))))
 
     # [2] this worker's shard of the training tiles (4.4.5: N shards for N workers), held in RAM
-    #     with its density targets (made once, beside the tile cache in storage: loader.py)
+    #     with its density targets (made once, beside the tile cache in storage: loader.py); each
+    #     batch's tiles degraded as a camera's photos are (flower.augment: photo_augment.py)
     cache = config["cache"]  # the tile cache in storage, copied once to this node (a local root: in place)
     tiles = TileSet(cache.localize() if hasattr(cache, "localize") else cache)
     order = np.random.default_rng(config["seed"]).permutation(np.asarray(config["train_idx"]))
@@ -207,7 +209,7 @@ def _train(config: dict) -> None:
     channels_last = bool(config.get("channels_last", False))
     loader = TileLoader(tiles.images, load_density_targets(config["density"]), shard, batch, scale, env.device,
                         depth=int(config["prefetch"]), threads=loader_threads(config, env.device),
-                        channels_last=channels_last)
+                        channels_last=channels_last, augment=PhotoDegradation.from_config(config.get("augment")))
 
     # [3] the model, the same for every strategy; the replica hides how it is synchronised
     torch.manual_seed(config["seed"])
@@ -238,7 +240,9 @@ def _train(config: dict) -> None:
     advice = lr_advice(config)
     for epoch in range(first_epoch, epochs):
         # [4] a new shuffle of this worker's shard every epoch, `prefetch` batches made ahead
-        shuffled = np.random.default_rng((config["seed"], epoch, env.rank)).permutation(len(shard))
+        #     (their degradations drawn from the same key and the batch's number: photo_augment.py)
+        epoch_key = (config["seed"], epoch, env.rank)
+        shuffled = np.random.default_rng(epoch_key).permutation(len(shard))
         _maybe_inject_fault(config, env, epoch, ctx)
         # loss and MAE add up on the device; the host reads them once per logged window, so the
         # step never waits for the GPU (a read is a sync)
@@ -247,7 +251,7 @@ def _train(config: dict) -> None:
         util_from = len(sampler.samples)
         steps_from = steps_from or time.time()
         tick, tick_cpu = time.perf_counter(), time.process_time()
-        for i, (x, target) in enumerate(loader.epoch(shuffled)):
+        for i, (x, target) in enumerate(loader.epoch(shuffled, epoch_key)):
             if first_step_at is None:
                 first_step_at = time.time()
 
@@ -338,6 +342,7 @@ def loop_config(cfg: dict, tile_store, density, fit_idx, val_idx) -> dict:
         "fail_at_epoch": f.get("fail_at_epoch"), "log_every": f["log_every"], "warmup_steps": f["warmup_steps"],
         "precision": f["precision"], "channels_last": f["channels_last"], "compile": f["compile"],
         "loader_threads": f["loader_threads"], "eval_batch_size": f["eval_batch_size"],
+        "augment": f["augment"],
     }
 
 
