@@ -7,8 +7,12 @@ import csv
 import cv2
 import numpy as np
 import pytest
+import torch
 
 from tests.orchard.model_helpers import predict_cli, pyfunc_in_fresh_process
+from workloads.flower.model import FlowerCounterCNN
+
+from .helpers import random_tiles
 
 
 @pytest.fixture(scope="module")
@@ -149,3 +153,36 @@ def test_a_photo_is_counted_a_band_of_tile_rows_at_a_time_as_if_cut_whole():
     assert one_row_a_band.shape == (70, 45)
     np.testing.assert_allclose(one_row_a_band, whole, rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(count_image(model, rgb, 32, 100.0, batch_size=8, device="cpu"), whole, rtol=1e-4, atol=1e-6)
+
+
+def test_prediction_takes_the_device_explicitly_and_batches_tiles():
+    from workloads.flower.evaluate import predict_density
+    from workloads.flower.predict import count_image
+
+    torch.manual_seed(0)
+    model = FlowerCounterCNN().eval()
+    images, _ = random_tiles(5)
+    one_by_one, _ = predict_density(model, images, 100.0, batch_size=1, device="cpu")
+    batched, _ = predict_density(model, images, 100.0, batch_size=4, device=torch.device("cpu"))
+    assert batched.shape == (5, 32, 32) and (batched >= 0).all()
+    np.testing.assert_allclose(batched, one_by_one, rtol=1e-4, atol=1e-6)
+    rgb = np.random.default_rng(3).integers(0, 255, (70, 45, 3), dtype=np.uint8)
+    density = count_image(model, rgb, 32, 100.0, batch_size=2, device="cpu")
+    assert density.shape == (70, 45)
+    np.testing.assert_allclose(density, count_image(model, rgb, 32, 100.0), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_prediction_on_cuda_counts_what_the_cpu_counts():
+    from workloads.flower.evaluate import predict_density
+    from workloads.flower.predict import count_image
+
+    torch.manual_seed(0)
+    model = FlowerCounterCNN().eval()
+    images, _ = random_tiles(6, 64)
+    on_cpu, _ = predict_density(model, images, 100.0, device="cpu")
+    on_gpu, _ = predict_density(model, images, 100.0, batch_size=4, device="cuda")
+    np.testing.assert_allclose(on_gpu.sum(axis=(1, 2)), on_cpu.sum(axis=(1, 2)), rtol=1e-3, atol=1e-3)
+    rgb = np.random.default_rng(3).integers(0, 255, (150, 201, 3), dtype=np.uint8)
+    assert float(count_image(model.cuda(), rgb, 64, 100.0).sum()) == pytest.approx(
+        float(count_image(model.cpu(), rgb, 64, 100.0).sum()), rel=1e-3, abs=1e-3)

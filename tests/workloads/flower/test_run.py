@@ -1,10 +1,8 @@
 """End to end: `python -m orchard workload=flower debug=smoke` for every strategy/mode, a worker
 killed mid-run, predict on an odd-sized image, and the comparison notebook on those runs."""
-import csv
 import os
 from pathlib import Path
 
-import cv2
 import numpy as np
 import pytest
 

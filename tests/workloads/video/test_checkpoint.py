@@ -1,4 +1,4 @@
-"""Video's own checkpoint and resume hook, without Ray: what ``python -m orchard resume`` relies on.
+"""workloads/video/checkpoint.py: video's own checkpoint and resume hook, without Ray: what ``python -m orchard resume`` relies on.
 
 The end-to-end drills (a run interrupted, then resumed) are in tests/integration/test_lifecycle.py
 and, on two nodes with S3 storage, tests/integration/test_cluster_storage.py.
