@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from workloads.flower.loader import density_targets, TileLoader
-from workloads.flower.photo_augment import batch_rng, jpeg_round_trip, PhotoDegradation
+from workloads.flower.photo_augment import batch_rng, PhotoDegradation
 from workloads.flower.synthetic_field import field_window, render_field
 from workloads.flower.tiles import split_into_tiles
 
@@ -46,14 +46,20 @@ def test_a_batch_is_degraded_the_same_way_for_the_same_seed_and_otherwise_differ
         assert not np.array_equal(degrade(tiles.copy(), batch_rng(key, batch)), first), (key, batch)
 
 
-def test_the_jpeg_degradation_is_a_real_jpeg_round_trip_at_the_drawn_quality():
+def test_the_jpeg_degradation_is_the_jpeg_pil_writes_at_the_drawn_quality():
+    import io
+
+    from PIL import Image
+
     tiles, _ = field_tiles(4)
     only_jpeg = PhotoDegradation(jpeg_probability=1.0, jpeg_quality=(80, 80), blur_probability=0.0,
                                  blur_sigma=(0.0, 0.0), noise_probability=0.0, noise_std=(0.0, 0.0),
                                  brightness=0.0, contrast=0.0, colour=0.0)
     got = only_jpeg(tiles.copy(), np.random.default_rng(0))
     for tile, degraded in zip(tiles, got):
-        np.testing.assert_array_equal(degraded, jpeg_round_trip(tile, 80))
+        written = io.BytesIO()   # the file a camera or PIL writes (4:2:0), read back
+        Image.fromarray(tile).save(written, "JPEG", quality=80)
+        np.testing.assert_array_equal(degraded, np.asarray(Image.open(written).convert("RGB")))
         assert not np.array_equal(degraded, tile)
     # 4:2:0 halves the colour resolution: the yellow of a petal a few pixels across bleeds out,
     # which is what made a lossless-trained model undercount JPEG photos
@@ -96,8 +102,9 @@ def test_augment_null_trains_on_the_lossless_tiles_and_a_bad_value_is_one_line(c
     cfg = compose("workload=flower")
     assert cfg["flower"]["augment"]["jpeg_probability"] > 0   # on by default: cameras write JPEG
     # what every Ray Train worker reads (train.loop_config)
-    assert loop_config(cfg, Storage(str(tmp_path)), None, np.arange(4), np.arange(0))["augment"] == cfg["flower"]["augment"]
-    for override, line in (("flower.augment.jpeg_quality=[95,75]", "[low, high] JPEG qualities, 1 <= low <= high <= 100"),
+    worker_config = loop_config(cfg, Storage(str(tmp_path)), None, np.arange(4), np.arange(0))
+    assert worker_config["augment"] == cfg["flower"]["augment"]
+    for override, line in (("flower.augment.jpeg_quality=[95,75]", "[low, high] JPEG qualities, 1 <= low <= high"),
                            ("flower.augment.jpeg_quality=[0,90]", "got [0, 90]"),
                            ("flower.augment.jpeg_probability=1.5", "a probability in [0, 1], got 1.5"),
                            ("flower.augment.blur_sigma=[1]", "[low, high] blur sigma in pixels")):
