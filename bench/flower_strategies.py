@@ -161,7 +161,7 @@ def run_orchard(overrides: list[str], train_tiles: int, batch: int, epochs: int,
     m = orchard_outcome(overrides).metrics
     images = train_tiles // world // batch * batch * world * epochs
     return {"step": m["throughput/mean_images_per_s"], "loop": images / m["time/completion_s"],
-            "test_mae": m["test/mae"], "blob_mae": m["baseline/mae"],
+            "test_mae": m["test/mae"], "blob_mae": m["test/baseline_mae"],
             "split": {k: m[f"time/{k}"] for k in SPLIT if f"time/{k}" in m}
             | ({"comm_wait_s": m["time/comm_wait_s"]} if "time/comm_wait_s" in m else {})}
 
@@ -188,6 +188,7 @@ def prepare_tiles_once(size: dict, out: Path) -> tuple[list[str], dict]:
               f"flower.epochs={size['epochs']}", f"flower.batch_size={size['batch']}", "flower.profile_every=0",
               "flower.baseline.calibration_tiles=8", "flower.baseline.cutoffs=[0.8]",
               "flower.baseline.thresholds=[0.01]", "flower.num_figures=1", f"output_dir={out}",
+              "flower.augment=null",  # the plain DDP peer trains on the lossless tiles: the same work on both sides
               f"tracking.uri=sqlite:///{out}/mlflow.db", f"tracking.artifact_location={out}/artifacts",
               "tracking.system_metrics=false"]
     cfg = compose(common)

@@ -75,7 +75,7 @@ def resources(cfg: dict):
 
 def headline(cfg: dict, metrics: dict) -> list[str]:
     """The thesis's question (Table 5.1): does the CNN count better than the blob counter?"""
-    cnn, blob = metrics["test/mae"], metrics["baseline/mae"]
+    cnn, blob = metrics["test/mae"], metrics["test/baseline_mae"]
     verdict = "better" if cnn < blob else "not better"
     return [f"count MAE: CNN {cnn:.3g} vs blob counter {blob:.3g} ({cnn / blob:.2f}x, {verdict})"]
 

@@ -42,12 +42,12 @@ def error_table(predicted: np.ndarray, truth: np.ndarray, bins, kinds: list[str]
     return table
 
 
-def flatten_table(table: dict[str, dict], prefix: str, bins) -> dict[str, float]:
-    """MLflow keys: <prefix>/mae, <prefix>/bin_3-4_mae, <prefix>/glare_mae, ..."""
+def flatten_table(table: dict[str, dict], prefix: str, bins, lead: str = "") -> dict[str, float]:
+    """MLflow keys: <prefix>/<lead>mae, <prefix>/<lead>bin_3-4_mae, <prefix>/<lead>glare_mae, ..."""
     labels = {f"bin {bin_label(b)}": f"bin_{metric_label(b)}_" for b in bins}
     out = {}
     for row, errors in table.items():
-        stem = "" if row == "overall" else labels.get(row, f"{row}_")
+        stem = lead + ("" if row == "overall" else labels.get(row, f"{row}_"))
         for name in ("mae", "rmse", "relative_error"):
             if not np.isnan(errors[name]):
                 out[f"{prefix}/{stem}{name}"] = errors[name]

@@ -31,7 +31,7 @@ def test_progress_prints_plain_periodic_lines_when_not_a_tty():
 def test_summary_leads_with_the_workloads_headline_then_speed_time_resources():
     from workloads import flower
 
-    metrics = {"test/mae": 1.0, "baseline/mae": 2.0, "bin_0/mae": 9.0, "throughput/mean_images_per_s": 60.0,
+    metrics = {"test/mae": 1.0, "test/baseline_mae": 2.0, "bin_0/mae": 9.0, "throughput/mean_images_per_s": 60.0,
                "throughput/std_images_per_s": 5.0, "time/total_s": 30.0, "system/cpu_pct_mean": 80.0,
                "system/run_cpu_pct_mean": 55.0, "system/node0/cpu_pct_mean": 80.0}
     lines = summary.headline(flower, {}, metrics)
@@ -88,4 +88,4 @@ def test_a_predict_runs_summary_says_what_was_predicted_how_fast_and_what_was_sk
     lines = summary.headline(flower, {"mode": "predict"}, metrics)
     assert lines == ["predicted: 12 images (3.4 images/s), 1 skipped (skipped.csv says why)", "total_count 250"]
     # a training run's summary is unchanged by predict-looking metrics it does not have
-    assert summary.headline(flower, {"mode": "train"}, {"test/mae": 1.0, "baseline/mae": 2.0})[0].startswith("count MAE")
+    assert summary.headline(flower, {"mode": "train"}, {"test/mae": 1.0, "test/baseline_mae": 2.0})[0].startswith("count MAE")

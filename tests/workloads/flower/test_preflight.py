@@ -63,7 +63,7 @@ def test_the_gpu_preset_falls_back_to_the_cpu_at_smoke_size(run_orchard):
     assert result.exit_code == 0, result.run.data.tags.get("orchard.error") if result.run else result
     params, m = result.run.data.params, result.run.data.metrics
     assert (params["flower.tile_size"], params["flower.precision"], params["flower.channels_last"]) == ("224", "bf16", "True")
-    assert m["throughput/mean_images_per_s"] > 0 and np.isfinite(m["test/mae"]) and np.isfinite(m["baseline/mae"])
+    assert m["throughput/mean_images_per_s"] > 0 and np.isfinite(m["test/mae"]) and np.isfinite(m["test/baseline_mae"])
     for key in ("time/prepare_s", "time/train_start_s", "time/steps_s", "time/evaluate_s"):
         assert key in m, key
     steps = int(params["flower.train_tiles"]) // 4  # one worker, the smoke batch of 4
