@@ -36,13 +36,10 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 # Flags measured to render the MLflow UI headless here (measured on the project's machines); the virtual time
@@ -66,32 +63,22 @@ def free_port() -> int:
 
 
 def start_ui(store: str, port: int) -> subprocess.Popen:
-    """``mlflow ui`` on 127.0.0.1:port; returns once /health answers (or raises)."""
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", store,
-                             "--host", "127.0.0.1", "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 300   # ~15 s on an idle box; minutes on a loaded one
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"mlflow ui exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                if r.status == 200:
-                    return proc
-        except OSError:
-            time.sleep(1)
-    stop_ui(proc)
-    raise RuntimeError("mlflow ui did not answer /health within 300 s")
+    """``mlflow ui`` on 127.0.0.1:port, as ``python -m orchard ui`` starts it; returns once /health
+    answers (or raises)."""
+    from orchard.cli.ui import answers, start_server
+
+    proc = start_server(store, port, None)
+    if not answers(proc, f"http://127.0.0.1:{port}", timeout_s=300):   # ~15 s on an idle box; minutes on a loaded one
+        stop_ui(proc)
+        raise RuntimeError(f"mlflow ui did not answer /health within 300 s (exit {proc.poll()})")
+    return proc
 
 
 def stop_ui(proc: subprocess.Popen) -> None:
     """The UI and the server workers it started (its process group): asked, then made, to stop."""
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:   # a busy machine: the server was still answering
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
+    from orchard.cli.ui import stop_server
+
+    stop_server(proc)
 
 
 def open_page(chromium: str, url: str, png: Path | None = None, size: tuple[int, int] = (1400, 1000),

@@ -115,14 +115,10 @@ def _serve(uri: str, port: int, page) -> int:
     from orchard.tracking.store import resolve_uri
 
     log = private_tmp() / f"mlflow-ui-{port}.log"
-    with open(log, "wb") as out:
-        # its own session: the terminal's Ctrl-C reaches orchard, which stops the whole server
-        server = subprocess.Popen([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", resolve_uri(uri),
-                                   "--host", "127.0.0.1", "--port", str(port)],
-                                  stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    server = start_server(resolve_uri(uri), port, log)
     base = f"http://127.0.0.1:{port}"
     try:
-        if not _answers(server, base):
+        if not answers(server, base):
             last = (log.read_text(errors="replace").strip().splitlines() or ["no output"])[-1]
             say(f"orchard ui: the MLflow UI did not start on {base}: {redact.text(last)[:200]} (log: {log})",
                 file=sys.stderr)
@@ -137,11 +133,22 @@ def _serve(uri: str, port: int, page) -> int:
         say("orchard: stopping the MLflow UI", file=sys.stderr)
         return 0
     finally:
-        _stop(server)
+        stop_server(server)
 
 
-def _answers(server, base: str) -> bool:
-    deadline = time.monotonic() + START_TIMEOUT_S
+def start_server(uri: str, port: int, log) -> subprocess.Popen:
+    """``mlflow ui`` on 127.0.0.1:``port`` over the store ``uri``, its output into ``log`` (a path,
+    or None: nowhere), in its own session: the terminal's Ctrl-C reaches orchard, which stops the
+    whole server (``stop_server``). Also what scripts/mlflow_ui_screenshots.py starts."""
+    with open(log or os.devnull, "wb") as out:
+        return subprocess.Popen([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
+                                 "--host", "127.0.0.1", "--port", str(port)],
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def answers(server, base: str, timeout_s: float = START_TIMEOUT_S) -> bool:
+    """The server at ``base`` answers its /health within ``timeout_s`` (False: it did not, or it ended)."""
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and server.poll() is None:
         try:
             with urllib.request.urlopen(f"{base}/health", timeout=2) as reply:
@@ -152,7 +159,7 @@ def _answers(server, base: str) -> bool:
     return False
 
 
-def _stop(server) -> None:
+def stop_server(server) -> None:
     """The server and the workers it forked (its own process group): TERM, then KILL."""
     if server.poll() is not None:
         return
