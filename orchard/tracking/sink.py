@@ -8,7 +8,10 @@ every metric for the final summary.
 The sink outlives its own death: Ray restarts it (``max_restarts=-1``) and resends the calls
 that were in flight (``max_task_retries=-1``); the new instance reloads the last values and the
 ``system/`` series from the MLflow run.  What is lost is the batch buffered since the last
-flush: at most ``flush_interval_s`` (1 s by default) of metrics, and the progress report.
+flush: at most ``flush_interval_s`` (1 s by default) of metrics, and the progress report. For
+``WRITE_THROUGH_S`` after a restart every call is written before the next is taken: the calls that
+queued while it restarted (a whole run's, when training outran a slow restart) arrive at once,
+and a second kill would otherwise find all of them in the buffer.
 
 A busy store (a lock, a database briefly away) keeps metrics buffered and flushes are retried
 with backoff; a metric MLflow refuses for what it is (an invalid name or value) is dropped
@@ -38,6 +41,17 @@ MAX_BATCH = 900  # MLflow's log_batch takes at most 1000 metrics per call
 MAX_PENDING = 100_000  # metrics buffered while the store is away (~25 MB); past it the oldest are spilled
 MAX_FLUSH_WAIT_S = 30.0  # the flush timer's longest backoff while the store refuses
 MAX_SERIES = 10_000  # points per in-memory series (~5.5 h of resource samples every 2 s); the store keeps all
+WRITE_THROUGH_S = 30.0  # after a restart, each call written at once for this long (the backlog's drain)
+
+
+def _restarted() -> bool:
+    """This actor is a restart of one that died (Ray's own flag; its getter warns about an
+    internal call of its own, which would reach the user's console)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return bool(ray.get_runtime_context().was_current_actor_reconstructed)
 
 
 def sink_name(run_key: str) -> str:
@@ -78,8 +92,11 @@ class MetricsSink:
         self._lost_sent = dict(self._lost)     # the totals already handed to a flush
         self._warned: set[str] = set()         # say once per key (and once for the spill), not per flush
         self._interval = flush_interval_s
+        self._write_through_until = 0.0
         if self._client is not None:
             self._reload()  # nothing yet for a new run; after a restart, what reached the store
+            if _restarted():
+                self._write_through_until = time.monotonic() + WRITE_THROUGH_S
         self._flusher = background.Poller(self._flush_tick, flush_interval_s, "orchard-metrics-flush")
         self._flusher.start()
 
@@ -100,6 +117,11 @@ class MetricsSink:
                 if self._client is not None:
                     self._pending.append(Metric(key, value, timestamp_ms, int(step or 0)))
             self._spill()
+        if time.monotonic() < self._write_through_until:
+            try:
+                self.flush()
+            except Exception:  # the store is busy: the timer's flush retries it, as usual
+                pass
 
     def _keep(self, key: str, value: float) -> None:
         """Append to a resource series; past ``max_series`` points, thin it to every second one."""

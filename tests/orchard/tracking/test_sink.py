@@ -1,6 +1,8 @@
 """The metrics sink under a store that refuses: one bad metric is dropped alone and counted,
 the buffer is bounded with a count, and ``ctx.log_metrics`` stops a bad name where it is logged.
 A real sqlite MLflow store in tmp_path, read back with MlflowClient; the session's Ray."""
+import time
+
 import pytest
 
 
@@ -35,6 +37,30 @@ def test_a_bad_metric_name_mid_run_is_dropped_alone_and_the_final_metrics_arrive
     assert metrics["test/mae"] == 0.5
     assert metrics[DROPPED] == 2
     assert "bad key!" not in metrics and "val/bad metric?" not in metrics
+
+
+def test_after_a_restart_the_backlog_is_written_at_once_so_a_second_kill_loses_none_of_it(ray_session, tmp_path):
+    """The calls that queued while the sink restarted arrive at once (a whole run's, when training
+    outran a slow restart); a second kill right after them must not find them all in the buffer.
+    Before a restart the sink buffers as usual (no timer flush here: an hour's interval)."""
+    import ray
+
+    from orchard.tracking.sink import MetricsSink
+
+    uri, client, run_id = _new_run(tmp_path)
+    sink = MetricsSink.remote(uri, run_id, 3600.0)
+    ray.get(sink.log_metrics.remote({"train/loss": 9.0}, 0, 1000))
+    ray.get(sink.progress.remote({"step": 1}))
+    assert client.get_metric_history(run_id, "train/loss") == []   # buffered, not written through
+    ray.kill(sink, no_restart=False)                                # lost with the buffer: documented
+    while ray.get(sink.get_progress.remote(), timeout=120):        # a kill lands late: wait for the new one
+        time.sleep(0.05)
+    for step in range(1, 6):  # the restarted sink takes the backlog
+        ray.get(sink.log_metrics.remote({"train/loss": float(step)}, step, 1000 + step))
+    ray.kill(sink, no_restart=False)                                # the second kill, no flush before it
+    ray.get(sink.ping.remote(), timeout=120)
+    ray.kill(sink)
+    assert sorted(m.step for m in client.get_metric_history(run_id, "train/loss")) == [1, 2, 3, 4, 5]
 
 
 def test_the_buffer_is_bounded_and_what_it_spills_is_counted(ray_session, tmp_path):
