@@ -148,7 +148,7 @@ def tracking_address(uri: str, run_id: str | None = None) -> str:
     command that serves it (at the run's page)."""
     from orchard.tracking import store as tracking_store
 
-    return uri if uri.startswith(("http://", "https://")) else f"{uri} (view: {tracking_store.ui_command(uri, run_id)})"
+    return uri if uri.startswith(("http://", "https://")) else f"{uri} (view: {tracking_store.ui_command_line(uri, run_id)})"
 
 
 def _resume_args(cfg: dict) -> str:

@@ -215,7 +215,7 @@ UI_PORT = 5000   # MLflow's own default for `mlflow ui`
 UI_TRAINING_VIEW = "workflowType=machine_learning"
 
 
-def ui_command(uri: str, run_id: str | None = None) -> str:
+def ui_command_line(uri: str, run_id: str | None = None) -> str:
     """The command that opens the MLflow UI on this store (bound to localhost, in the training
     view; orchard/cli/ui.py), at the run's page when given (its id shortened, as ``runs`` shows it)."""
     if uri.startswith(("http://", "https://")):
@@ -227,6 +227,6 @@ def ui_command(uri: str, run_id: str | None = None) -> str:
 
 def run_url(uri: str, experiment_id: str, run_id: str) -> str:
     """The run's page in the MLflow UI: on the tracking server itself, or on the UI that
-    ``ui_command`` starts (on port 5000 when it is free)."""
+    ``ui_command_line`` starts (on port 5000 when it is free)."""
     base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else f"http://127.0.0.1:{UI_PORT}"
     return f"{base}/#/experiments/{experiment_id}/runs/{run_id}?{UI_TRAINING_VIEW}"

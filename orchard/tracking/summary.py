@@ -138,7 +138,7 @@ def view_lines(tracking_uri: str, experiment_id: str, run_id: str) -> list[str]:
     if tracking_uri.startswith(("http://", "https://")):
         lines = [f"view:      {url}", f"server:    {tracking_uri} (tracking server)"]
     else:
-        lines = [f"view:      {tracking_store.ui_command(tracking_uri, run_id)}", f"           (opens {url})"]
+        lines = [f"view:      {tracking_store.ui_command_line(tracking_uri, run_id)}", f"           (opens {url})"]
     return [redact.text(line) for line in lines]
 
 
