@@ -78,11 +78,16 @@ def run_sweep(cfg: dict, module, run_one: Callable) -> Outcome:
     if resuming:
         tuner = tune.Tuner.restore(str(exp_path), trainable=trainable, resume_unfinished=True,
                                    resume_errored=True, restart_errored=False)
+        # Tune restores the scheduler saved with the sweep; this session's limit replaces it (the
+        # cluster, or sweep.max_concurrent_trials, may have changed). Through Ray Client the tuner
+        # lives on the cluster: the saved one, with its first session's limit, holds there.
+        if getattr(tuner, "_local_tuner", None) is not None:
+            tuner._local_tuner._tune_config.scheduler = scheduler_of(s, concurrent)
     else:
         tuner = tune.Tuner(
             trainable, param_space=param_space(s["params"]),
             tune_config=tune.TuneConfig(metric=metric, mode=mode, num_samples=s["num_samples"],
-                                        max_concurrent_trials=concurrent, scheduler=scheduler_of(s)),
+                                        max_concurrent_trials=concurrent, scheduler=scheduler_of(s, concurrent)),
             run_config=tune.RunConfig(name="tune", storage_path=exp_path.rsplit("/", 1)[0], verbose=0,
                                       callbacks=[stopper, trial_progress(trial_count(s), metric, mode)],
                                       # a trial whose actor dies (its node lost) is run again (retry_of)

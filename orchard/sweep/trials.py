@@ -272,14 +272,49 @@ def trial_progress(total: int, metric: str, mode: str):
     return SweepProgress()
 
 
-def scheduler_of(s: dict):
+def scheduler_of(s: dict, limit: int):
+    """Tune's scheduler for the sweep (FIFO, or ASHA with ``sweep.asha``) that also holds the
+    sweep to ``limit`` trials at once, whatever Tune restored.
+
+    Tune's own limit (``max_concurrent_trials``) is its searcher's: it suggests no new trial while
+    ``limit`` of its suggestions live. A resumed sweep's trials are not suggestions: Tune restores
+    every unfinished and errored one PENDING and starts each whose placement group fits (Ray 2.60,
+    ``TuneController._maybe_add_actors``), so after a resume two trials ran at once, each waiting
+    for CPUs the other held, all failing. Here a trial added beyond ``limit`` live (PENDING or
+    RUNNING) ones waits PAUSED, which Tune starts only when the scheduler chooses it: once one of
+    the live ones ended. Plain values only: Tune saves the scheduler with the sweep."""
+    from ray.tune.experiment import Trial
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
     if s["scheduler"] != "asha":
-        return FIFOScheduler()
-    a = s.get("asha") or {}
-    # time = the trial's reports of the metric (one per epoch for an epoch metric)
-    return ASHAScheduler(time_attr="training_iteration", max_t=int(a.get("max_t", 1000)),
-                         grace_period=int(a.get("grace_period", 1)), reduction_factor=float(a.get("reduction_factor", 2)))
+        base, kwargs = FIFOScheduler, {}
+    else:
+        a = s.get("asha") or {}
+        # time = the trial's reports of the metric (one per epoch for an epoch metric)
+        base, kwargs = ASHAScheduler, dict(time_attr="training_iteration", max_t=int(a.get("max_t", 1000)),
+                                           grace_period=int(a.get("grace_period", 1)),
+                                           reduction_factor=float(a.get("reduction_factor", 2)))
 
+    def live(controller, but=None) -> int:
+        return sum(1 for t in controller.get_trials() if t is not but and t.status in (Trial.PENDING, Trial.RUNNING))
 
+    class AtMost(base):
+        def __init__(self):
+            super().__init__(**kwargs)
+            self.limit, self.added = int(limit), set()
+
+        def on_trial_add(self, tune_controller, trial):
+            super().on_trial_add(tune_controller, trial)
+            first = trial.trial_id not in self.added  # Tune adds a trial again when it retries it
+            self.added.add(trial.trial_id)
+            # Tune calls this before it files the trial by its status: PAUSED, it is not started
+            if first and trial.status == Trial.PENDING and live(tune_controller, but=trial) >= self.limit:
+                trial.set_status(Trial.PAUSED)
+
+        def choose_trial_to_run(self, tune_controller):
+            chosen = super().choose_trial_to_run(tune_controller)
+            if chosen is not None and chosen.status == Trial.PAUSED and live(tune_controller) >= self.limit:
+                return None
+            return chosen
+
+    return AtMost()

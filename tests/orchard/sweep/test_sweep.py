@@ -171,6 +171,63 @@ def test_interrupted_sweep_exits_130_and_resumes_where_it_stopped(ray_session, t
 
 
 @pytest.mark.slow
+def test_a_resumed_sweep_still_runs_one_trial_at_a_time(ray_session, tmp_path):
+    """``sweep.max_concurrent_trials=1`` holds after a resume. Tune restores an errored trial and
+    an unfinished one PENDING together and started both at once (each waited for CPUs the other
+    held, on a real workload). Here the first trial's process is lost (it errors: no retries), the
+    sweep is interrupted while the second runs; resumed, the trials' runs follow one another and
+    every trial finishes."""
+    import os
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    check_store(uri)  # created once, before this test's client polls it beside the sweep (docs/runs.md)
+    args = tiny_cli("workload=tiny", "sweep=tiny_grid", "sweep.max_concurrent_trials=1", "sweep.max_failures=0",
+                    THREE_LRS, "tiny.steps=40", "tiny.sleep_s=0.05", "tracking.system_metrics=false",
+                    f"tracking.uri={uri}", f"output_dir={tmp_path}/out", *attach_overrides())
+    env = tiny_cli_env()
+    client = MlflowClient(uri)
+
+    def children(status=None):
+        try:
+            found = client.search_runs([e.experiment_id for e in client.search_experiments()])
+        except Exception:
+            return []
+        return [r for r in found if "mlflow.parentRunId" in r.data.tags and status in (None, r.info.status)]
+
+    def wait_for(what, deadline_s=300):
+        deadline = time.time() + deadline_s
+        while time.time() < deadline:
+            found = what()
+            if found:
+                return found
+            time.sleep(0.5)
+        raise AssertionError((tmp_path / "first.log").read_text()[-3000:])
+
+    log = open(tmp_path / "first.log", "w")  # a file, not a pipe nobody reads while waiting
+    first = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    (lost,) = wait_for(lambda: children("RUNNING"))
+    os.kill(int(lost.data.tags["orchard.pid"]), signal.SIGKILL)  # the trial's process, lost: its trial errors
+    wait_for(lambda: [r for r in children("RUNNING") if r.data.params["tiny.lr"] != lost.data.params["tiny.lr"]])
+    first.send_signal(signal.SIGINT)  # one trial errored, one running, one not started yet
+    first.wait(timeout=180)
+    assert first.returncode == 130, (tmp_path / "first.log").read_text()[-3000:]
+    resumed_at = time.time() * 1000
+    second = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "resuming" in second.stdout and "up to 1 trial(s) at once" in second.stdout
+    after = sorted((r for r in children() if r.info.start_time >= resumed_at), key=lambda r: r.info.start_time)
+    assert sorted(r.data.params["tiny.lr"] for r in after) == ["0.01", "0.1", "0.3"], [r.info for r in after]
+    for before, following in zip(after, after[1:]):
+        assert following.info.start_time >= before.info.end_time, (
+            f"trials ran at once after the resume: {before.data.params['tiny.lr']} and "
+            f"{following.data.params['tiny.lr']}")
+    assert all(r.info.status == "FINISHED" for r in after)
+    parent = client.get_run(after[0].data.tags["mlflow.parentRunId"])
+    assert parent.info.status == "FINISHED" and "best/train/loss" in parent.data.metrics
+
+
+@pytest.mark.slow
 def test_a_sweep_with_the_default_store_and_output_folder_keeps_every_trial_there(ray_session, tmp_path):
     """As docs/sweeps.md types it, from a fresh folder with the defaults (``sqlite:///mlflow.db``,
     ``outputs/``): Tune runs each trial in a folder of its own, yet the trials record into the
