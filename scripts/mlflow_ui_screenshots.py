@@ -7,7 +7,8 @@ as the browser drew it, that
 
   * the experiment, opened as orchard's summary links it, shows its runs table (MLflow's "Model
     training" view), not the GenAI overview of traces, and its Dataset column names the run's data;
-  * the run's page lists its logged model and its dataset;
+  * the run's page lists its logged model and its dataset, no bookkeeping counter among its
+    metrics, and its tags lead with what the run is (orchard.workload before orchard.host);
   * the model's page shows its headline metric, measured on the run's dataset, and no bookkeeping
     series (``system/``, ``cache/``);
 
@@ -118,12 +119,17 @@ def check_experiment_page(dom: str, dataset: str) -> list[str]:
 
 
 def check_run_page(dom: str, model: str, dataset: str) -> list[str]:
-    """What is wrong with a run's page: it must list its logged model and its dataset."""
+    """What is wrong with a run's page: it must list its logged model and its dataset, no
+    bookkeeping counter among its metrics (``cache/``, ``cluster/``: tables/bookkeeping.json), and
+    lead its tags with what the run is, the driver's (``orchard.host``, ...) after them."""
     bad = []
     if "Logged models" not in dom or f">{model}<" not in dom:
         bad.append(f"the run page does not list its logged model {model!r}")
     if dataset not in dom:
         bad.append(f"the run page does not list its dataset {dataset!r}")
+    bad += [f"the run page lists the bookkeeping metric prefix {p!r}" for p in (">cache/", ">cluster/") if p in dom]
+    if "orchard.host" in dom and dom.find("orchard.workload") > dom.find("orchard.host"):
+        bad.append("the run page's tags lead with the driver's (orchard.host before orchard.workload)")
     return bad
 
 

@@ -28,6 +28,15 @@ TRAINING_KIND = "custom_model_development"
 
 # Config keys that are bookkeeping rather than knobs; kept out of the run's params.
 _NOT_PARAMS = ("_choices",)
+# Tags that say how orchard ran a run (its driver, folder, clock, the versions it ran with), not
+# what the run is. MLflow 3.17's UI lists a run's tags (its page, its runs table's columns) in the
+# order the store first recorded them, sorting none by name, so no prefix puts these last: the
+# run's end writes them again after the workload's own (``operational_tags_last``).
+OPERATIONAL_TAGS = ("orchard.host", "orchard.boot_id", "orchard.pid_ns", "orchard.pid", "orchard.pid_start",
+                    "orchard.heartbeat", "orchard.clock_skew_s", "orchard.started_at", "orchard.run_dir",
+                    "orchard.overrides", "orchard.config_dirs", "orchard.trial_id", "orchard.sweep_session",
+                    "orchard.trial_attempt", "orchard.reopened_after_reap", "orchard.mlflow_version",
+                    "ray.version", "torch.version", "numpy.version")
 
 
 @dataclass
@@ -131,7 +140,7 @@ def open_run(cfg: dict, run_name: str, parent_run_id: str | None = None, extra_t
     tags[MLFLOW_RUN_NOTE] = summary.description(cfg, summary.trial_values(flat, parent_params))
     run = retried(client.create_run, exp_id, run_name=run_name, tags=tags)
     run_id = run.info.run_id
-    params = [Param(k, v) for k, v in sorted(flat.items())]
+    params = [Param(k, v) for k, v in sorted(flat.items(), key=lambda kv: param_order(cfg["workload"]["name"], kv[0]))]
     for i in range(0, len(params), 100):
         retried(client.log_batch, run_id, params=params[i:i + 100])
     retried(client.log_batch, run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
@@ -139,6 +148,14 @@ def open_run(cfg: dict, run_name: str, parent_run_id: str | None = None, extra_t
     if cfg.get("mode", "train") == "train":
         datasets.log_training_data(client, run_id, cfg)
     return TrackedRun(run_id, exp_id, uri)
+
+
+def param_order(workload: str, key: str) -> tuple[int, str]:
+    """Where a param goes in the run's list: the run page's Parameters table shows them in the
+    order they were logged (MLflow 3.17 sorts none), so the workload's own hyper-parameters come
+    first, then the strategy's, then the rest (cluster, tracking, storage, ...), each by name."""
+    lead = (f"{workload}.", "strategy.")
+    return next((i for i, prefix in enumerate(lead) if key.startswith(prefix)), len(lead)), key
 
 
 def reopen_run(cfg: dict, run_id: str, attempt: int, extra_tags: dict | None = None) -> TrackedRun:
@@ -187,6 +204,31 @@ def close_run(run: TrackedRun, status: str, error: BaseException | None = None) 
                 retried(client.log_artifact, run.run_id, str(path))
     finally:  # the status above all: a run left RUNNING is later reaped as "driver lost"
         retried(client.set_terminated, run.run_id, status=status)
+    try:
+        operational_tags_last(client, run.run_id)
+    except Exception:  # noqa: BLE001 - only their order on the run's page: the run is closed
+        pass
+
+
+def operational_tags_last(client, run_id: str) -> list[str]:
+    """Write the run's ``OPERATIONAL_TAGS`` again after its other tags, in their order, so its
+    page in the MLflow UI leads with what the run is (workload, strategy, command, the workload's
+    own tags, its model). Done once the run is closed: no heartbeat writes them meanwhile, and no
+    reaper looks at a run that is not RUNNING. Returns the keys moved."""
+    from mlflow.entities import RunTag
+
+    tags = retried(client.get_run, run_id).data.tags
+    moved = [k for k in tags if k in OPERATIONAL_TAGS]
+    try:
+        for key in moved:
+            try:
+                retried(client.delete_tag, run_id, key)
+            except Exception:  # noqa: BLE001 - gone already (a delete retried after it landed)
+                pass
+    finally:  # whatever happened above, every one of them is on the run again
+        if moved:
+            retried(client.log_batch, run_id, tags=[RunTag(k, tags[k]) for k in moved])
+    return moved
 
 
 def in_notebook_or_tty() -> bool:

@@ -3,7 +3,9 @@ writes through, so that a single process talks to the MLflow store (sqlite allow
 at a time, and a remote cluster's workers may not reach the store at all).
 
 It also keeps the latest progress report for the driver's progress line and the last value of
-every metric for the final summary.
+every metric for the final summary. Bookkeeping counters (``cache/*``, ``train/workers``, the
+node-loss figures while nothing was lost: orchard/tracking/bookkeeping.py) are no charts: it
+writes them to the run's ``tables/bookkeeping.json`` instead.
 
 The sink outlives its own death: Ray restarts it (``max_restarts=-1``) and resends the calls
 that were in flight (``max_task_retries=-1``); the new instance reloads the last values and the
@@ -26,6 +28,7 @@ seconds). The store keeps every point either way.
 """
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import threading
@@ -35,6 +38,7 @@ from pathlib import Path
 import ray
 
 from orchard import background
+from orchard.tracking import bookkeeping
 from orchard.tracking.store import first_line, quiet_store_logs, refused, retried
 
 MAX_BATCH = 900  # MLflow's log_batch takes at most 1000 metrics per call
@@ -87,6 +91,7 @@ class MetricsSink:
         self._gpus: dict[str, set[int]] = {}
         self._watched: dict[str, list[tuple[int, float]]] = {}  # key -> its latest (step, value)s, for pollers
         self._watched_dropped: dict[str, int] = {}              # key -> how many of its oldest went (bound)
+        self._ledger = bookkeeping.Ledger()  # counters kept out of the charts (orchard/tracking/bookkeeping.py)
         self._max_pending = max_pending
         self._lost = {DROPPED: 0, SPILLED: 0}  # totals for the run; a restarted sink goes on from the store's
         self._lost_sent = dict(self._lost)     # the totals already handed to a flush
@@ -114,8 +119,9 @@ class MetricsSink:
                     self._keep(key, value)
                 if key in self._watched:
                     self._watch_point(key, (int(step or 0), value))
+                routed = self._ledger.route(Metric(key, value, timestamp_ms, int(step or 0)))
                 if self._client is not None:
-                    self._pending.append(Metric(key, value, timestamp_ms, int(step or 0)))
+                    self._pending.extend(routed)
             self._spill()
         if time.monotonic() < self._write_through_until:
             try:
@@ -166,6 +172,9 @@ class MetricsSink:
         """After a restart: the last values and the system series, from what reached the store."""
         run = retried(self._client.get_run, self._run_id)
         self._last.update(run.data.metrics)
+        kept = bookkeeping.read(self._client, self._run_id)
+        self._ledger = bookkeeping.Ledger(kept, [k for k in run.data.metrics if k in bookkeeping.EVENTS])
+        self._last.update(kept)
         for key in self._lost:
             self._lost[key] = self._lost_sent[key] = int(run.data.metrics.get(key, 0))
         for key in run.data.metrics:
@@ -273,7 +282,21 @@ class MetricsSink:
             counts = self._counts()  # what this flush (or the buffer's bound) lost since the last count
             if counts:
                 written += self._write(counts)
+            self._write_bookkeeping()
             return written
+
+    def _write_bookkeeping(self) -> None:
+        """``tables/bookkeeping.json``, when a counter in it changed since it was last written."""
+        with self._lock:
+            if not self._ledger.dirty:
+                return
+            values = self._ledger.snapshot()
+        try:
+            self.log_artifact_bytes(json.dumps(values, indent=2).encode(), bookkeeping.ARTIFACT)
+        except Exception:
+            with self._lock:
+                self._ledger.dirty = True  # the next flush writes it again
+            raise
 
     def _write(self, batch: list) -> int:
         """``log_batch`` in chunks.  A chunk MLflow refuses is halved until each refused metric

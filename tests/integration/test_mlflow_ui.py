@@ -1,7 +1,8 @@
 """The MLflow UI opens on what orchard recorded (issue 36), read back from the session's shared
 CLI smoke runs (no run of its own): the experiment is tagged as model training, the run's model
 is its output and its data its dataset input, the run says what it is and its headline result
-(``mlflow.note.content``, ``headline/<name>``), the summary ends with the run's page in the UI,
+(``mlflow.note.content``, ``headline/<name>``), its charts hold no bookkeeping and its page lists
+the workload's params and tags first, the summary ends with the run's page in the UI,
 and the model travels (pinned requirements, the workload's code inside, no orchard).  Where
 Chromium is installed, a real headless browser opens the UI and checks the pages themselves
 (the same code as ``scripts/mlflow_ui_screenshots.py``, which makes docs/images)."""
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from orchard.tracking import bookkeeping, mlflow_run
 from tests.integration.test_console import HEADLINE, SMOKE
 
 pytestmark = pytest.mark.slow
@@ -54,6 +56,14 @@ def test_a_smoke_run_opens_in_the_ui_with_its_model_data_description_and_headlin
     assert name in metrics
     if source:
         assert metrics[name] == pytest.approx(metrics[source])
+    # the charts open on what a user compares: no bookkeeping series among them (cache hits,
+    # workers, node losses where none happened), which the run keeps in tables/bookkeeping.json
+    assert not [k for k in metrics if bookkeeping.is_bookkeeping(k)]
+    assert bookkeeping.read(run.client, info.run_id)
+    # the run page lists params and tags as the store recorded them: the workload's own first
+    params, shown = list(run.run.data.params), [k for k in tags if not k.startswith("mlflow.")]
+    assert params[0].startswith(f"{workload}.") and shown[:3] == ["orchard.workload", "orchard.strategy", "orchard.command"]
+    assert [k in mlflow_run.OPERATIONAL_TAGS for k in shown] == sorted(k in mlflow_run.OPERATIONAL_TAGS for k in shown)
     # nothing of orchard's written into MLflow's own namespace
     assert {k for k in tags if k.startswith("mlflow.")} <= MLFLOW_TAGS
     # the summary ends with how to open the UI and the run's page in it (stderr follows stdout here)

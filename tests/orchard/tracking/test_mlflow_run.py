@@ -113,3 +113,25 @@ def test_a_failed_run_keeps_the_traceback_that_ended_it(client, tmp_path):
     assert closed.info.status == "FAILED" and closed.data.tags["orchard.error"] == "ValueError: shard 3 is empty"
     text = Path(client.download_artifacts(run, "error.txt", str(tmp_path))).read_text()
     assert text.startswith("Traceback") and "in load_shard" in text
+
+
+def test_the_run_page_lists_the_workloads_params_first_and_its_operational_tags_last(client, cfg):
+    """MLflow 3.17's UI lists a run's params and tags in the order the store first recorded them
+    (the run page's tables and tag box sort none by name): the workload's own hyper-parameters
+    lead the params, and once the run is closed the tags lead with what the run is (workload,
+    strategy, command, the workload's own), the driver's host, pid, heartbeat and the versions
+    after them, every value kept."""
+    tracked = mlflow_run.open_run(cfg, "r")
+    params = list(client.get_run(tracked.run_id).data.params)
+    assert params[0].startswith("tiny.") and params.index("strategy.name") < params.index("cluster.mode")
+    client.set_tag(tracked.run_id, "tiny.preparation", "made")   # a workload's own, set as it runs
+    before = client.get_run(tracked.run_id).data.tags
+    mlflow_run.close_run(tracked, "FINISHED")
+    tags = client.get_run(tracked.run_id).data.tags
+    assert tags == before
+    shown = [k for k in tags if not k.startswith("mlflow.")]   # the UI hides mlflow.* tags
+    operational = [k for k in shown if k in mlflow_run.OPERATIONAL_TAGS]
+    assert {"orchard.host", "orchard.pid", "orchard.heartbeat", "ray.version"} <= set(operational)
+    assert shown[:len(shown) - len(operational)] == [k for k in shown if k not in operational]
+    assert shown.index("tiny.preparation") < shown.index("orchard.host")
+    assert shown[:3] == ["orchard.workload", "orchard.strategy", "orchard.command"]

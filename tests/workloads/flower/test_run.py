@@ -6,6 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from orchard.tracking import bookkeeping
+
 ROOT = Path(__file__).resolve().parents[3]
 STRATEGIES = {
     # ring also loses its last worker when epoch 1 starts: the group restarts from the epoch-0
@@ -75,7 +77,17 @@ def test_smoke_run_records_the_thesis_metrics(smoke_runs, label):
     traces = [a.path for a in client.list_artifacts(run.info.run_id, "traces")]
     assert traces and all(t.endswith(".json") for t in traces)
     assert client.list_artifacts(run.info.run_id, "model")
-    assert m["cache/evicted_bytes"] == 0   # local storage: nothing copied into a node cache, nothing evicted
+    # bookkeeping is no chart (orchard/tracking/bookkeeping.py): the counters are in tables/bookkeeping.json
+    book = bookkeeping.read(client, run.info.run_id)
+    assert book["cache/evicted_bytes"] == 0   # local storage: nothing copied into a node cache, nothing evicted
+    assert book["train/workers"] == 2 and book["cluster/nodes_lost"] == 0
+    assert not [k for k in m if k.startswith(("cache/", "cluster/")) or k == "train/workers"]
+    if label == "ring":  # its last worker failed once: the restart is an event, a chart from when it happened
+        assert m["train/restarts"] == book["train/restarts"] == 1
+        assert [h.value for h in client.get_metric_history(run.info.run_id, "train/group_workers")] == [2, 2]
+    else:                # nothing happened: zeros and the one group's size are bookkeeping alone
+        assert book["train/restarts"] == 0 and book["train/group_workers"] == 2
+        assert not {"train/restarts", "train/lost_s", "train/group_workers"} & set(m)
 
 
 @pytest.mark.slow
@@ -96,15 +108,16 @@ def test_the_time_split_adds_up_to_the_run_and_names_the_training_parts(smoke_ru
 
 @pytest.mark.slow
 def test_a_second_identical_run_reads_its_preparation_back(smoke_runs):
-    runs, _ = smoke_runs
+    runs, client = smoke_runs
     first, again = runs["ring"][1], runs[AGAIN][1]
     assert runs[AGAIN][0].exit_code == 0
     # the module's first run made everything: field, tiles, density targets, the blob counter
     assert first.data.tags["flower.preparation"] == "made" and first.data.tags["flower.baseline"] == "calibrated"
-    assert first.data.metrics["cache/baseline_misses"] == 1.0
+    assert bookkeeping.read(client, first.info.run_id)["cache/baseline_misses"] == 1.0
     assert again.data.tags["flower.preparation"] == "reused" and again.data.tags["flower.baseline"] == "reused"
+    hits = bookkeeping.read(client, again.info.run_id)
     for kind in ("data", "tiles", "density", "baseline"):
-        assert again.data.metrics[f"cache/{kind}_hits"] == 1.0, kind
+        assert hits[f"cache/{kind}_hits"] == 1.0, kind
     # what it read back is what was fitted: the same counter, the same counts on the same test tiles
     fitted = {k: v for k, v in first.data.params.items() if k.startswith("flower.baseline.fitted_")}
     assert fitted and all(again.data.params[k] == v for k, v in fitted.items())

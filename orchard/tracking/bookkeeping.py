@@ -1,0 +1,90 @@
+"""A run's bookkeeping: counters that say how a run went about its work (cache hits and misses,
+workers, nodes lost, restarts) rather than what it learned.
+
+The MLflow UI draws every metric as a chart and opens a run's charts on the alphabetically first
+prefix (MLflow 3.17: chart sections sorted by the name before the first ``/``), so one-point
+``cache/`` and ``cluster/`` counters opened a run before ``train/``, ``val/`` and ``test/``.
+These names are no metrics: the run's metrics sink keeps their last values in one artifact,
+``tables/bookkeeping.json`` (name -> value), and in what it hands the end-of-run summary, so a
+workload logs them with ``ctx.log_metrics`` as before and reads them back with ``read``.
+
+Node-loss figures are events: in a run where nothing happened they are zeros (bookkeeping);
+from the moment something does (a node lost or joined, a restart, a worker group of another
+size than it started with) they are charts as well, their quiet points written first, so a user sees the loss while
+the run recovers and when each node went and came.
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+ARTIFACT = "tables/bookkeeping.json"
+PREFIXES = ("cache/",)
+NAMES = frozenset({"train/workers"})
+
+
+def _zero(metric) -> bool:
+    return metric.value == 0
+
+
+def _first_start(metric) -> bool:
+    return metric.step <= 1  # logged at each start of a worker group, the step counting its starts
+
+
+# event series -> whether a point is quiet (nothing happened): a series is a chart from its first other point
+EVENTS = {"cluster/nodes_lost": _zero, "cluster/nodes_joined": _zero, "train/restarts": _zero, "train/lost_s": _zero,
+          "train/group_workers": _first_start}
+MAX_HELD = 100  # quiet points held per event series until it becomes a chart
+
+
+def is_bookkeeping(key: str) -> bool:
+    """``key`` is bookkeeping: kept in ``tables/bookkeeping.json``, not (or not only) a metric."""
+    return key.startswith(PREFIXES) or key in NAMES or key in EVENTS
+
+
+class Ledger:
+    """The sink's record of a run's bookkeeping: ``route`` takes each logged metric and returns
+    what goes to MLflow as metrics; ``values`` is what the artifact holds, ``dirty`` whether it
+    changed since it was last written."""
+
+    def __init__(self, values: dict[str, float] | None = None, charted=()):
+        self.values: dict[str, float] = dict(values or {})
+        self.charted: set[str] = set(charted)  # event series that became charts
+        self.dirty = False
+        self._held: dict[str, list] = {}
+
+    def route(self, metric) -> list:
+        """``[metric]`` for a metric, ``[]`` for bookkeeping, and for an event series' first point
+        that is not quiet the points held back before it, then this one."""
+        key = metric.key
+        if not is_bookkeeping(key):
+            return [metric]
+        if key not in self.values or self.values[key] != metric.value:
+            self.values[key] = metric.value
+            self.dirty = True
+        if key in self.charted:
+            return [metric]
+        if key not in EVENTS:
+            return []
+        held = self._held.setdefault(key, [])
+        if EVENTS[key](metric):
+            if len(held) < MAX_HELD:
+                held.append(metric)
+            return []
+        self.charted.add(key)
+        return self._held.pop(key) + [metric]
+
+    def snapshot(self) -> dict[str, float]:
+        self.dirty = False
+        return dict(sorted(self.values.items()))
+
+
+def read(client, run_id: str) -> dict[str, float]:
+    """A run's bookkeeping as its ``tables/bookkeeping.json`` holds it (empty: none recorded)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            path = client.download_artifacts(run_id, ARTIFACT, tmp)
+        except Exception:  # noqa: BLE001 - no such artifact (a run of an older orchard, none logged)
+            return {}
+        return json.loads(Path(path).read_text())
