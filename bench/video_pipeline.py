@@ -51,6 +51,7 @@ import os
 import statistics
 import tempfile
 import time
+from pathlib import Path
 from concurrent.futures import ProcessPoolExecutor
 
 
@@ -149,8 +150,13 @@ def plain_jobs(index, segments) -> list[tuple]:
 def pipeline_settings(px: int, count: int, cores: int) -> dict:
     """orchard's video pipeline settings for the bench: frames of ``px`` pixels, clips of ``count``
     frames, one decode actor per core and half a core per extractor."""
+    from omegaconf import OmegaConf
+
+    shipped = OmegaConf.load(Path(__file__).resolve().parents[1] / "conf/workload/video.yaml").video
     return {"size": px, "stack": count - 1, "short_rule": "loop", "decoder": "pyav",
-            "extractor_options": {"flow": {"method": "dis_medium", "bound": 20}}, "pipeline_batch": 8,
+            "extractor_options": {"flow": {"method": "dis_medium", "bound": 20}},
+            # the workload's own block size and fusion (conf/workload/video.yaml), as a user runs it
+            "pipeline_batch": int(shipped.pipeline_batch), "fuse_extract": shipped.fuse_extract,
             "decode_concurrency": cores, "decode_cpus": 1.0, "extract_concurrency": cores, "extract_cpus": 0.5}
 
 

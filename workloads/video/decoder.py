@@ -22,6 +22,8 @@ import numpy as np
 
 DECODERS = {"pyav": "workloads.video.decoder:PyAVDecoder"}
 SHORT_RULES = ("loop", "pad")
+KEEP_OPEN = 16     # files a decoder keeps open between clips (each holds a demuxer and a decoder)
+JOIN_GAP = 16      # wanted frames this close are decoded through rather than reached by a new seek
 # why a file is not a usable video: the keys of data/skipped_files/<kind> in MLflow (orchard/tracking/skipped.py)
 SKIP_KINDS = ("missing", "empty", "unreadable", "image", "audio_only", "no_video_stream", "single_frame",
               "no_frames", "truncated", "corrupt", "outside_folder")  # the last: orchard.tracking.skipped.LeavesFolder
@@ -145,6 +147,32 @@ class PyAVDecoder:
         self.short_rule = short_rule
         self.threads = threads
         self._indices: dict[str, np.ndarray] = {}
+        self._open_files: dict[str, tuple] = {}      # path -> (container, stream), oldest first
+
+    @contextlib.contextmanager
+    def _kept_open(self, path: str):
+        """``_opened``, but the file stays open for the next call (the ``KEEP_OPEN`` most recent
+        files): opening a file and starting its decoder cost about as much as decoding a short
+        clip. A file that raised is closed and forgotten."""
+        entry = self._open_files.pop(path, None)
+        if entry is None:
+            entry = self._open(path)
+        try:
+            yield entry
+        except BadVideo:
+            entry[0].close()
+            raise
+        except Exception as exc:
+            entry[0].close()
+            raise BadVideo(f"decode error: {type(exc).__name__}: {exc}", "corrupt") from exc
+        self._open_files[path] = entry               # most recent last
+        while len(self._open_files) > KEEP_OPEN:
+            self._open_files.pop(next(iter(self._open_files)))[0].close()
+
+    def close(self) -> None:
+        """Close the files kept open."""
+        while self._open_files:
+            self._open_files.popitem()[1][0].close()
 
     @contextlib.contextmanager
     def _opened(self, path: str):
@@ -219,34 +247,62 @@ class PyAVDecoder:
         without it the request must lie inside the video. ``pts`` is the file's frame
         index (``index``); without it the index is read (once per decoder and file).
         """
+        return self.decode_many(path, [(offset, count)], length=length, pts=pts)[0]
+
+    def decode_many(self, path: str, requests: list[tuple[int, int]], length: int | None = None,
+                    pts: np.ndarray | None = None) -> list[np.ndarray]:
+        """``decode`` for several ``(offset, count)`` clips of one file in one pass over it.
+
+        The clips' frames are decoded once however they overlap, in presentation order: one seek
+        per stretch of wanted frames (stretches closer than ``JOIN_GAP`` frames are decoded
+        through, which costs less than a seek back to their keyframe), with the file kept open
+        between calls (``KEEP_OPEN`` files per decoder), so the clips of one batch that share a
+        video share its demuxer, its decoder's start and its keyframes' decoding.
+        """
         pts = self.index(path) if pts is None else np.asarray(pts, np.int64)
         length = length or len(pts)
-        want = wanted_indices(offset, count, length, self.short_rule)
-        lo, hi = min(want), max(want)
-        wanted = set(want)
-        found: dict[int, np.ndarray] = {}
+        wants = [wanted_indices(offset, count, length, self.short_rule) for offset, count in requests]
+        found = self._decode_indices(path, pts, sorted(set().union(*wants)))
+        return [np.stack([found[i] for i in want]) for want in wants]
+
+    def _decode_indices(self, path: str, pts: np.ndarray, indices: list[int]) -> dict[int, np.ndarray]:
+        """``{frame index: RGB frame}`` for the sorted ``indices``; raises ``BadVideo``."""
         by_pts = {int(p): i for i, p in enumerate(pts)}
         sequential = len(by_pts) < len(pts) or (pts < 0).any()   # missing or repeated pts: count frames
-        with self._opened(path) as (container, stream):
-            for seek in ((lo > 0 and not sequential), False):
-                target = int(pts[lo]) if seek else int(pts[0] if not sequential else (stream.start_time or 0))
-                container.seek(target, stream=stream, backward=True, any_frame=False)
-                first = None
-                for k, frame in enumerate(container.decode(stream)):
-                    i = k if sequential else by_pts.get(-1 if frame.pts is None else int(frame.pts), -1)
-                    first = i if first is None else first
-                    if i in wanted:
-                        found[i] = self._resize(frame.to_ndarray(format="rgb24"))
-                    if i >= hi:
-                        break
-                # a seek that overshoots (a loosely indexed container) is retried once from the start
-                if first is not None and 0 <= first <= lo:
+        stretches, found = [[indices[0], indices[-1]]] if sequential else [], {}
+        if not sequential:
+            for i in indices:
+                if stretches and i - stretches[-1][1] <= JOIN_GAP:
+                    stretches[-1][1] = i
+                else:
+                    stretches.append([i, i])
+        wanted = set(indices)
+        with self._kept_open(path) as (container, stream):
+            for lo, hi in stretches:
+                self._decode_stretch(container, stream, pts, by_pts, sequential, lo, hi, wanted, found)
+            missing = [i for i in indices if i not in found]
+            if missing:   # raised inside: a file that failed is not kept open
+                raise BadVideo(f"frames {missing[:3]}... not in video", "truncated")
+        return found
+
+    def _decode_stretch(self, container, stream, pts, by_pts, sequential, lo, hi, wanted, found) -> None:
+        """Decode frames ``lo..hi`` into ``found`` (the wanted ones): seek to the keyframe before
+        ``lo`` and decode forward, matching frames by pts (by count on a file without them)."""
+        for seek in ((lo > 0 and not sequential), False):
+            target = int(pts[lo]) if seek else int(pts[0] if not sequential else (stream.start_time or 0))
+            container.seek(target, stream=stream, backward=True, any_frame=False)
+            first, got = None, {}
+            for k, frame in enumerate(container.decode(stream)):
+                i = k if sequential else by_pts.get(-1 if frame.pts is None else int(frame.pts), -1)
+                first = i if first is None else first
+                if i in wanted and lo <= i:
+                    got[i] = self._resize(frame.to_ndarray(format="rgb24"))
+                if i >= hi:
                     break
-                found.clear()
-        missing = [i for i in want if i not in found]
-        if missing:
-            raise BadVideo(f"frames {missing[:3]}... not in video", "truncated")
-        return np.stack([found[i] for i in want])
+            # a seek that overshoots (a loosely indexed container) is retried once from the start
+            if first is not None and 0 <= first <= lo:
+                break
+        found.update(got)
 
     def decode_all(self, path: str) -> np.ndarray:
         """Every frame, sequentially, uint8 (T, H, W, 3); the reference for exactness."""

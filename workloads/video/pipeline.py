@@ -39,6 +39,26 @@ def _pool(value):
     return ActorPoolStrategy(min_size=lo, max_size=hi)
 
 
+def block_size(segments: int, vcfg: dict) -> int:
+    """Segments per Ray Data block: ``pipeline_batch``, or fewer where that would leave an actor of
+    the decode pool without two blocks to work on (a small epoch still uses the whole pool).
+    Blocks as large as that are cheaper: Ray Data's per-block work (a task, its output's
+    metadata, a hop through the object store) is paid per block, not per clip."""
+    per_actor = math.ceil(segments / (2 * _pool_max(vcfg["decode_concurrency"])))
+    return max(1, min(int(vcfg["pipeline_batch"]), per_actor))
+
+
+def fused(vcfg: dict, cache) -> bool:
+    """Whether the feature extractors run inside the decode actors (``video.fuse_extract``:
+    true, false, or ``auto``: fused when the cache is off). Fused, the frames never leave the
+    actor that decoded them; apart, each feature is its own elastic pool (the notes' extraction
+    workers), and a cached feature is served without its extractor's pool doing any work."""
+    choice = vcfg.get("fuse_extract", "auto")
+    if choice == "auto":
+        return not getattr(cache, "enabled", False)
+    return bool(choice)
+
+
 def release_segments(batch: dict, master, flow: str, window: int) -> dict:
     """The gate in front of decoding: one block of segment seeds passes when the master lets it.
 
@@ -65,7 +85,7 @@ def build_dataset(segments: list[dict], features: list[str], paths: list[str], l
     """
     import ray
 
-    batch = int(vcfg["pipeline_batch"])
+    batch = block_size(len(segments), vcfg)
     modules = list(vcfg.get("extractor_modules") or [])
     ds = ray.data.from_items(segments, override_num_blocks=max(1, math.ceil(len(segments) / batch)))
     flow = uuid.uuid4().hex          # this dataset's release counters at the master
@@ -75,20 +95,21 @@ def build_dataset(segments: list[dict], features: list[str], paths: list[str], l
         window = 3 * batch * _pool_max(vcfg["decode_concurrency"])
         ds = ds.map_batches(release_segments, batch_size=None, batch_format="numpy",
                             fn_kwargs=dict(master=master, flow=flow, window=window), concurrency=1, num_cpus=0)
+    extract = [dict(name=name, options=dict(vcfg["extractor_options"].get(name) or {}), stack=int(vcfg["stack"]),
+                    paths=paths, size=int(vcfg["size"]), master=master, cache=cache,
+                    drop_frames=i == len(features) - 1, modules=modules, digests=digests)
+               for i, name in enumerate(features)]
+    in_decode = fused(vcfg, cache) and bool(extract)
     ds = ds.map_batches(
         DecodeStage, batch_size=batch, batch_format="numpy",
         fn_constructor_kwargs=dict(paths=paths, lengths=lengths, size=int(vcfg["size"]),
                                    short_rule=vcfg["short_rule"], decoder=vcfg["decoder"],
-                                   master=master, cache=cache, pts=pts, digests=digests, flow=flow),
+                                   master=master, cache=cache, pts=pts, digests=digests, flow=flow,
+                                   extract=extract if in_decode else None),
         compute=_pool(vcfg["decode_concurrency"]), num_cpus=float(vcfg["decode_cpus"]))
-    for i, name in enumerate(features):
-        ds = ds.map_batches(
-            ExtractStage, batch_size=batch, batch_format="numpy",
-            fn_constructor_kwargs=dict(name=name, options=dict(vcfg["extractor_options"].get(name) or {}),
-                                       stack=int(vcfg["stack"]), paths=paths, size=int(vcfg["size"]),
-                                       master=master, cache=cache, drop_frames=i == len(features) - 1,
-                                       modules=modules, digests=digests),
-            compute=_pool(vcfg["extract_concurrency"]), num_cpus=float(vcfg["extract_cpus"]))
+    for kwargs in [] if in_decode else extract:
+        ds = ds.map_batches(ExtractStage, batch_size=batch, batch_format="numpy", fn_constructor_kwargs=kwargs,
+                            compute=_pool(vcfg["extract_concurrency"]), num_cpus=float(vcfg["extract_cpus"]))
     ds.context.execution_options.preserve_order = True   # the same seed gives the same batches
     # Ray Data's own per-operator queue/backpressure figures go to the master (operator_metrics.py)
     return attach_probe(ds, getattr(master, "actor_name", None), ["decode", *features])

@@ -5,7 +5,7 @@ and files that must exist, the streams against the registered extractors and the
 a pool's [min, max] order, a checkpoint to resume from."""
 from __future__ import annotations
 
-from typing import Annotated, Dict, Literal, Optional
+from typing import Annotated, Dict, Literal, Optional, Union
 
 from pydantic import Field
 
@@ -71,6 +71,7 @@ class Video(Section):
     val_segments: int = positive_int()
     batch_size: int = positive_int()
     pipeline_batch: int = positive_int()
+    fuse_extract: Union[bool, Literal["auto"]] = Field(default="auto", description="true, false or auto")
     offset_stride: int = positive_int()
     min_workers: int = positive_int()
     cpus_per_worker: Dict[str, Optional[Annotated[float, Field(gt=0, le=64)]]] = Field(

@@ -43,8 +43,11 @@ class DecodeStage:
 
     def __init__(self, paths: list[str], lengths: list[int], size: int, short_rule: str,
                  decoder: str, master=None, cache: FeatureCache | None = None, pts: list | None = None,
-                 digests: list[str] | None = None, flow: str = ""):
+                 digests: list[str] | None = None, flow: str = "", extract: list[dict] | None = None):
         self.paths, self.lengths, self.size, self.short_rule = paths, lengths, size, short_rule
+        # fused (pipeline.fused): the feature stages run here, on the frames this actor decoded,
+        # and only their features leave it: no frames through the object store, one pool to size
+        self.extract = [ExtractStage(**kwargs) for kwargs in extract or []]
         self.pts = pts or [None] * len(paths)          # frame index per video (dataset.scan)
         self.digests = digests or paths                # content address per video (cache keys)
         self.decoder = build_decoder(decoder, size=size, short_rule=short_rule)
@@ -53,7 +56,10 @@ class DecodeStage:
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         try:
-            return self._decode(batch)
+            out = self._decode(batch)
+            for stage in self.extract:
+                out = stage(out)
+            return out
         finally:
             if self.master is not None:   # done with these seeds, decoded or not: the gate may let more in
                 self.master.decoded.remote(self.flow, len(batch["video"]))
@@ -61,29 +67,53 @@ class DecodeStage:
     def _decode(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         n = len(batch["video"])
         t0 = time.perf_counter()
-        frames, keep, bad = [], np.ones(n, bool), 0
-        for i in range(n):
-            v, off, cnt = int(batch["video"][i]), int(batch["offset"][i]), int(batch["count"][i])
-            path = self.paths[v]
-            key = cache_key(self.digests[v], off, cnt, self.size, "frames", self.short_rule)
-            clip = self.cache.get(key)
-            if clip is None:
-                t1 = time.perf_counter()
-                try:
-                    clip = self.decoder.decode(path, off, cnt, length=self.lengths[v], pts=self.pts[v])
-                except BadVideo as exc:
-                    keep[i], bad = False, bad + 1
-                    if self.master is not None:
-                        self.master.bad_file.remote(path, str(exc))
-                    continue
-                self.cache.put(key, clip, time.perf_counter() - t1)
-            frames.append(clip)
-        out = {k: v[keep] for k, v in batch.items()}
         t = int(batch["count"][0]) if n else 0
-        out["frames"] = np.stack(frames) if frames else np.zeros((0, t, self.size, self.size, 3), np.uint8)
-        _report(self.master, "decode", len(frames), time.perf_counter() - t0, out["frames"].nbytes,
-                self.cache, frames=float(len(frames) * t), bad=float(bad))
+        # one contiguous array for the batch, filled in place: what leaves the actor is this block
+        frames = np.empty((n, t, self.size, self.size, 3), np.uint8)
+        keep, bad, todo = np.ones(n, bool), 0, {}
+        keys = [cache_key(self.digests[int(v)], int(off), int(cnt), self.size, "frames", self.short_rule)
+                for v, off, cnt in zip(batch["video"], batch["offset"], batch["count"])]
+        for i in range(n):
+            clip = self.cache.get(keys[i])
+            if clip is None:
+                todo.setdefault(int(batch["video"][i]), []).append(i)
+            else:
+                frames[i] = clip
+        for v, rows in todo.items():   # the batch's clips of one video: one pass over its file
+            for i, clip, seconds in self._decode_video(v, [(int(batch["offset"][i]), t) for i in rows], rows):
+                if clip is None:
+                    keep[i], bad = False, bad + 1
+                    continue
+                frames[i] = clip
+                self.cache.put(keys[i], clip, seconds)
+        out = {k: v[keep] for k, v in batch.items()}
+        out["frames"] = frames if keep.all() else frames[keep]
+        _report(self.master, "decode", int(keep.sum()), time.perf_counter() - t0, out["frames"].nbytes,
+                self.cache, frames=float(keep.sum() * t), bad=float(bad))
         return out
+
+    def _decode_video(self, v: int, requests: list[tuple[int, int]], rows: list[int]):
+        """``(row, clip or None, seconds)`` for each request on video ``v``. A file that fails in the
+        shared pass is decoded clip by clip, so that only the clips it cannot give are dropped."""
+        path = self.paths[v]
+        t1 = time.perf_counter()
+        try:
+            clips = self.decoder.decode_many(path, requests, length=self.lengths[v], pts=self.pts[v])
+            per = (time.perf_counter() - t1) / len(rows)
+            return [(i, clip, per) for i, clip in zip(rows, clips)]
+        except BadVideo:
+            pass
+        got = []
+        for i, (off, cnt) in zip(rows, requests):
+            t1 = time.perf_counter()
+            try:
+                got.append((i, self.decoder.decode(path, off, cnt, length=self.lengths[v], pts=self.pts[v]),
+                            time.perf_counter() - t1))
+            except BadVideo as exc:
+                got.append((i, None, 0.0))
+                if self.master is not None:
+                    self.master.bad_file.remote(path, str(exc))
+        return got
 
 
 class ExtractStage:

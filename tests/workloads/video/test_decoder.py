@@ -85,3 +85,43 @@ def test_non_videos_are_rejected_by_kind(real_folder):
         kinds[name] = err.value.kind
     assert kinds == {"down/photo.jpg": "image", "right/notes.mp4": "unreadable",
                      "diagonal/voice.m4a": "audio_only", "diagonal/still.mp4": "single_frame"}
+
+
+def test_clips_of_one_file_decoded_together_are_each_clip_decoded_alone(tmp_path, tiny_videos):
+    """decode_many (the decode stage's one pass per file and batch): overlapping, adjacent, far
+    apart and wrapping clips, on H.264, long-GOP MPEG-4, VP9 and a variable-frame-rate file."""
+    _, index = tiny_videos
+    frames = render_clip("move_right", seed=1, size=32, num_frames=60)
+    files = [(index.paths[0], 24, [(0, 5), (2, 5), (19, 6), (10, 3), (2, 5)])]
+    for codec, gop, ext in (("mpeg4", 12, "mp4"), ("libvpx-vp9", 20, "webm")):
+        path = tmp_path / f"{codec}.{ext}"
+        write_mp4(path, frames, codec=codec, gop=gop)
+        files.append((str(path), 60, [(41, 6), (3, 4), (44, 6), (57, 6)]))
+    write_clip(tmp_path / "vfr.mp4", 2, 1, vfr=True, n=40, seed=5)
+    files.append((str(tmp_path / "vfr.mp4"), 40, [(30, 5), (0, 5), (38, 4), (12, 5)]))
+    for path, length, requests in files:
+        together = PyAVDecoder().decode_many(path, requests, length=length)
+        alone = [PyAVDecoder().decode(path, offset, count, length=length) for offset, count in requests]
+        assert [c.shape for c in together] == [c.shape for c in alone], path
+        assert all(np.array_equal(a, b) for a, b in zip(together, alone)), path
+
+
+def test_a_decoder_keeps_a_bounded_number_of_files_open_and_drops_one_that_failed(tmp_path, tiny_videos, monkeypatch):
+    import workloads.video.decoder as decoder
+
+    _, index = tiny_videos
+    monkeypatch.setattr(decoder, "KEEP_OPEN", 3)
+    dec = PyAVDecoder()
+    for path in index.paths[:5]:
+        dec.decode(path, 1, 2, length=24)
+    assert list(dec._open_files) == index.paths[2:5]          # the 3 most recent, oldest first
+    broken = tmp_path / "broken.mp4"
+    broken.write_bytes(open(index.paths[0], "rb").read())
+    pts = dec.index(str(broken))
+    dec.decode(str(broken), 0, 2, pts=pts)
+    assert str(broken) in dec._open_files
+    with pytest.raises(BadVideo):                              # a frame the file does not hold
+        dec.decode(str(broken), 22, 3, pts=np.append(pts, [pts[-1] + 1]))
+    assert str(broken) not in dec._open_files                  # closed and forgotten
+    dec.close()
+    assert not dec._open_files

@@ -75,3 +75,21 @@ def test_pipeline_streams_12x_its_object_store_budget_in_bounded_memory(ray_sess
     assert 0 < m["pipeline/store_mb_peak"] <= BUDGET_MB + BLOCK_MB
     assert m["pipeline/decode_spilled_mb"] == 0 and m["pipeline/framediff_spilled_mb"] == 0
     assert m["pipeline/decode_backpressure_s"] > 0           # decoding was held back, not buffered
+
+
+def test_blocks_hold_pipeline_batch_clips_but_leave_every_decode_actor_two():
+    from workloads.video.pipeline import block_size
+
+    assert block_size(1000, pipeline_config(pipeline_batch=64, decode_concurrency=[1, 2])) == 64
+    assert block_size(40, pipeline_config(pipeline_batch=64, decode_concurrency=[1, 2])) == 10
+    assert block_size(1, pipeline_config(pipeline_batch=64, decode_concurrency=4)) == 1
+
+
+def test_extractors_run_inside_the_decode_actors_when_the_cache_is_off_unless_told():
+    from workloads.video.cache import FeatureCache
+    from workloads.video.pipeline import fused
+
+    off, on = FeatureCache("none"), FeatureCache("disk", "/nonexistent")
+    assert fused(pipeline_config(), None) and fused(pipeline_config(), off)
+    assert not fused(pipeline_config(), on)               # a cached feature skips its own pool's work
+    assert fused(pipeline_config(fuse_extract=True), on) and not fused(pipeline_config(fuse_extract=False), off)
