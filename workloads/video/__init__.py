@@ -133,7 +133,13 @@ def headline(cfg: dict, metrics: dict) -> list[str]:
     best = max(fused, key=fused.get)
     streams = ", ".join(f"{k[4:-5]} {v:.3f}" for k, v in sorted(metrics.items())
                         if k.endswith("_top1") and k.startswith("val/") and not k.startswith(("val/agg_", "val/chance")))
-    return [f"top-1: fused {fused[best]:.3f} ({best}) vs chance {metrics['val/chance_top1']:.3f}; streams alone: {streams}"]
+    lines = [f"top-1: fused {fused[best]:.3f} ({best}) vs chance {metrics['val/chance_top1']:.3f}; streams alone: {streams}"]
+    waits = [f"{k[len('pipeline/'):-len('_trainer_wait_fraction_mean')]} {v:.0%} (worst epoch "
+             f"{metrics.get(k[:-len('mean')] + 'max', v):.0%})" for k, v in sorted(metrics.items())
+             if k.startswith("pipeline/") and k.endswith("_trainer_wait_fraction_mean")]
+    if waits:   # the share of their time the trainers sat waiting for the pipeline (target < 10%)
+        lines.append("trainers waited: " + ", ".join(waits))
+    return lines
 
 
 # What the logged model's loader (predict.py) imports: pinned in its requirements (orchard/models/logged.py).

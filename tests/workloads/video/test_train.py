@@ -42,3 +42,14 @@ def test_a_shift_moves_a_worker_between_the_streams_and_every_epoch_still_trains
     for stream in ("spatial", "temporal"):
         steps = [h.step for h in res.client.get_metric_history(res.run.info.run_id, f"val/{stream}_top1")]
         assert sorted(steps) == [0, 1, 2, 3], (stream, steps)
+
+
+def test_the_summary_shows_each_streams_wait_and_its_worst_epoch():
+    import workloads.video as video
+    from workloads.video.train import wait_fractions
+
+    m = wait_fractions({"spatial": [0.02, 0.12, 0.04], "temporal": [0.05]})
+    assert m["pipeline/spatial_trainer_wait_fraction_max"] == 0.12
+    assert abs(m["pipeline/spatial_trainer_wait_fraction_mean"] - 0.06) < 1e-9
+    m |= {"val/agg_avg_top1": 0.9, "val/chance_top1": 0.5, "val/spatial_top1": 0.8, "val/temporal_top1": 0.7}
+    assert video.headline({}, m)[1] == "trainers waited: spatial 6% (worst epoch 12%), temporal 5% (worst epoch 5%)"
