@@ -22,7 +22,9 @@ import numpy as np
 
 DECODERS = {"pyav": "workloads.video.decoder:PyAVDecoder"}
 SHORT_RULES = ("loop", "pad")
-KEEP_OPEN = 16     # files a decoder keeps open between clips (each holds a demuxer and a decoder)
+KEEP_OPEN = 16     # files a decoder keeps open between clips (each holds a demuxer and a decoder)...
+KEEP_OPEN_PIXELS = 4 * 1920 * 1080   # ...and frames of at most this many pixels in all (a decoder
+                                     # holds a few reference frames: ~4 open 1080p files, ~9 at 720p)
 JOIN_GAP = 16      # wanted frames this close are decoded through rather than reached by a new seek
 # why a file is not a usable video: the keys of data/skipped_files/<kind> in MLflow (orchard/tracking/skipped.py)
 SKIP_KINDS = ("missing", "empty", "unreadable", "image", "audio_only", "no_video_stream", "single_frame",
@@ -151,8 +153,8 @@ class PyAVDecoder:
 
     @contextlib.contextmanager
     def _kept_open(self, path: str):
-        """``_opened``, but the file stays open for the next call (the ``KEEP_OPEN`` most recent
-        files): opening a file and starting its decoder cost about as much as decoding a short
+        """``_opened``, but the file stays open for the next call (the most recent files, up to
+        ``KEEP_OPEN`` of them and ``KEEP_OPEN_PIXELS`` of frame): opening a file and starting its decoder cost about as much as decoding a short
         clip. A file that raised is closed and forgotten."""
         entry = self._open_files.pop(path, None)
         if entry is None:
@@ -166,8 +168,13 @@ class PyAVDecoder:
             entry[0].close()
             raise BadVideo(f"decode error: {type(exc).__name__}: {exc}", "corrupt") from exc
         self._open_files[path] = entry               # most recent last
-        while len(self._open_files) > KEEP_OPEN:
-            self._open_files.pop(next(iter(self._open_files)))[0].close()
+        while len(self._open_files) > 1 and (len(self._open_files) > KEEP_OPEN
+                                             or self._kept_pixels() > KEEP_OPEN_PIXELS):
+            self._open_files.pop(next(iter(self._open_files)))[0].close()   # the oldest
+
+    def _kept_pixels(self) -> int:
+        return sum(stream.codec_context.width * stream.codec_context.height
+                   for _, stream in self._open_files.values())
 
     def close(self) -> None:
         """Close the files kept open."""

@@ -115,6 +115,9 @@ def test_a_decoder_keeps_a_bounded_number_of_files_open_and_drops_one_that_faile
     for path in index.paths[:5]:
         dec.decode(path, 1, 2, length=24)
     assert list(dec._open_files) == index.paths[2:5]          # the 3 most recent, oldest first
+    monkeypatch.setattr(decoder, "KEEP_OPEN_PIXELS", 2 * 32 * 32)   # and no more pixels than 2 of them
+    dec.decode(index.paths[5], 1, 2, length=24)
+    assert list(dec._open_files) == index.paths[4:6]
     broken = tmp_path / "broken.mp4"
     broken.write_bytes(open(index.paths[0], "rb").read())
     pts = dec.index(str(broken))
