@@ -133,6 +133,15 @@ def _runs(uri: str) -> list:
     return client.search_runs(exps, order_by=["attributes.start_time DESC"]) if exps else []
 
 
+# Three epochs of two steps (16 clips, batch 8): the first checkpoint (after epoch 0) lands mid-run and the
+# resume trains at least the last one, even when the Ctrl-C lands after epoch 1's checkpoint (epoch 1
+# follows epoch 0 by about a second: the pipeline runs ahead of the trainers). Where the time goes (idle
+# 2 cores): each run spends ~20-30 s starting Ray processes (the val and train pipelines' actors, two
+# streams' Train groups, one process at a time on a 1-CPU node) and an epoch takes >= 2 s whatever its
+# size (Ray Train's controller takes each report at its 2 s health check); the clips and the one
+# untrimmed video are the part the test chooses
+VIDEO_EPOCHS = 3
+
 CASES = {
     # workload args of the first run; what shows that its first checkpoint reached the bucket
     "flower-ring": (["workload=flower", "strategy=ring", "flower.epochs=5"], "checkpoint_manager_snapshot.json"),
@@ -143,9 +152,10 @@ CASES = {
     "forest": (["workload=forest", "forest.num_trees=4"], "forest_checkpoint.npz"),
     # video: synthetic and untrimmed videos, frame index and decoded frames (video.cache=disk) in the
     # bucket, read by Ray Data decode stages on both nodes; the driver's checkpoint of every stream.
-    # Two epochs: the first checkpoint (after epoch 1) lands mid-run, the resume trains the other
-    # Half a CPU per Train worker: two streams' workers and the decode/feature pools on two 1-CPU nodes
-    "video": (["workload=video", "video.epochs=2", "video.cache=disk", "strategy.cpus_per_worker=0.5"],
+    # Half a CPU per Train worker: two streams' workers and the decode/feature pools on two 1-CPU nodes.
+    # The rest keeps the run small (VIDEO_EPOCHS)
+    "video": (["workload=video", f"video.epochs={VIDEO_EPOCHS}", "video.cache=disk", "strategy.cpus_per_worker=0.5",
+               "video.clips_per_epoch=16", "video.inference.videos=1", "video.aggregation.attention_steps=5"],
               "video_checkpoint.pt"),
 }
 
@@ -210,14 +220,25 @@ def test_run_on_two_nodes_with_s3_storage_resumes_from_the_bucket_alone(case, s3
     assert new.data.metrics["train/resumed_from_epoch"] >= 1
     if case == "video":  # the first run's videos, frame index and decoded frames, read from the bucket
         assert _find(fs, f"orchard/{case}/video/data", ".mp4") and _find(fs, f"orchard/{case}/video/cache", ".npz")
-        assert new.data.metrics["data/index_reused"] > 0 and new.data.metrics["cache/hits"] > 0
-        _assert_each_epoch_logged_once(uri, killed.info.run_id, new, epochs=2)
+        assert new.data.metrics["data/index_reused"] > 0 and _bookkeeping(uri, new)["cache/hits"] > 0
+        _assert_each_epoch_logged_once(uri, killed.info.run_id, new, epochs=VIDEO_EPOCHS)
         return
     if flower:
-        assert new.data.metrics["cache/tiles_hits"] == 1  # the first run's tiles, read from the bucket
-        assert new.data.metrics["train/workers"] == 2
+        book = _bookkeeping(uri, new)
+        assert book["cache/tiles_hits"] == 1  # the first run's tiles, read from the bucket
+        assert book["train/workers"] == 2
     else:
         assert new.data.metrics["test/accuracy"] > 0.5
+
+
+def _bookkeeping(uri: str, run) -> dict[str, float]:
+    """The run's cache/* counters and worker count: tables/bookkeeping.json, not metrics
+    (orchard/tracking/bookkeeping.py)."""
+    from mlflow.tracking import MlflowClient
+
+    from orchard.tracking import bookkeeping
+
+    return bookkeeping.read(MlflowClient(uri), run.info.run_id)
 
 
 def _assert_each_epoch_logged_once(uri: str, killed_id: str, new, epochs: int) -> None:

@@ -176,7 +176,11 @@ def test_flower_ps_elastic_loses_a_worker_and_a_server_trains_on_and_grows_back(
     # two workers, then one (trained on with what was left), then two again (grew back)
     sizes = [h.value for h in _history(uri, run.info.run_id, "train/group_workers")]
     assert sizes[0] == 2 and 1 in sizes and sizes[-1] == 2, sizes
-    assert m["train/epoch"] == epochs and m["train/workers"] == 2
+    from mlflow.tracking import MlflowClient
+
+    from orchard.tracking import bookkeeping  # train/workers is no metric: tables/bookkeeping.json
+
+    assert m["train/epoch"] == epochs and bookkeeping.read(MlflowClient(uri), run.info.run_id)["train/workers"] == 2
 
 
 def test_forest_loses_histogram_actors_mid_round_and_grows_the_same_rounds(two_nodes, tmp_path):
@@ -265,14 +269,20 @@ def test_video_loses_a_stream_trainer_and_decoders_shrinks_and_grows_back(two_no
     other Train runs asked for, not what Ray Data's actors hold) sees one on the node left, and
     0.25 for the spatial one, 0.05 per decode and feature actor: all of it fits on that node."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"  # the store _lose_a_node_while opens
+    # Epochs take >= 2 s however small (Ray Train's controller takes each epoch's report at its 2 s
+    # health check), and those after the replacement joined are the margin for a slow regrowth: the
+    # clips per epoch, not the epochs, are what is cut here
     epochs = 10
     run, output, at_loss, uri = _lose_a_node_while(
         ["workload=video", f"video.epochs={epochs}", "video.workers.temporal=2", "strategy.min_workers=1",
          "strategy.resize_every_s=2", "strategy.cpus_per_worker=0.25", "video.cpus_per_worker.temporal=0.55",
-         "video.decode_cpus=0.05", "video.extract_cpus=0.05", "video.inference.videos=0"],
-        # mid-epoch: epoch 0 done and its checkpoint registered by Ray Train for both streams (4 steps
+         "video.decode_cpus=0.05", "video.extract_cpus=0.05", "video.inference.videos=0",
+         # what the loss does not need: the fusion's attention fit (3 fits on the driver after
+         # training), a resource sample every 0.5 s (debug=smoke) on each node
+         "video.aggregation.attention_steps=5", "tracking.sample_interval_s=2", "video.clips_per_epoch=16"],
+        # mid-epoch: epoch 0 done and its checkpoint registered by Ray Train for both streams (2 steps
         # of 8 clips each; under load the registration lags the steps), epoch 1 begun
-        lambda run: (_steps(run, uri, "train/spatial_loss") >= 6 and _steps(run, uri, "train/temporal_loss") >= 6
+        lambda run: (_steps(run, uri, "train/spatial_loss") >= 3 and _steps(run, uri, "train/temporal_loss") >= 3
                      and all(_checkpointed(tmp_path / "out" / "video" / run.info.run_id / "train" / stream)
                              for stream in ("spatial", "temporal"))),
         two_nodes, tmp_path,
