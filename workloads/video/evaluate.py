@@ -68,17 +68,20 @@ def val_scores(models: dict, streams: dict, val: dict, num_classes: int, per_vid
 
 def fusion(scores: dict[str, np.ndarray], labels: np.ndarray, vcfg: dict, seed: int, ctx) -> tuple[dict, dict]:
     """The aggregation on the validation set: every fusion method's top-1, top-5 and log-loss in a
-    table (``tables/aggregation.json`` and ``.md``), the winner tagged; returns
-    ``(aggregation.evaluate's result, the table's val/agg_* metrics)``."""
+    table (``tables/aggregation.json`` and ``.md``), the winner tagged, and for each fitted method
+    the stream it fell back to, if any (tag ``video.agg_<method>_fallback``: ``<stream>_only`` or
+    ``none``); returns ``(aggregation.evaluate's result, the table's val/agg_* metrics)``."""
     from . import aggregation
 
     acfg = vcfg["aggregation"]
     agg = aggregation.evaluate(scores, labels, topk=int(acfg["topk"]), n_folds=int(acfg["folds"]), seed=seed,
                                attention_steps=int(acfg["attention_steps"]))
-    ctx.log_dict({"table": agg["table"], "winner": agg["winner"],
-                  "linear_weights": agg["fitted"]["linear_weights"]}, "tables/aggregation.json")
+    ctx.log_dict({"table": agg["table"], "winner": agg["winner"], "fallbacks": agg["fallbacks"],
+                  "linear_weights": agg["fitted"]["linear_weights"], "learned": agg["learned"]},
+                 "tables/aggregation.json")
     ctx.log_text(markdown_table(agg["table"], agg["winner"]), "tables/aggregation.md")
-    ctx.set_tags({"video.aggregation_winner": agg["winner"]})
+    ctx.set_tags({"video.aggregation_winner": agg["winner"],
+                  **{f"video.agg_{m}_fallback": f or "none" for m, f in agg["fallbacks"].items()}})
     final = {f"val/agg_{r['method']}_top1": r["top1"] for r in agg["table"]}
     final |= {f"val/agg_{r['method']}_top5": r["top5"] for r in agg["table"] if "top5" in r}
     final |= {f"val/agg_{r['method']}_log_loss": r["log_loss"] for r in agg["table"]}
@@ -91,9 +94,13 @@ def markdown_table(table: list[dict], winner: str) -> str:
              "|---|---|" + ("---|" if has5 else "") + "---|"]
     for r in table:
         name = f"**{r['method']}** (winner)" if r["method"] == winner else r["method"]
+        if r.get("fallback"):
+            held = f"top-1 {r['fitted_top1']:.3f} held out" if "fitted_top1" in r else "nothing to hold out"
+            name += f" (fell back to {r['fallback']}; fitted: {held})"
         lines.append(f"| {name} | {r['top1']:.3f} |" + (f" {r['top5']:.3f} |" if has5 else "")
                      + f" {r['log_loss']:.3f} |")
-    lines.append("\nWinner: highest top-1, then top-5, then lowest log-loss, then the order above.")
+    lines.append("\nWinner: highest top-1, then top-5, then lowest log-loss, then the order above. "
+                 "A fitted method that ranks below a stream alone on held-out videos falls back to it.")
     return "\n".join(lines) + "\n"
 
 
