@@ -12,7 +12,7 @@ def _batches(epochs: int, rows: int, size: int):
 
 
 def _drain(queue) -> list:
-    from workloads.video.feeder import END, STOP
+    from workloads.video.feeder import END
 
     out = []
     while True:
