@@ -127,16 +127,19 @@ def test_a_cuda_loader_degrades_its_pinned_batches_as_the_cpu_loader_does():
             torch.testing.assert_close(xg.cpu(), xc, rtol=2**-23, atol=0)
 
 
-def briefly_trained(augment, steps: int = 300, tile: int = 32):
+def briefly_trained(augment, steps: int = 1600, tile: int = 32, seed: int = 0):
     """The workload's model trained as its Ray Train workers train it (the TileLoader with
-    ``augment``, ``train_step``, Adam), in this process and briefly: 300 steps of 16 tiles of
-    32 px, on four fields with about three times the default flowers per area, so that a run
-    of seconds sees enough flowers to count (the default run trains 15 times longer)."""
+    ``augment``, ``train_step``, Adam, batches of 8), in this process and briefly: 1,600 steps of
+    32 px tiles on four fields with about three times the default flowers per area, so that a run
+    of seconds sees enough flowers to count (the default run sees about 6 times the pixels).
+    Adam's rate starts at 3x the default and follows a cosine to zero: a constant rate leaves a
+    short run where its last steps threw it (JPEGs 6-9% below the PNG at 300 steps, 5-6% at 600),
+    a decayed one settles it."""
     from workloads.flower.model import FlowerCounterCNN
     from workloads.flower.precision import Precision
     from workloads.flower.train import train_step
 
-    rng, roi = np.random.default_rng(0), field_window(256, 384, tile)
+    rng, roi = np.random.default_rng(seed), field_window(256, 384, tile)
     images, points = [], []
     for _ in range(4):
         rgb, flowers, _ = render_field(rng, 256, 384, roi, tile, 2.0, (2.5, 5.0), 0.25, 0.0)
@@ -145,15 +148,17 @@ def briefly_trained(augment, steps: int = 300, tile: int = 32):
         points += [tile_points for _, _, tile_points in meta]
     images = np.concatenate(images)
     targets = density_targets(points, tile, 2.5).astype(np.float16)
-    loader = TileLoader(images, targets, np.arange(len(images)), 16, 100.0, augment=augment)
-    torch.manual_seed(0)
+    loader = TileLoader(images, targets, np.arange(len(images)), 8, 100.0, augment=augment)
+    torch.manual_seed(seed)
     model = FlowerCounterCNN()
-    adam = torch.optim.Adam(model.parameters(), lr=3e-3)  # 3x the default rate: a short run
+    adam = torch.optim.Adam(model.parameters(), lr=3e-3)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(adam, steps)
     sums, step, epoch = torch.zeros(2), 0, 0
     while step < steps:
-        order = np.random.default_rng((0, epoch)).permutation(len(images))
-        for x, target in loader.epoch(order, (0, epoch, 0)):
+        order = np.random.default_rng((seed, epoch)).permutation(len(images))
+        for x, target in loader.epoch(order, (seed, epoch, 0)):
             train_step(model, adam, Precision("fp32", "cpu"), x, target, sums)
+            schedule.step()
             step += 1
             if step == steps:
                 break
@@ -161,29 +166,36 @@ def briefly_trained(augment, steps: int = 300, tile: int = 32):
     return model.eval()
 
 
-@pytest.mark.slow
-def test_a_field_saved_as_png_and_as_jpeg_75_to_95_is_counted_alike(shipped, tmp_path):
-    """The issue's photo: a lossless-trained model counted a JPEG (quality 90) of a field 29% below
-    its PNG. Trained with the shipped degradations, the JPEGs count as the PNG does. The claim, within
-    5%, holds for the default training (docs/flower.md, "Photos as cameras write them"), too long for
-    a test; this brief training (seconds) holds within 12% (6-9% below on three fields), where the
-    same training without the degradations counts the JPEGs 16-22% below the PNG."""
+def png_and_jpeg_counts(model, folder, seed: int = 0, fields: int = 2):
+    """Two fields the model never saw, at the default flower density, each written as a camera
+    writes it (PIL: PNG, and 4:2:0 JPEG at quality 75, 85, 95) and read back as mode=predict reads
+    it; returns [(true flowers, {file name: predicted count})] per field."""
     from PIL import Image
 
     from workloads.flower.predict import count_image, read_image
 
+    rng, out = np.random.default_rng(52 + 1000 * seed), []
+    for field in range(fields):
+        rgb, flowers, _ = render_field(rng, 384, 576, field_window(384, 576, 64), 64, 2.5, (2.5, 5.0), 0.25, 0.0)
+        counts = {}
+        for quality in (None, 75, 85, 95):
+            path = folder / (f"field{field}.png" if quality is None else f"field{field}_q{quality}.jpg")
+            Image.fromarray(rgb).save(path, **({} if quality is None else {"quality": quality}))
+            counts[path.name] = float(count_image(model, read_image(path), 32, 100.0).sum())
+        out.append((len(flowers), counts))
+    return out
+
+
+@pytest.mark.slow
+def test_a_field_saved_as_png_and_as_jpeg_75_to_95_is_counted_alike(shipped, tmp_path):
+    """The issue's photo: a lossless-trained model counted a JPEG (quality 90) of a field 29% below
+    its PNG. Trained with the shipped degradations, each field's JPEGs count within 5% of its PNG
+    (the issue's bound): the worst of six JPEGs 3.9%, 2.4% and 2.7% off with training seeds 0, 1 and 2
+    (seed 3's fields land at 7.9%: a run this short still depends on its seed), where the same
+    training without them is 18-25% below, so it fails (docs/flower.md, "Photos as cameras write them")."""
     model = briefly_trained(shipped)
-    # a field it never saw, at the default flower density, written as a camera writes it (PIL:
-    # 4:2:0 JPEG) and read back as mode=predict reads it
-    rgb, flowers, _ = render_field(np.random.default_rng(52), 384, 576, field_window(384, 576, 64), 64,
-                                   2.5, (2.5, 5.0), 0.25, 0.0)
-    Image.fromarray(rgb).save(tmp_path / "field.png")
-    counts = {}
-    for name in ("field.png", "field_q75.jpg", "field_q85.jpg", "field_q95.jpg"):
-        if name.endswith(".jpg"):
-            Image.fromarray(rgb).save(tmp_path / name, quality=int(name[-6:-4]))
-        counts[name] = float(count_image(model, read_image(tmp_path / name), 32, 100.0).sum())
-    png = counts.pop("field.png")
-    assert 0.5 * len(flowers) < png < 1.5 * len(flowers), (png, len(flowers))   # a model that counts
-    for name, count in counts.items():
-        assert abs(count / png - 1) < 0.12, (name, count, png, len(flowers))
+    for flowers, counts in png_and_jpeg_counts(model, tmp_path):
+        png = counts.pop(next(name for name in counts if name.endswith(".png")))
+        assert 0.5 * flowers < png < 1.5 * flowers, (png, flowers)   # a model that counts
+        for name, count in counts.items():
+            assert abs(count / png - 1) < 0.05, (name, count, png, flowers)
