@@ -243,7 +243,8 @@ def memory_run(cores: int, store_mb: float, times: float) -> dict:
         n = int(times * store_mb * 2**20 / clip_bytes)
         segments = sample_segments(index.labels, index.lengths, list(range(len(index.paths))), n, 5, 0, 0)
         vcfg = {"size": 128, "stack": 4, "short_rule": "loop", "decoder": "pyav", "extractor_options": {},
-                "pipeline_batch": 16, "decode_concurrency": 1, "decode_cpus": 0.5, "extract_concurrency": 1,
+                "pipeline_batch": 16, "fuse_extract": False,   # apart: the frames themselves cross the store
+                "decode_concurrency": 1, "decode_cpus": 0.5, "extract_concurrency": 1,
                 "extract_cpus": 0.5}
         start_ray(num_cpus=cores, object_store_memory=int(store_mb * 2**20))
         ray.data.DataContext.get_current().enable_progress_bars = False

@@ -51,7 +51,8 @@ def test_pipeline_streams_12x_its_object_store_budget_in_bounded_memory(ray_sess
     the operator probe), never on time."""
     _, index = tiny_videos
     # 128x128 frames from 32x32 videos: 5 frames = 240 KiB per clip, 2 MiB per 8-clip block
-    cfg = pipeline_config(size=128, pipeline_batch=8)
+    # the stages apart (not fused into the decode actor): the frames themselves cross the store
+    cfg = pipeline_config(size=128, pipeline_batch=8, fuse_extract=False)
     segments = sample_segments(index.labels, index.lengths, index.subset("train"), 400, 5, seed=0, epoch=0)
     master = start_master(index.labels, index.lengths, seed=0)
     with pipeline_budget(BUDGET_MB):
