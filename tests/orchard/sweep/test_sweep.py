@@ -121,16 +121,16 @@ def test_asha_stops_a_lagging_trial_on_a_metric_logged_by_a_ray_task(tiny_sweep,
     assert "stopped early by the scheduler; 2/2 done (1 stopped early), 0 running, 0 failed" in console, console[-2000:]
 
 
-@pytest.mark.slow
-def test_interrupted_sweep_exits_130_and_resumes_where_it_stopped(ray_session, tmp_path):
+def _one_at_a_time_sweep(tmp_path, *extra):
+    """The tiny grid of three learning rates, one trial at a time, slow enough to interrupt, as a
+    command line on the test session's Ray: ``(args, env, client, runs(status=None))``."""
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     check_store(uri)  # created once, before this test's client polls it beside the sweep (docs/runs.md)
-    args = tiny_cli("workload=tiny", "sweep=tiny_grid", "sweep.max_concurrent_trials=1", THREE_LRS,
+    args = tiny_cli("workload=tiny", "sweep=tiny_grid", "sweep.max_concurrent_trials=1", *extra, THREE_LRS,
                     "tiny.steps=40", "tiny.sleep_s=0.05", "tracking.system_metrics=false",
                     f"tracking.uri={uri}", f"output_dir={tmp_path}/out", *attach_overrides())
-    env = tiny_cli_env()
     client = MlflowClient(uri)
 
     def runs(status=None):
@@ -139,6 +139,13 @@ def test_interrupted_sweep_exits_130_and_resumes_where_it_stopped(ray_session, t
         except Exception:
             return []
         return [r for r in found if status is None or r.info.status == status]
+
+    return args, tiny_cli_env(), client, runs
+
+
+@pytest.mark.slow
+def test_interrupted_sweep_exits_130_and_resumes_where_it_stopped(ray_session, tmp_path):
+    args, env, client, runs = _one_at_a_time_sweep(tmp_path)
 
     def children(status):
         return [r for r in runs(status) if "mlflow.parentRunId" in r.data.tags]
@@ -178,22 +185,11 @@ def test_a_resumed_sweep_still_runs_one_trial_at_a_time(ray_session, tmp_path):
     sweep is interrupted while the second runs; resumed, the trials' runs follow one another and
     every trial finishes."""
     import os
-    from mlflow.tracking import MlflowClient
 
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    check_store(uri)  # created once, before this test's client polls it beside the sweep (docs/runs.md)
-    args = tiny_cli("workload=tiny", "sweep=tiny_grid", "sweep.max_concurrent_trials=1", "sweep.max_failures=0",
-                    THREE_LRS, "tiny.steps=40", "tiny.sleep_s=0.05", "tracking.system_metrics=false",
-                    f"tracking.uri={uri}", f"output_dir={tmp_path}/out", *attach_overrides())
-    env = tiny_cli_env()
-    client = MlflowClient(uri)
+    args, env, client, runs = _one_at_a_time_sweep(tmp_path, "sweep.max_failures=0")
 
     def children(status=None):
-        try:
-            found = client.search_runs([e.experiment_id for e in client.search_experiments()])
-        except Exception:
-            return []
-        return [r for r in found if "mlflow.parentRunId" in r.data.tags and status in (None, r.info.status)]
+        return [r for r in runs(status) if "mlflow.parentRunId" in r.data.tags]
 
     def wait_for(what, deadline_s=300):
         deadline = time.time() + deadline_s
@@ -206,9 +202,13 @@ def test_a_resumed_sweep_still_runs_one_trial_at_a_time(ray_session, tmp_path):
 
     log = open(tmp_path / "first.log", "w")  # a file, not a pipe nobody reads while waiting
     first = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
-    (lost,) = wait_for(lambda: children("RUNNING"))
+
+    def started(r) -> bool:  # a trial's run exists a moment before its params and pid are written
+        return "tiny.lr" in r.data.params and "orchard.pid" in r.data.tags
+
+    (lost,) = wait_for(lambda: [r for r in children("RUNNING") if started(r)])
     os.kill(int(lost.data.tags["orchard.pid"]), signal.SIGKILL)  # the trial's process, lost: its trial errors
-    wait_for(lambda: [r for r in children("RUNNING") if r.data.params["tiny.lr"] != lost.data.params["tiny.lr"]])
+    wait_for(lambda: [r for r in children("RUNNING") if started(r) and r.data.params["tiny.lr"] != lost.data.params["tiny.lr"]])
     first.send_signal(signal.SIGINT)  # one trial errored, one running, one not started yet
     first.wait(timeout=180)
     assert first.returncode == 130, (tmp_path / "first.log").read_text()[-3000:]
