@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RECORD = ROOT / "docs" / "records" / "default_runs.json"
 # the figures worth quoting (not the per-class or per-node ones), each recorded with "/" as "_":
 # MLflow's "time/total_s" is "time_total_s", so a marker's field reads like a name
-KEPT_PREFIXES = ("time/", "test/", "throughput/", "train/", "headline/")
+KEPT_PREFIXES = ("time/", "test/", "throughput/", "train/", "headline/", "val/",
+                 "pipeline/")   # video: its trainers' wait (the mean and the worst epoch), its stages
 
 
 def run_figures(workload: str) -> dict:

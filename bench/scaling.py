@@ -2,6 +2,7 @@
 
     python -m bench scaling              # ~30 min on 2 idle cores (3 repeats)
     python -m bench scaling --smoke      # one repeat of the smallest sizes: checks it runs
+    python -m bench scaling_forest_few   # the forest at 1, cores/4 and all cores, one node (a lent machine's call)
 
 Every figure is one real ``python -m orchard workload=<name> ...`` run, attached to a
 ``ray.cluster_utils.Cluster`` on this machine (``cluster=remote``), the way a user runs on a
@@ -73,6 +74,13 @@ WORKLOADS = {
 SIZES = {"full": {"workloads": list(WORKLOADS), "smoke_sizes": False},
          # the forest alone (bench scaling_forest): what fits a lent 16-core machine's minutes
          "forest": {"workloads": ["forest"], "smoke_sizes": False},
+         # the workloads whose steps wait on parameter servers (bench scaling_ps): re-measured alone
+         # when the servers' wire changes, beside scaling.json's rows from before
+         "ps": {"workloads": ["flower ps", "singa"], "smoke_sizes": False},
+         # the forest at 1, cores/4 and all the cores, one node (bench scaling_forest_few): the
+         # worker sweep in one 10-minute call on a lent 16-core machine, where a run takes ~40 s
+         # and the whole forest size's 24 runs did not fit (docs/scaling.md, 2026-11-28)
+         "forest_few": {"workloads": ["forest"], "smoke_sizes": False, "workers": "few", "nodes": [1]},
          "smoke": {"workloads": list(WORKLOADS), "smoke_sizes": True}}
 ESTIMATE = "~30 min on 2 idle cores (3 repeats)"
 
@@ -140,7 +148,7 @@ def one_run(workload: str, workers: int, address: str, folder: Path, smoke_sizes
     cmd = [sys.executable, "-m", "orchard", *run_overrides(workload, smoke_sizes),
            f"{spec['workers']}={workers}", "cluster=remote", f"cluster.address={address}",
            f"tracking.uri={uri}", f"output_dir={folder}/outputs", "progress=never"]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
     env.pop("RAY_ADDRESS", None)
     cpu = RayProcessCpu()
     # often: what a process used after its last sample is lost when it exits
@@ -180,6 +188,12 @@ def counts(cores: int, start: int = 1) -> list[int]:
     return out if out[-1] == cores else [*out, cores]
 
 
+def worker_counts(cores: int, which: str = "doubling") -> list[int]:
+    """The worker counts of a size: ``doubling`` (1, 2, 4, ... up to the cores) or ``few``
+    (1, a quarter of the cores, all of them)."""
+    return sorted({1, max(1, cores // 4), cores}) if which == "few" else counts(cores)
+
+
 def median(values: list[float]) -> float:
     import statistics
 
@@ -205,7 +219,8 @@ def measure(size: dict, repeats: int) -> list[dict]:
     from bench.rows import row
 
     cores = os.cpu_count() or 1
-    worker_counts, node_counts = counts(cores), [n for n in (1, 2, 4) if n <= cores]
+    sweep_counts = worker_counts(cores, size.get("workers", "doubling"))
+    node_counts = [n for n in size.get("nodes", (1, 2, 4)) if n <= cores]
     results: dict[tuple, list[dict]] = {}
     failed: dict[str, str] = {}  # workload -> why: a run that fails is its workload's rows, not the end of the bench
     with tempfile.TemporaryDirectory(prefix="bench-scaling-") as name:
@@ -214,7 +229,7 @@ def measure(size: dict, repeats: int) -> list[dict]:
             cluster = start_cluster(nodes, cores)
             try:
                 # one node: the worker sweep; more nodes: all the cores' workers, spread over them
-                sweep = worker_counts if nodes == 1 else [cores]
+                sweep = sweep_counts if nodes == 1 else [cores]
                 for workload in [w for w in size["workloads"] if w not in failed]:
                     folder = tmp / workload.replace(" ", "_")  # it goes into a sqlite URI
                     folder.mkdir(exist_ok=True)
@@ -241,7 +256,7 @@ def measure(size: dict, repeats: int) -> list[dict]:
                             peer_label="orchard, 1 worker", higher_is_better=False, status=failed[workload]))
             continue
         one = results[(workload, 1, 1)]
-        for workers in worker_counts[1:]:
+        for workers in sweep_counts[1:]:
             side = results[(workload, workers, 1)]
             rows.append(row(f"{workload}: {workers} workers vs 1 worker", "s", [r["work_s"] for r in side],
                             [r["work_s"] for r in one], higher_is_better=False,

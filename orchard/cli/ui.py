@@ -160,19 +160,27 @@ def answers(server, base: str, timeout_s: float = START_TIMEOUT_S) -> bool:
 
 
 def stop_server(server) -> None:
-    """The server and the workers it forked (its own process group): TERM, then KILL."""
-    if server.poll() is not None:
-        return
+    """The server and the workers it forked (its own process group): TERM, then KILL, until the
+    group is empty: a worker that outlives the leader by a moment still holds the port."""
     for sig, wait_s in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+        if not _group_alive(server):
+            return
         try:
             os.killpg(server.pid, sig)
         except ProcessLookupError:
             return
-        try:
-            server.wait(wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and _group_alive(server):
+            time.sleep(0.1)
+
+
+def _group_alive(server) -> bool:
+    server.poll()  # reaps the leader once it has ended, so its zombie does not count
+    try:
+        os.killpg(server.pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
 
 
 def _open_browser(url: str) -> None:

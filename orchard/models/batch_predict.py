@@ -140,7 +140,8 @@ def predict_files(files: list[Path], predictor: type, args: dict, ctx, storage, 
     subdirs = sorted(d.name for d in Path(out).iterdir() if d.is_dir())
     ds = ds.map_batches(_OnAnyNode, fn_constructor_kwargs={"predictor": predictor, "args": args,
                                                            "staging": staging, "subdirs": subdirs},
-                        batch_size=batch_size, batch_format="numpy", concurrency=(1, pool), num_cpus=num_cpus,
+                        batch_size=batch_size, batch_format="numpy", num_cpus=num_cpus,
+                        compute=ray.data.ActorPoolStrategy(min_size=1, max_size=pool),
                         num_gpus=num_gpus)
     try:
         for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):

@@ -12,6 +12,7 @@ Layout under the root (the same on a folder and in a bucket)::
                                          (the key: its MLflow run id, or run_key())
     <root>/<workload>/<run key>/train/   (flower/video/singa) Ray Train storage of that run
     <root>/flower_data/synthetic-<key>/  content-keyed caches shared by runs and nodes
+    <root>/forest_data/avatars-<key>/    (forest's rendered corpus; video keeps its own under video/)
     <root>/sweeps/<key>/                 Tune's experiment state
 
 A ``Storage`` is a small picklable value (a URI): pass it into Ray tasks, actors and Train

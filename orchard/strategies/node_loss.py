@@ -120,16 +120,26 @@ class StartBound:
         since = ray.get(self.log.waiting_since.remote(), timeout=10)   # busy: the poller looks again
         if since is not None and time.time() - since > self.bound_s:
             self.expired = True
-            self._end_controller()
-            return background.Poller.DONE
+            if self._end_controller():
+                return background.Poller.DONE
+        return None
 
-    def _end_controller(self) -> None:
+    def _end_controller(self) -> bool:
+        """Kill the run's controller; False while it has not told its id yet. The wait is counted
+        from before the controller starts, and on a loaded machine its start alone outlasted a
+        short bound: ending nothing then, and looking no more, left the controller it started
+        spinning for good (a fresh-clone test run hung so)."""
         try:
             actor_id = ray.get(self.log.controller_id.remote(), timeout=10)
-            if actor_id:
-                ray.kill(ray_private.actor_handle(actor_id))
+        except ray.exceptions.GetTimeoutError:
+            return False
+        if not actor_id:
+            return False
+        try:
+            ray.kill(ray_private.actor_handle(actor_id))
         except Exception:  # noqa: BLE001 - gone meanwhile: fit() returns on its own
             pass
+        return True
 
 
 # the controller states in which no group trains and Ray Train itself sets no bound on the wait

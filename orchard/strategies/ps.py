@@ -10,6 +10,12 @@ layout order (``ShardLayout``), not as a dict of arrays: one buffer serializes, 
 object store and sums faster than dozens of small ones, and the optimizer updates the whole
 shard in one vectorized step (per-tensor slices only when workers sample parameters).
 
+Up to ``INLINE_MAX_BYTES`` that vector crosses in pieces small enough for Ray to carry inside
+the call and its reply (``wire_pieces``), not through the object stores: a worker on another
+node than its shard then pays what a worker beside it pays (a 0.6 MB push and pull across two
+nodes: about half the time of one array; on one node within a few percent: ``python -m bench ps_wire``,
+docs/scaling.md). The caller says how many pieces it wants back (``num_returns``).
+
 ``mode="sync"``: a shard waits until every worker pushed its gradient for a step, applies the
 average once (so the learning rate does not grow with the worker count), then answers all of
 them with the same fresh parameters: synchronous replicas.  ``mode="async"``: every push is
@@ -25,6 +31,20 @@ import numpy as np
 import ray
 
 from orchard.strategies.optimizers import NumpyOptimizer
+
+
+# Ray carries a call's argument or return value inline when it is below max_direct_call_object_size
+# (100 KiB by default; a piece leaves room for its pickle header), and up to task_rpc_inlined_bytes_limit
+# (10 MiB) of them in one call. A bigger shard goes through the object store as one array, where
+# bandwidth, not the round trip, is its cost.
+INLINE_PIECE_BYTES = 96_000
+INLINE_MAX_BYTES = 8 << 20
+
+
+def wire_pieces(count: int) -> int:
+    """Into how many pieces a float32 vector of ``count`` values is cut for the wire (1: whole)."""
+    nbytes = 4 * count
+    return 1 if nbytes > INLINE_MAX_BYTES else max(1, math.ceil(nbytes / INLINE_PIECE_BYTES))
 
 
 def assign_shards(sizes: dict[str, int], num_servers: int) -> dict[str, int]:
@@ -115,11 +135,13 @@ class ParameterServer:
         self.slots = self.opt.slots_for(self.layout.size)
         self.steps = np.zeros(len(self.layout.names), np.int64)
 
-    async def push_pull(self, grads: np.ndarray, names: tuple | None, worker: int, step: int,
-                        only_pushed: bool = False) -> np.ndarray:
-        """Apply the flat gradient ``grads`` of ``names`` (None: the whole shard, in layout
-        order; see the module doc for sync/async) and answer fresh parameters as one flat
-        vector: the whole shard, or with ``only_pushed`` just ``names`` (parameter sampling)."""
+    async def push_pull(self, names: tuple | None, worker: int, step: int, only_pushed: bool, answer_pieces: int,
+                        *grads: np.ndarray) -> np.ndarray | tuple:
+        """Apply the flat gradient of ``names`` (None: the whole shard, in layout order; see the
+        module doc for sync/async), sent as ``grads``' pieces, and answer fresh parameters as one
+        flat vector in ``answer_pieces`` pieces (the caller's ``num_returns``): the whole shard,
+        or with ``only_pushed`` just ``names`` (parameter sampling)."""
+        grads = grads[0] if len(grads) == 1 else np.concatenate(grads)
         self.bytes_in += grads.nbytes
         if self.mode == "async":
             self._apply(grads, names, 1)
@@ -145,7 +167,7 @@ class ParameterServer:
                     del self.done[old]
         answer = self.layout.pack(self.params, list(names)) if (only_pushed and names) else self.flat
         self.bytes_out += answer.nbytes
-        return answer
+        return answer if answer_pieces == 1 else tuple(np.array_split(answer, answer_pieces))
 
     def _apply(self, flat_grads: np.ndarray, names: tuple | None, count: int) -> None:
         """One optimizer step on the flat vector; a new vector each time (never in place), so
@@ -290,11 +312,20 @@ class PSClient:
                 continue
             # The common case (every tensor of the shard) sends no names: layout order is known.
             names = None if len(part) == len(layout.names) else tuple(n for n in layout.names if n in part)
-            ref = server.push_pull.remote(layout.pack(part, list(names) if names else None), names,
-                                          self.worker, step, only_pushed)
-            calls.append((ref, layout, list(names) if (names and only_pushed) else None))
-        answers = ray.get([ref for ref, _, _ in calls])
-        fresh = _merge([layout.unpack(flat, names) for (_, layout, names), flat in zip(calls, answers)])
+            flat = layout.pack(part, list(names) if names else None)
+            answered = list(names) if (names and only_pushed) else None
+            back = flat.size if answered else layout.size
+            pieces = wire_pieces(back)
+            refs = server.push_pull.options(num_returns=pieces).remote(
+                names, self.worker, step, only_pushed, pieces, *np.array_split(flat, wire_pieces(flat.size)))
+            calls.append((refs if pieces > 1 else [refs], layout, answered))
+        answers = ray.get([ref for refs, _, _ in calls for ref in refs])
+        fresh, at = [], 0
+        for refs, layout, names in calls:
+            got = answers[at:at + len(refs)]
+            at += len(refs)
+            fresh.append(layout.unpack(got[0] if len(got) == 1 else np.concatenate(got), names))
+        fresh = _merge(fresh)
         self.wait_s += time.perf_counter() - t0
         return fresh
 

@@ -60,6 +60,32 @@ def test_the_rows_pair_each_count_with_one_worker_and_more_nodes_with_one(monkey
     assert two["quality"]["orchard"]["nodes"] == 2 and two["quality"]["orchard"]["loopback MB"] == 2.0
 
 
+def test_the_few_counts_size_sweeps_1_a_quarter_and_all_cores_on_one_node(monkeypatch):
+    from bench import scaling
+
+    calls = []
+
+    class FakeCluster:
+        address = "127.0.0.1:6380"
+
+        def shutdown(self):
+            calls.append("down")
+
+    def one_run(workload, workers, address, folder, smoke_sizes):
+        calls.append((workload, workers))
+        return {"work_s": 20.0 / workers, "wall_s": 40.0, "total_s": 30.0, "cpu_parallelism": 1.0,
+                "loopback_bytes": 1e6, "effective_parallelism": 0.9 * workers}
+
+    monkeypatch.setattr(scaling.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(scaling, "start_cluster", lambda nodes, cpus: FakeCluster())
+    monkeypatch.setattr(scaling, "one_run", one_run)
+    rows = scaling.measure(scaling.SIZES["forest_few"], 3)
+    assert calls == [("forest", 16), *[("forest", w) for w in (1, 4, 16)] * 3, "down"]  # one cluster, one node
+    assert [r["name"] for r in rows] == ["forest: 4 workers vs 1 worker", "forest: 16 workers vs 1 worker"]
+    assert rows[-1]["quality"]["orchard"]["workers"] == 16
+    assert scaling.worker_counts(2, "few") == [1, 2] and scaling.worker_counts(8) == [1, 2, 4, 8]
+
+
 def test_a_workload_whose_run_fails_is_a_row_saying_why_and_the_others_go_on(monkeypatch):
     from bench import scaling
 

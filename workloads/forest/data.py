@@ -1,15 +1,19 @@
 """forest's data: the corpus of depth/label PNG pairs (the user's, or the synthetic avatars
-rendered into the run storage), then the data units held in Ray's object store.
+rendered into the storage root once per setting), then the data units held in Ray's object store.
 
   corpus       real PNG pairs from `forest.data_dir` split by name order, or the synthetic avatar
                corpus rendered in parallel Ray tasks (avatar.py), in the same format (2.1,
-               depth_png.py)
+               depth_png.py), once per setting into the storage root and shared by runs
   load_blocks  preprocessing into data units (flip / compose / clutter / noise, 2,000 examples
                per image) in parallel Ray tasks (data_unit.py); the blocks stay in the object
                store; bad pairs skipped and counted (orchard/tracking/skipped.py)
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -17,28 +21,65 @@ import numpy as np
 from .depth_png import pair_stems
 
 
-def corpus(cfg: dict, storage, run_dir: Path, palette: np.ndarray, parallelism: int):
-    """(train stems, test stems) of PNG pairs: real data split by name order, or rendered into
-    the run's ``storage`` (``ctx.storage``)."""
-    from .avatar import render_dataset
-
+def corpus(cfg: dict, palette: np.ndarray, parallelism: int):
+    """(train stems, test stems, whether they were there before this run) of PNG pairs: real data
+    split by name order, or the synthetic avatars of ``synthetic_corpus``."""
     forest_cfg = cfg["forest"]
     if forest_cfg.get("data_dir"):
         stems = pair_stems(forest_cfg["data_dir"])  # validate() saw >= 2 pairs, one of them usable
         n_test = min(len(stems) - 1, forest_cfg["test_images"])
-        return stems[:len(stems) - n_test][:forest_cfg["train_images"]], stems[len(stems) - n_test:]
-    h, w = forest_cfg["image_height"], forest_cfg["image_width"]
-    data = storage.child("data")  # rendered into the run storage (s3://... on a cluster)
-    if not data.is_local:
-        return (render_dataset(data.child("train"), forest_cfg["train_images"], cfg["seed"], 0, h, w, palette,
-                               parallelism),
-                render_dataset(data.child("test"), forest_cfg["test_images"], cfg["seed"], 1, h, w, palette,
-                               parallelism))
-    train = render_dataset(run_dir / "data" / "train", forest_cfg["train_images"], cfg["seed"], 0, h, w,
-                           palette, parallelism)
-    test = render_dataset(run_dir / "data" / "test", forest_cfg["test_images"], cfg["seed"], 1, h, w,
-                          palette, parallelism)
-    return train, test
+        return stems[:len(stems) - n_test][:forest_cfg["train_images"]], stems[len(stems) - n_test:], True
+    return synthetic_corpus(cfg, palette, parallelism)
+
+
+def synthetic_corpus(cfg: dict, palette: np.ndarray, parallelism: int) -> tuple[list, list, bool]:
+    """The synthetic avatars of this config, rendered once into the storage root and read by
+    every run with the same settings (``<root>/forest_data/avatars-<key>/{train,test}``, as
+    flower keeps its field and video its videos): a sweep's trials, a resumed run and a second
+    run read the first one's images instead of rendering them again.
+
+    Image i of a split is a pure function of (seed, split, i) (avatar.py), so the key hashes
+    what changes the pixels: the counts, the seed, the image size, the palette and the
+    renderer's own source. Published whole: a local folder is rendered beside its place and
+    renamed into it (a concurrent run sees all of it or none, and keeps the first), a remote
+    one (``storage.uri=s3://...``) is marked complete last."""
+    from orchard.api import Storage
+
+    from . import avatar, body_parts, depth_png
+
+    f, seed = cfg["forest"], cfg["seed"]
+    h, w, counts = f["image_height"], f["image_width"], {"train": f["train_images"], "test": f["test_images"]}
+    renderer = hashlib.sha1(b"".join(Path(m.__file__).read_bytes() for m in (avatar, body_parts, depth_png)))
+    settings = {**counts, "seed": seed, "size": [h, w], "palette": np.asarray(palette).tolist(),
+                "renderer": renderer.hexdigest()}
+    digest = hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
+    store = Storage.root(cfg).child("forest_data", f"avatars-{digest}")
+
+    def render(folder) -> None:  # both splits into a local folder or a Storage folder
+        for split_id, split in enumerate(("train", "test")):
+            where = folder / split if isinstance(folder, Path) else folder.child(split)
+            avatar.render_dataset(where, counts[split], seed, split_id, h, w, palette, parallelism)
+
+    def stems(folder_of) -> tuple[list, list]:  # pair stems: paths here, URIs in a bucket
+        return tuple([folder_of(split) / f"{i:06d}" if store.is_local else f"{folder_of(split)}/{i:06d}"
+                      for i in range(counts[split])] for split in ("train", "test"))
+
+    if store.is_local:
+        root = store.local_path
+        reused = root.is_dir()
+        if not reused:
+            partial = root.with_name(f"{root.name}.tmp-{os.getpid()}")
+            render(partial)
+            try:
+                partial.rename(root)
+            except OSError:  # another run published it first: keep its copy (the same pixels)
+                shutil.rmtree(partial, ignore_errors=True)
+        return (*stems(lambda split: root / split), reused)
+    reused = store.complete()
+    if not reused:
+        render(store)
+        store.write_bytes("_COMPLETE", b"complete\n")  # what complete() looks for: written last
+    return (*stems(lambda split: store.child(split).uri), reused)
 
 
 def checked_blocks(refs: list, report_refs: list, ctx, split: str) -> tuple[list, dict]:
@@ -55,7 +96,7 @@ def checked_blocks(refs: list, report_refs: list, ctx, split: str) -> tuple[list
     return kept, {"skipped": skipped, **{k: sum(r[k] for r in reports) for k in ("images", "examples")}}
 
 
-def load_blocks(cfg: dict, ctx, run_dir: Path, palette: np.ndarray, parallelism: int) -> tuple[list, list, float]:
+def load_blocks(cfg: dict, ctx, palette: np.ndarray, parallelism: int) -> tuple[list, list, float]:
     """The corpus as data-unit blocks materialised in the object store: (train block refs, test
     block refs, pairs skipped). Logs the data metrics at step 0; a ConfigError (exit 2) when
     no usable body pixel is left to train or test on."""
@@ -67,7 +108,7 @@ def load_blocks(cfg: dict, ctx, run_dir: Path, palette: np.ndarray, parallelism:
 
     forest_cfg, seed = cfg["forest"], cfg["seed"]
     # the corpus in the real PNG format
-    train_stems, test_stems = corpus(cfg, ctx.storage, run_dir, palette, parallelism)
+    train_stems, test_stems, reused = corpus(cfg, palette, parallelism)
     # data units: preprocessing + example sampling, materialised in the object store
     common = dict(seed=seed, palette=palette, preprocess_settings=forest_cfg["preprocess"],
                   examples_per_image=forest_cfg["examples_per_image"])
@@ -80,6 +121,8 @@ def load_blocks(cfg: dict, ctx, run_dir: Path, palette: np.ndarray, parallelism:
     test_refs, test_data = checked_blocks(test_refs, test_reports, ctx, "test")
     skipped.report(ctx, train_data["skipped"] + test_data["skipped"], "forest", step=0)
     train_data["skipped"], test_data["skipped"] = len(train_data["skipped"]), len(test_data["skipped"])
+    if not forest_cfg.get("data_dir"):  # bookkeeping (orchard/tracking/bookkeeping.py), as flower's tiles_hits
+        ctx.log_metrics({"cache/avatars_hits": float(reused)}, step=0)
     ctx.log_metrics({"data/skipped_pairs": float(train_data["skipped"] + test_data["skipped"]),
                      "data/skipped_train_pairs": train_data["skipped"],
                      "data/train_images": train_data["images"], "data/train_examples": train_data["examples"],

@@ -23,25 +23,9 @@ import time
 
 import numpy as np
 
-from .round_tasks import die_once
+from .round_tasks import die_once, keep_a_current_folder
 from .shuffle import add_partial
 from .subtraction import apply_init, subtract_siblings
-
-
-def _keep_a_current_folder() -> None:
-    """Move to the temp folder when this process's current folder is gone.
-
-    numba's compiler calls ``os.getcwd()``; an actor re-created after a lost node started in a
-    worker whose current folder (the job's working_dir copy) had been removed, and every
-    phase-3 call failed with FileNotFoundError (seen on a two-node cluster_utils.Cluster, where
-    the nodes share one session folder). The actor reads nothing relative to it."""
-    import os
-    import tempfile
-
-    try:
-        os.getcwd()
-    except FileNotFoundError:
-        os.chdir(tempfile.gettempdir())
 
 
 class HistogramActor:
@@ -50,7 +34,7 @@ class HistogramActor:
     def __init__(self):
         import numba
 
-        _keep_a_current_folder()
+        keep_a_current_folder()
         # Several actors share the machine with the phase-2 tasks: one thread each.
         numba.set_num_threads(1)
         self.shape = None  # no batch yet (also after a restart): partials are ignored
@@ -78,7 +62,7 @@ class HistogramActor:
         -1 when the actor has no batch (it was restarted: the driver will reset it)."""
         if self.shape is None:
             return -1
-        _keep_a_current_folder()  # numba may compile here (a partial of a new type) after the folder went
+        keep_a_current_folder()  # numba may compile here (a partial of a new type) after the folder went
         start = time.perf_counter()
         if part_id not in self.parts:  # a replayed partial must not be counted twice
             if self.hist is None:
@@ -98,7 +82,7 @@ class HistogramActor:
         round_tasks.phase2_task's: the first actor to see it absent dies before it answers."""
         from .histogram_kernels import best_splits
 
-        _keep_a_current_folder()  # the folder may go after the actor started
+        keep_a_current_folder()  # the folder may go after the actor started
         if self.shape is None:
             return {"parts": None}
         start = time.perf_counter()

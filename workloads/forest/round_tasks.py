@@ -28,8 +28,28 @@ def _node() -> str | None:
     return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
 
 
-def _set_threads(threads: int) -> None:
+def keep_a_current_folder() -> None:
+    """Move to the temp folder when this process's current folder is gone.
+
+    numba's compiler calls ``os.getcwd()``. On a two-node cluster_utils.Cluster the nodes share one
+    session folder, and a lost node's end removed the job's working_dir copy that the other node's
+    workers run in: a histogram actor re-created there, and then a phase-2 task compiling a kernel
+    after the loss (every retry in the same worker), failed with FileNotFoundError. Nothing here
+    reads a path relative to it."""
+    import os
+    import tempfile
+
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        os.chdir(tempfile.gettempdir())
+
+
+def _ready_for_numba(threads: int) -> None:
+    """At a task's start: a current folder for numba's compiler, and the task's thread count."""
     import numba
+
+    keep_a_current_folder()
     numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))
 
 
@@ -62,7 +82,7 @@ def phase1_task(traversal, frontier, selection, background_mm, threads, *blocks)
     (`frontier` sorted): only the frontier, never the whole tree (issue 20's 100 GB); then busy
     seconds and the id of the node it ran on."""
     start = time.perf_counter()
-    _set_threads(threads)
+    _ready_for_numba(threads)
     counts = np.zeros(len(frontier) * NUM_PARTS, np.int64)
     for block in blocks:
         ex, nodes = _reassociate(block, traversal, selection, background_mm)
@@ -82,7 +102,7 @@ def encode_task(offsets, thresholds, selection, background_mm, threads, budget_b
     from .histogram_kernels import encode_bins
 
     start = time.perf_counter()
-    _set_threads(threads)
+    _ready_for_numba(threads)
     out, used = [], 0
     for block in blocks:
         ex = np.nonzero(tree_selection(block, **selection))[0]
@@ -118,7 +138,7 @@ def phase2_task(traversal, batch_nodes, column_of, col_lo, col_hi, offsets, thre
     from .shuffle import encode_partial, encoded_bytes
 
     start = time.perf_counter()
-    _set_threads(threads)
+    _ready_for_numba(threads)
     hist = np.zeros((col_hi - col_lo, len(offsets), thresholds.shape[1] + 1), hist_dtype)
     example_features = 0
     blocks, caches = units[:len(units) // 2], units[len(units) // 2:]

@@ -51,7 +51,7 @@ def _run(cfg: dict, ctx, round_ends: list) -> dict[str, float]:
     parallelism = max(1, int(strategy["num_workers"]))
 
     # 1. data: the corpus in the real PNG format, then data units in the object store
-    train_refs, test_refs, skipped_pairs = load_blocks(cfg, ctx, run_dir, palette, parallelism)
+    train_refs, test_refs, skipped_pairs = load_blocks(cfg, ctx, palette, parallelism)
     data_s = time.perf_counter() - started
     ctx.mark("data")
 

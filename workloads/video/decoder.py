@@ -22,7 +22,11 @@ import numpy as np
 
 DECODERS = {"pyav": "workloads.video.decoder:PyAVDecoder"}
 SHORT_RULES = ("loop", "pad")
-KEEP_OPEN = 16     # files a decoder keeps open between clips (each holds a demuxer and a decoder)...
+# files a decoder keeps open between clips (each holds a demuxer and a decoder)... Blocks draw
+# clips across the whole dataset, so a small one is a cycle over every file, which an LRU smaller
+# than the cycle misses at every open: with 16 the bench's 24 files were reopened each block (7% of
+# the actor's time in _open, 2.5-2.8 vs 2.4-2.5 ms of CPU a clip with 64)
+KEEP_OPEN = 64
 KEEP_OPEN_PIXELS = 4 * 1920 * 1080   # ...and frames of at most this many pixels in all (a decoder
                                      # holds a few reference frames: ~4 open 1080p files, ~9 at 720p)
 JOIN_GAP = 16      # wanted frames this close are decoded through rather than reached by a new seek

@@ -94,7 +94,8 @@ def build_dataset(segments: list[dict], features: list[str], paths: list[str], l
         # its max size busy (Ray Data queues up to 2 batches per actor) and one batch more each
         window = 3 * batch * _pool_max(vcfg["decode_concurrency"])
         ds = ds.map_batches(release_segments, batch_size=None, batch_format="numpy",
-                            fn_kwargs=dict(master=master, flow=flow, window=window), concurrency=1, num_cpus=0)
+                            fn_kwargs=dict(master=master, flow=flow, window=window),
+                            compute=ray.data.TaskPoolStrategy(size=1), num_cpus=0)
     extract = [dict(name=name, options=dict(vcfg["extractor_options"].get(name) or {}), stack=int(vcfg["stack"]),
                     paths=paths, size=int(vcfg["size"]), master=master, cache=cache,
                     drop_frames=i == len(features) - 1, modules=modules, digests=digests)

@@ -1,6 +1,6 @@
 """Ray Data stages: the decode worker and one stage per feature extractor.
 
-Each stage is a callable class run as an actor pool (``concurrency=(min, max)``:
+Each stage is a callable class run as an actor pool (``ActorPoolStrategy(min, max)``:
 Ray Data grows and shrinks the pool with the backlog, the notes' elastic
 "expand or shrink"). A stage reports its per-batch counters to the master
 (items, busy seconds, bytes out, cache hits) so the run can show per-stage

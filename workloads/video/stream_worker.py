@@ -6,6 +6,8 @@ on where an epoch ends with the helpers below, so no rank waits on a collective 
 from __future__ import annotations
 
 import io
+import queue as local_queue
+import threading
 import time
 
 import numpy as np
@@ -31,6 +33,23 @@ def train_loop(config: dict) -> None:
 
 
 def _train(config: dict) -> None:
+    from orchard.api import worker
+
+    env = worker.env(config)
+    # every world_size-th queue of the stream: one per worker, but a group that shrank after a
+    # lost node (elastic: strategy.min_workers) reads the queues of the workers it lacks too, so
+    # the stream's global batch and the feeder's dealing do not change with the group's size.
+    # Read ahead from here: the first batch crosses while the model is built
+    mine = [ReadAhead(q) for q in config["queues"][env.rank::env.world_size]]
+    try:
+        _epochs(config, env, mine)
+    finally:
+        for queue in mine:   # no get left waiting on a queue actor when the worker ends
+            queue.close()
+
+
+def _epochs(config: dict, env, mine: list) -> None:
+    """Every epoch of the stream on this worker, its batches from ``mine`` (its queues, read ahead)."""
     import torch
     from ray.exceptions import RayActorError
     from torch import nn
@@ -43,7 +62,6 @@ def _train(config: dict) -> None:
     # [1] build the model; a group Ray Train restarted resumes after its own last checkpointed
     #     epoch; else a resumed run (python -m orchard resume) starts from the driver's video
     #     checkpoint (checkpoint.py), handed over in the loop config: no file to open here
-    env = worker.env(config)
     torch.manual_seed(config["seed"] + env.rank)
     model = build_stream_model(config["in_channels"], config["num_classes"], config["widths"],
                                config["dropout"])
@@ -57,10 +75,7 @@ def _train(config: dict) -> None:
     elif config.get("state") is not None:
         replica.load_state_dict(torch.load(io.BytesIO(config["state"]), weights_only=True))
     stream, ctx = config["stream"], config["ctx"]
-    # every world_size-th queue of the stream: one per worker, but a group that shrank after a
-    # lost node (elastic: strategy.min_workers) reads the queues of the workers it lacks too, so
-    # the stream's global batch and the feeder's dealing do not change with the group's size
-    mine, results = config["queues"][env.rank::env.world_size], config["results"]
+    results = config["results"]
     loss_fn = nn.CrossEntropyLoss()
     advice = {"key": "video.optimizer.lr", "value": float(config["optimizer"]["lr"])}
 
@@ -160,6 +175,64 @@ def _train(config: dict) -> None:
                 return   # as above: the driver stopped the run and shut its queues down
         worker.save_checkpoint({**state, "stream_steps": step}, {**metrics, "steps": step}, epoch)
         epoch += 1
+
+
+class ReadAhead:
+    """One of the worker's queues, read one batch ahead by a thread: the next batch crosses from
+    the queue actor while this one trains. A get from a Ray queue is an actor round trip, which
+    the loop paid at every step, and that was most of what the trainers waited for on a pipeline
+    that kept up (issue 51). One batch ahead, no more: a worker lost with its node takes at most
+    one batch beyond the one it was training on (the group's restart drops those; see
+    ``_close_epoch``). The thread ends after a stop or resize mark (nothing after one is this
+    worker's), when the queue is gone, or at ``close``; whatever a get raised is raised to the
+    loop, at every get. Its gets wait ``POLL_S`` at a time, so ``close`` leaves no call pending
+    on the queue actor: a worker whose thread still waited on one took seconds longer to end
+    (measured: +5-6 s on a two-epoch video run)."""
+
+    POLL_S = 0.25
+
+    def __init__(self, queue):
+        self._items: local_queue.SimpleQueue = local_queue.SimpleQueue()
+        self._room = threading.Semaphore(1)   # taken per batch fetched, given back per batch read
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._read, args=(queue,), daemon=True, name="read-ahead")
+        self._thread.start()
+
+    def _read(self, queue) -> None:
+        from ray.util.queue import Empty
+
+        from .feeder import RESIZE, STOP
+
+        while not self._closed.is_set():
+            if not self._room.acquire(timeout=self.POLL_S):
+                continue
+            item = Empty
+            while item is Empty and not self._closed.is_set():
+                try:
+                    item = queue.get(block=True, timeout=self.POLL_S)
+                except Empty:
+                    continue
+                except BaseException as err:   # noqa: BLE001 - handed to the loop, which decides
+                    self._items.put(err)
+                    return
+            if item is Empty:
+                return
+            self._items.put(item)
+            if isinstance(item, tuple) and item[0] in (STOP, RESIZE):
+                return
+
+    def close(self) -> None:
+        """Stop reading (the worker is done with this queue); returns once the thread has."""
+        self._closed.set()
+        self._thread.join(timeout=10 * self.POLL_S)
+
+    def get(self, block: bool = True):
+        item = self._items.get()
+        if isinstance(item, BaseException):
+            self._items.put(item)   # the queue is gone for every later get too
+            raise item
+        self._room.release()
+        return item
 
 
 def _every_rank_has(have: bool, world_size: int) -> bool:

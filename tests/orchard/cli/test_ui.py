@@ -54,8 +54,10 @@ def test_the_ui_serves_the_store_on_localhost_opens_the_runs_training_view_and_s
     finally:
         if ui.poll() is None:
             ui.kill()
-    with socket.socket() as s:  # the server and its workers are gone with it
+    with socket.socket() as s:  # the server and its workers are gone with it (its closed
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # connections may linger in TIME_WAIT)
         s.bind(("127.0.0.1", port))
+        s.listen()
 
 
 def test_a_store_that_is_not_there_is_one_line_and_none_is_made(tmp_path, capsys):

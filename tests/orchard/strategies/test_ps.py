@@ -87,7 +87,7 @@ def test_a_group_started_smaller_resizes_the_sync_barrier(ray_session):
 
     group = PSGroup.create({"w": np.ones(3, np.float32)}, num_workers=2, mode="sync",
                            optimizer={"name": "sgd", "lr": 0.5})
-    group.servers[0].push_pull.remote(np.ones(3, np.float32), None, 1, 7)  # half of step 7, then its pusher is lost
+    group.servers[0].push_pull.remote(None, 1, 7, False, 1, np.ones(3, np.float32))  # half of step 7, then its pusher is lost
     # An async actor need not run calls in the order they were sent: wait until the server
     # holds the half step, or begin(1) could come first and let that push complete step 7.
     deadline = time.monotonic() + 60
@@ -97,4 +97,29 @@ def test_a_group_started_smaller_resizes_the_sync_barrier(ray_session):
     group.begin(1)
     fresh = PSClient(group, 0).push_pull({"w": np.ones(3, np.float32)}, step=0)
     np.testing.assert_allclose(fresh["w"], 0.5)  # one worker's gradient, applied once
+    group.shutdown()
+
+
+def test_a_shard_bigger_than_a_piece_crosses_in_pieces_and_arrives_whole(ray_session):
+    """Shards up to INLINE_MAX_BYTES cross in pieces Ray carries inside the call (wire_pieces);
+    the server joins them, and its answer, cut the same way, is joined again: full and sampled
+    pushes give what one array would, and a shard above the cap travels whole."""
+    from orchard.strategies.ps import INLINE_MAX_BYTES, INLINE_PIECE_BYTES, PSClient, PSGroup, wire_pieces
+
+    assert wire_pieces(10) == 1 and wire_pieces(INLINE_PIECE_BYTES // 4 + 1) == 2
+    assert wire_pieces(INLINE_MAX_BYTES // 4) > 1 and wire_pieces(INLINE_MAX_BYTES // 4 + 1) == 1
+    rng = np.random.default_rng(2)
+    params = {"big": rng.normal(size=(300, 251)).astype(np.float32), "small": rng.normal(size=7).astype(np.float32),
+              "mid": rng.normal(size=40_001).astype(np.float32)}
+    spec = {"name": "sgd", "lr": 0.1}
+    group = PSGroup.create(params, num_servers=1, num_workers=1, mode="async", optimizer=spec)
+    assert wire_pieces(sum(v.size for v in params.values())) > 3
+    client, reference, expected = PSClient(group, 0), NumpyOptimizer(spec), dict(params)
+    for step, names in enumerate([list(params), ["mid", "small"]]):
+        grads = {n: rng.normal(size=params[n].shape).astype(np.float32) for n in names}
+        fresh = client.push_pull(grads, step, only_pushed=step == 1)
+        expected = reference.apply(expected, grads)
+        assert set(fresh) == set(names)
+        for n in fresh:
+            np.testing.assert_allclose(fresh[n], expected[n], rtol=1e-5, atol=1e-6, err_msg=f"{n} at step {step}")
     group.shutdown()

@@ -144,46 +144,13 @@ def _one_at_a_time_sweep(tmp_path, *extra):
 
 
 @pytest.mark.slow
-def test_interrupted_sweep_exits_130_and_resumes_where_it_stopped(ray_session, tmp_path):
-    args, env, client, runs = _one_at_a_time_sweep(tmp_path)
-
-    def children(status):
-        return [r for r in runs(status) if "mlflow.parentRunId" in r.data.tags]
-
-    log = open(tmp_path / "first.log", "w")  # a file, not a pipe nobody reads while waiting
-    first = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 300
-    while time.time() < deadline and not (children("FINISHED") and children("RUNNING")):
-        time.sleep(0.5)
-    done_before = {r.data.params["tiny.lr"] for r in children("FINISHED")}
-    assert 1 <= len(done_before) < 3, "the sweep should be part-way, a trial running, when interrupted"
-    first.send_signal(signal.SIGINT)
-    first.wait(timeout=180)
-    out = (tmp_path / "first.log").read_text()
-    assert first.returncode == 130, out
-    parent = next(r for r in runs() if "orchard.sweep" in r.data.tags)
-    assert parent.info.status == "KILLED"
-    assert not runs("RUNNING"), "the interrupted trial's run is closed too"
-    assert all("interrupted" in r.data.tags.get("orchard.error", "") for r in children("KILLED"))
-    second = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert second.returncode == 0, second.stdout + second.stderr
-    assert "resuming" in second.stdout
-    done = children("FINISHED")
-    lrs = [r.data.params["tiny.lr"] for r in done]
-    assert sorted(set(lrs)) == ["0.01", "0.1", "0.3"]
-    for lr in done_before:  # finished trials were not trained again
-        assert lrs.count(lr) == 1
-    assert {r.data.tags["mlflow.parentRunId"] for r in done} == {parent.info.run_id}  # one sweep, one parent
-    assert client.get_run(parent.info.run_id).info.status == "FINISHED"
-
-
-@pytest.mark.slow
-def test_a_resumed_sweep_still_runs_one_trial_at_a_time(ray_session, tmp_path):
-    """``sweep.max_concurrent_trials=1`` holds after a resume. Tune restores an errored trial and
-    an unfinished one PENDING together and started both at once (each waited for CPUs the other
-    held, on a real workload). Here the first trial's process is lost (it errors: no retries), the
-    sweep is interrupted while the second runs; resumed, the trials' runs follow one another and
-    every trial finishes."""
+def test_interrupted_sweep_exits_130_and_resumes_where_it_stopped_one_trial_at_a_time(ray_session, tmp_path):
+    """One trial finished, the next one's process lost (it errors: no retries), the sweep
+    interrupted (Ctrl-C) while the third runs: exit 130, the parent and the running trial closed
+    KILLED as interrupted. The same command resumes it: the finished trial is not trained again,
+    the errored and the interrupted ones are, and ``sweep.max_concurrent_trials=1`` still holds
+    (Tune restores an errored trial and an unfinished one PENDING together and started both at
+    once: each waited for CPUs the other held, on a real workload); one parent, FINISHED."""
     import os
 
     args, env, client, runs = _one_at_a_time_sweep(tmp_path, "sweep.max_failures=0")
@@ -200,30 +167,39 @@ def test_a_resumed_sweep_still_runs_one_trial_at_a_time(ray_session, tmp_path):
             time.sleep(0.5)
         raise AssertionError((tmp_path / "first.log").read_text()[-3000:])
 
-    log = open(tmp_path / "first.log", "w")  # a file, not a pipe nobody reads while waiting
-    first = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
-
     def started(r) -> bool:  # a trial's run exists a moment before its params and pid are written
         return "tiny.lr" in r.data.params and "orchard.pid" in r.data.tags
 
+    log = open(tmp_path / "first.log", "w")  # a file, not a pipe nobody reads while waiting
+    first = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    (done_first,) = wait_for(lambda: children("FINISHED"))
     (lost,) = wait_for(lambda: [r for r in children("RUNNING") if started(r)])
     os.kill(int(lost.data.tags["orchard.pid"]), signal.SIGKILL)  # the trial's process, lost: its trial errors
-    wait_for(lambda: [r for r in children("RUNNING") if started(r) and r.data.params["tiny.lr"] != lost.data.params["tiny.lr"]])
-    first.send_signal(signal.SIGINT)  # one trial errored, one running, one not started yet
+    seen = {done_first.data.params["tiny.lr"], lost.data.params["tiny.lr"]}
+    wait_for(lambda: [r for r in children("RUNNING") if started(r) and r.data.params["tiny.lr"] not in seen])
+    first.send_signal(signal.SIGINT)  # one trial finished, one errored, one running
     first.wait(timeout=180)
     assert first.returncode == 130, (tmp_path / "first.log").read_text()[-3000:]
+    parent = next(r for r in runs() if "orchard.sweep" in r.data.tags)
+    assert parent.info.status == "KILLED"
+    assert not runs("RUNNING"), "the interrupted trial's run is closed too"
+    assert children("KILLED") and all("interrupted" in r.data.tags.get("orchard.error", "")
+                                      for r in children("KILLED"))
     resumed_at = time.time() * 1000
     second = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert "resuming" in second.stdout and "up to 1 trial(s) at once" in second.stdout
     after = sorted((r for r in children() if r.info.start_time >= resumed_at), key=lambda r: r.info.start_time)
-    assert sorted(r.data.params["tiny.lr"] for r in after) == ["0.01", "0.1", "0.3"], [r.info for r in after]
+    # the finished trial was not trained again; the errored and the interrupted ones were
+    assert sorted(r.data.params["tiny.lr"] for r in after) == sorted({"0.01", "0.1", "0.3"} - {done_first.data.params["tiny.lr"]}), [
+        r.info for r in after]
     for before, following in zip(after, after[1:]):
         assert following.info.start_time >= before.info.end_time, (
             f"trials ran at once after the resume: {before.data.params['tiny.lr']} and "
             f"{following.data.params['tiny.lr']}")
     assert all(r.info.status == "FINISHED" for r in after)
-    parent = client.get_run(after[0].data.tags["mlflow.parentRunId"])
+    assert {r.data.tags["mlflow.parentRunId"] for r in (done_first, *after)} == {parent.info.run_id}  # one sweep, one parent
+    parent = client.get_run(parent.info.run_id)
     assert parent.info.status == "FINISHED" and "best/train/loss" in parent.data.metrics
 
 

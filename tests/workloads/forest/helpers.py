@@ -12,6 +12,13 @@ from workloads.forest.depth_png import palette_array, write_pair
 BG = np.float32(10000)  # the background depth (mm) a probe off the body reads (forest.background_mm's default)
 
 
+def rendered(run_dir, split: str) -> list[Path]:
+    """The depth PNGs of a run's synthetic corpus, ``split`` (train or test): rendered once per
+    setting into the storage root beside the run folders (``<output_dir>/forest_data/avatars-<key>/``,
+    workloads/forest/data.py), shared by the runs there."""
+    return sorted(Path(run_dir).parents[1].glob(f"forest_data/avatars-*/{split}/*_depth.png"))
+
+
 def palette(compose) -> np.ndarray:
     return palette_array(compose("workload=forest")["forest"]["palette"])
 

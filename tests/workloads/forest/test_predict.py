@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tests.orchard.model_helpers import predict_cli, pyfunc_in_fresh_process
+from tests.workloads.forest.helpers import rendered
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +24,7 @@ def trained(cli_run):
 def test_the_logged_forest_labels_a_depth_png_in_a_fresh_process(trained, tmp_path):
     from workloads.forest.predict import _load_pyfunc
 
-    depth_png = sorted((trained.run_dir / "data" / "test").glob("*_depth.png"))[0]
+    depth_png = rendered(trained.run_dir, "test")[0]
     depth = cv2.imread(str(depth_png), cv2.IMREAD_UNCHANGED)
     assert depth.dtype == np.uint16
     got = pyfunc_in_fresh_process(trained.uri, f"runs:/{trained.run_id}/model", depth[None], tmp_path)
@@ -47,7 +48,7 @@ def test_predict_writes_label_pngs_scores_pairs_and_skips_a_corrupt_png(trained,
 
     folder = tmp_path / "scenes"
     folder.mkdir()
-    pairs = sorted((trained.run_dir / "data" / "test").glob("*_depth.png"))[:2]
+    pairs = rendered(trained.run_dir, "test")[:2]
     for depth_png in pairs:
         shutil.copy(depth_png, folder)
         shutil.copy(str(depth_png).replace("_depth.png", "_labels.png"), folder)

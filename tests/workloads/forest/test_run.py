@@ -4,6 +4,7 @@ import pytest
 
 import workloads.forest as forest
 from orchard import ConfigError
+from tests.workloads.forest.helpers import rendered
 from workloads.forest.checkpoint import CHECKPOINT_NAME, load_checkpoint
 
 
@@ -67,7 +68,7 @@ def test_smoke_run_records_everything_and_resumes_identically(run_orchard):
             "figures/class_accuracy.png"} <= set(full.artifacts("figures"))
     assert "model/forest_checkpoint.npz" in full.artifacts("model")
     run_dir = full.run.data.tags["orchard.run_dir"]
-    assert len(list((__import__("pathlib").Path(run_dir) / "data" / "train").glob("*_depth.png"))) == 16
+    assert len(rendered(run_dir, "train")) == 16
 
     crashed = run_orchard("workload=forest", "debug=smoke", "forest.stop_after_rounds=7")
     assert crashed.exit_code == 1 and crashed.run.info.status == "FAILED"
@@ -86,3 +87,8 @@ def test_smoke_run_records_everything_and_resumes_identically(run_orchard):
         for k in ta:
             np.testing.assert_array_equal(ta[k], tb[k])
     assert resumed.run.data.metrics["test/pixel_accuracy"] == pytest.approx(m["test/pixel_accuracy"])
+    # the three runs rendered the avatars once: the later two read the first one's folder
+    from orchard.tracking import bookkeeping
+    hits = [bookkeeping.read(r.client, r.run.info.run_id)["cache/avatars_hits"] for r in (full, crashed, resumed)]
+    assert hits == [0, 1, 1]
+    assert [p.name[:8] for p in Path(run_dir).parents[1].joinpath("forest_data").iterdir()] == ["avatars-"]

@@ -179,3 +179,49 @@ def test_a_restarted_worker_whose_queues_are_an_epoch_apart_goes_on_to_the_lates
     # a stop mark met while catching up ends the run's pass (None)
     stopped = [_Listed([(END, 5)]), _Listed([(END, 4), (STOP, 5)])]
     assert _close_epoch(stopped, _drain_to_end(stopped), world_size=1) is None
+
+
+def test_a_worker_reads_its_queue_one_batch_ahead_no_more(ray_session):
+    """The trainer's read-ahead (stream_worker.ReadAhead): batches in order, exactly one taken from
+    the queue actor beyond what the loop has read, nothing read after a stop mark or after it is
+    closed, and a queue shut down raises at the loop's get (the run was interrupted), at every get."""
+    import time
+
+    import pytest
+    from ray.exceptions import RayActorError
+    from ray.util.queue import Queue
+
+    from workloads.video.feeder import STOP
+    from workloads.video.stream_worker import ReadAhead
+
+    def settles(q, size):
+        deadline = time.monotonic() + 30
+        while q.qsize() != size and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return q.qsize()
+
+    q = Queue()
+    for item in ["b0", "b1", "b2", (STOP, 3), "after the stop"]:
+        q.put(item)
+    ahead = ReadAhead(q)
+    assert settles(q, 4) == 4                          # one batch ahead, not the queue's five
+    assert ahead.get() == "b0"
+    assert settles(q, 3) == 3
+    assert [ahead.get(), ahead.get(), ahead.get()] == ["b1", "b2", (STOP, 3)]
+    time.sleep(0.3)
+    assert q.qsize() == 1                              # what follows a stop mark is not this worker's
+    # closed (the worker is done) while waiting on an empty queue: nothing left waiting on it
+    empty = Queue()
+    idle = ReadAhead(empty)
+    time.sleep(0.3)
+    idle.close()
+    assert not idle._thread.is_alive()
+    empty.put("for whoever reads next")
+    time.sleep(2 * ReadAhead.POLL_S)
+    assert empty.qsize() == 1
+    gone = Queue()
+    ahead = ReadAhead(gone)
+    gone.shutdown(force=True)
+    for _ in range(2):
+        with pytest.raises(RayActorError):
+            ahead.get()

@@ -179,9 +179,14 @@ def test_real_clips_and_a_user_extractor_train_twice_to_the_same_metrics_the_sec
 def test_a_run_that_meets_its_target_stops_training_there_and_still_infers(run_orchard):
     """Three epochs asked, a target every model meets (video.target_top1=0.0): the run stops after
     the first (the master stops decoding, the trainers stop at their next batch), says when it met
-    the target, and decodes again for inference on untrimmed videos."""
-    res = run_orchard("workload=video", "debug=smoke", "video.epochs=3", "video.target_top1=0.0")
+    the target, and decodes again for inference on untrimmed videos. With the cache off, as a user
+    who turns it off runs it: the extractors run inside the decode actors (fuse_extract: auto), in
+    training, validation and inference alike."""
+    res = run_orchard("workload=video", "debug=smoke", "video.epochs=3", "video.target_top1=0.0", "video.cache=none")
     assert res.exit_code == 0, res.run.data.tags.get("orchard.error")
     m = res.run.data.metrics
+    # fused: the features were made (the stages reported them) by no pool of their own
+    assert m["pipeline/rgb_items_per_s"] > 0 and m["pipeline/decode_pool_actors_peak"] >= 1
+    assert not [k for k in m if k.startswith(("pipeline/rgb_pool", "pipeline/flow_pool"))], sorted(m)
     assert res.run.info.status == "FINISHED" and m["train/epochs_run"] == 1 and m["time/to_target_s"] > 0, m
     assert "infer/windows_per_s" in m
