@@ -37,14 +37,16 @@ class RunContext:
         self.tracking_uri = tracking_uri
         # Set only in the driver process (e.g. a Tune trial reporting its metric); never pickled.
         self._on_metrics: Callable[[dict, int | None], None] | None = None
-        self._progress_sent = 0.0  # per process: progress is throttled, see progress()
+        # per process: progress is throttled, see progress(). Never sent yet: -inf, not 0.0, which
+        # is a moment of time.monotonic() (the machine's boot) that a fresh machine is still near
+        self._progress_sent = float("-inf")
         # The run's time split (orchard/tracking/time_split.py), on the driver only: workers never mark it.
         self.time_split = None
 
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_on_metrics"] = None
-        state["_progress_sent"] = 0.0
+        state["_progress_sent"] = float("-inf")
         state["time_split"] = None
         return state
 
