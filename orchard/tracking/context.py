@@ -16,6 +16,10 @@ from typing import Any, Callable
 
 
 PROGRESS_INTERVAL_S = 0.25
+# "Never sent yet": -inf, not 0.0, which is a moment of time.monotonic() (the machine's boot) that a
+# freshly booted machine is still within an interval of
+NEVER_SENT = float("-inf")
+
 _VALID_NAMES: set[str] = set()  # metric names this process has checked: MLflow's rules run once per name
 
 
@@ -37,16 +41,14 @@ class RunContext:
         self.tracking_uri = tracking_uri
         # Set only in the driver process (e.g. a Tune trial reporting its metric); never pickled.
         self._on_metrics: Callable[[dict, int | None], None] | None = None
-        # per process: progress is throttled, see progress(). Never sent yet: -inf, not 0.0, which
-        # is a moment of time.monotonic() (the machine's boot) that a fresh machine is still near
-        self._progress_sent = float("-inf")
+        self._progress_sent = NEVER_SENT  # per process: progress is throttled, see progress()
         # The run's time split (orchard/tracking/time_split.py), on the driver only: workers never mark it.
         self.time_split = None
 
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_on_metrics"] = None
-        state["_progress_sent"] = float("-inf")
+        state["_progress_sent"] = NEVER_SENT
         state["time_split"] = None
         return state
 
