@@ -107,7 +107,8 @@ def store_lock(uri: str):
 
 # What MLflow's migration of a fresh sqlite store says when another process migrates it at once
 # (SQLite's, then alembic's words: a table or column the other made, a version it moved on)
-HALF_MIGRATED = ("already exists", "duplicate column name", "Online migration expected to match one row")
+HALF_MIGRATED = ("already exists", "duplicate column name", "no such column",
+                 "Online migration expected to match one row")
 
 
 def check_store(uri: str, timeout_s: float = 10.0, create: bool = True,

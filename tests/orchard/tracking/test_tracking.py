@@ -82,11 +82,11 @@ def test_ctrl_c_marks_the_run_killed(ray_session, tmp_path):
                              f"tracking.uri={uri}", f"output_dir={tmp_path}/out", *attach_overrides()),
                             cwd=tmp_path, env=tiny_cli_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    client = MlflowClient(uri)
     deadline = time.time() + 120
     while time.time() < deadline:  # wait until the run is really training
         time.sleep(1)
-        try:
+        try:  # a watcher like this one may race the run to create the store: both must live through it
+            client = MlflowClient(uri)
             runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
         except Exception:
             continue
