@@ -4,7 +4,7 @@
 
 1. Seconds from the command to the workload's first step: `python -m orchard
    workload=bench_first_step` (Hydra composition, validation, embedded Ray, an MLflow run with the
-   resolved config, the metrics sink and sampler actors) vs a plain script that calls ray.init(),
+   resolved config, the metrics sink actor, the samplers) vs a plain script that calls ray.init(),
    mlflow.start_run() and takes its first step. Fair: both are fresh Python processes on the same
    machine, both start a local Ray with 2 CPUs and open a run in a sqlite store of their own; the
    two alternate within each repeat after one warm-up of each (OS file cache, store creation).

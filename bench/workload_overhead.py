@@ -17,7 +17,7 @@ before the work is before the first step, everything after it after the last.
 The peer (bench/hand_wired.py) is the workload's own ``run(cfg, ctx)`` with ``ray.init``, an
 MLflow run and a context that calls MLflow directly: the same data, Ray tasks, Train groups,
 Ray Data pipelines, evaluation, model and figures. So the rows show orchard's lifecycle (Hydra,
-checks, run folder, sink and sampler actors, heartbeat, console, summary, close) and nothing
+checks, run folder, sink actor, samplers, heartbeat, console, summary, close) and nothing
 the workload does inside itself, which both sides pay alike: choices inside the workloads
 (how flower logs its model, how its Train group starts) are the profile's business
 (``time/split/*`` in docs/runs.md), not this row's.

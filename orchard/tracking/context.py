@@ -129,11 +129,12 @@ class RunContext:
         self._sink.progress.remote({"step": step, "total": total, "desc": desc, "rates": rates, "ts": time.time()})
 
     # ------------------------------------------------------------------ plumbing
-    def flush(self) -> None:
-        """Block until everything logged so far is written to the tracking store."""
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Block until everything logged so far is written to the tracking store (or ``timeout_s``
+        passed: ``GetTimeoutError``)."""
         import ray
 
-        ray.get(self._sink.flush.remote())
+        ray.get(self._sink.flush.remote(), timeout=timeout_s)
 
     def last_values(self) -> dict[str, float]:
         import ray

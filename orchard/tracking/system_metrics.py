@@ -86,9 +86,10 @@ def sample_once(node: str, nvml: NvmlReader, gpu_ids=None, run_cpu: RunCpu | Non
     return sample
 
 
-@ray.remote(num_cpus=0)
-class ResourceSampler:
-    """Samples its node every ``interval_s`` seconds into the run's context."""
+class NodeSampler:
+    """Samples its node every ``interval_s`` seconds into the run's context: a thread in the
+    driver's own process on the driver's node (a process fewer for every run to start and wait
+    for at its end), a ``ResourceSampler`` actor pinned to each other node."""
 
     def __init__(self, ctx, node: str, interval_s: float, nvml: Any = None, run_root: tuple | None = None):
         import psutil
@@ -119,11 +120,14 @@ class ResourceSampler:
     def gpu_count(self) -> int:
         return len(self.nvml.handles)
 
-    def stop(self) -> int:
+    def stop(self, timeout_s: float | None = None) -> int:
         self._poller.stop(timeout_s=5)
         self.sample()  # at least one sample even for runs shorter than the interval
-        self.ctx.flush()
+        self.ctx.flush(timeout_s)
         return self.step
+
+
+ResourceSampler = ray.remote(num_cpus=0)(NodeSampler)
 
 
 def node_names() -> dict[str, str]:
@@ -133,15 +137,20 @@ def node_names() -> dict[str, str]:
 
 
 def start_samplers(ctx, interval_s: float, nvml: Any = None) -> list:
-    """One sampler actor pinned to each alive node of the cluster; the driver's node's sampler
-    also reads the run's own CPU (the driver's process tree)."""
+    """One sampler on each alive node of the cluster: the driver's node's in this process (it
+    also reads the run's own CPU, the driver's process tree), an actor pinned to each other one."""
+    import copy
     import os
 
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    run_root = (ray.get_runtime_context().get_node_id(), os.getpid())
+    here = ray.get_runtime_context().get_node_id()
+    run_root = (here, os.getpid())
     samplers = []
     for node_id, name in node_names().items():
+        if node_id == here:  # the context as a worker gets it: no sweep's metric feed, no time split
+            samplers.append(NodeSampler(copy.copy(ctx), name, interval_s, nvml, run_root))
+            continue
         strategy = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
         samplers.append(ResourceSampler.options(scheduling_strategy=strategy).remote(ctx, name, interval_s, nvml,
                                                                                       run_root))
@@ -170,7 +179,14 @@ def summarize(series: dict[str, list[float]]) -> dict[str, float]:
 
 
 def stop_samplers(samplers: list, timeout_s: float = 30.0) -> None:
-    if samplers:
-        ray.get([s.stop.remote() for s in samplers], timeout=timeout_s)
-        for s in samplers:
-            ray.kill(s)
+    """Each sampler's last sample, flushed: the actors' asked first, so they stop while this
+    process's own one does."""
+    actors = [s for s in samplers if not isinstance(s, NodeSampler)]
+    stopping = [s.stop.remote() for s in actors]
+    for sampler in samplers:
+        if isinstance(sampler, NodeSampler):
+            sampler.stop(timeout_s)
+    if stopping:
+        ray.get(stopping, timeout=timeout_s)
+        for actor in actors:
+            ray.kill(actor)

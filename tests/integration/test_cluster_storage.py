@@ -215,6 +215,11 @@ def test_run_on_two_nodes_with_s3_storage_resumes_from_the_bucket_alone(case, s3
     assert new.info.status == "FINISHED" and new.data.tags["orchard.resumes"] == killed.info.run_id
     if case == "forest":  # went on from the checkpoint in the bucket, the data read from there too
         assert new.data.metrics["train/resumed_from_round"] >= 1  # the driver's folder is gone: read from the bucket
+        # both nodes sampled (the driver's by a thread of its own process, the other by an actor
+        # pinned there: system_metrics.start_samplers), the run's own CPU on the driver's node alone
+        sampled = {k.split("/")[1] for k in new.data.metrics if k.startswith("system/node") and k.endswith("/cpu_pct_mean")}
+        own = [k for k in new.data.metrics if k.startswith("system/node") and k.endswith("/run_cpu_pct_mean")]
+        assert sampled == {"node0", "node1"} and len(own) == 1, sorted(new.data.metrics)
         depths = _find(fs, f"orchard/{case}/forest_data", "_depth.png")  # rendered once per setting
         assert depths and _bookkeeping(uri, new)["cache/avatars_hits"] == 1  # the first run's, from the bucket
         _predict_on_two_nodes(fs, depths[:3], new.info.run_id, uri, common, env, tmp_path)

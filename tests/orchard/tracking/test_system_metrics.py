@@ -58,12 +58,40 @@ def test_sampler_actor_logs_gpu_series_into_the_run(ray_session):
     assert summarize(series)["system/gpu_util_pct_mean"] == pytest.approx(50.0)
 
 
+def test_the_drivers_node_is_sampled_by_a_thread_of_this_process_not_an_actor(ray_session):
+    """The driver's node's sampler is a thread here (no worker process for a run to start and
+    wait for at its end); it reads the run's own CPU and logs into the run, never into what the
+    driver's context feeds a sweep. Other nodes' samplers are actors (test_cluster_storage.py
+    checks a two-node run has both nodes' series)."""
+    import time
+
+    import ray
+
+    from orchard.tracking.context import RunContext
+    from orchard.tracking.sink import MetricsSink
+    from orchard.tracking.system_metrics import NodeSampler, start_samplers, stop_samplers
+
+    sink = MetricsSink.remote(None, None)
+    ctx = RunContext(sink, None, "/tmp", "tiny", "tasks")
+    fed = []
+    ctx._on_metrics = lambda metrics, step: fed.append(metrics)   # a sweep trial's metric feed
+    samplers = start_samplers(ctx, 0.05)
+    assert len(samplers) == 1 and isinstance(samplers[0], NodeSampler)
+    deadline = time.time() + 120
+    while len(ray.get(sink.series.remote("system/")).get("system/node0/run_cpu_pct", [])) < 2:
+        assert time.time() < deadline, "the driver's sampler logged fewer than 2 samples in 120 s"
+        time.sleep(0.05)
+    stop_samplers(samplers)
+    assert not samplers[0]._poller.alive() and fed == []
+    series = ray.get(sink.series.remote("system/"))
+    assert len(series["system/node0/cpu_pct"]) == len(series["system/node0/run_cpu_pct"]) >= 3  # the last one at stop
+
+
 @pytest.mark.slow  # waits out sqlite's 20 s lock timeout (MLflow's busy_timeout)
 def test_metrics_the_store_refused_are_written_by_a_later_flush(ray_session, tmp_path):
     """A store busy with another writer (sqlite locked by a concurrent run) refuses a flush:
     those metrics stay buffered and reach the run once the store answers again."""
     import sqlite3
-    import time
 
     import ray
     from mlflow.tracking import MlflowClient
