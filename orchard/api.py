@@ -30,6 +30,7 @@ DOOR: dict[str, str] = {
     "write_file": "orchard.storage:write_file",
     "file_exists": "orchard.storage:file_exists",
     "write_atomic": "orchard.storage:write_atomic",
+    "atomic_folder": "orchard.storage:atomic_folder",
     "partial_name": "orchard.storage:partial_name",
     "evicted_bytes": "orchard.storage:evicted_bytes",
     # bad inputs: skipped, named and counted by kind

@@ -129,12 +129,15 @@ def atomic_file(path: str | os.PathLike):
 
 
 @contextlib.contextmanager
-def atomic_folder(path: str | os.PathLike):
+def atomic_folder(path: str | os.PathLike, keep_existing: bool = False):
     """Write a whole local folder so that a reader finds the previous folder or the new one,
     never half of one: the caller fills the yielded temporary path (in the same folder, not yet
     created); on success its files are fsynced and it is renamed into place (a previous folder
     moved aside first, then removed); on any error it is removed and the previous folder stays.
-    A writer killed meanwhile leaves a partial folder, removed by the next write of that folder."""
+    A writer killed meanwhile leaves a partial folder, removed by the next write of that folder.
+
+    ``keep_existing``: for a folder named by its content (a dataset rendered once per setting),
+    one already in place, published by a concurrent writer, is kept and this one dropped."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(partial_name(path.name))
@@ -144,6 +147,9 @@ def atomic_folder(path: str | os.PathLike):
             for name in files:
                 with open(os.path.join(dirpath, name), "rb") as fh:
                     os.fsync(fh.fileno())
+        if keep_existing and path.exists():  # published first by another writer: the same content
+            shutil.rmtree(partial, ignore_errors=True)
+            return
         old = path.with_name(partial_name(path.name)) if path.exists() else None
         if old is not None:
             os.rename(path, old)
@@ -152,6 +158,9 @@ def atomic_folder(path: str | os.PathLike):
         except BaseException:
             if old is not None:
                 os.rename(old, path)   # the previous folder back in place
+            elif keep_existing and path.is_dir():  # published between the look and the rename
+                shutil.rmtree(partial, ignore_errors=True)
+                return
             raise
     except BaseException as exc:
         shutil.rmtree(partial, ignore_errors=True)

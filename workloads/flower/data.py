@@ -20,15 +20,13 @@ import csv
 import hashlib
 import json
 import math
-import os
-import shutil
 from collections import defaultdict
 from pathlib import Path
 
 import cv2
 import numpy as np
 
-from orchard.api import Storage
+from orchard.api import atomic_folder, Storage
 
 from .synthetic_field import generate_field
 
@@ -328,13 +326,9 @@ def synthetic_storage(cfg: dict) -> tuple[Storage, bool]:
             store.upload(Path(tmp) / "field")
             store.write_bytes("images/_COMPLETE", b"complete\n")  # what ready("images") looks for
         return store, False
-    root = store.local_path
-    partial = root.with_name(f"{root.name}.tmp-{os.getpid()}")
-    _generate(cfg, partial)
-    try:
-        partial.rename(root)  # atomic: a concurrent run sees all of it or none of it
-    except OSError:
-        shutil.rmtree(partial, ignore_errors=True)  # another run finished first: use its copy
+    # a concurrent run sees all of it or none of it; one that published it first keeps its copy
+    with atomic_folder(store.local_path, keep_existing=True) as partial:
+        _generate(cfg, partial)
     return store, False
 
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -41,9 +39,10 @@ def synthetic_corpus(cfg: dict, palette: np.ndarray, parallelism: int) -> tuple[
     Image i of a split is a pure function of (seed, split, i) (avatar.py), so the key hashes
     what changes the pixels: the counts, the seed, the image size, the palette and the
     renderer's own source. Published whole: a local folder is rendered beside its place and
-    renamed into it (a concurrent run sees all of it or none, and keeps the first), a remote
+    renamed into it (``atomic_folder``: a concurrent run sees all of it or none, and the first
+    one published stays), a remote
     one (``storage.uri=s3://...``) is marked complete last."""
-    from orchard.api import Storage
+    from orchard.api import atomic_folder, Storage
 
     from . import avatar, body_parts, depth_png
 
@@ -67,13 +66,9 @@ def synthetic_corpus(cfg: dict, palette: np.ndarray, parallelism: int) -> tuple[
     if store.is_local:
         root = store.local_path
         reused = root.is_dir()
-        if not reused:
-            partial = root.with_name(f"{root.name}.tmp-{os.getpid()}")
-            render(partial)
-            try:
-                partial.rename(root)
-            except OSError:  # another run published it first: keep its copy (the same pixels)
-                shutil.rmtree(partial, ignore_errors=True)
+        if not reused:  # another run that published it first keeps its copy (the same pixels)
+            with atomic_folder(root, keep_existing=True) as partial:
+                render(partial)
         return (*stems(lambda split: root / split), reused)
     reused = store.complete()
     if not reused:

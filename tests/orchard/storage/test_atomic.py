@@ -107,3 +107,36 @@ def test_a_folder_is_replaced_whole_or_not_at_all(tmp_path):
     assert _leftovers(tmp_path) == []
 
     # a predict run's folder: tests/orchard/config/test_registry.py (the core opens it around predict.py)
+
+
+def test_a_folder_named_by_its_content_keeps_the_copy_published_first(tmp_path, monkeypatch):
+    """The datasets rendered once per setting (forest's avatars, flower's field:
+    ``atomic_folder(keep_existing=True)``): a run that finishes rendering after another one
+    published the same folder, before it looked or between its look and its rename, drops its
+    own copy and leaves the first one whole, with no partial folder behind."""
+    from orchard.storage import atomic, atomic_folder
+
+    data = tmp_path / "avatars-0123456789"
+
+    def render(folder, text):
+        folder.mkdir()
+        (folder / "000000_depth.png").write_text(text)
+
+    with atomic_folder(data, keep_existing=True) as partial:
+        render(partial, "first")
+    with atomic_folder(data, keep_existing=True) as partial:   # published before this one looked
+        render(partial, "second")
+    assert (data / "000000_depth.png").read_text() == "first" and _leftovers(tmp_path) == []
+
+    other = tmp_path / "field-0123456789"
+    real_rename = os.rename
+
+    def published_meanwhile(src, dst):   # another run's rename lands just before this one's
+        if Path(dst) == other and not other.exists():
+            render(other, "theirs")
+        return real_rename(src, dst)
+
+    monkeypatch.setattr(atomic.os, "rename", published_meanwhile)
+    with atomic_folder(other, keep_existing=True) as partial:
+        render(partial, "mine")
+    assert (other / "000000_depth.png").read_text() == "theirs" and _leftovers(tmp_path) == []
