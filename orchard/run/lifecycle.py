@@ -213,6 +213,10 @@ def run_one(cfg: dict, module, parent_run_id: str | None = None, on_metrics=None
     live = None
     signals_before = len(interrupts.received)
     log_start = console.mark_run_start()
+    if tracked and cfg.get("_trial") and console.log_path() is not None:
+        # where this trial's part of the log is: Tune kills a trial its scheduler stops before the
+        # close below copies it, and the sweep's driver copies it then (sweep/trials.py)
+        retried(tracked.client().set_tag, run_id, tracking.TRIAL_LOG_TAG, f"{log_start}:{console.log_path()}")
     try:
         live = start_run_services(cfg, tracked, run_id, run_dir, on_metrics, split)
         write_hydra_folder(cfg, run_dir)

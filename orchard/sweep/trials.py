@@ -222,8 +222,30 @@ def trial_stopper(parent: "ParentRun", scheduler: str, metric: str, signals_befo
                 client.set_terminated(run_id, status="KILLED")
             except Exception as exc:  # close_children tries again at the end
                 say(f"orchard: could not close stopped trial run {run_id}: {exc}", file=sys.stderr)
+            keep_stopped_trials_log(client, run_id)
 
     return StopWhole()
+
+
+def keep_stopped_trials_log(client, run_id: str) -> None:
+    """The trial's part of its log into its run folder and its MLflow run (``orchard.log``), as
+    its own close would have put it: Tune kills a trial its scheduler stops before that close.
+    Only where the trial ran on this node (its log and folder are here); said in one line if not kept."""
+    from orchard.tracking.mlflow_run import TRIAL_LOG_TAG
+
+    try:
+        tags = client.get_run(run_id).data.tags
+        where, folder = tags.get(TRIAL_LOG_TAG), tags.get("orchard.run_dir")
+        if not where or not folder:
+            return
+        start, log = where.split(":", 1)
+        if not Path(log).is_file() or not Path(folder).is_dir():
+            return  # another node's files
+        kept = console.copy_other_log(Path(log), int(start), Path(folder) / "orchard.log")
+        client.log_artifact(run_id, str(kept))
+    except Exception as exc:
+        say(f"orchard: the stopped trial's log was not kept in run {run_id}: {str(exc).splitlines()[0][:200]}",
+            file=sys.stderr)
 
 
 STOPPED_TAG = "orchard.stopped_by_scheduler"

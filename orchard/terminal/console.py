@@ -172,6 +172,22 @@ def mark_run_start() -> int:
         return _starts[-1] + _log_path.stat().st_size
 
 
+def copy_other_log(log: Path, start: int, dest: Path) -> Path:
+    """``copy_run_part`` for another process's log (a sweep's trial that Tune killed before its
+    run could close): ``log`` from ``start``, or whole with a line saying so where it has been
+    rotated since the run began; ``dest`` written whole or not at all."""
+    from orchard.storage import atomic_file
+
+    with open(log, "rb") as src, atomic_file(dest) as out:
+        rotated = os.fstat(src.fileno()).st_size < start
+        if rotated:
+            out.write(b"[orchard: the start of this run's log was rotated away]\n")
+        src.seek(0 if rotated else start)
+        while chunk := src.read(1 << 20):
+            out.write(chunk)
+    return dest
+
+
 def copy_run_part(start: int, dest: Path) -> Path | None:
     """Write the log from ``start`` (an offset ``mark_run_start`` gave) to now into ``dest``, across
     the rotated files still kept (a line says where older ones were removed); None when not quiet.

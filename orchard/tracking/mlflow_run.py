@@ -35,8 +35,12 @@ _NOT_PARAMS = ("_choices",)
 OPERATIONAL_TAGS = ("orchard.host", "orchard.boot_id", "orchard.pid_ns", "orchard.pid", "orchard.pid_start",
                     "orchard.heartbeat", "orchard.clock_skew_s", "orchard.started_at", "orchard.run_dir",
                     "orchard.overrides", "orchard.config_dirs", "orchard.trial_id", "orchard.sweep_session",
-                    "orchard.trial_attempt", "orchard.reopened_after_reap", "orchard.mlflow_version",
+                    "orchard.trial_attempt", "orchard.trial_log", "orchard.reopened_after_reap", "orchard.mlflow_version",
                     "ray.version", "torch.version", "numpy.version")
+
+# "<offset>:<path>" of a sweep trial's part of its process's log (run/lifecycle.py), for the
+# sweep's driver to copy when Tune kills the trial before its run closes (sweep/trials.py)
+TRIAL_LOG_TAG = "orchard.trial_log"
 
 
 @dataclass

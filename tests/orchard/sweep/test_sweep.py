@@ -115,6 +115,11 @@ def test_asha_stops_a_lagging_trial_on_a_metric_logged_by_a_ray_task(tiny_sweep,
     lagging = children[0.003]
     assert lagging.info.status == "KILLED"
     assert "stopped early by the ASHA scheduler" in lagging.data.tags["orchard.error"]
+    # Tune killed it before its close copied its log: the sweep's driver kept its part of it, in
+    # its run folder and in the run, as the finished trial's close did for that one
+    for trial in (children[0.3], lagging):
+        kept = Path(trial.data.tags["orchard.run_dir"]) / "orchard.log"
+        assert kept.read_text().strip() and "orchard.log" in [a.path for a in client.list_artifacts(trial.info.run_id)], trial.info.status
     board = json.loads(Path(client.download_artifacts(parent.info.run_id, "leaderboard.json")).read_text())
     assert [row["params"]["tiny.lr"] for row in board] == [0.3]  # a trial cut early is not ranked
     # the console says so as it happens

@@ -62,3 +62,19 @@ def test_release_gives_the_descriptors_back_to_the_terminal(tmp_path):
     (log,) = [p for p in tmp_path.iterdir() if p.name.startswith("orchard-")]
     assert log.read_text() == "into the log\n"
     assert [p.read_text() for p in (tmp_path / "again").iterdir()] == ["into the second log\n"]
+
+
+def test_another_process_log_is_copied_from_the_runs_offset_or_whole_once_rotated(tmp_path):
+    """A sweep's driver keeps the part of a killed trial's log that belongs to its run
+    (``copy_other_log``, sweep/trials.py): from the offset the trial recorded; the whole file,
+    marked, where the log was rotated since (the file is now shorter than the offset)."""
+    from orchard.terminal import console
+
+    log = tmp_path / "orchard-trial.log"
+    log.write_text("an earlier run's lines\nthis run's first line\nits last line\n")
+    start = len("an earlier run's lines\n")
+    dest = console.copy_other_log(log, start, tmp_path / "run" / "orchard.log")
+    assert dest.read_text() == "this run's first line\nits last line\n"
+    log.write_text("after a rotation\n")
+    assert console.copy_other_log(log, start, dest).read_text() == (
+        "[orchard: the start of this run's log was rotated away]\nafter a rotation\n")
