@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -88,6 +87,9 @@ def test_a_flower_sweep_beside_runs_with_their_own_ray_runs_one_trial_at_a_time_
     for r in children:  # finished, or stopped by ASHA and closed saying so; none starved
         assert r.info.status == "FINISHED" or "scheduler" in r.data.tags.get("orchard.error", ""), \
             (r.info.status, r.data.tags.get("orchard.error"), out[-3000:])
+        # and each keeps its log, in its folder and its run, a trial Tune killed too (sweep/trials.py)
+        assert (Path(r.data.tags["orchard.run_dir"]) / "orchard.log").read_text().strip(), r.info.status
+        assert "orchard.log" in [a.path for a in MlflowClient(uri).list_artifacts(r.info.run_id)], r.info.status
     _assert_the_shipped_flower_sweep_ranked_its_trials(uri, children)
 
 
