@@ -182,10 +182,14 @@ def copy_other_log(log: Path, start: int, dest: Path) -> Path:
         rotated = os.fstat(src.fileno()).st_size < start
         if rotated:
             out.write(b"[orchard: the start of this run's log was rotated away]\n")
-        src.seek(0 if rotated else start)
-        while chunk := src.read(1 << 20):
-            out.write(chunk)
+        _copy_from(src, 0 if rotated else start, out)
     return dest
+
+
+def _copy_from(src, offset: int, out) -> None:
+    src.seek(offset)
+    while chunk := src.read(1 << 20):
+        out.write(chunk)
 
 
 def copy_run_part(start: int, dest: Path) -> Path | None:
@@ -211,9 +215,7 @@ def copy_run_part(start: int, dest: Path) -> Path | None:
         for begin, path in segments:
             try:
                 with open(path, "rb") as src:
-                    src.seek(max(0, start - begin))
-                    while chunk := src.read(1 << 20):
-                        out.write(chunk)
+                    _copy_from(src, max(0, start - begin), out)
             except FileNotFoundError:  # rotated away while we copied
                 continue
     return dest

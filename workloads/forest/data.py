@@ -40,8 +40,7 @@ def synthetic_corpus(cfg: dict, palette: np.ndarray, parallelism: int) -> tuple[
     what changes the pixels: the counts, the seed, the image size, the palette and the
     renderer's own source. Published whole: a local folder is rendered beside its place and
     renamed into it (``atomic_folder``: a concurrent run sees all of it or none, and the first
-    one published stays), a remote
-    one (``storage.uri=s3://...``) is marked complete last."""
+    one published stays), a remote one (``storage.uri=s3://...``) is marked complete last."""
     from orchard.api import atomic_folder, Storage
 
     from . import avatar, body_parts, depth_png
