@@ -173,7 +173,7 @@ def one_run(workload: str, workers: int, address: str, folder: Path, smoke_sizes
            "loopback_bytes": lo_bytes}
     if "throughput/effective_parallelism" in m:  # forest: the seed's own figure
         out["effective_parallelism"] = m["throughput/effective_parallelism"]
-    for key in ("time/comm_wait_s", "comm/bytes_per_step"):  # flower: what its steps waited on and moved
+    for key in ("time/comm_wait_s", "wire/bytes_per_step"):  # flower: what its steps waited on and moved
         if key in m:
             out[key.split("/")[1]] = m[key]
     return out

@@ -63,7 +63,7 @@ def measure(size: dict, repeats: int) -> list[dict]:
                 m = one_run(size["overrides"], shift, Path(name), i)
                 runs[shift].append(m)
                 print(f"  video_shift: shift_apply={shift}: to target {m.get('time/to_target_s')}, "
-                      f"epochs {m.get('train/epochs_run')}, shifts {m.get('alloc/shifts_applied')}", flush=True)
+                      f"epochs {m.get('train/epochs_run')}, shifts {m.get('pipeline/shifts_applied')}", flush=True)
 
     def seconds(m: dict) -> float:  # a run that never met the target: its whole training time
         return m.get("time/to_target_s", m.get("time/train_s", float("nan")))
@@ -72,8 +72,8 @@ def measure(size: dict, repeats: int) -> list[dict]:
         last = ms[-1]
         fused = max((v for k, v in last.items() if k.startswith("val/agg_") and k.endswith("_top1")), default=0.0)
         return {"met target": f"{sum('time/to_target_s' in m for m in ms)}/{len(ms)}", "fused top-1": fused,
-                "epochs": last.get("train/epochs_run"), "shifts applied": last.get("alloc/shifts_applied"),
-                "relaunch wait s": last.get("alloc/shift_wait_s")}
+                "epochs": last.get("train/epochs_run"), "shifts applied": last.get("pipeline/shifts_applied"),
+                "relaunch wait s": last.get("pipeline/shift_wait_s")}
 
     return [row("time to the target top-1 (training)", "s", [seconds(m) for m in runs[True]],
                 [seconds(m) for m in runs[False]], higher_is_better=False,

@@ -11,6 +11,8 @@ as the browser drew it, that
     metrics, and its tags lead with what the run is (orchard.workload before orchard.host);
   * the model's page shows its headline metric, measured on the run's dataset, and no bookkeeping
     series (``system/``, ``cache/``);
+  * the run's "Model metrics" tab opens on its ``headline`` section, and no bookkeeping section
+    (``cache``, ``cluster``, ``data``) is among its charts;
 
 (MLflow 3.17's UI picks GenAI or Model training per browser, GenAI unless switched, or from the
 ``workflowType`` URL parameter that orchard's links carry: orchard/tracking/store.py, ``run_url``)
@@ -20,6 +22,7 @@ and saves the pictures docs/ shows:
   mlflow_experiment.png      the experiment as the UI opens it: runs, their Dataset column
   mlflow_run.png             one run's page: description, Logged models, Datasets, parameters, metrics
   mlflow_model.png           the run's logged model: its quality metrics, linked to the run's dataset
+  mlflow_run_charts.png      the run's "Model metrics" tab: its chart sections, the headline first
   mlflow_compare_flower.png  "Compare runs" for the newest flower strategy=ring and strategy=ps runs
 
 Usage (about 2 min on a busy 2-core machine: the UI's start, then ~15 s per page):
@@ -36,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -146,6 +150,23 @@ def check_model_page(dom: str, dataset: str, metric: str) -> list[str]:
     return bad
 
 
+# The section headers of a run's chart tab, in the order the UI draws them (MLflow 3.17's DOM).
+SECTION_HEADER = re.compile(r'data-testid="experiment-view-compare-runs-section-header".*?white-space: pre;">([^<]*)</div>', re.S)
+
+
+def check_charts_page(dom: str, skipped: bool = False) -> list[str]:
+    """What is wrong with a run's "Model metrics" tab: it must open on the headline section and
+    chart no bookkeeping (orchard/tracking/bookkeeping.py ``chart_sections`` says the same from the
+    names). A run that skipped input files opens on their counts (``data/skipped_*``), then the headline."""
+    sections = SECTION_HEADER.findall(dom)
+    if not sections:
+        return ["the run's Model metrics tab drew no chart section (a grey page: give it more --budget-ms)"]
+    first = [s for s in sections if not (skipped and s in ("data", "data/skipped_files"))][0]
+    bad = [] if first == "headline" else [f"the run's charts open on {first!r}, not 'headline' ({sections[:4]})"]
+    return bad + [f"the run's charts have a bookkeeping section {s!r}" for s in sections
+                  if s.split("/")[0] in ("cache", "cluster") or (s.startswith("data") and not skipped)]
+
+
 def newest_flower_runs(client) -> dict[str, object]:
     """The newest finished train run of each flower strategy: {"ring": Run, "ps": Run}."""
     exp = client.get_experiment_by_name("flower")
@@ -184,6 +205,9 @@ def visit(store: str, run_id: str, chromium: str, out: Path | None = None, compa
                                               shot("mlflow_experiment.png"), (2160, 520), budget_ms), dataset)
         bad += check_run_page(open_page(chromium, f"{base}/experiments/{exp}/runs/{run_id}?{UI_TRAINING_VIEW}",
                                         shot("mlflow_run.png"), (2200, 1850), budget_ms), model, dataset)
+        bad += check_charts_page(open_page(chromium, f"{base}/experiments/{exp}/runs/{run_id}/model-metrics?{UI_TRAINING_VIEW}",
+                                           shot("mlflow_run_charts.png"), (1600, 1200), budget_ms),
+                                 skipped=run.data.metrics.get("data/skipped_files", 0) > 0)
         if logged is not None:
             bad += check_model_page(open_page(chromium, f"{base}/experiments/{exp}/models/{logged.model_id}?{UI_TRAINING_VIEW}",
                                               shot("mlflow_model.png"), (2000, 1400), budget_ms), dataset, headline)

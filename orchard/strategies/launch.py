@@ -216,7 +216,7 @@ def launch(train_loop: Callable[[dict], None], loop_config: dict, cfg: dict, ctx
     finally:
         _log_recovery(ctx, watch, recovery)
         if group is not None:
-            ctx.log_metrics({f"comm/ps_{k}": v for k, v in group.stats().items()})
+            ctx.log_metrics({f"wire/ps_{k}": v for k, v in group.stats().items()})
             ctx.flush()
             group.shutdown()
 

@@ -128,7 +128,7 @@ class RingReplica:
         """The time this worker's steps waited on the all-reduce and the bytes a step moved (none alone)."""
         if self.timer is None:
             return {}
-        return {"comm/bytes_per_step": self.timer.bytes_per_step(), "comm/wait_s": self.timer.wait_s}
+        return {"wire/bytes_per_step": self.timer.bytes_per_step(), "time/comm_wait_s": self.timer.wait_s}
 
 
 class PSReplica:
@@ -182,7 +182,7 @@ class PSReplica:
         self._copy_in(self.client.pull())
 
     def comm_stats(self) -> dict:
-        return {"comm/bytes_per_step": self.bytes / max(self.steps, 1), "comm/wait_s": self.client.wait_s}
+        return {"wire/bytes_per_step": self.bytes / max(self.steps, 1), "time/comm_wait_s": self.client.wait_s}
 
 
 def replica(model: torch.nn.Module, optimizer: dict, config: dict):

@@ -2,13 +2,15 @@
 workers, nodes lost, restarts) rather than what it learned.
 
 The MLflow UI draws every metric as a chart and opens a run's charts on the alphabetically first
-prefix (MLflow 3.17: chart sections sorted by the name before the first ``/``), so one-point
-``cache/`` and ``cluster/`` counters opened a run before ``train/``, ``val/`` and ``test/``.
-These names are no metrics: the run's metrics sink keeps their last values in one artifact,
+section (MLflow 3.17: a section is the name before its last ``/``, sections sorted by code point,
+``system/`` and unprefixed names last), so one-point ``cache/``, ``cluster/`` and ``data/``
+counters opened a run before ``headline/``, ``train/``, ``val/`` and ``test/``. These names are
+no metrics: the run's metrics sink keeps their last values in one artifact,
 ``tables/bookkeeping.json`` (name -> value), and in what it hands the end-of-run summary, so a
 workload logs them with ``ctx.log_metrics`` as before and reads them back with ``read``.
 
-Node-loss figures are events: in a run where nothing happened they are zeros (bookkeeping);
+Node-loss figures and skipped inputs (``data/skipped_*``) are events: in a run where nothing
+happened they are zeros (bookkeeping);
 from the moment something does (a node lost or joined, a restart, a worker group of another
 size than it started with) they are charts as well, their quiet points written first, so a user sees the loss while
 the run recovers and when each node went and came.
@@ -20,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 ARTIFACT = "tables/bookkeeping.json"
-PREFIXES = ("cache/",)
+PREFIXES = ("cache/", "data/")   # data/: the sizes of the data a run read (videos, images, samples)
 NAMES = frozenset({"train/workers"})
 
 
@@ -35,12 +37,25 @@ def _first_start(metric) -> bool:
 # event series -> whether a point is quiet (nothing happened): a series is a chart from its first other point
 EVENTS = {"cluster/nodes_lost": _zero, "cluster/nodes_joined": _zero, "train/restarts": _zero, "train/lost_s": _zero,
           "train/group_workers": _first_start}
+EVENT_PREFIXES = {"data/skipped": _zero}   # data/skipped_files, .../<kind>, forest's data/skipped_pairs
 MAX_HELD = 100  # quiet points held per event series until it becomes a chart
+
+
+def _quiet_test(key: str):
+    """The quiet-point test of an event series (None: ``key`` is no event)."""
+    if key in EVENTS:
+        return EVENTS[key]
+    return next((quiet for prefix, quiet in EVENT_PREFIXES.items() if key.startswith(prefix)), None)
+
+
+def is_event(key: str) -> bool:
+    """``key`` is an event series: bookkeeping while quiet, a chart from its first other point."""
+    return _quiet_test(key) is not None
 
 
 def is_bookkeeping(key: str) -> bool:
     """``key`` is bookkeeping: kept in ``tables/bookkeeping.json``, not (or not only) a metric."""
-    return key.startswith(PREFIXES) or key in NAMES or key in EVENTS
+    return key.startswith(PREFIXES) or key in NAMES or is_event(key)
 
 
 class Ledger:
@@ -65,10 +80,11 @@ class Ledger:
             self.dirty = True
         if key in self.charted:
             return [metric]
-        if key not in EVENTS:
+        quiet = _quiet_test(key)
+        if quiet is None:
             return []
         held = self._held.setdefault(key, [])
-        if EVENTS[key](metric):
+        if quiet(metric):
             if len(held) < MAX_HELD:
                 held.append(metric)
             return []
@@ -88,3 +104,14 @@ def read(client, run_id: str) -> dict[str, float]:
         except Exception:  # noqa: BLE001 - no such artifact (a run of an older orchard, none logged)
             return {}
         return json.loads(Path(path).read_text())
+
+
+def chart_sections(keys) -> list[str]:
+    """The chart sections MLflow 3.17's run page shows for these metric names, in its order: a
+    section per name before the last ``/``, sorted by code point; ``system/`` ("System metrics")
+    and names without a prefix ("Model metrics") last. What the tests hold orchard's names to:
+    the headline first, no bookkeeping before it."""
+    sections = {k.rsplit("/", 1)[0] for k in keys if "/" in k and not k.startswith("system/")}
+    tail = ["Model metrics"] * any("/" not in k for k in keys) + ["System metrics"] * any(
+        k.startswith("system/") for k in keys)
+    return sorted(sections) + tail

@@ -173,7 +173,7 @@ class MetricsSink:
         run = retried(self._client.get_run, self._run_id)
         self._last.update(run.data.metrics)
         kept = bookkeeping.read(self._client, self._run_id)
-        self._ledger = bookkeeping.Ledger(kept, [k for k in run.data.metrics if k in bookkeeping.EVENTS])
+        self._ledger = bookkeeping.Ledger(kept, [k for k in run.data.metrics if bookkeeping.is_event(k)])
         self._last.update(kept)
         for key in self._lost:
             self._lost[key] = self._lost_sent[key] = int(run.data.metrics.get(key, 0))

@@ -11,7 +11,7 @@ def test_each_side_is_timed_to_its_target_and_shows_its_shifts(monkeypatch):
 
     def one_run(overrides, shift, tmp, i):
         order.append(shift)
-        m = {"train/epochs_run": 4, "alloc/shifts_applied": 2 if shift else 0, "alloc/shift_wait_s": 1.5,
+        m = {"train/epochs_run": 4, "pipeline/shifts_applied": 2 if shift else 0, "pipeline/shift_wait_s": 1.5,
              "val/agg_avg_top1": 0.5, "val/agg_linear_top1": 0.75}
         return {**m, "time/to_target_s": 30.0 + i} if shift else {**m, "time/train_s": 50.0}  # the peer never met it
 

@@ -71,7 +71,7 @@ def time_split(summaries: list[dict], train_started: float) -> dict[str, float]:
     waited for a core, more where its threads ran side by side), its checkpoints
     (the report every rank makes, rank 0 writing) and, with more than one worker, its steps' waits
     on the network (``time/comm_wait_s``: the ring's last all-reduce, or the parameter servers'
-    push and pull) with the bytes one step sends and receives (``comm/bytes_per_step``); rank 0's
+    push and pull) with the bytes one step sends and receives (``wire/bytes_per_step``); rank 0's
     validation."""
     firsts = [s["first_step_at"] for s in summaries if s.get("first_step_at")]
     slowest = max(summaries, key=lambda s: s["completion_s"], default={})
@@ -80,8 +80,8 @@ def time_split(summaries: list[dict], train_started: float) -> dict[str, float]:
         out["time/train_start_s"] = min(firsts) - train_started
     for key, metric in (("loop_start_s", "time/loop_start_s"), ("checkpoint_s", "time/checkpoint_s"),
                         ("steps_cpu_s", "time/steps_cpu_s"),
-                        ("comm/wait_s", "time/comm_wait_s"),
-                        ("comm/bytes_per_step", "comm/bytes_per_step")):
+                        ("time/comm_wait_s", "time/comm_wait_s"),
+                        ("wire/bytes_per_step", "wire/bytes_per_step")):
         if key in slowest:
             out[metric] = float(slowest[key])
     validation = [float(s["validation_s"]) for s in summaries if s.get("validation_s")]

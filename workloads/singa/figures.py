@@ -21,7 +21,7 @@ from matplotlib.ticker import MaxNLocator
 
 from orchard.api import logged_series, pyplot
 
-_NOT_CURVES = ("throughput/", "time/", "comm/", "system/", "tsne/", "reached_target")
+_NOT_CURVES = ("throughput/", "time/", "wire/", "system/", "tsne/", "reached_target")
 
 
 def log_learning_curves(ctx, app: str, arch: str, target: float | None) -> None:
@@ -125,7 +125,7 @@ def log_tsne_figures(spec: dict, params: dict, layers: list[str], samples: int, 
 
 # What makes two runs comparable, and what tells their architectures apart (MLflow params).
 _SAME = ("workload.name", "singa.app", "singa.net", "singa.resolved_data", "smoke", "seed")
-_COMPARED = ("time/to_target_s", "comm/bytes_per_step", "test/accuracy", "test/target_accuracy",
+_COMPARED = ("time/to_target_s", "wire/bytes_per_step", "test/accuracy", "test/target_accuracy",
              "throughput/images_per_s", "time/train_s")
 
 
@@ -174,7 +174,7 @@ def architectures_figure(rows: list[dict], title: str):
     target = next((r["test/target_accuracy"] for r in rows if r.get("test/target_accuracy") is not None), None)
     ax.set_ylabel("training time to target (s)" + (f", target {target:g}" if target is not None else ""))
     ax = axes[1]
-    mb = [r.get("comm/bytes_per_step", 0.0) / 1e6 for r in rows]
+    mb = [r.get("wire/bytes_per_step", 0.0) / 1e6 for r in rows]
     bars = ax.bar(labels, mb, color="tab:orange")
     for bar, v in zip(bars, mb):
         ax.annotate(f"{v:.2f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         t = r.get("time/to_target_s")
         print(f"| {r['label']} | {r.get('test/accuracy', float('nan')):.3f} | "
-              f"{'not reached' if t is None else f'{t:.1f} s'} | {r.get('comm/bytes_per_step', 0) / 1e6:.2f} | "
+              f"{'not reached' if t is None else f'{t:.1f} s'} | {r.get('wire/bytes_per_step', 0) / 1e6:.2f} | "
               f"{r.get('throughput/images_per_s', float('nan')):,.0f} |")
     return 0
 

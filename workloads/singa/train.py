@@ -191,9 +191,9 @@ def fit(spec: dict, arch: dict, cfg: dict, ctx, epochs: int, target: float | Non
     # singa.data_partition says the same in words)
     final = {**last_eval, "data/train_samples": float(sum(part["train_per_group"])), "data/test_samples": float(part["test"]),
              "throughput/images_per_s": (done - first) * images_per_step / max(train_s, 1e-9),
-             "time/train_s": train_s, "comm/bytes_per_step": stats["comm_bytes_per_step"],
-             "comm/bridge_bytes_per_step": stats["bridge_bytes_per_step"],
-             "comm/group_param_bytes_per_step": stats["group_param_bytes_per_step"], "comm/wait_s": stats["comm_s"]}
+             "time/train_s": train_s, "wire/bytes_per_step": stats["comm_bytes_per_step"],
+             "wire/bridge_bytes_per_step": stats["bridge_bytes_per_step"],
+             "wire/group_param_bytes_per_step": stats["group_param_bytes_per_step"], "time/comm_wait_s": stats["comm_s"]}
     if target is not None and "test/accuracy" in last_eval:
         final["test/reached_target"] = float(reached is not None)
         final["test/target_accuracy"] = float(target)

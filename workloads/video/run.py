@@ -140,7 +140,7 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
               "train/epochs_run": float(trained.epochs_run),
               **({"train/resumed_from_epoch": float(first_epoch)} if first_epoch else {}),  # only a resumed run
               **({"time/to_target_s": trained.time_to_target} if trained.time_to_target is not None else {}),
-              "alloc/shifts_applied": float(trained.shifts_applied), "alloc/shift_wait_s": trained.shift_wait_s,
+              "pipeline/shifts_applied": float(trained.shifts_applied), "pipeline/shift_wait_s": trained.shift_wait_s,
               **{f"time/{phase}_s": sec for phase, sec in phase_s.items()}, "val/chance_top1": 1.0 / num_classes,
               **{f"val/{s}_top1": val[f"val/{s}_top1"] for s in streams}}
 

@@ -204,7 +204,7 @@ def train_epochs(cfg: dict, ctx, *, index, train_ids: list[int], streams: dict, 
                 save_checkpoint(ctx.storage, epoch, states, steps, alloc, history, history_waits,
                                 training_done=met or epoch + 1 == epochs)
                 clips = len(streams) * int(vcfg["clips_per_epoch"])
-                ctx.log_metrics({**pipe, **val, **{f"alloc/{s}_workers": n for s, n in alloc.items()},
+                ctx.log_metrics({**pipe, **val, **{f"pipeline/{s}_workers": n for s, n in alloc.items()},
                                  "pipeline/feeder_wait_pipeline_s": feeder.wait_pipeline_s,
                                  "pipeline/feeder_wait_trainers_s": feeder.wait_trainers_s,
                                  "pipeline/decode_pauses": float(feeder.pauses),

@@ -59,7 +59,7 @@ def test_ps_sync_equals_ring_and_async_trains(ray_session, tmp_path):
     sync, sync_last = _run(ray_session, tmp_path / "sync", {"name": "ps", "num_workers": 2, "num_servers": 2, "mode": "sync"})
     assert ring.metrics["loss"] == pytest.approx(sync.metrics["loss"], rel=1e-4)
     # 3 epochs x 4 steps, applied once per step (not per worker) on each of the 2 shards
-    assert sync_last["comm/ps_updates"] == 3 * 4 * 2
+    assert sync_last["wire/ps_updates"] == 3 * 4 * 2
     asyn, _ = _run(ray_session, tmp_path / "async", {"name": "ps", "num_workers": 2, "num_servers": 1, "mode": "async"})
     assert asyn.metrics["epoch"] == 2 and asyn.metrics["loss"] < 20.0  # starts near 14; it learns, if noisily
 

@@ -109,7 +109,7 @@ def test_a_ps_replica_on_one_worker_steps_as_torch_does_and_counts_its_traffic(p
         assert torch.allclose(got, want, atol=1e-5)
     param_bytes = sum(p.numel() * 4 for p in rep.module.parameters())
     stats = rep.comm_stats()
-    assert stats["comm/bytes_per_step"] == 2 * param_bytes and "comm/wait_s" in stats   # gradients up, weights down
+    assert stats["wire/bytes_per_step"] == 2 * param_bytes and "time/comm_wait_s" in stats   # gradients up, weights down
 
 
 def test_a_ps_checkpoint_saved_with_torch_restores_the_weights_the_servers_and_the_step_count(ps_group):

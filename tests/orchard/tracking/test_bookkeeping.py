@@ -20,10 +20,12 @@ def _new_run(tmp_path):
 # what the four workloads and the core log that is bookkeeping (grep log_metrics in orchard/, workloads/)
 LOGGED_AS_BOOKKEEPING = ["cache/tiles_hits", "cache/evicted_bytes", "cache/hit_rate", "cache/index_pruned",
                          "train/workers", "cluster/nodes_lost", "cluster/nodes_joined", "train/restarts",
-                         "train/lost_s", "train/group_workers"]
-CHARTS = ["train/loss", "val/mae", "test/mae", "headline/count_mae", "data/skipped_files", "time/total_s",
+                         "train/lost_s", "train/group_workers", "data/train_images", "data/index_reused",
+                         "data/train_samples", "data/skipped_files", "data/skipped_files/truncated",
+                         "data/skipped_pairs"]
+CHARTS = ["train/loss", "val/mae", "test/mae", "headline/count_mae", "time/comm_wait_s", "time/total_s",
           "time/split/steps_s", "throughput/effective_parallelism", "train/shuffle_bytes",
-          "train/resumed_from_epoch", "pipeline/spatial_trainer_wait_fraction_mean", "comm/bytes_per_step"]
+          "train/resumed_from_epoch", "pipeline/spatial_trainer_wait_fraction_mean", "wire/bytes_per_step"]
 
 
 @pytest.mark.parametrize("key", LOGGED_AS_BOOKKEEPING)
@@ -44,6 +46,23 @@ def test_an_event_series_is_held_while_quiet_and_written_whole_once_something_ha
     assert [(m.value, m.timestamp, m.step) for m in moved] == [(2, 1000, 1), (1, 2000, 2)]
     assert ledger.route(Metric("train/group_workers", 2, 3000, 3))[0].value == 2   # a chart from now on
     assert ledger.snapshot() == {"cluster/nodes_lost": 0, "train/group_workers": 2}
+
+
+def test_a_skip_count_is_bookkeeping_at_zero_and_a_chart_once_a_file_was_skipped():
+    ledger = bookkeeping.Ledger()
+    assert ledger.route(Metric("data/skipped_files", 0, 1000, 0)) == []
+    assert ledger.route(Metric("data/train_images", 40, 1000, 0)) == []          # a size: never a chart
+    moved = ledger.route(Metric("data/skipped_files", 2, 2000, 1))
+    assert [(m.value, m.step) for m in moved] == [(0, 0), (2, 1)]
+    assert [m.value for m in ledger.route(Metric("data/skipped_files/truncated", 2, 2000, 1))] == [2]
+    assert ledger.snapshot() == {"data/skipped_files": 2, "data/skipped_files/truncated": 2, "data/train_images": 40}
+
+
+def test_chart_sections_follow_the_ui_headline_before_learning_system_last():
+    keys = ["train/loss", "system/node0/cpu_pct", "headline/count_mae", "time/split/steps_s", "wire/bytes_per_step",
+            "val/mae", "epoch", "test/mae"]
+    assert bookkeeping.chart_sections(keys) == ["headline", "test", "time/split", "train", "val", "wire",
+                                                "Model metrics", "System metrics"]
 
 
 def test_the_sink_keeps_bookkeeping_out_of_the_charts_and_in_its_artifact(ray_session, tmp_path):

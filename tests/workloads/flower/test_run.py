@@ -64,9 +64,9 @@ def test_smoke_run_records_the_thesis_metrics(smoke_runs, label):
     assert 0 < m["time/steps_cpu_s"] <= (os.cpu_count() or 1) * m["time/steps_s"] + 0.05
     # the steps' waits on the network (the ring's last all-reduce bucket, the servers' push and
     # pull) and the bytes a step moved, whatever the strategy: each of these runs has 2 workers
-    assert 0 < m["time/comm_wait_s"] <= m["time/steps_s"] and m["comm/bytes_per_step"] > 0
+    assert 0 < m["time/comm_wait_s"] <= m["time/steps_s"] and m["wire/bytes_per_step"] > 0
     if label == "ring":  # the gradients, 2 (N-1)/N of them each way: exactly one model's for N = 2
-        assert m["comm/bytes_per_step"] == pytest.approx(2 * 4 * int(run.data.params["flower.model_params"]))
+        assert m["wire/bytes_per_step"] == pytest.approx(2 * 4 * int(run.data.params["flower.model_params"]))
     # the run's own processes' CPU (driver, raylet, Train workers) beside the whole machine's
     assert 0 < m["system/run_cpu_pct_mean"] <= 100 and "system/cpu_pct_mean" in m
     losses = client.get_metric_history(run.info.run_id, "train/loss")
@@ -81,7 +81,8 @@ def test_smoke_run_records_the_thesis_metrics(smoke_runs, label):
     book = bookkeeping.read(client, run.info.run_id)
     assert book["cache/evicted_bytes"] == 0   # local storage: nothing copied into a node cache, nothing evicted
     assert book["train/workers"] == 2 and book["cluster/nodes_lost"] == 0
-    assert not [k for k in m if k.startswith(("cache/", "cluster/")) or k == "train/workers"]
+    assert not [k for k in m if k.startswith(("cache/", "cluster/", "data/")) or k == "train/workers"]
+    assert book["data/skipped_files"] == 0 and bookkeeping.chart_sections(m)[0] == "headline"
     if label == "ring":  # its last worker failed once: the restart is an event, a chart from when it happened
         assert m["train/restarts"] == book["train/restarts"] == 1
         assert [h.value for h in client.get_metric_history(run.info.run_id, "train/group_workers")] == [2, 2]

@@ -4,6 +4,7 @@ import pytest
 
 import workloads.forest as forest
 from orchard import ConfigError
+from orchard.tracking import bookkeeping
 from tests.workloads.forest.helpers import rendered
 from workloads.forest.checkpoint import CHECKPOINT_NAME, load_checkpoint
 
@@ -51,7 +52,11 @@ def test_smoke_run_records_everything_and_resumes_identically(run_orchard):
     # per-part accuracy as metrics and a figure; the shuffle is counted; nothing was skipped
     parts = {k for k in m if k.startswith("test/class_acc/")}
     assert len(parts) >= 20 and 0 <= m["test/worst_class_accuracy"] <= m["test/mean_class_accuracy"]
-    assert m["data/skipped_pairs"] == 0 and m["data/skipped_files"] == 0 and m["train/shuffle_bytes"] > 0
+    assert m["train/shuffle_bytes"] > 0
+    book = bookkeeping.read(full.client, full.run.info.run_id)   # data sizes and zero skips: no charts
+    assert book["data/skipped_pairs"] == 0 and book["data/skipped_files"] == 0 and book["data/train_images"] > 0
+    assert not [k for k in m if k.startswith("data/")]
+    assert bookkeeping.chart_sections(m)[0] == "headline"   # the run page's charts open on the headline
     rounds = full.history("round/phase2_s")
     assert len(rounds) == 2 * 5                                     # trees x max_depth rounds
     for key in ("round/phase1_s", "round/phase3_s", "round/phase4_s", "round/frontier_size", "round/shuffle_bytes",
@@ -88,7 +93,6 @@ def test_smoke_run_records_everything_and_resumes_identically(run_orchard):
             np.testing.assert_array_equal(ta[k], tb[k])
     assert resumed.run.data.metrics["test/pixel_accuracy"] == pytest.approx(m["test/pixel_accuracy"])
     # the three runs rendered the avatars once: the later two read the first one's folder
-    from orchard.tracking import bookkeeping
     hits = [bookkeeping.read(r.client, r.run.info.run_id)["cache/avatars_hits"] for r in (full, crashed, resumed)]
     assert hits == [0, 1, 1]
     assert [p.name[:8] for p in Path(run_dir).parents[1].joinpath("forest_data").iterdir()] == ["avatars-"]

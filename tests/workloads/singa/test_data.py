@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from orchard.tracking import bookkeeping
 from workloads.singa.apps.digits import write_idx
 
 
@@ -38,7 +39,8 @@ def test_mlp_trains_on_mnist_idx_files_and_the_architectures_are_compared(run_or
         m, params = result.run.data.metrics, result.run.data.params
         assert m["test/accuracy"] > 0.5  # 10 classes: chance is 0.1
         # the partition of the data behind that accuracy: all 1000 train images, split per group
-        assert m["data/train_samples"] == 1000 and m["data/test_samples"] == 300
+        book = bookkeeping.read(result.client, result.run.info.run_id)   # sizes: bookkeeping, no charts
+        assert book["data/train_samples"] == 1000 and book["data/test_samples"] == 300
         shares = "1000 = 1000" if arch == "local" else "1000 = 500+500"
         assert params["singa.data_partition"].startswith(f"mnist: train {shares} ") and "test 300" in params[
             "singa.data_partition"]
@@ -49,4 +51,4 @@ def test_mlp_trains_on_mnist_idx_files_and_the_architectures_are_compared(run_or
     rows = {r["label"]: r for r in json.loads(Path(path).read_text())["rows"]}
     assert set(rows) == {"local", "sync_ps"}
     assert rows["local"]["run_id"] == runs["local"].run.info.run_id
-    assert rows["local"]["comm/bytes_per_step"] == 0 and rows["sync_ps"]["comm/bytes_per_step"] > 1e6
+    assert rows["local"]["wire/bytes_per_step"] == 0 and rows["sync_ps"]["wire/bytes_per_step"] > 1e6

@@ -154,7 +154,7 @@ def test_user_layers_and_net_train_from_the_cli(run_orchard, arch):
                          f"singa.arch={arch}", "debug=smoke", "singa.tsne=false")
     assert result.exit_code == 0, result.outcome
     m = result.run.data.metrics
-    assert m["test/accuracy"] > 0.7 and m["comm/bytes_per_step"] > 0
+    assert m["test/accuracy"] > 0.7 and m["wire/bytes_per_step"] > 0
     assert result.run.data.params["singa.net"] == str(USER_NET)
     assert "net.yaml" in result.artifacts()
 

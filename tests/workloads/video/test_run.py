@@ -82,7 +82,11 @@ def test_smoke_run_end_to_end_records_streams_fusion_skips_and_stages(cli_run, t
     assert result.run.data.tags["video.aggregation_winner"] == table["winner"]
     assert all(f"val/agg_{meth}_top1" in m for meth in ("avg", "max", "topk", "linear", "attention"))
     # the 4 bad files the generator adds are skipped, counted and named
-    assert m["data/skipped_files"] == 4
+    assert m["data/skipped_files"] == 4   # an event: a chart, as something was skipped
+    # the run page's charts open on the skips (a warning first), then the headline; no other data/ size
+    sections = bookkeeping.chart_sections(m)
+    assert sections[:sections.index("headline") + 1] == ["data", "data/skipped_files", "headline"]
+    assert all(k.startswith("data/skipped_files") for k in m if k.startswith("data/"))
     assert "corrupt.mp4" in result.run.data.tags["video.skipped_files"]
     # per-stage pipeline metrics and the cache report
     for stage in ("decode", "rgb", "flow"):
@@ -159,8 +163,8 @@ def test_real_clips_and_a_user_extractor_train_twice_to_the_same_metrics_the_sec
     val2 = {k: round(v, 4) for k, v in m2.items() if k.startswith("val/")}
     assert val1 == val2 and len(val1) > 10
     # the second run decoded nothing to index and found its features in the cache
-    assert m1["data/index_reused"] == 0 and m2["data/index_reused"] == 16
     b1, b2 = (bookkeeping.read(r.client, r.run.info.run_id) for r in (first, second))
+    assert b1["data/index_reused"] == 0 and b2["data/index_reused"] == 16   # bookkeeping, no chart
     assert b1["cache/hit_rate"] < b2["cache/hit_rate"] and b2["cache/hit_rate"] > 0.9
     assert b2["cache/time_saved_s"] >= 0  # the seconds saved depend on the machine's speed: counted, not bounded
     # both live in the storage, where every node and run finds them; the run's checkpoint too

@@ -30,7 +30,7 @@ def test_a_shift_moves_a_worker_between_the_streams_and_every_epoch_still_trains
     res = run_orchard("workload=video", *SIZES["smoke"]["overrides"], "video.shift_apply=true")
     assert res.exit_code == 0, res.run.data.tags.get("orchard.error")
     m = res.run.data.metrics
-    assert m["alloc/shifts_applied"] >= 1 and m["alloc/shift_wait_s"] >= 0
+    assert m["pipeline/shifts_applied"] >= 1 and m["pipeline/shift_wait_s"] >= 0
     table = res.client.download_artifacts(res.run.info.run_id, "tables/worker_allocation.json", str(tmp_path))
     history = json.loads(Path(table).read_text())["epochs"]
     assert [h for h in history if "applied from epoch" in h["shift_rule"]], history
