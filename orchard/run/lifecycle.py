@@ -139,14 +139,19 @@ def open_console(cfg: dict) -> None:
 
 def execute(cfg: dict, module=None) -> Outcome:
     """Run a validated config end to end (or its sweep) and return the outcome."""
+    from orchard.tracking.store import StoreOpening
+
     module = module or registry.load(cfg["workload"]["name"])
     split = TimeSplit()  # a single run's split starts here: Ray's start is part of its time
+    # the store opens while Ray starts (preflight checked what it could without MLflow)
+    opening = StoreOpening(cfg["tracking"]["uri"] if cfg["tracking"]["enabled"] else None)
     try:
         with interrupts.raising():
             # again once Ray is up: ray.init installs a SIGTERM handler of its own (sys.exit)
             with ray_session(cfg), interrupts.raising():
                 split.mark("ray_start")
                 try:
+                    opening.wait()
                     check_fits(cfg, module)
                 except ConfigError as err:
                     say(f"orchard: bad config: {err}", file=sys.stderr)
@@ -158,6 +163,7 @@ def execute(cfg: dict, module=None) -> Outcome:
                     return run_sweep(cfg, module, run_one)
                 return run_one(cfg, module, time_split=split)
     except RayStartError as err:
+        opening.wait_quietly()  # a store half made when the process ends would be worse than none
         say(f"orchard: {err}", file=sys.stderr)
         return Outcome(1, None, {}, str(err))
     except KeyboardInterrupt as exc:  # before the run opened, or while Ray stopped

@@ -35,7 +35,7 @@ def preflight(cfg: dict, module=None) -> None:
     if cfg["tracking"]["enabled"]:
         from orchard.tracking.store import check_store
 
-        check_store(cfg["tracking"]["uri"])
+        check_store(cfg["tracking"]["uri"], open_now=False)  # opened beside Ray's start (lifecycle.execute)
 
 
 def _check_ray_auth(cluster: dict) -> None:

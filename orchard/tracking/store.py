@@ -112,13 +112,17 @@ HALF_MIGRATED = ("already exists", "duplicate column name", "no such column",
 
 
 def check_store(uri: str, timeout_s: float = 10.0, create: bool = True,
-                lock_wait_s: float = STORE_LOCK_WAIT_S) -> None:
+                lock_wait_s: float = STORE_LOCK_WAIT_S, open_now: bool = True) -> None:
     """Fail fast with one line (``ConfigError``) if the tracking store cannot be used.
 
     sqlite: the folder and the file must be writable, and no other process may hold the store
     locked for ``lock_wait_s``; a new store is created and migrated once, under a lock, unless
     ``create=False`` (``resume``: a store that is not there is an error, never made empty).
-    http(s): an MLflow server must answer ``/health`` within ``timeout_s``."""
+    http(s): an MLflow server must answer ``/health`` within ``timeout_s``.
+
+    ``open_now=False``: only the checks that need no MLflow (the server's answer, the folder, a
+    write begun and rolled back); ``open_store`` (a ``StoreOpening`` beside Ray's start: the
+    lifecycle's ``execute``) does the rest."""
     from orchard.errors import ConfigError
 
     uri = resolve_uri(uri)
@@ -145,6 +149,21 @@ def check_store(uri: str, timeout_s: float = 10.0, create: bool = True,
         raise ConfigError("tracking.uri", f"a sqlite file in a writable folder; {path.parent}: {exc.strerror}") from None
     if path.exists():
         _probe_write(path, lock_wait_s)
+    if open_now:
+        open_store(uri, create, lock_wait_s)
+
+
+def open_store(uri: str, create: bool = True, lock_wait_s: float = STORE_LOCK_WAIT_S) -> None:
+    """A sqlite store opened once through MLflow (created from the template and migrated under a
+    lock where new), so that what a run writes next finds it ready; ``ConfigError`` where it is
+    locked for ``lock_wait_s``. Other stores: nothing to do. Most of its time is MLflow's import
+    and SQLAlchemy's first engine (~2 s here)."""
+    from orchard.errors import ConfigError
+
+    uri = resolve_uri(uri)
+    path = _sqlite_path(uri)
+    if path is None or (not create and not path.is_file()):
+        return
     from mlflow.tracking import MlflowClient
 
     from orchard.config import redact
@@ -175,6 +194,37 @@ def check_store(uri: str, timeout_s: float = 10.0, create: bool = True,
             if not any(s in str(exc) for s in HALF_MIGRATED) or time.monotonic() > deadline:
                 raise
             time.sleep(1.0)
+
+
+class StoreOpening:
+    """``open_store`` in a thread, begun just before Ray starts: MLflow's import and the store's
+    first open (~2 s on 2 cores) overlap Ray's start (~3 s, most of it waiting for its processes)
+    rather than precede it. ``wait`` returns once the store is open and raises what opening it
+    raised (a ``ConfigError``: a lock held too long, a store being migrated by another process)."""
+
+    def __init__(self, uri: str | None):
+        import threading
+
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._open, args=(uri,), name="orchard-store-open", daemon=True)
+        if uri is not None:
+            self._thread.start()
+
+    def _open(self, uri: str) -> None:
+        try:
+            open_store(uri)
+        except BaseException as exc:  # noqa: BLE001 - handed to wait(), in the thread that can act on it
+            self._error = exc
+
+    def wait(self) -> None:
+        self.wait_quietly()
+        if self._error is not None:
+            raise self._error
+
+    def wait_quietly(self) -> None:
+        """Until it is done, whatever it raised (the run will not go on)."""
+        if self._thread.ident is not None:
+            self._thread.join()
 
 
 def _probe_write(path: Path, lock_wait_s: float) -> None:

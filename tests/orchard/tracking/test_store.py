@@ -161,3 +161,45 @@ def test_the_default_store_is_named_once_and_is_the_configs():
     from orchard.tracking.store import DEFAULT_URI
 
     assert yaml.safe_load((conf_dir() / "tracking" / "mlflow.yaml").read_text())["uri"] == DEFAULT_URI
+
+
+def test_the_preflight_checks_a_new_store_without_making_it_and_the_opening_beside_ray_makes_it(tmp_path):
+    """The run's store opens in a thread while Ray starts (lifecycle.execute): the preflight only
+    checks the folder; ``StoreOpening`` then makes and migrates it, and hands its error to ``wait``."""
+    from mlflow.tracking import MlflowClient
+
+    from orchard.tracking.store import StoreOpening, check_store
+
+    path = tmp_path / "new" / "mlflow.db"
+    uri = f"sqlite:///{path}"
+    check_store(uri, open_now=False)
+    assert path.parent.is_dir() and not path.exists()
+    StoreOpening(uri).wait()
+    assert [e.name for e in MlflowClient(uri).search_experiments()] == ["Default"]
+    StoreOpening(None).wait()   # tracking off: nothing to open
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"not sqlite at all" * 100)
+    with pytest.raises(Exception, match="not a database"):
+        StoreOpening(f"sqlite:///{garbage}").wait()
+
+
+def test_a_store_that_fails_to_open_beside_ray_is_one_line_exit_2_and_no_run(ray_session, compose, tmp_path,
+                                                                            monkeypatch, capsys):
+    from mlflow.tracking import MlflowClient
+
+    from orchard.errors import ConfigError
+    from orchard.run import lifecycle
+    from orchard.tracking import store
+
+    def locked(uri, *args, **kwargs):
+        raise ConfigError("tracking.uri", "a store no other process holds locked; test")
+
+    monkeypatch.setattr(store, "open_store", locked)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cfg = compose("workload=tiny", f"tracking.uri={uri}", f"output_dir={tmp_path}/out")
+    outcome = lifecycle.execute(cfg)
+    assert outcome.exit_code == 2 and outcome.run_id is None
+    assert capsys.readouterr().err.strip().splitlines()[-1] == \
+        "orchard: bad config: tracking.uri: a store no other process holds locked; test"
+    monkeypatch.undo()
+    assert not MlflowClient(uri).search_runs([e.experiment_id for e in MlflowClient(uri).search_experiments()])
