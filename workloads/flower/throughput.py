@@ -79,11 +79,11 @@ def time_split(summaries: list[dict], train_started: float) -> dict[str, float]:
     if firsts:
         out["time/train_start_s"] = min(firsts) - train_started
     for key, metric in (("loop_start_s", "time/loop_start_s"), ("checkpoint_s", "time/checkpoint_s"),
-                        ("steps_cpu_s", "time/steps_cpu_s"),
-                        ("time/comm_wait_s", "time/comm_wait_s"),
-                        ("wire/bytes_per_step", "wire/bytes_per_step")):
+                        ("steps_cpu_s", "time/steps_cpu_s")):
         if key in slowest:
             out[metric] = float(slowest[key])
+    # the replica's network figures are named as metrics already (orchard/strategies/worker.py comm_stats)
+    out.update({key: float(slowest[key]) for key in ("time/comm_wait_s", "wire/bytes_per_step") if key in slowest})
     validation = [float(s["validation_s"]) for s in summaries if s.get("validation_s")]
     if validation:
         out["time/validation_s"] = max(validation)
