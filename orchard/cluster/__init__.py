@@ -62,8 +62,10 @@ def connect(cluster: dict, elastic: bool = False) -> bool:
         _print_addresses(cluster["address"], info)
         return True
     prepare_local_env()
-    runtime_env = ray_logging.quiet(level, runtime_env, "local")
-    with _ray_in_own_process_group(), _own_address() as pinned, _starting_ray():
+    inherited, runtime_env = _as_environment(ray_logging.quiet(level, runtime_env, "local"))
+    dashboard = bool(cluster.get("include_dashboard", False))
+    with (_ray_in_own_process_group(), _own_address() as pinned, _starting_ray(), _environment(inherited),
+          ray_private.without_api_server(skip=not dashboard)):
         ray.init(
             # Ray's session folder (logs, sockets, spilled objects) in this user's private
             # folder: Ray makes its default /tmp/ray writable by every user of the machine
@@ -74,7 +76,7 @@ def connect(cluster: dict, elastic: bool = False) -> bool:
             num_cpus=cluster.get("num_cpus"),
             num_gpus=cluster.get("num_gpus"),
             object_store_memory=cluster.get("object_store_memory"),
-            include_dashboard=bool(cluster.get("include_dashboard", False)),
+            include_dashboard=dashboard,
             dashboard_host=cluster.get("dashboard_host", "127.0.0.1"),
             runtime_env=runtime_env or None,
             **common,
@@ -82,6 +84,36 @@ def connect(cluster: dict, elastic: bool = False) -> bool:
         pinned(ray.get_runtime_context().gcs_address)
     _private_token()
     return True
+
+
+def _as_environment(runtime_env: dict) -> tuple[dict[str, str], dict]:
+    """(variables for an embedded Ray to inherit, the runtime_env still to pass to ``ray.init``).
+
+    An embedded Ray's processes inherit this process's environment when ``ray.init`` starts
+    them, so orchard's own runtime_env (environment variables and the log-quieting setup hook)
+    can travel that way; a job runtime_env would cost the run its prestarted workers
+    (``ray_private.setup_hook_environment``). A user's runtime_env with anything else in it
+    (pip, a working_dir, a hook given as a function) is passed as it is, with orchard's parts."""
+    hook = runtime_env.get("worker_process_setup_hook")
+    if set(runtime_env) - {"env_vars", "worker_process_setup_hook"} or not isinstance(hook, (str, type(None))):
+        return {}, runtime_env
+    inherited = {k: str(v) for k, v in (runtime_env.get("env_vars") or {}).items()}
+    if hook:
+        inherited.update(ray_private.setup_hook_environment(hook))
+    return inherited, {}
+
+
+@contextlib.contextmanager
+def _environment(variables: dict[str, str]):
+    """``variables`` in this process's environment while Ray starts (its processes copy them),
+    as they were afterwards: the driver and what it starts later keep their own."""
+    saved = {k: os.environ.get(k) for k in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            _restore(key, value)
 
 
 def _private_token() -> None:
@@ -278,6 +310,7 @@ def shutdown() -> None:
     import ray
 
     gc.collect()
+    ray_private.stop_autoscaler_monitor()
     ray.shutdown()
     ray_private.set_auto_connect(False)
     while _PINNED:  # the Ray that RAY_ADDRESS named is gone

@@ -14,7 +14,9 @@ when the embedded session ends anyway.
 
 Ray Train 2.60 ignores ``RunConfig(logging_config=...)`` on the workers, and a filter on a
 logger is the one setting its logging setup does not replace, so the quieting is a filter
-per logger, installed in every worker process by ``runtime_env["worker_process_setup_hook"]``.
+per logger, installed in every worker process by ``runtime_env["worker_process_setup_hook"]``
+(an embedded Ray's workers get the hook, as its other variables, from the environment they
+inherit: ``orchard.cluster._as_environment``).
 """
 from __future__ import annotations
 

@@ -200,3 +200,73 @@ def driver_keeps_its_sigterm_handler():
         yield
     finally:
         utils.set_sigterm_handler = original
+
+
+def stop_autoscaler_monitor() -> bool:
+    """Kill the autoscaler monitor of the Ray this process started, just before ``ray.shutdown()``.
+
+    ``ray.shutdown()`` stops the GCS first and the monitor after it; the monitor's SIGTERM handler
+    then tries to tell the (gone) GCS that the autoscaler failed, and Ray waits one second before
+    it kills it anyway: a second on the exit of every run. A monitor of an embedded, single-machine
+    Ray has nothing to hand on, so it gets the SIGKILL it would get a second later, now. No public
+    API reaches Ray's own processes. Returns whether one was killed."""
+    from ray._private import ray_constants, worker
+
+    node = worker._global_node
+    if node is None or not node.is_head():
+        return False
+    killed = False
+    for info in node.all_processes.get(ray_constants.PROCESS_TYPE_MONITOR, []):
+        if info.process.poll() is None:
+            info.process.kill()
+            info.process.wait(timeout=5)  # reaped here, so shutdown finds it gone and moves on
+            killed = True
+    return killed
+
+
+def setup_hook_environment(hook: str) -> dict[str, str]:
+    """The environment variable through which a Ray worker process finds its
+    ``runtime_env["worker_process_setup_hook"]`` (a module path) as it starts. Set in the
+    environment an embedded Ray inherits, every worker runs the hook without a job runtime_env:
+    any job runtime_env, even environment variables alone, makes Ray start fresh worker
+    processes for the job instead of taking the ones it prestarted (the first tasks of a run
+    came ~1 s later on 2 cores). Ray reads the hook from this variable itself (its workers'
+    ``default_worker.py``); no public option sets it."""
+    from ray._private import ray_constants
+
+    return {ray_constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR: hook}
+
+
+@contextlib.contextmanager
+def without_api_server(skip: bool = True):
+    """While this holds, a Ray started here starts no API-server process (``include_dashboard=False``).
+
+    With the dashboard off, Ray 2.60 still starts its dashboard head process with one module
+    (usage statistics) and no HTTP server, and ``ray.init`` waits until that process has
+    registered its address: 1-1.7 s of every embedded run's start on 2 cores (``ray.init``
+    2.0-2.1 s without it, 2.9-3.9 s with it), and a Python process's start of CPU beside the
+    run's first tasks. Nothing an embedded run uses needs it: the job and state APIs are not
+    loaded in that mode. What is kept is the address it registers, so that the state API's
+    clients (Ray Train's placement-group cleaner) fail as before, with the "API server
+    unavailable" error they handle, rather than a ``ConnectionError`` that ends the cleaner's
+    loop: an address nothing can listen on (port 0). Ray has no option to leave the process out."""
+    if not skip:
+        yield
+        return
+    from ray._private import ray_constants, services
+
+    def no_api_server(include_dashboard, raise_on_failure, host, gcs_address, cluster_id_hex, *args, **kwargs):
+        from ray._raylet import GcsClient
+
+        key = ray_constants.DASHBOARD_ADDRESS
+        GcsClient(address=gcs_address, cluster_id=cluster_id_hex).internal_kv_put(
+            key if isinstance(key, bytes) else key.encode(), b"127.0.0.1:0", True,
+            ray_constants.KV_NAMESPACE_DASHBOARD)
+        return None, None  # no dashboard URL, no process for Ray to stop
+
+    original = services.start_api_server
+    services.start_api_server = no_api_server
+    try:
+        yield
+    finally:
+        services.start_api_server = original

@@ -21,6 +21,7 @@ A driver killed without a word (SIGKILL, OOM) leaves its run to the next start's
 """
 from __future__ import annotations
 
+import gc
 import json
 import sys
 import time
@@ -152,6 +153,11 @@ def execute(cfg: dict, module=None) -> Outcome:
                 split.mark("ray_start")
                 try:
                     opening.wait()
+                    # what is alive now is modules (Ray, MLflow, SQLAlchemy, Hydra), not the run's
+                    # objects: frozen until the run ends, the full collection at Ray's stop
+                    # (cluster.shutdown), which must find the run's unfinished Ray Data
+                    # iterators, scans only what the run made (0.4-0.5 s less on 2 cores)
+                    gc.freeze()
                     check_fits(cfg, module)
                 except ConfigError as err:
                     say(f"orchard: bad config: {err}", file=sys.stderr)
@@ -170,6 +176,8 @@ def execute(cfg: dict, module=None) -> Outcome:
         stopped = interrupts.as_interrupted(exc)
         say(f"orchard: {stopped}", file=sys.stderr)
         return Outcome(stopped.exit_code, None, {}, str(stopped))
+    finally:
+        gc.unfreeze()  # collectable again: a notebook's next run, a multirun's next job
 
 
 # --------------------------------------------------------------------------- [4] run_one

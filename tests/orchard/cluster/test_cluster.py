@@ -31,12 +31,14 @@ def test_remote_mode_attaches_to_a_running_cluster(ray_session, tmp_path):
 
 
 PINNED = r"""
-import json, os, sys
+import json, logging, os, sys
 import ray
 from orchard import cluster
+from orchard.cluster import ray_logging, ray_private
 
 cluster.connect({"mode": "local", "num_cpus": 1, "worker_start_timeout_s": 77})
 own = ray.get_runtime_context().gcs_address
+hook_var = next(iter(ray_private.setup_hook_environment("x")))
 
 @ray.remote(num_cpus=0)
 def lookup():
@@ -46,13 +48,34 @@ def lookup():
     return {"auto": services.canonicalize_bootstrap_address("auto"),
             "timeout": os.environ.get("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"),
             "preemption_watcher": os.environ.get("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"),
-            "health_check_s": os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S")}
+            "health_check_s": os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"),
+            # the setup hook ran as the worker started: Ray's token notice is filtered here too
+            "hooked": bool(logging.getLogger(ray_logging.TOKEN_SETUP).filters),
+            "job_env": ray.get_runtime_context().runtime_env,
+            "state_api": state_api()}
+
+def state_api():
+    # as Ray Train's placement-group cleaner asks: "unavailable" is the error it handles
+    from ray.util.state import get_actor
+    from ray.util.state.exception import RayStateApiException
+    try:
+        get_actor("00" * 16, timeout=5)
+        return "answered"
+    except RayStateApiException:
+        return "unavailable"
+    except Exception as exc:
+        return type(exc).__name__
 
 seen = ray.get(lookup.remote())
 driver = os.environ.get("RAY_ADDRESS")
+driver_env = [k for k in (hook_var, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S") if k in os.environ]
+from ray._private import ray_constants, worker
+api_server = ray_constants.PROCESS_TYPE_DASHBOARD in worker._global_node.all_processes
+monitor_stopped = ray_private.stop_autoscaler_monitor()
 cluster.shutdown()
 print(json.dumps({"own": own, "worker": seen, "driver": driver, "after": os.environ.get("RAY_ADDRESS"),
-                  "port_var": os.environ.get("RAY_GCS_SERVER_PORT")}))
+                  "port_var": os.environ.get("RAY_GCS_SERVER_PORT"), "driver_env": driver_env,
+                  "monitor_stopped": monitor_stopped, "api_server": api_server}))
 """
 
 
@@ -78,6 +101,14 @@ def test_an_embedded_ray_is_found_by_its_own_address_beside_other_ray_instances(
     assert seen["worker"]["preemption_watcher"] == "0"
     # Train's controller sees a run's end within 0.2 s, not after several 2 s polls
     assert seen["worker"]["health_check_s"] == "0.2"
+    # all of it inherited, none of it a job runtime_env (which costs a run Ray's prestarted
+    # workers), and the driver's own environment as it was
+    assert seen["worker"]["hooked"] and not seen["worker"]["job_env"] and seen["driver_env"] == []
+    # the autoscaler monitor that Ray's shutdown waits a second for is found and stopped first
+    assert seen["monitor_stopped"]
+    # no API-server process to wait for at the start (include_dashboard=false), and the state
+    # API's clients get the answer they handle, as when it ran without its state module
+    assert not seen["api_server"] and seen["worker"]["state_api"] == "unavailable"
     assert seen["after"] is None and seen["port_var"] is None  # nothing left pointing at a stopped Ray
     assert os.environ.get("RAY_GCS_SERVER_PORT") is None
 
@@ -137,3 +168,20 @@ def test_an_elastic_run_keeps_ray_trains_own_poll_interval(monkeypatch):
     assert cluster.HEALTH_CHECK_INTERVAL not in cluster.worker_env({"mode": "local"}, elastic=True)
     monkeypatch.setenv(cluster.HEALTH_CHECK_INTERVAL, "1.5")
     assert cluster.HEALTH_CHECK_INTERVAL not in cluster.worker_env({"mode": "remote"})
+
+
+def test_an_embedded_rays_workers_inherit_orchards_runtime_env_and_a_users_own_is_passed_whole():
+    """orchard's own runtime_env (variables, the quieting hook) becomes the environment an
+    embedded Ray inherits, so its prestarted workers serve the run; a user's runtime_env with
+    more in it (pip, a working_dir) goes to ``ray.init`` whole, orchard's parts included."""
+    from orchard import cluster
+    from orchard.cluster import ray_private
+
+    ours = {"env_vars": {"A": "1", "B": 2}, "worker_process_setup_hook": "orchard.cluster.ray_logging.install_filters"}
+    inherited, passed = cluster._as_environment(ours)
+    assert passed == {} and inherited == {"A": "1", "B": "2", **ray_private.setup_hook_environment(
+        "orchard.cluster.ray_logging.install_filters")}
+    theirs = {**ours, "pip": ["requests"]}
+    assert cluster._as_environment(theirs) == ({}, theirs)
+    as_function = {"worker_process_setup_hook": print}  # Ray exports a function through its store
+    assert cluster._as_environment(as_function) == ({}, as_function)
