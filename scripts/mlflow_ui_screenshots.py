@@ -158,10 +158,12 @@ def check_charts_page(dom: str, skipped: bool = False) -> list[str]:
     """What is wrong with a run's "Model metrics" tab: it must open on the headline section and
     chart no bookkeeping (orchard/tracking/bookkeeping.py ``chart_sections`` says the same from the
     names). A run that skipped input files opens on their counts (``data/skipped_*``), then the headline."""
+    from orchard.tracking.bookkeeping import opening_section
+
     sections = SECTION_HEADER.findall(dom)
     if not sections:
         return ["the run's Model metrics tab drew no chart section (a grey page: give it more --budget-ms)"]
-    first = [s for s in sections if not (skipped and s in ("data", "data/skipped_files"))][0]
+    first = opening_section(sections) if skipped else sections[0]
     bad = [] if first == "headline" else [f"the run's charts open on {first!r}, not 'headline' ({sections[:4]})"]
     return bad + [f"the run's charts have a bookkeeping section {s!r}" for s in sections
                   if s.split("/")[0] in ("cache", "cluster") or (s.startswith("data") and not skipped)]

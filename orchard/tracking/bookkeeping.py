@@ -106,6 +106,16 @@ def read(client, run_id: str) -> dict[str, float]:
         return json.loads(Path(path).read_text())
 
 
+def opening_section(sections: list[str]) -> str | None:
+    """The section a run's charts open on once the events that happened are passed: events
+    (``EVENT_PREFIXES``, as ``data/skipped_files``) are charts only when they happened, and lead as
+    a warning would; then comes what a user compares, the headline for every workload."""
+    def is_event_section(section: str) -> bool:
+        return any(section.startswith(prefix) or prefix.startswith(section + "/") for prefix in EVENT_PREFIXES)
+
+    return next((s for s in sections if not is_event_section(s)), None)
+
+
 def chart_sections(keys) -> list[str]:
     """The chart sections MLflow 3.17's run page shows for these metric names, in its order: a
     section per name before the last ``/``, sorted by code point; ``system/`` ("System metrics")

@@ -90,3 +90,11 @@ def test_the_sink_keeps_bookkeeping_out_of_the_charts_and_in_its_artifact(ray_se
     book = bookkeeping.read(client, run_id)
     assert book["cluster/nodes_lost"] == 1.0 and book["train/workers"] == 2.0 and "test/mae" not in book
     assert last["cache/tiles_hits"] == 1.0 and last["train/workers"] == 2.0 and last["test/mae"] == 0.4
+
+
+def test_a_runs_charts_open_on_the_headline_once_the_events_that_happened_are_passed():
+    """Skip counts lead where files were skipped (a warning first); what follows is the headline."""
+    skipped = bookkeeping.chart_sections(["data/skipped_files", "data/skipped_files/decode", "headline/top1", "test/top1"])
+    assert skipped[:2] == ["data", "data/skipped_files"] and bookkeeping.opening_section(skipped) == "headline"
+    assert bookkeeping.opening_section(["headline", "test"]) == "headline"
+    assert bookkeeping.opening_section(["cache", "headline"]) == "cache"   # bookkeeping is no event
