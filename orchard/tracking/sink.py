@@ -65,20 +65,21 @@ def sink_name(run_key: str) -> str:
 DROPPED, SPILLED = "sink/dropped_metrics", "sink/spilled_metrics"
 
 
+# os.nice increment of the sink's process (Ray's workers run at 15, the sink at 19): nothing
+# waits on its writes, the run's workers wait on their CPU
+NICENESS = 10
+
+
 # Writers run one at a time in submission order ("write"), so ``flush`` after a caller's
 # ``log_metrics`` sees them; readers ("read") answer the progress line without waiting on writes.
-NICENESS = 10  # os.nice increment of the sink's process: below the run's workers, above nothing that waits on it
-
-
 @ray.remote(num_cpus=0, concurrency_groups={"write": 1, "read": 2}, max_restarts=-1, max_task_retries=-1)
 class MetricsSink:
     """Buffers metrics and writes them to one MLflow run every ``flush_interval_s`` seconds."""
 
     def __init__(self, tracking_uri: str | None, run_id: str | None, flush_interval_s: float = 1.0,
                  max_pending: int = MAX_PENDING, max_series: int = MAX_SERIES):
-        # a background writer: its start (MLflow's import, the store's engine, ~2 s of CPU) and
-        # its flushes yield to the run's own processes where cores are short (the first step
-        # came ~1.5 s later on 2 cores while this process started beside the data tasks)
+        # a background writer: its start (MLflow's import, the store's engine: seconds of CPU)
+        # and its flushes yield to the run's own processes where cores are short
         os.nice(NICENESS)
         self._run_id = run_id
         self._max_series = max(2, int(max_series))
