@@ -210,6 +210,8 @@ def stop_autoscaler_monitor() -> bool:
     it kills it anyway: a second on the exit of every run. A monitor of an embedded, single-machine
     Ray has nothing to hand on, so it gets the SIGKILL it would get a second later, now. No public
     API reaches Ray's own processes. Returns whether one was killed."""
+    import subprocess
+
     from ray._private import ray_constants, worker
 
     node = worker._global_node
@@ -219,8 +221,11 @@ def stop_autoscaler_monitor() -> bool:
     for info in node.all_processes.get(ray_constants.PROCESS_TYPE_MONITOR, []):
         if info.process.poll() is None:
             info.process.kill()
-            info.process.wait(timeout=5)  # reaped here, so shutdown finds it gone and moves on
             killed = True
+            try:  # reaped here, so shutdown finds it gone and moves on
+                info.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:  # stuck in the kernel: Ray's own stop deals with it
+                pass
     return killed
 
 
