@@ -104,20 +104,52 @@ def reconfigure_data_logging() -> None:
     configure_logging()
 
 
-def trainer_without_idle_dataset_manager(trainer_class):
-    """``trainer_class`` (a Ray Train V2 trainer) whose runs start no ``DatasetManager`` actor when
-    they are given no Ray Datasets. Train V2 adds its ``DatasetsCallback`` to every run, and that
-    callback starts one more actor process per worker group (it imports Ray Data to serve shards
-    no worker asks for): a second or more of a 2-core machine's CPU at every start and restart of
-    every flower and video group. No public switch leaves it out; a run given datasets keeps it."""
+def lean_trainer(trainer_class, embedded: bool = False, state_api: bool = True):
+    """``trainer_class`` (a Ray Train V2 trainer) whose runs start only the actors they use. Each
+    left-out part is an actor process more (its Python and Ray imports: a second or more of a
+    2-core machine's CPU) at every start and restart of every flower and video group, and no
+    public switch leaves it out:
+
+    - Train's ``DatasetsCallback`` starts a ``DatasetManager`` (it imports Ray Data to serve
+      shards) for every run: left out for a run given no Ray Datasets.
+    - ``embedded`` (a Ray this driver started: one machine, no autoscaler): a fixed-size group's
+      controller asks Ray's autoscaling coordinator for its workers' resources before it starts
+      them, a blocking call to an actor started for it (1.5 s of a flower smoke run's group
+      start on 2 cores, and again at the end to cancel), read only by an autoscaler an embedded
+      Ray does not have. Elastic groups keep it: the coordinator sizes them.
+    - ``state_api`` False (an embedded Ray without its dashboard): Train's detached
+      ``PlacementGroupCleaner`` watches the controller through the state API, which answers
+      "unavailable" there, so it could never clean anything; orchard frees the placement groups
+      of dead controllers itself (``launch.free_orphaned_placement_groups``)."""
     from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
+    from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
+    from ray.train.v2._internal.execution.scaling_policy.fixed import FixedScalingPolicy
+
+    class FixedWithoutAutoscaler(FixedScalingPolicy):
+        """A fixed group's policy that sends the autoscaling coordinator nothing (and so never
+        starts it); its decisions are FixedScalingPolicy's."""
+
+        def after_controller_start(self, train_run_context):
+            pass
+
+        def _maybe_send_resource_request(self):
+            pass
+
+        def _send_resource_request(self):
+            pass
 
     class Trainer(trainer_class):
         def _create_default_callbacks(self):
             callbacks = super()._create_default_callbacks()
-            if self.datasets:
-                return callbacks
-            return [cb for cb in callbacks if not isinstance(cb, DatasetsCallback)]
+            unused = ((() if self.datasets else (DatasetsCallback,))
+                      + (() if state_api else (PlacementGroupCleanerCallback,)))
+            return [cb for cb in callbacks if not isinstance(cb, unused)]
+
+        def _initialize_and_run_controller(self, **kwargs):
+            policy = kwargs.get("scaling_policy")
+            if embedded and type(policy) is FixedScalingPolicy:
+                kwargs["scaling_policy"] = FixedWithoutAutoscaler(scaling_config=policy.scaling_config)
+            return super()._initialize_and_run_controller(**kwargs)
 
     Trainer.__name__ = Trainer.__qualname__ = trainer_class.__name__
     return Trainer

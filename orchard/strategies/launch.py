@@ -174,7 +174,11 @@ def launch(train_loop: Callable[[dict], None], loop_config: dict, cfg: dict, ctx
     scaling = _scaling(strategy, use_gpu, resources)
     elastic = isinstance(scaling.num_workers, tuple)
     states = node_loss.controller_states(recovery) if elastic else None
-    trainer = ray_private.trainer_without_idle_dataset_manager(TorchTrainer)(
+    # an embedded Ray (cluster=local) has no autoscaler, and without its dashboard no state API
+    embedded = cfg.get("cluster", {}).get("mode") == "local"
+    lean = ray_private.lean_trainer(TorchTrainer, embedded=embedded,
+                                    state_api=not embedded or bool(cfg["cluster"].get("include_dashboard")))
+    trainer = lean(
         _wrap(train_loop),
         train_loop_config=config,
         torch_config=torch_config,

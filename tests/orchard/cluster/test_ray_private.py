@@ -38,6 +38,9 @@ ROOT = Path(__file__).resolve().parents[3]
     ("ray.data._internal.execution.execution_callback", "ExecutionCallback"),
     ("ray.data._internal.logging", "configure_logging"),
     ("ray.train.v2._internal.callbacks.datasets", "DatasetsCallback"),
+    ("ray.train.v2._internal.callbacks.placement_group_callback", "PlacementGroupCleanerCallback"),
+    ("ray.train.v2._internal.execution.scaling_policy.fixed", "FixedScalingPolicy"),
+    ("ray.train.v2.api.data_parallel_trainer", "DataParallelTrainer"),
 ])
 def test_every_private_ray_name_orchard_uses_still_exists(module, attribute):
     assert hasattr(importlib.import_module(module), attribute), f"Ray moved {module}.{attribute}"
@@ -67,22 +70,57 @@ def test_the_resources_detected_before_ray_are_this_machines(monkeypatch):
     assert 1 <= found["CPU"] <= len(os.sched_getaffinity(0)) and found["GPU"] == 0
 
 
-def test_a_trainer_given_no_datasets_starts_no_dataset_manager_and_one_given_some_keeps_it():
+def test_a_lean_trainer_leaves_out_only_the_callbacks_nothing_uses():
     """The callback that starts Train's ``DatasetManager`` actor is left out only where no
-    dataset needs it; every other default callback of Ray Train stays."""
+    dataset needs it, the placement-group cleaner only where no state API answers; every other
+    default callback of Ray Train stays."""
     import ray.data
     from ray.train.torch import TorchTrainer
     from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
-
-    trainer_class = ray_private.trainer_without_idle_dataset_manager(TorchTrainer)
+    from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
 
     def kinds(trainer):
         return [type(cb) for cb in trainer._create_default_callbacks()]
 
-    bare, plain = kinds(trainer_class(lambda: None)), kinds(TorchTrainer(lambda: None))
-    assert DatasetsCallback in plain and bare == [k for k in plain if k is not DatasetsCallback]
-    with_data = trainer_class(lambda: None, datasets={"train": ray.data.range(4)})
+    plain = kinds(TorchTrainer(lambda: None))
+    assert {DatasetsCallback, PlacementGroupCleanerCallback} <= set(plain)
+    bare = kinds(ray_private.lean_trainer(TorchTrainer)(lambda: None))
+    assert bare == [k for k in plain if k is not DatasetsCallback]
+    blind = kinds(ray_private.lean_trainer(TorchTrainer, state_api=False)(lambda: None))
+    assert blind == [k for k in plain if k not in (DatasetsCallback, PlacementGroupCleanerCallback)]
+    with_data = ray_private.lean_trainer(TorchTrainer)(lambda: None, datasets={"train": ray.data.range(4)})
     assert DatasetsCallback in kinds(with_data)
+
+
+@pytest.mark.parametrize("embedded", [True, False])
+def test_a_fixed_group_on_an_embedded_ray_asks_no_autoscaler_for_its_workers(ray_session, monkeypatch, embedded):
+    """On an embedded Ray the controller's fixed-size policy decides as Ray's does but never
+    reaches for the autoscaling coordinator (whose client it would need); attached, Ray's own
+    policy goes to the controller unchanged. The controller is not started: the policy it would
+    get is caught on its way there."""
+    from types import SimpleNamespace
+
+    from ray.train import ScalingConfig
+    from ray.train.torch import TorchTrainer
+    from ray.train.v2._internal.execution.scaling_policy import ResizeDecision
+    from ray.train.v2._internal.execution.scaling_policy.fixed import FixedScalingPolicy
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+    sent = {}
+    monkeypatch.setattr(DataParallelTrainer, "_initialize_and_run_controller",
+                        lambda self, **kwargs: sent.update(kwargs) or SimpleNamespace(error=None))
+    lean = ray_private.lean_trainer(TorchTrainer, embedded=embedded)
+    lean(lambda: None, scaling_config=ScalingConfig(num_workers=2)).fit()
+    policy = sent["scaling_policy"]
+    assert isinstance(policy, FixedScalingPolicy) and (type(policy) is FixedScalingPolicy) is not embedded
+    if embedded:
+        policy.after_controller_start(SimpleNamespace(run_id="r"))
+        decision = policy.make_decision_for_non_running_worker_group()
+        assert isinstance(decision, ResizeDecision) and decision.num_workers == 2
+        assert policy._coordinator_client is None
+    elastic = lean(lambda: None, scaling_config=ScalingConfig(num_workers=(1, 2)))
+    elastic.fit()
+    assert not isinstance(sent["scaling_policy"], FixedScalingPolicy)  # the coordinator sizes it
 
 
 def test_the_private_calls_work_on_a_live_ray(ray_session):
