@@ -25,14 +25,26 @@ def pip_requirements(imports: Iterable[str] = ("torch",)) -> list[str]:
     import mlflow
     import numpy
 
-    providers = md.packages_distributions()
     pins = [f"mlflow=={mlflow.__version__}", f"numpy=={numpy.__version__}"]
     for module in imports:
-        for dist in providers.get(module, [module]):
+        for dist in _providers(module):
             pin = f"{dist}=={md.version(dist).split('+')[0]}"
             if pin not in pins:
                 pins.append(pin)
     return pins
+
+
+def _providers(module: str) -> list[str]:
+    """The distributions that install the top-level ``module``: the one of its own name where
+    there is one (torch, numba), else what the installed distributions' file lists say (cv2:
+    opencv-python-headless); reading all of those took half a second of every model's logging."""
+    import importlib.metadata as md
+
+    try:
+        md.distribution(module)
+        return [module]
+    except md.PackageNotFoundError:
+        return md.packages_distributions().get(module, [module])
 
 
 def save_model(ctx, workload: str, write: Callable[[Path, dict], None], extra_metadata: dict | None = None) -> Path:

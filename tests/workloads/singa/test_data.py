@@ -52,3 +52,23 @@ def test_mlp_trains_on_mnist_idx_files_and_the_architectures_are_compared(run_or
     assert set(rows) == {"local", "sync_ps"}
     assert rows["local"]["run_id"] == runs["local"].run.info.run_id
     assert rows["local"]["wire/bytes_per_step"] == 0 and rows["sync_ps"]["wire/bytes_per_step"] > 1e6
+
+
+def test_the_digits_are_read_as_scikit_learn_loads_them_without_importing_its_datasets():
+    """The shipped file read directly is exactly ``load_digits`` (images and labels), and reading
+    it imports no ``sklearn.datasets`` (a subprocess: this session imported it already)."""
+    import subprocess
+    import sys
+
+    from sklearn.datasets import load_digits
+
+    from workloads.singa.apps.digits import sklearn_digits
+
+    images, labels = sklearn_digits()
+    bunch = load_digits()
+    assert images.shape == (1797, 8, 8) and np.array_equal(images, bunch.images)
+    assert labels.dtype == np.int64 and np.array_equal(labels, bunch.target)
+    probe = ("import sys; from workloads.singa.apps.digits import sklearn_digits; sklearn_digits(); "
+             "print('sklearn.datasets' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                          cwd=Path(__file__).resolve().parents[3]).stdout.strip() == "False"

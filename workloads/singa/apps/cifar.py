@@ -86,10 +86,9 @@ def render_digits_rgb(digits: np.ndarray, rng: np.random.Generator) -> np.ndarra
 def load_digits_rgb_dataset(data_dir, seed: int, smoke: bool) -> Dataset:
     """CIFAR-shaped 10-class colour images from real digits: 6000 train / 1000 test renders
     (smoke: 600 / 200); test renders use only held-out digit images."""
-    from sklearn.datasets import load_digits
+    from .digits import sklearn_digits
 
-    bunch = load_digits()
-    images, labels = bunch.images, bunch.target.astype(np.int64)
+    images, labels = sklearn_digits()
     train_idx, test_idx = stratified_split(labels, 0.2, seed)
     rng = np.random.default_rng(seed + 1)
     n_train, n_test = (600, 200) if smoke else (6000, 1000)

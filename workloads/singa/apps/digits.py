@@ -19,14 +19,35 @@ MNIST_FILES = {
 }
 
 
-def load_digits_dataset(data_dir, seed: int, smoke: bool) -> Dataset:
-    """1797 real 8x8 digits (pixel 0..16), 80/20 stratified split.  ``pixel`` (N, 64) uint8
-    scaled to 0..255 so the same ``mnist`` parser layer (x/255) serves digits and MNIST."""
+def sklearn_digits() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's 1797 8x8 digits: (images (N, 8, 8) float64 at 0..16, labels (N,) int64),
+    as ``sklearn.datasets.load_digits`` gives them.
+
+    Read from the file scikit-learn ships (``sklearn/datasets/data/digits.csv.gz``, what
+    ``load_digits`` reads) without importing ``sklearn.datasets``: that import (SciPy and most of
+    scikit-learn) took 1.5 s of every singa run's configuration check on 2 cores, before Ray
+    starts, for a 0.03 s file. An install without that file falls back to ``load_digits``."""
+    import gzip
+    from importlib.util import find_spec
+
+    spec = find_spec("sklearn")   # finds the package without importing it
+    folders = list(spec.submodule_search_locations or []) if spec else []
+    shipped = [Path(f) / "datasets" / "data" / "digits.csv.gz" for f in folders]
+    if shipped and shipped[0].is_file():
+        with gzip.open(shipped[0], "rt", encoding="utf-8") as f:
+            table = np.loadtxt(f, delimiter=",")
+        return table[:, :-1].reshape(-1, 8, 8), table[:, -1].astype(np.int64)
     from sklearn.datasets import load_digits
 
     bunch = load_digits()
-    pixels = np.round(bunch.data * (255.0 / 16.0)).astype(np.uint8)
-    labels = bunch.target.astype(np.int64)
+    return bunch.images, bunch.target.astype(np.int64)
+
+
+def load_digits_dataset(data_dir, seed: int, smoke: bool) -> Dataset:
+    """1797 real 8x8 digits (pixel 0..16), 80/20 stratified split.  ``pixel`` (N, 64) uint8
+    scaled to 0..255 so the same ``mnist`` parser layer (x/255) serves digits and MNIST."""
+    images, labels = sklearn_digits()
+    pixels = np.round(images.reshape(len(images), -1) * (255.0 / 16.0)).astype(np.uint8)
     train, test = stratified_split(labels, 0.2, seed)
     return Dataset("digits", {"pixel": pixels[train], "label": labels[train]},
                    {"pixel": pixels[test], "label": labels[test]}, {"num_classes": 10, "image_hw": (8, 8)})

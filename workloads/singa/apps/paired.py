@@ -58,11 +58,10 @@ def make_tags(labels: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray,
 
 def load_digit_tags_dataset(data_dir, seed: int, smoke: bool) -> Dataset:
     """``image`` (N, 64) float32 in 0..1, ``text`` (N, V) binary, ``label`` (N,) class ids."""
-    from sklearn.datasets import load_digits
+    from .digits import sklearn_digits
 
-    bunch = load_digits()
-    images = (bunch.data / 16.0).astype(np.float32)
-    labels = bunch.target.astype(np.int64)
+    digits, labels = sklearn_digits()
+    images = (digits.reshape(len(digits), -1) / 16.0).astype(np.float32)
     rng = np.random.default_rng(seed)
     text, docs = make_tags(labels, rng)
     train, test = stratified_split(labels, 0.2, seed)
