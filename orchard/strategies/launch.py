@@ -175,9 +175,10 @@ def launch(train_loop: Callable[[dict], None], loop_config: dict, cfg: dict, ctx
     elastic = isinstance(scaling.num_workers, tuple)
     states = node_loss.controller_states(recovery) if elastic else None
     # an embedded Ray (cluster=local) has no autoscaler, and without its dashboard no state API
-    embedded = cfg.get("cluster", {}).get("mode") == "local"
+    cluster = cfg.get("cluster") or {}
+    embedded = cluster.get("mode") == "local"
     lean = ray_private.lean_trainer(TorchTrainer, embedded=embedded,
-                                    state_api=not embedded or bool(cfg["cluster"].get("include_dashboard")))
+                                    state_api=not embedded or bool(cluster.get("include_dashboard")))
     trainer = lean(
         _wrap(train_loop),
         train_loop_config=config,

@@ -31,10 +31,9 @@ def sklearn_digits() -> tuple[np.ndarray, np.ndarray]:
     from importlib.util import find_spec
 
     spec = find_spec("sklearn")   # finds the package without importing it
-    folders = list(spec.submodule_search_locations or []) if spec else []
-    shipped = [Path(f) / "datasets" / "data" / "digits.csv.gz" for f in folders]
-    if shipped and shipped[0].is_file():
-        with gzip.open(shipped[0], "rt", encoding="utf-8") as f:
+    shipped = Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz" if spec and spec.origin else None
+    if shipped is not None and shipped.is_file():
+        with gzip.open(shipped, "rt", encoding="utf-8") as f:
             table = np.loadtxt(f, delimiter=",")
         return table[:, :-1].reshape(-1, 8, 8), table[:, -1].astype(np.int64)
     from sklearn.datasets import load_digits
