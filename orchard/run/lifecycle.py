@@ -308,7 +308,9 @@ def _run_workload(cfg: dict, module, live: LiveServices, quiet: bool) -> dict:
     plain = {k: v for k, v in cfg.items() if not k.startswith("_")}
     label = f"{cfg['workload']['name']}/{cfg['strategy']['name']}"
     with ProgressLine(live.sink, label, "never" if quiet else cfg.get("progress", "auto")):
-        return dict(registry.entry(module, cfg["mode"])(plain, live.ctx) or {})
+        out = dict(registry.entry(module, cfg["mode"])(plain, live.ctx) or {})
+        live.ctx.wait_for_drawings()  # a figure drawn in a task and not waited for: not lost
+        return out
 
 
 def _record_headline(cfg: dict, module, tracked, metrics: dict) -> None:

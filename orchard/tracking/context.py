@@ -44,12 +44,14 @@ class RunContext:
         self._progress_sent = NEVER_SENT  # per process: progress is throttled, see progress()
         # The run's time split (orchard/tracking/time_split.py), on the driver only: workers never mark it.
         self.time_split = None
+        self._drawings: list = []  # figures drawing in Ray tasks (draw), on the driver only
 
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_on_metrics"] = None
         state["_progress_sent"] = NEVER_SENT
         state["time_split"] = None
+        state["_drawings"] = []
         return state
 
     # ------------------------------------------------------------------ time split
@@ -106,6 +108,22 @@ class RunContext:
         buf = io.BytesIO()
         figure.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
         self.log_bytes(buf.getvalue(), name)
+
+    def draw(self, fn: Callable, /, **kwargs):
+        """``fn(ctx, **kwargs)`` in a Ray task while the caller goes on: a workload's figures drawn
+        beside its model's logging (orchard/tracking/drawing.py). Returns a ``Drawing``, whose
+        ``result()`` waits and returns what ``fn`` returned; the run waits for any not waited for."""
+        from orchard.tracking import drawing
+
+        started = drawing.start(fn, self, kwargs)
+        self._drawings.append(started)
+        return started
+
+    def wait_for_drawings(self) -> None:
+        """Every ``draw`` of this run done (the lifecycle calls it as the workload returns)."""
+        from orchard.tracking import drawing
+
+        drawing.wait_all(getattr(self, "_drawings", []))
 
     def claim_gpus(self) -> None:
         """Called by each worker of the run: the GPUs Ray gave it are the ones sampled."""

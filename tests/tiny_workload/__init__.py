@@ -42,6 +42,24 @@ def _fit(steps: int, lr: float, seed: int, ctx, prefix: str, sleep_s: float = 0.
     return loss
 
 
+def draw_line(ctx, *, points: list[float], fail: bool, pause_s: float = 0.0) -> float:
+    """A figure drawn in a Ray task (``ctx.draw``, ``tiny.draw``), ``pause_s`` late; returns the
+    points' sum."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if fail:
+        raise ValueError("tiny drawing asked to fail (tiny.draw=fail)")
+    time.sleep(pause_s)
+    fig, ax = plt.subplots()
+    ax.plot(points)
+    ctx.log_figure(fig, "figures/drawn.png")
+    plt.close(fig)
+    return float(sum(points))
+
+
 def run(cfg: dict, ctx) -> dict[str, float]:
     import matplotlib
 
@@ -65,6 +83,8 @@ def run(cfg: dict, ctx) -> dict[str, float]:
     ax.plot([0, 1], [driver_loss, worker_loss])
     ctx.log_figure(fig, "figures/loss.png")
     plt.close(fig)
+    if t.get("draw"):  # drawn in a task and never waited for here: the lifecycle must
+        ctx.draw(draw_line, points=[driver_loss, worker_loss], fail=t["draw"] == "fail", pause_s=1.0)
     steps = t["steps"]
     extra = {t["returns_metric"]: 1.0} if t.get("returns_metric") else {}
     return {"train/final_loss": driver_loss, "worker/final_loss": worker_loss, **extra,

@@ -72,11 +72,12 @@ def _run(cfg: dict, ctx, round_ends: list) -> dict[str, float]:
     metrics, labelled = evaluate(state["trees"], state["class_weights"], test_refs, f, ctx, step=total_rounds - 1)
     ctx.mark("evaluation")
 
-    # 4. log the model (docs/models.md) and the figures
+    # 4. the figures, drawn in a Ray task beside the model's logging (docs/models.md)
+    figures = ctx.draw(log_figures, **labelled, palette=palette, part_names=PART_NAMES, rounds=history,
+                       images=f["figure_images"])
     log_model(ctx, state["trees"], state["class_weights"], f, palette)
     ctx.mark("model")
-    log_figures(ctx, **labelled, palette=palette, part_names=PART_NAMES, rounds=history,
-                images=f["figure_images"])
+    figures.result()
     ctx.mark("figures")
 
     phase2 = sum(m["round/phase2_s"] for m in history)

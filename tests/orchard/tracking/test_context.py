@@ -51,6 +51,31 @@ def test_metrics_from_a_ray_task_and_the_driver_reach_the_run_and_the_driver_hoo
     assert client.get_run(ctx.run_id).data.metrics == {"worker/loss": 2.0, "train/loss": 0.5}
 
 
+def test_a_drawing_runs_in_a_ray_task_logs_its_figure_and_returns_what_it_drew(run):
+    """``draw``: the function runs in another process with the run's context; once ``result()``
+    returned, its PNG is in the store (the task flushed its own messages) and its value is back;
+    an error is the function's own, raised where it is waited for, and again by the run's wait."""
+    import os
+
+    from tests.tiny_workload import draw_line
+
+    ctx, client = run
+    drawn = ctx.draw(draw_line, points=[1.0, 2.5], fail=False)
+    assert drawn.result() == 3.5
+    (png,) = [a.path for a in client.list_artifacts(ctx.run_id, "figures")]
+    local = client.download_artifacts(ctx.run_id, png)
+    assert png == "figures/drawn.png" and open(local, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    where = ctx.draw(lambda c: os.getpid())
+    assert where.result() != os.getpid()
+    failed = ctx.draw(draw_line, points=[], fail=True)
+    with pytest.raises(ValueError, match="asked to fail"):
+        failed.result()
+    with pytest.raises(ValueError, match="asked to fail"):
+        ctx.wait_for_drawings()
+    ctx.wait_for_drawings()  # each drawing is waited for once
+    assert pickle.loads(pickle.dumps(ctx))._drawings == []  # a task's copy carries none
+
+
 def test_artifacts_land_in_the_run_under_the_folder_named(run, tmp_path):
     ctx, client = run
     (tmp_path / "notes.txt").write_text("hello")

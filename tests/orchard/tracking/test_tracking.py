@@ -57,6 +57,20 @@ def test_failing_workload_leaves_a_failed_run_with_the_reason(run_orchard, capsy
     assert "tiny failed: RuntimeError" in capsys.readouterr().err
 
 
+def test_a_figure_drawn_in_a_task_the_workload_never_waited_for_is_in_the_finished_run(run_orchard):
+    """``ctx.draw`` goes on in a Ray task; the run waits for it as the workload returns."""
+    res = run_orchard("workload=tiny", "tiny.draw=left", "tiny.steps=5")
+    assert res.exit_code == 0 and res.run.info.status == "FINISHED"
+    assert "figures/drawn.png" in res.artifacts("figures")
+
+
+def test_a_drawing_that_fails_fails_the_run_with_its_own_error(run_orchard, capsys):
+    res = run_orchard("workload=tiny", "tiny.draw=fail", "tiny.steps=5")
+    assert res.exit_code == 1 and res.run.info.status == "FAILED"
+    assert "tiny drawing asked to fail" in res.run.data.tags["orchard.error"]
+    assert "ValueError" in capsys.readouterr().err
+
+
 def test_bad_data_found_inside_the_run_is_exit_2_with_the_run_failed(run_orchard, capsys):
     res = run_orchard("workload=tiny", "tiny.bad_data=true")
     assert res.exit_code == 2 and res.run.info.status == "FAILED"
