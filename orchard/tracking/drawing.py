@@ -12,7 +12,8 @@ it would have on the driver.
 It pays where the task finds a Ray worker process already running (forest's own tasks leave
 theirs): a new worker process costs more than the figures on 2 cores (docs/runs.md, "Figures
 beside the model"). The task asks for no CPU (``num_cpus=0``): a figure never waits behind a
-sweep's trials for a core it uses for a second, and Ray places it on the driver's node when it can.
+sweep's trials for a core it uses for a second. It runs on the driver's node where it can (a worker
+node lost meanwhile does not reach it) and is drawn again if its worker is lost.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from typing import Any, Callable
 import ray
 
 
-@ray.remote(num_cpus=0, max_retries=0)
+@ray.remote(num_cpus=0, max_retries=3)  # a lost worker: drawn again (the same artifacts, written over)
 def _draw(fn: Callable, ctx, kwargs: dict) -> Any:
     out = fn(ctx, **kwargs)
     ctx.flush()  # what it logged is in the store before the driver waits no more and closes the run
@@ -50,7 +51,11 @@ class Drawing:
 
 
 def start(fn: Callable, ctx, kwargs: dict) -> Drawing:
-    return Drawing(getattr(fn, "__qualname__", str(fn)), _draw.remote(fn, ctx, kwargs))
+    """``fn(ctx, **kwargs)`` on the driver's node where it can be (no worker node's loss reaches it)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+    return Drawing(getattr(fn, "__qualname__", str(fn)), _draw.options(scheduling_strategy=here).remote(fn, ctx, kwargs))
 
 
 def wait_all(drawings: list[Drawing]) -> None:
