@@ -32,19 +32,19 @@ def _draw(fn: Callable, ctx, kwargs: dict) -> Any:
 class Drawing:
     """A figure function running in a Ray task; ``result()`` waits for it."""
 
-    def __init__(self, name: str, ref):
-        self.name, self._ref = name, ref
+    def __init__(self, ref):
+        self._ref = ref
         self._done, self._value, self._error = False, None, None
 
     def result(self) -> Any:
-        """What the figure function returned, once it is done; its own exception if it raised."""
+        """What the figure function returned, once it is done; its own exception if it raised
+        (anything else, an interrupt or a worker lost for good, leaves it to be waited for again)."""
         if not self._done:
             try:
                 self._value = ray.get(self._ref)
             except ray.exceptions.RayTaskError as exc:
                 self._error = exc.as_instanceof_cause()
-            finally:
-                self._done = True
+            self._done = True
         if self._error is not None:
             raise self._error
         return self._value
@@ -55,7 +55,7 @@ def start(fn: Callable, ctx, kwargs: dict) -> Drawing:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
-    return Drawing(getattr(fn, "__qualname__", str(fn)), _draw.options(scheduling_strategy=here).remote(fn, ctx, kwargs))
+    return Drawing(_draw.options(scheduling_strategy=here).remote(fn, ctx, kwargs))
 
 
 def wait_all(drawings: list[Drawing]) -> None:
