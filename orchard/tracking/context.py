@@ -123,7 +123,7 @@ class RunContext:
         """Every ``draw`` of this run done (the lifecycle calls it as the workload returns)."""
         from orchard.tracking import drawing
 
-        drawing.wait_all(getattr(self, "_drawings", []))
+        drawing.wait_all(self._drawings)
 
     def claim_gpus(self) -> None:
         """Called by each worker of the run: the GPUs Ray gave it are the ones sampled."""

@@ -42,8 +42,8 @@ class Drawing:
         if not self._done:
             try:
                 self._value = ray.get(self._ref)
-            except ray.exceptions.RayTaskError as exc:
-                self._error = exc.as_instanceof_cause()
+            except ray.exceptions.RayTaskError as exc:  # the function's error (ray.get raises it as its own type too)
+                self._error = exc
             self._done = True
         if self._error is not None:
             raise self._error
