@@ -1,7 +1,8 @@
 """Evaluation of the two streams and their fusion, against the truth and chance.
 
-Every epoch, each stream's state is scored on the validation segments' features (computed once:
-``val_features``); after training, the fusion methods (aggregation.py) are compared on those
+Every epoch, each stream's state is scored on the validation segments' features (computed once,
+as they ride ahead of epoch 0 in the training pipeline, or by ``val_features`` where nothing is left
+to train); after training, the fusion methods (aggregation.py) are compared on those
 scores in a table, its winner tagged. Inference on untrimmed video (sliding windows, highlight
 detection: inference.py) is scored by run.py with the winning fusion; the baseline is chance
 (``val/chance_top1``, in run.py's final metrics).
@@ -21,13 +22,22 @@ def val_features(segments: list[dict], features: list[str], index, vcfg: dict, m
     from .data import segment_dataset
     from .pipeline import consume
 
-    cols = [*features, "video", "label", "segment"]
+    cols = val_columns(features)
     parts = {c: [] for c in cols}
     ds = segment_dataset(segments, features, index, vcfg, master, cache)
     for b, _ in consume(ds, 64, cols):
         for c in cols:
             parts[c].append(b[c])
-    data = {c: np.concatenate(v) for c, v in parts.items()}
+    return in_val_order({c: np.concatenate(v) for c, v in parts.items()})
+
+
+def val_columns(features: list[str]) -> list[str]:
+    """The columns the validation features keep: every feature, and which segment of which video."""
+    return [*features, "video", "label", "segment"]
+
+
+def in_val_order(data: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The validation rows by video, then segment (however the pipeline delivered them)."""
     order = np.lexsort((data["segment"], data["video"]))
     return {c: v[order] for c, v in data.items()}
 

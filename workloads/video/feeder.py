@@ -34,6 +34,7 @@ import numpy as np
 END = "end_of_epoch"
 STOP = "stop_training"   # the run ended training early (video.target_top1 reached)
 RESIZE = "resize"        # this stream's run ends here; it is relaunched with another worker count
+ASIDE = -1               # the epoch of rows set aside for the driver (the validation segments), ahead of epoch 0
 
 
 class Stopped(RuntimeError):
@@ -70,11 +71,14 @@ class Feeder:
     ``streams``: stream -> feature column; ``queues``: stream -> one queue per worker;
     ``batch_size``: a stream's global batch (split over its workers); ``epochs``: how many
     end-of-epoch marks to send (every epoch gets one, even one whose segments all failed);
-    ``first_epoch``: the first epoch the pipeline carries (a resumed run deals only the rest).
+    ``first_epoch``: the first epoch the pipeline carries (a resumed run deals only the rest);
+    ``aside``: the columns of the rows whose epoch is ``ASIDE``, which come first and are kept for
+    the driver (``set_aside``) rather than dealt: the validation segments ride the training
+    pipeline, so its decode actors start once for both (their processes are the cost of a pass).
     """
 
     def __init__(self, streams: dict[str, str], queues: dict[str, list], batch_size: int, epochs: int,
-                 first_epoch: int = 0, master=None):
+                 first_epoch: int = 0, master=None, aside: list[str] | None = None):
         self.streams, self.queues, self.batch_size, self.epochs = streams, queues, batch_size, epochs
         self.master = master              # the decode control (master.py); None: never pause
         self.stop = threading.Event()      # the run is failing: drop everything
@@ -93,6 +97,8 @@ class Feeder:
         self._handed: dict[str, list] | None = None
         self._handed_ready = threading.Event()
         self.resize_wait_s = 0.0      # dealing held while resized streams were relaunched
+        self._aside = {c: [] for c in aside or []}
+        self._aside_done = threading.Event()   # every row set aside has passed (or feeding ended)
 
     # -- decode control -------------------------------------------------------------------
     def _pause_decoding(self) -> None:
@@ -188,6 +194,17 @@ class Feeder:
             self._resize, self._handed = None, None
         self.resize_wait_s += time.perf_counter() - t0
 
+    def set_aside(self) -> dict[str, np.ndarray]:
+        """The rows set aside (``aside`` columns), once the pipeline has passed them all: they come
+        ahead of epoch 0, so by the time a stream has trained an epoch they are here."""
+        while not self._aside_done.wait(0.5):
+            if self.stop.is_set():
+                raise Stopped("feeder stopped")
+        if self.error is not None:
+            raise RuntimeError(f"the pipeline failed before the validation segments passed: {self.error}") \
+                from self.error
+        return {c: np.concatenate(v) if v else np.zeros((0,)) for c, v in self._aside.items()}
+
     def run(self, batches) -> None:
         """Feed from an iterator of numpy batches with an ``epoch`` column (rows in epoch order)."""
         columns = ["label", *sorted(set(self.streams.values()))]
@@ -216,10 +233,15 @@ class Feeder:
                     break
                 epochs = batch["epoch"]
                 for e in np.unique(epochs):   # rows come in epoch order (preserve_order)
+                    rows = epochs == e
+                    if e == ASIDE:
+                        for c, parts in self._aside.items():
+                            parts.append(batch[c][rows])
+                        continue
+                    self._aside_done.set()
                     if e > self._epoch:
                         flush(None)           # the epoch's last, smaller batch
                         self._end_epochs(int(e))
-                    rows = epochs == e
                     for c in columns:
                         buffer[c].append(batch[c][rows])
                     held += int(rows.sum())
@@ -235,6 +257,7 @@ class Feeder:
             self.error = exc
             return
         finally:
+            self._aside_done.set()
             try:  # never leave the decoders paused: validation and inference pass the same release
                 self._resume_decoding()
             except Exception:  # noqa: BLE001 - Ray is going down with an interrupted run

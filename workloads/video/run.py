@@ -73,20 +73,24 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
         ctx.log_metrics({"train/resumed_from_epoch": float(first_epoch)})
     cache_totals = {"hits": 0, "misses": 0, "saved_s": 0.0}
 
-    #    the validation segments' features, once: every epoch scores the streams on the same arrays
-    t_phase = time.perf_counter()
-    val_data = val_features(val_segments, features, index, vcfg, master, cache)
-    accumulate(cache_totals, ray.get(master.stage_stats.remote(True)))
-    op_summaries += ray.get(master.operator_summaries.remote(True))
-    phase_s["val"] += time.perf_counter() - t_phase
-    ctx.mark("validation")
+    #    the validation segments' features, once: every epoch scores the streams on the same arrays.
+    #    They ride ahead of epoch 0 in the training pipeline (train.py); only a run with nothing left
+    #    to train (resumed after its last epoch) has them decoded here, on their own
+    val_data = None
+    if first_epoch >= epochs:
+        t_phase = time.perf_counter()
+        val_data = val_features(val_segments, features, index, vcfg, master, cache)
+        accumulate(cache_totals, ray.get(master.stage_stats.remote(True)))
+        op_summaries += ray.get(master.operator_summaries.remote(True))
+        phase_s["val"] += time.perf_counter() - t_phase
+        ctx.mark("validation")
     validated_before = phase_s["val"]
 
     # 2. train: the master draws each epoch's segment seeds, one pipeline feeds one Ray Train run
     #    per stream; every epoch is validated, checkpointed and may shift a worker (train.py)
     trained = train_epochs(cfg, ctx, index=index, train_ids=train_ids, streams=streams, features=features,
-                           count=count, master=master, cache=cache, val_data=val_data, resumed=resumed,
-                           first_epoch=first_epoch, cache_totals=cache_totals, phase_s=phase_s)
+                           count=count, master=master, cache=cache, val_data=val_data, val_segments=val_segments,
+                           resumed=resumed, first_epoch=first_epoch, cache_totals=cache_totals, phase_s=phase_s)
     ctx.mark("training")
     ctx.carve("training", {"validation": phase_s["val"] - validated_before})  # every epoch's, on the driver
     models, scores, labels, val = trained.models, trained.scores, trained.labels, trained.val

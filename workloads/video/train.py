@@ -113,10 +113,12 @@ class Trained:
 
 
 def train_epochs(cfg: dict, ctx, *, index, train_ids: list[int], streams: dict, features: list[str], count: int,
-                 master, cache, val_data: dict, resumed: dict | None, first_epoch: int,
-                 cache_totals: dict, phase_s: dict) -> Trained:
+                 master, cache, val_data: dict | None, val_segments: list[dict], resumed: dict | None,
+                 first_epoch: int, cache_totals: dict, phase_s: dict) -> Trained:
     """Every epoch after ``first_epoch``: the master's segment seeds through one pipeline, the
-    feeder dealing it to one Ray Train run per stream; after each epoch the driver validates the
+    feeder dealing it to one Ray Train run per stream; ``val_data`` None: the ``val_segments`` go
+    first through that pipeline and the feeder sets their features aside for the driver (one
+    execution, one start of its decode pool); after each epoch the driver validates the
     streams' states (``evaluate.score_states``), applies the notes' worker-shift rule, writes the
     epoch's checkpoint and logs its metrics; a met ``video.target_top1`` stops training early.
     Adds to ``cache_totals`` and ``phase_s`` (``train``, ``val``) in place."""
@@ -126,8 +128,8 @@ def train_epochs(cfg: dict, ctx, *, index, train_ids: list[int], streams: dict, 
     from .cache import accumulate
     from .checkpoint import save_checkpoint
     from .data import segment_dataset
-    from .evaluate import score_states
-    from .feeder import Feeder, make_queues, shutdown_queues
+    from .evaluate import in_val_order, score_states, val_columns
+    from .feeder import ASIDE, Feeder, make_queues, shutdown_queues
     from .pipeline import stage_metrics
 
     # the master draws each epoch's class-balanced segment seeds (a pure function of the seed
@@ -145,11 +147,12 @@ def train_epochs(cfg: dict, ctx, *, index, train_ids: list[int], streams: dict, 
     target = vcfg.get("target_top1")
     t_train = time.perf_counter()
     if first_epoch < epochs:
-        segments = []
+        # the validation segments first (every row carries both columns: Ray Data's blocks share one schema)
+        segments = [] if val_data is not None else [{**seg, "epoch": ASIDE} for seg in val_segments]
         for epoch in range(first_epoch, epochs):
             drawn = ray.get(master.epoch_segments.remote(train_ids, int(vcfg["clips_per_epoch"]), count, epoch,
                                                          int(vcfg["offset_stride"])))
-            segments += [{**seg, "epoch": epoch} for seg in drawn]
+            segments += [{**seg, "epoch": epoch, "segment": -1} for seg in drawn]
         # no select_columns: its projection is a 1-CPU Ray Data task of its own, which a cluster
         # whose CPUs the streams and pools hold never schedules (the run stalls); the feeder
         # takes only the columns it deals
@@ -157,7 +160,8 @@ def train_epochs(cfg: dict, ctx, *, index, train_ids: list[int], streams: dict, 
         queues = make_queues(alloc, int(vcfg["queue_depth"]))
         results = make_queues({"results": 1}, 0)["results"][0]
         feeder = Feeder({s: spec["feature"] for s, spec in streams.items()}, queues, int(vcfg["batch_size"]), epochs,
-                        first_epoch=first_epoch, master=master if vcfg.get("pause_decode", True) else None)
+                        first_epoch=first_epoch, master=master if vcfg.get("pause_decode", True) else None,
+                        aside=val_columns(features) if val_data is None else None)
 
         # one Ray Train run per stream for the whole training, the feeder dealing them the pipeline
         t_window = time.perf_counter()
@@ -184,6 +188,8 @@ def train_epochs(cfg: dict, ctx, *, index, train_ids: list[int], streams: dict, 
                 pipe = stage_metrics(stats, window)
                 # validation per stream (the trainers go on with the next epoch meanwhile)
                 t_val = time.perf_counter()
+                if val_data is None:   # passed ahead of epoch 0: here once a stream has trained it
+                    val_data = in_val_order(feeder.set_aside())
                 models, scores, labels, losses, val = score_states(states, streams, val_data, num_classes, vcfg)
                 phase_s["val"] += time.perf_counter() - t_val
                 # the notes' rule, evaluated every epoch; applied (video.shift_apply) from the next

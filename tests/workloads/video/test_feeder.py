@@ -50,6 +50,52 @@ def test_batches_never_cross_an_epoch_and_split_evenly_over_workers(ray_session)
     assert feeder.wait_trainers_s >= 0 and feeder.batches == 6
 
 
+def test_validation_rows_ahead_of_epoch_0_are_set_aside_and_the_epochs_dealt_as_without_them(ray_session):
+    """The validation segments ride the training pipeline: rows of epoch ASIDE come first (here
+    one batch shares them with epoch 0's first rows); the feeder keeps them for the driver and
+    deals the epochs exactly as it would without them."""
+    import threading
+
+    from workloads.video.feeder import ASIDE, Feeder, make_queues, shutdown_queues
+
+    def run(aside_rows: int):
+        plain = _batches(epochs=2, rows=10, size=20)[0]
+        data = {k: np.concatenate([np.full(aside_rows, ASIDE) if k == "epoch" else -np.arange(1, aside_rows + 1),
+                                   v]) for k, v in plain.items()}
+        batches = [{k: v[i:i + 3] for k, v in data.items()} for i in range(0, len(data["label"]), 3)]
+        queues = make_queues({"spatial": 1}, depth=2)
+        feeder = Feeder({"spatial": "f1"}, queues, batch_size=4, epochs=2, aside=["f2", "label"] if aside_rows else None)
+        got = {}
+        reader = threading.Thread(target=lambda: got.__setitem__("s0", _drain(queues["spatial"][0])))
+        reader.start()
+        feeder.run(batches)
+        reader.join(60)
+        shutdown_queues(queues)
+        assert feeder.error is None
+        return got["s0"], (feeder.set_aside() if aside_rows else None)
+
+    dealt, aside = run(aside_rows=4)
+    assert dealt == run(aside_rows=0)[0]
+    assert aside["f2"].tolist() == [-1, -2, -3, -4] and aside["label"].tolist() == [-1, -2, -3, -4]
+
+
+def test_set_aside_raises_the_pipelines_error_rather_than_returning_a_part(ray_session):
+    import pytest
+
+    from workloads.video.feeder import ASIDE, Feeder, make_queues, shutdown_queues
+
+    def batches():
+        yield {"epoch": np.array([ASIDE]), "label": np.array([0]), "f1": np.array([1])}
+        raise OSError("decode stage lost")
+
+    queues = make_queues({"spatial": 1}, depth=2)
+    feeder = Feeder({"spatial": "f1"}, queues, batch_size=4, epochs=1, aside=["f1"])
+    feeder.run(batches())
+    shutdown_queues(queues)
+    with pytest.raises(RuntimeError, match="before the validation segments passed: decode stage lost"):
+        feeder.set_aside()
+
+
 def test_finish_sends_every_worker_a_stop_mark_and_stops_pulling(ray_session):
     from workloads.video.feeder import STOP, Feeder, make_queues, shutdown_queues
 
