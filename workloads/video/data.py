@@ -189,6 +189,21 @@ def _difficulty(syn: dict) -> dict[str, float]:
     return {k: float(syn.get(k) or 0.0) for k in ("appearance_cue", "noise", "shake")}
 
 
+def with_videos(index: VideoIndex, videos: list[dict]) -> VideoIndex:
+    """``index`` with ``videos`` (untrimmed ones, their ``pts`` read) after its own, numbered from
+    ``len(index.paths)``: what one pipeline over training and inference segments decodes from."""
+    import dataclasses
+
+    from .frame_index import file_digest
+
+    return dataclasses.replace(index, paths=[*index.paths, *(v["path"] for v in videos)],
+                               labels=[*index.labels, *([-1] * len(videos))],
+                               lengths=[*index.lengths, *(v["length"] for v in videos)],
+                               splits=[*index.splits, *(["untrimmed"] * len(videos))],
+                               pts=[*index.pts, *(v["pts"] for v in videos)],
+                               digests=[*index.digests, *(file_digest(v["path"]) for v in videos)])
+
+
 def segment_dataset(segments, features, index, vcfg, master, cache):
     """The Ray Data pipeline (decode once, every feature) over ``segments`` of ``index``'s videos."""
     from .pipeline import build_dataset

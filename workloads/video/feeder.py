@@ -34,7 +34,8 @@ import numpy as np
 END = "end_of_epoch"
 STOP = "stop_training"   # the run ended training early (video.target_top1 reached)
 RESIZE = "resize"        # this stream's run ends here; it is relaunched with another worker count
-ASIDE = -1               # the epoch of rows set aside for the driver (the validation segments), ahead of epoch 0
+AHEAD = -1               # the epoch of rows set aside for the driver ahead of epoch 0 (the validation segments)
+AFTER = 1 << 30          # ... and after the last epoch (the untrimmed videos' windows, for inference)
 
 
 class Stopped(RuntimeError):
@@ -72,13 +73,14 @@ class Feeder:
     ``batch_size``: a stream's global batch (split over its workers); ``epochs``: how many
     end-of-epoch marks to send (every epoch gets one, even one whose segments all failed);
     ``first_epoch``: the first epoch the pipeline carries (a resumed run deals only the rest);
-    ``aside``: the columns of the rows whose epoch is ``ASIDE``, which come first and are kept for
-    the driver (``set_aside``) rather than dealt: the validation segments ride the training
-    pipeline, so its decode actors start once for both (their processes are the cost of a pass).
+    ``aside``: for the rows whose epoch is ``AHEAD`` or ``AFTER``, the columns the feeder keeps for
+    the driver (``set_aside``) rather than deal: the validation segments and the inference windows
+    ride the training pipeline, so its actor pools start once for all three (a Ray Data execution
+    starts its actors as new processes, the cost of a pass). ``AFTER`` rows end the last epoch.
     """
 
     def __init__(self, streams: dict[str, str], queues: dict[str, list], batch_size: int, epochs: int,
-                 first_epoch: int = 0, master=None, aside: list[str] | None = None):
+                 first_epoch: int = 0, master=None, aside: dict[int, list[str]] | None = None):
         self.streams, self.queues, self.batch_size, self.epochs = streams, queues, batch_size, epochs
         self.master = master              # the decode control (master.py); None: never pause
         self.stop = threading.Event()      # the run is failing: drop everything
@@ -97,8 +99,10 @@ class Feeder:
         self._handed: dict[str, list] | None = None
         self._handed_ready = threading.Event()
         self.resize_wait_s = 0.0      # dealing held while resized streams were relaunched
-        self._aside = {c: [] for c in aside or []}
-        self._aside_done = threading.Event()   # every row set aside has passed (or feeding ended)
+        self._aside = {mark: {c: [] for c in columns} for mark, columns in (aside or {}).items()}
+        self._passed = {mark: threading.Event() for mark in self._aside}   # every such row has passed
+        self._drained = False         # the pipeline ran out (not stopped, failed or finished early)
+        self.aside_span_s = {mark: [None, None] for mark in self._aside}   # first and last arrival of such rows
 
     # -- decode control -------------------------------------------------------------------
     def _pause_decoding(self) -> None:
@@ -194,16 +198,25 @@ class Feeder:
             self._resize, self._handed = None, None
         self.resize_wait_s += time.perf_counter() - t0
 
-    def set_aside(self) -> dict[str, np.ndarray]:
-        """The rows set aside (``aside`` columns), once the pipeline has passed them all: they come
-        ahead of epoch 0, so by the time a stream has trained an epoch they are here."""
-        while not self._aside_done.wait(0.5):
+    def set_aside(self, mark: int = AHEAD) -> dict[str, np.ndarray] | None:
+        """The rows of epoch ``mark`` set aside, once the pipeline has passed them all. ``AHEAD`` rows
+        come before epoch 0: by the time a stream has trained an epoch they are here. ``AFTER`` rows
+        are whole only once the pipeline ran out: None if it did not (training stopped early)."""
+        while not self._passed[mark].wait(0.5):
             if self.stop.is_set():
                 raise Stopped("feeder stopped")
         if self.error is not None:
-            raise RuntimeError(f"the pipeline failed before the validation segments passed: {self.error}") \
+            raise RuntimeError(f"the pipeline failed before the rows set aside passed: {self.error}") \
                 from self.error
-        return {c: np.concatenate(v) if v else np.zeros((0,)) for c, v in self._aside.items()}
+        if mark == AFTER and not self._drained:
+            return None
+        return {c: np.concatenate(v) if v else np.zeros((0,)) for c, v in self._aside[mark].items()}
+
+    def _pass(self, epoch: int) -> None:
+        """A row of ``epoch`` arrived: every set-aside epoch before it has passed (rows are in order)."""
+        for mark, passed in self._passed.items():
+            if mark < epoch:
+                passed.set()
 
     def run(self, batches) -> None:
         """Feed from an iterator of numpy batches with an ``epoch`` column (rows in epoch order)."""
@@ -228,17 +241,24 @@ class Feeder:
             while not self.finish.is_set():
                 t0 = time.perf_counter()
                 batch = next(it, None)
-                self.wait_pipeline_s += time.perf_counter() - t0
+                if self._epoch < self.epochs:   # not the wait for rows after the last epoch: no trainer waits on it
+                    self.wait_pipeline_s += time.perf_counter() - t0
                 if batch is None:
+                    self._drained = True
                     break
                 epochs = batch["epoch"]
                 for e in np.unique(epochs):   # rows come in epoch order (preserve_order)
                     rows = epochs == e
-                    if e == ASIDE:
-                        for c, parts in self._aside.items():
+                    self._pass(int(e))
+                    if e in self._aside:
+                        if e == AFTER:        # every epoch's rows have come: the last one ends now
+                            flush(None)
+                            self._end_epochs(self.epochs)
+                        for c, parts in self._aside[e].items():
                             parts.append(batch[c][rows])
+                        span = self.aside_span_s[e]
+                        span[0], span[1] = span[0] or t0, time.perf_counter()
                         continue
-                    self._aside_done.set()
                     if e > self._epoch:
                         flush(None)           # the epoch's last, smaller batch
                         self._end_epochs(int(e))
@@ -257,7 +277,8 @@ class Feeder:
             self.error = exc
             return
         finally:
-            self._aside_done.set()
+            for passed in self._passed.values():
+                passed.set()
             try:  # never leave the decoders paused: validation and inference pass the same release
                 self._resume_decoding()
             except Exception:  # noqa: BLE001 - Ray is going down with an interrupted run

@@ -80,14 +80,36 @@ def classify_untrimmed(window_scores: dict[str, np.ndarray], motion: np.ndarray,
             "keep": keep, "confidence": confidence, "fused": fused}
 
 
+def inference_segments(videos: list[dict], count: int, stride: int, decoder: str, first_id: int = 0) -> list[dict]:
+    """The sliding windows' segment seeds over ``videos`` (pipeline video ids from ``first_id``); a
+    video's frame index (``pts``) and ``length`` are read here where not given."""
+    from .decoder import build_decoder
+
+    dec = build_decoder(decoder)
+    segments = []
+    for v, video in enumerate(videos):
+        video.setdefault("pts", dec.index(video["path"]))
+        video.setdefault("length", len(video["pts"]))
+        for k, off in enumerate(window_offsets(video["length"], count, stride)):
+            segments.append({"video": first_id + v, "label": -1, "offset": off, "count": count, "segment": k})
+    return segments
+
+
+def inference_columns(features: list[str]) -> list[str]:
+    """What inference keeps of a window's row: every feature, and where the window is."""
+    return [*features, "video", "segment", "offset"]
+
+
 def run_inference(videos: list[dict], classes: list[str], models: dict, streams: dict, vcfg: dict,
-                  method: str, fitted: dict, master, cache) -> tuple[dict[str, float], list[dict]]:
+                  method: str, fitted: dict, master, cache, decoded: dict | None = None, first_id: int = 0,
+                  decoded_s: float = 0.0) -> tuple[dict[str, float], list[dict]]:
     """Classify every untrimmed video; returns (metrics, per-video records).
 
     ``videos``: ``[{"path", "label" (class name or None), "length", ...}]``;
-    ``models``: stream -> eval-mode model; ``streams``: stream -> {"feature", ...}.
+    ``models``: stream -> eval-mode model; ``streams``: stream -> {"feature", ...}. ``decoded``:
+    the windows' rows (``inference_columns``) as the training pipeline delivered them after its last
+    epoch, the videos numbered from ``first_id``, in ``decoded_s`` seconds; None: a pipeline of their own.
     """
-    from .decoder import build_decoder
     from .pipeline import build_dataset, frame_count
     from .model import predict
 
@@ -96,23 +118,21 @@ def run_inference(videos: list[dict], classes: list[str], models: dict, streams:
     features = sorted({s["feature"] for s in streams.values()})
     count = frame_count(features, int(vcfg["stack"]), vcfg.get("extractor_modules") or ())
     icfg = vcfg["inference"]
-    dec = build_decoder(vcfg["decoder"])
-    segments = []
-    for v, video in enumerate(videos):
-        video.setdefault("pts", dec.index(video["path"]))
-        video.setdefault("length", len(video["pts"]))
-        for k, off in enumerate(window_offsets(video["length"], count, int(icfg["window_stride"]))):
-            segments.append({"video": v, "label": -1, "offset": off, "count": count, "segment": k})
+    segments = inference_segments(videos, count, int(icfg["window_stride"]), vcfg["decoder"])
     t0 = time.perf_counter()
-    paths, lengths = [v["path"] for v in videos], [v["length"] for v in videos]
-    ds = build_dataset(segments, features, paths, lengths, vcfg, master, cache, pts=[v["pts"] for v in videos],
-                       digests=[file_digest(p) for p in paths])
-    feats, meta = _collect_all(ds, features)  # one pass carries every feature
+    if decoded is None:
+        paths, lengths = [v["path"] for v in videos], [v["length"] for v in videos]
+        ds = build_dataset(segments, features, paths, lengths, vcfg, master, cache, pts=[v["pts"] for v in videos],
+                           digests=[file_digest(p) for p in paths])
+        feats, meta = _collect_all(ds, features)  # one pass carries every feature
+    else:
+        feats = {f: decoded[f] for f in features}
+        meta = {"video": decoded["video"] - first_id, "segment": decoded["segment"], "offset": decoded["offset"]}
     scores = {s: predict(models[s], feats[spec["feature"]]) for s, spec in streams.items()}
     temporal = next((spec["feature"] for spec in streams.values() if spec["feature"] != "rgb"), None)
     motion = motion_energy(temporal, feats[temporal], (vcfg["extractor_options"].get(temporal) or {})
                            | {"stack": int(vcfg["stack"])}) if temporal else np.full(len(meta["video"]), np.inf)
-    elapsed = time.perf_counter() - t0
+    elapsed = decoded_s + time.perf_counter() - t0   # the windows through the pipeline, then classified
     records, correct, correct_all, kept = [], 0, 0, 0
     for v, video in enumerate(videos):
         rows = np.flatnonzero(meta["video"] == v)
@@ -143,7 +163,7 @@ def run_inference(videos: list[dict], classes: list[str], models: dict, streams:
 def _collect_all(ds, features: list[str]):
     from .pipeline import consume
 
-    cols = [*features, "video", "segment", "offset"]
+    cols = inference_columns(features)
     parts = {c: [] for c in cols}
     for b, _ in consume(ds, 64, cols):
         for c in cols:

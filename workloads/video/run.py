@@ -28,10 +28,10 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
     from . import figures
     from .cache import accumulate, cache_dir, make_cache
     from .checkpoint import load_checkpoint
-    from .data import index_videos, untrimmed_videos
+    from .data import index_videos, untrimmed_videos, with_videos
     from .evaluate import fusion, val_features
     from .extractors import load_modules
-    from .inference import run_inference
+    from .inference import inference_columns, inference_segments, run_inference
     from .master import evenly_spaced_segments, start_master
     from .operator_metrics import operator_metrics, operator_summaries
     from .pipeline import frame_count
@@ -85,12 +85,19 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
         phase_s["val"] += time.perf_counter() - t_phase
         ctx.mark("validation")
     validated_before = phase_s["val"]
+    #    the untrimmed videos for inference (synthetic ones written to storage); their windows ride
+    #    the training pipeline after its last epoch
+    videos = untrimmed_videos(cfg, classes, run_storage.child("untrimmed"))
+    windows = inference_segments(videos, count, int(vcfg["inference"]["window_stride"]), vcfg["decoder"],
+                                 first_id=len(index.paths))
 
     # 2. train: the master draws each epoch's segment seeds, one pipeline feeds one Ray Train run
     #    per stream; every epoch is validated, checkpointed and may shift a worker (train.py)
-    trained = train_epochs(cfg, ctx, index=index, train_ids=train_ids, streams=streams, features=features,
-                           count=count, master=master, cache=cache, val_data=val_data, val_segments=val_segments,
-                           resumed=resumed, first_epoch=first_epoch, cache_totals=cache_totals, phase_s=phase_s)
+    trained = train_epochs(cfg, ctx, index=with_videos(index, videos), train_ids=train_ids, streams=streams,
+                           features=features, count=count, master=master, cache=cache, val_data=val_data,
+                           val_segments=val_segments, after_segments=windows,
+                           after_columns=inference_columns(features), resumed=resumed, first_epoch=first_epoch,
+                           cache_totals=cache_totals, phase_s=phase_s)
     ctx.mark("training")
     ctx.carve("training", {"validation": phase_s["val"] - validated_before})  # every epoch's, on the driver
     models, scores, labels, val = trained.models, trained.scores, trained.labels, trained.val
@@ -107,13 +114,16 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
     phase_s["aggregation"] = time.perf_counter() - t_phase
     t_phase = time.perf_counter()
 
-    #    inference on untrimmed videos: sliding windows, highlights, the winning fusion (inference.py)
-    videos = untrimmed_videos(cfg, classes, run_storage.child("untrimmed"))
+    #    inference on untrimmed videos: sliding windows, highlights, the winning fusion (inference.py);
+    #    their windows came with the training pipeline, or (training stopped early at its target,
+    #    or nothing was left to train) through a pipeline of their own
     if videos:
         method = agg["winner"] if vcfg["inference"]["method"] == "winner" else vcfg["inference"]["method"]
-        metrics, records = run_inference(videos, classes, models, streams, vcfg, method, agg["fitted"], master, cache)
-        op_summaries += ray.get(master.operator_summaries.remote(True))
-        accumulate(cache_totals, ray.get(master.stage_stats.remote(True)))
+        metrics, records = run_inference(videos, classes, models, streams, vcfg, method, agg["fitted"], master, cache,
+                                         decoded=trained.after, first_id=len(index.paths), decoded_s=trained.after_s)
+        if trained.after is None:
+            op_summaries += ray.get(master.operator_summaries.remote(True))
+            accumulate(cache_totals, ray.get(master.stage_stats.remote(True)))
         ctx.log_dict({"method": method, "videos": records}, "tables/untrimmed_predictions.json")
         final |= metrics
         final |= training_highlight_metrics(records, count)   # highlights vs the true action frames

@@ -110,15 +110,21 @@ class Trained:
     shift_wait_s: float
     whole_training: dict[str, float]   # the pipeline's busy fractions and rates over the whole training
     t_train: float                 # perf_counter() when training began
+    after: dict | None = None      # the rows that came after the last epoch (``after_segments``), and the
+    after_s: float = 0.0           # seconds from the first of them to the last; None: the pipeline
+                                   # did not run out (training stopped early, or nothing to train)
 
 
 def train_epochs(cfg: dict, ctx, *, index, train_ids: list[int], streams: dict, features: list[str], count: int,
-                 master, cache, val_data: dict | None, val_segments: list[dict], resumed: dict | None,
-                 first_epoch: int, cache_totals: dict, phase_s: dict) -> Trained:
+                 master, cache, val_data: dict | None, val_segments: list[dict], after_segments: list[dict],
+                 after_columns: list[str], resumed: dict | None, first_epoch: int, cache_totals: dict,
+                 phase_s: dict) -> Trained:
     """Every epoch after ``first_epoch``: the master's segment seeds through one pipeline, the
-    feeder dealing it to one Ray Train run per stream; ``val_data`` None: the ``val_segments`` go
-    first through that pipeline and the feeder sets their features aside for the driver (one
-    execution, one start of its decode pool); after each epoch the driver validates the
+    feeder dealing it to one Ray Train run per stream. Two kinds of segments ride that pipeline
+    and are set aside for the driver (one Ray Data execution, its actor pools started once):
+    with ``val_data`` None, the ``val_segments``, ahead of epoch 0; and the ``after_segments``
+    (inference windows: ``after_columns`` kept), after the last epoch. ``index`` holds the videos
+    of both. After each epoch the driver validates the
     streams' states (``evaluate.score_states``), applies the notes' worker-shift rule, writes the
     epoch's checkpoint and logs its metrics; a met ``video.target_top1`` stops training early.
     Adds to ``cache_totals`` and ``phase_s`` (``train``, ``val``) in place."""
@@ -129,7 +135,7 @@ def train_epochs(cfg: dict, ctx, *, index, train_ids: list[int], streams: dict, 
     from .checkpoint import save_checkpoint
     from .data import segment_dataset
     from .evaluate import in_val_order, score_states, val_columns
-    from .feeder import ASIDE, Feeder, make_queues, shutdown_queues
+    from .feeder import AFTER, AHEAD, Feeder, make_queues, shutdown_queues
     from .pipeline import stage_metrics
 
     # the master draws each epoch's class-balanced segment seeds (a pure function of the seed
@@ -145,14 +151,16 @@ def train_epochs(cfg: dict, ctx, *, index, train_ids: list[int], streams: dict, 
     epochs_run, time_to_target = first_epoch, None
     shifts_applied, shift_wait_s = 0, 0.0   # worker shifts applied (video.shift_apply), and their cost
     target = vcfg.get("target_top1")
+    after, after_s = None, 0.0
     t_train = time.perf_counter()
     if first_epoch < epochs:
         # the validation segments first (every row carries both columns: Ray Data's blocks share one schema)
-        segments = [] if val_data is not None else [{**seg, "epoch": ASIDE} for seg in val_segments]
+        segments = [] if val_data is not None else [{**seg, "epoch": AHEAD} for seg in val_segments]
         for epoch in range(first_epoch, epochs):
             drawn = ray.get(master.epoch_segments.remote(train_ids, int(vcfg["clips_per_epoch"]), count, epoch,
                                                          int(vcfg["offset_stride"])))
             segments += [{**seg, "epoch": epoch, "segment": -1} for seg in drawn]
+        segments += [{**seg, "epoch": AFTER} for seg in after_segments]
         # no select_columns: its projection is a 1-CPU Ray Data task of its own, which a cluster
         # whose CPUs the streams and pools hold never schedules (the run stalls); the feeder
         # takes only the columns it deals
@@ -161,7 +169,8 @@ def train_epochs(cfg: dict, ctx, *, index, train_ids: list[int], streams: dict, 
         results = make_queues({"results": 1}, 0)["results"][0]
         feeder = Feeder({s: spec["feature"] for s, spec in streams.items()}, queues, int(vcfg["batch_size"]), epochs,
                         first_epoch=first_epoch, master=master if vcfg.get("pause_decode", True) else None,
-                        aside=val_columns(features) if val_data is None else None)
+                        aside={**({AHEAD: val_columns(features)} if val_data is None else {}),
+                               **({AFTER: after_columns} if after_segments else {})})
 
         # one Ray Train run per stream for the whole training, the feeder dealing them the pipeline
         t_window = time.perf_counter()
@@ -239,6 +248,13 @@ def train_epochs(cfg: dict, ctx, *, index, train_ids: list[int], streams: dict, 
                     shifts_applied, shift = shifts_applied + 1, None
             for s, fut in runs.items():
                 fut.result()
+            if after_segments:   # the rows after the last epoch: the feeder ends as the pipeline runs out
+                after = feeder.set_aside(AFTER)
+                first, last = feeder.aside_span_s[AFTER]
+                after_s = (last - first) if after is not None and first is not None else 0.0
+                stats = ray.get(master.stage_stats.remote(True))   # what the stages did after the last epoch's window
+                accumulate(cache_totals, stats)
+                _merge_stats(train_stats, stats)
         finally:
             feeder.stop.set()
             if any(not f.done() for f in runs.values()) or feeder.error:
@@ -263,7 +279,7 @@ def train_epochs(cfg: dict, ctx, *, index, train_ids: list[int], streams: dict, 
                       for k, v in stage_metrics(train_stats, phase_s["train"]).items()
                       if k.endswith(("_busy_fraction", "_items_per_s", "frames_per_s"))}
     return Trained(states, steps, history, history_waits, models, scores, labels, val, epochs_run, time_to_target,
-                   shifts_applied, shift_wait_s, whole_training, t_train)
+                   shifts_applied, shift_wait_s, whole_training, t_train, after, after_s)
 
 
 def _relaunch_shifted(changed: dict[str, int], streams: dict, alloc: dict, runs: dict, queues: dict, results,

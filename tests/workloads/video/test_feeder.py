@@ -50,21 +50,24 @@ def test_batches_never_cross_an_epoch_and_split_evenly_over_workers(ray_session)
     assert feeder.wait_trainers_s >= 0 and feeder.batches == 6
 
 
-def test_validation_rows_ahead_of_epoch_0_are_set_aside_and_the_epochs_dealt_as_without_them(ray_session):
-    """The validation segments ride the training pipeline: rows of epoch ASIDE come first (here
-    one batch shares them with epoch 0's first rows); the feeder keeps them for the driver and
-    deals the epochs exactly as it would without them."""
+def test_rows_ahead_of_epoch_0_and_after_the_last_are_set_aside_and_the_epochs_dealt_as_without_them(ray_session):
+    """The validation segments and the inference windows ride the training pipeline: rows of epoch
+    AHEAD come first, rows of epoch AFTER last (here batches share them with epoch 0's first rows and
+    epoch 1's last); the feeder keeps them for the driver and deals the epochs exactly as it would
+    without them, the last epoch's end mark included."""
     import threading
 
-    from workloads.video.feeder import ASIDE, Feeder, make_queues, shutdown_queues
+    from workloads.video.feeder import AFTER, AHEAD, Feeder, make_queues, shutdown_queues
 
-    def run(aside_rows: int):
+    def run(ahead: int, after: int):
         plain = _batches(epochs=2, rows=10, size=20)[0]
-        data = {k: np.concatenate([np.full(aside_rows, ASIDE) if k == "epoch" else -np.arange(1, aside_rows + 1),
-                                   v]) for k, v in plain.items()}
+        data = {k: np.concatenate([np.full(ahead, AHEAD) if k == "epoch" else -np.arange(1, ahead + 1), v,
+                                   np.full(after, AFTER) if k == "epoch" else 1000 + np.arange(after)])
+                for k, v in plain.items()}
         batches = [{k: v[i:i + 3] for k, v in data.items()} for i in range(0, len(data["label"]), 3)]
         queues = make_queues({"spatial": 1}, depth=2)
-        feeder = Feeder({"spatial": "f1"}, queues, batch_size=4, epochs=2, aside=["f2", "label"] if aside_rows else None)
+        aside = {AHEAD: ["f2", "label"], AFTER: ["f2"]} if ahead else None
+        feeder = Feeder({"spatial": "f1"}, queues, batch_size=4, epochs=2, aside=aside)
         got = {}
         reader = threading.Thread(target=lambda: got.__setitem__("s0", _drain(queues["spatial"][0])))
         reader.start()
@@ -72,27 +75,48 @@ def test_validation_rows_ahead_of_epoch_0_are_set_aside_and_the_epochs_dealt_as_
         reader.join(60)
         shutdown_queues(queues)
         assert feeder.error is None
-        return got["s0"], (feeder.set_aside() if aside_rows else None)
+        return got["s0"], (feeder.set_aside(AHEAD), feeder.set_aside(AFTER)) if ahead else None
 
-    dealt, aside = run(aside_rows=4)
-    assert dealt == run(aside_rows=0)[0]
-    assert aside["f2"].tolist() == [-1, -2, -3, -4] and aside["label"].tolist() == [-1, -2, -3, -4]
+    dealt, (ahead, after) = run(ahead=4, after=5)
+    assert dealt == run(ahead=0, after=0)[0]
+    assert ahead["f2"].tolist() == [-1, -2, -3, -4] and ahead["label"].tolist() == [-1, -2, -3, -4]
+    assert after["f2"].tolist() == [1000, 1001, 1002, 1003, 1004]
+
+
+def test_rows_after_the_last_epoch_are_not_handed_out_when_training_stopped_early(ray_session):
+    """Training met its target: the pipeline did not run out, the windows after the last epoch may
+    be missing, so the driver gets None (and decodes them on their own) rather than a part."""
+    from workloads.video.feeder import AFTER, Feeder, make_queues, shutdown_queues
+
+    queues = make_queues({"spatial": 1}, depth=4)
+    feeder = Feeder({"spatial": "f1"}, queues, batch_size=4, epochs=2, aside={AFTER: ["f1"]})
+
+    def batches():
+        for i, b in enumerate(_batches(epochs=2, rows=10, size=3)):
+            if i == 2:
+                feeder.finish.set()
+            yield b
+        yield {"epoch": np.array([AFTER]), "label": np.array([0]), "f1": np.array([7]), "f2": np.array([7])}
+
+    feeder.run(batches())
+    shutdown_queues(queues)
+    assert feeder.error is None and feeder.set_aside(AFTER) is None
 
 
 def test_set_aside_raises_the_pipelines_error_rather_than_returning_a_part(ray_session):
     import pytest
 
-    from workloads.video.feeder import ASIDE, Feeder, make_queues, shutdown_queues
+    from workloads.video.feeder import AHEAD, Feeder, make_queues, shutdown_queues
 
     def batches():
-        yield {"epoch": np.array([ASIDE]), "label": np.array([0]), "f1": np.array([1])}
+        yield {"epoch": np.array([AHEAD]), "label": np.array([0]), "f1": np.array([1])}
         raise OSError("decode stage lost")
 
     queues = make_queues({"spatial": 1}, depth=2)
-    feeder = Feeder({"spatial": "f1"}, queues, batch_size=4, epochs=1, aside=["f1"])
+    feeder = Feeder({"spatial": "f1"}, queues, batch_size=4, epochs=1, aside={AHEAD: ["f1"]})
     feeder.run(batches())
     shutdown_queues(queues)
-    with pytest.raises(RuntimeError, match="before the validation segments passed: decode stage lost"):
+    with pytest.raises(RuntimeError, match="before the rows set aside passed: decode stage lost"):
         feeder.set_aside()
 
 
