@@ -50,6 +50,9 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
     #    kind); synthetic videos are written to storage first (data.py)
     index, train_ids, val_ids, skipped_by_kind = index_videos(cfg, ctx, store)
     classes, num_classes = index.classes, len(index.classes)
+    #    and the untrimmed videos for inference (synthetic ones written to storage): their windows
+    #    ride the training pipeline after its last epoch
+    videos = untrimmed_videos(cfg, classes, ctx.storage.child("untrimmed"))
     phase_s = {"data": time.perf_counter() - t_start, "train": 0.0, "val": 0.0}
     ctx.mark("data")
 
@@ -65,7 +68,6 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
     epochs = int(vcfg["epochs"])
     # a resumed run (python -m orchard resume) goes on from the previous run's video checkpoint,
     # read from storage alone (the driver's folder may be gone): its states, allocation, history
-    run_storage = ctx.storage
     resumed = load_checkpoint(ctx.previous_storage) if ctx.previous_storage is not None else None
     first_epoch = 0 if resumed is None else epochs if resumed["training_done"] else int(resumed["epoch"]) + 1
     op_summaries = []
@@ -85,9 +87,6 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
         phase_s["val"] += time.perf_counter() - t_phase
         ctx.mark("validation")
     validated_before = phase_s["val"]
-    #    the untrimmed videos for inference (synthetic ones written to storage); their windows ride
-    #    the training pipeline after its last epoch
-    videos = untrimmed_videos(cfg, classes, run_storage.child("untrimmed"))
     windows = inference_segments(videos, count, int(vcfg["inference"]["window_stride"]), vcfg["decoder"],
                                  first_id=len(index.paths))
 
