@@ -83,7 +83,7 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
         t_phase = time.perf_counter()
         val_data = val_features(val_segments, features, index, vcfg, master, cache)
         accumulate(cache_totals, ray.get(master.stage_stats.remote(True)))
-        op_summaries += ray.get(master.operator_summaries.remote(True))
+        op_summaries += operator_summaries(master)
         phase_s["val"] += time.perf_counter() - t_phase
         ctx.mark("validation")
     validated_before = phase_s["val"]
@@ -121,7 +121,7 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
         metrics, records = run_inference(videos, classes, models, streams, vcfg, method, agg["fitted"], master, cache,
                                          decoded=trained.after, first_id=len(index.paths), decoded_s=trained.after_s)
         if trained.after is None:
-            op_summaries += ray.get(master.operator_summaries.remote(True))
+            op_summaries += operator_summaries(master)
             accumulate(cache_totals, ray.get(master.stage_stats.remote(True)))
         ctx.log_dict({"method": method, "videos": records}, "tables/untrimmed_predictions.json")
         final |= metrics
@@ -132,6 +132,9 @@ def _run(cfg: dict, ctx) -> dict[str, float]:
 
     #    the storage trade-off: bytes cached vs bytes of video, and the time the cache saved
     whole_run = operator_metrics(op_summaries)
+    # the Ray Data executions the run started (each starts its actor pools): 1 when validation,
+    # training and inference rode one pipeline; a run that met its target early decodes again
+    ctx.log_params({"video.pipeline_executions": len(op_summaries)})
     ray.get(master.stop.remote())
     bad_at_decode = ray.get(master.bad_files.remote())
     if bad_at_decode:

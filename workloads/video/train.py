@@ -248,7 +248,10 @@ def train_epochs(cfg: dict, ctx, *, index, train_ids: list[int], streams: dict, 
                     shifts_applied, shift = shifts_applied + 1, None
             for s, fut in runs.items():
                 fut.result()
-            if after_segments:   # the rows after the last epoch: the feeder ends as the pipeline runs out
+            # the rows after the last epoch, whole once the pipeline ran out; none after a stop at the
+            # target, whose dropped seeds may be among them even if the pipeline ran out before the
+            # feeder heard of the stop (inference then decodes its windows on its own)
+            if after_segments and epochs_run == epochs:
                 after = feeder.set_aside(AFTER)
                 first, last = feeder.aside_span_s[AFTER]
                 after_s = (last - first) if after is not None and first is not None else 0.0
