@@ -110,9 +110,10 @@ class Trained:
     shift_wait_s: float
     whole_training: dict[str, float]   # the pipeline's busy fractions and rates over the whole training
     t_train: float                 # perf_counter() when training began
-    after: dict | None = None      # the rows that came after the last epoch (``after_segments``), and the
-    after_s: float = 0.0           # seconds from the first of them to the last; None: the pipeline
-                                   # did not run out (training stopped early, or nothing to train)
+    # the rows that came after the last epoch (``after_segments``); None where the pipeline did not
+    # run out (training stopped early, or nothing to train): inference decodes them on its own
+    after: dict | None = None
+    after_s: float = 0.0           # seconds from the first of those rows' arrival to the last's
 
 
 def train_epochs(cfg: dict, ctx, *, index, train_ids: list[int], streams: dict, features: list[str], count: int,
