@@ -104,7 +104,9 @@ class Poller:
     A tick that raises is skipped and the next one comes (a busy GCS or store: look again next
     time); one that returns ``Poller.DONE`` ends the poller. ``stopping`` is set by ``stop()``, so
     a tick that waits can wait on it. Not one of the threads ``join_all`` waits for: its owner stops
-    it (usually as a context manager), before or after Ray, as the owner's own docstring says."""
+    it (usually as a context manager), before or after Ray, as the owner's own docstring says; but
+    one still in its tick when ``stop()`` gives up waiting becomes one of them, since that tick may
+    be inside Ray (a sampler's tick logging to the sink on a loaded machine when Ctrl-C came)."""
 
     DONE = object()
 
@@ -123,6 +125,9 @@ class Poller:
         self.stopping.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(2 * self.every_s + 1.0 if timeout_s is None else timeout_s)
+            if self._thread.is_alive():  # its tick is still in a call: waited for before Ray stops
+                with _lock:
+                    _threads.add(self._thread)
 
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()

@@ -86,3 +86,21 @@ def test_a_poller_ticks_until_stopped_skips_a_failing_tick_and_ends_on_done():
     with Poller(lambda: slow.append(1), 60.0, "orchard-test-slow") as waiting:
         assert waiting.alive() and slow == []          # no tick before the first period without at_once
     assert not waiting.alive() and waiting.stopping.is_set()   # stop() wakes the wait at once
+
+
+def test_a_poller_whose_tick_outlasts_its_stop_is_waited_for_before_ray_stops():
+    # the driver's sampler was still in its tick (logging to the sink, in Ray) when its owner
+    # stopped it on a loaded machine: Ray stopping under it would end the process with status 1
+    release, ended = threading.Event(), []
+
+    def tick():
+        release.wait(5)
+        ended.append(True)
+
+    poller = background.Poller(tick, 0.01, "orchard-test-sampler", at_once=True).start()
+    time.sleep(0.05)                       # inside its first tick
+    poller.stop(timeout_s=0.05)            # gives up waiting: the tick goes on
+    assert poller.alive() and background.running() == ["orchard-test-sampler"]
+    threading.Timer(0.3, release.set).start()
+    assert background.join_all(timeout=5) == [] and ended == [True]
+    assert background.running() == []
