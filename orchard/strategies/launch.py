@@ -142,10 +142,11 @@ def launch(train_loop: Callable[[dict], None], loop_config: dict, cfg: dict, ctx
     """
     import ray.train
     from ray.train import CheckpointConfig, FailureConfig, RunConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train.torch import TorchTrainer
 
     from orchard.cluster import ray_private
     from orchard.strategies import node_loss
+    from orchard.strategies.process_group import ProcessGroupConfig
 
     strategy = cfg["strategy"]
     recovery = node_loss.recovery_log()
@@ -170,7 +171,8 @@ def launch(train_loop: Callable[[dict], None], loop_config: dict, cfg: dict, ctx
         warnings.warn(f"strategy.gpus_per_worker={strategy['gpus_per_worker']}: workers share GPUs, so the "
                       "process group uses gloo (NCCL needs one GPU per worker)", stacklevel=2)
         backend = "gloo"
-    torch_config = TorchConfig(backend=None if backend == "auto" else backend)
+    # Ray's TorchConfig, from a module without torch: the controller need not import it (process_group.py)
+    torch_config = ProcessGroupConfig(backend=None if backend == "auto" else backend)
     scaling = _scaling(strategy, use_gpu, resources)
     elastic = isinstance(scaling.num_workers, tuple)
     states = node_loss.controller_states(recovery) if elastic else None
