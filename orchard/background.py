@@ -1,5 +1,6 @@
 """Threads: workload work off the main thread, which the run lifecycle waits for before it stops
-Ray (``start``, ``call``, ``join_all``), and ``Poller``, the one shape of every periodic thread.
+Ray (``start``, ``call``, ``join_all``), ``Poller``, the one shape of every periodic thread, and
+``warm_imports``, what a run's ending imports, imported while its workers train.
 
 Why off the main thread: the main thread keeps orchard's SIGINT/SIGTERM handler
 (orchard/terminal/interrupts.py). Ray defers SIGINT while the main thread submits a task, so a SIGTERM
@@ -16,6 +17,8 @@ at exit, and one stuck in a stopped Ray would keep the process from ever exiting
 """
 from __future__ import annotations
 
+import importlib
+import os
 import threading
 import time
 from concurrent.futures import Future
@@ -150,3 +153,28 @@ class Poller:
             return self.tick()
         except Exception:  # noqa: BLE001 - see the class docstring: the next tick looks again
             return None
+
+
+def warm_imports(*modules: str) -> threading.Thread:
+    """Import ``modules`` in a daemon thread at the lowest CPU priority, now.
+
+    A workload calls it as it hands its work to its workers, naming what its ending imports (the
+    model's exporter, the figures' libraries): the driver's ending runs alone, one core busy and
+    the others idle, while during training the driver waits; imported then, at the lowest
+    priority, those imports take CPU the workers leave over rather than the ending's. The
+    thread touches no Ray (the lifecycle need not wait for it); a module that fails to import is
+    left to the code that needs it, which raises the error where it means something."""
+    def warm() -> None:
+        try:  # this thread alone: on Linux a thread has a priority of its own
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except (AttributeError, OSError):
+            pass
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - see the docstring
+                pass
+
+    thread = threading.Thread(target=warm, name="orchard-warm-imports", daemon=True)
+    thread.start()
+    return thread

@@ -104,3 +104,19 @@ def test_a_poller_whose_tick_outlasts_its_stop_is_waited_for_before_ray_stops():
     threading.Timer(0.3, release.set).start()
     assert background.join_all(timeout=5) == [] and ended == [True]
     assert background.running() == []
+
+
+def test_warm_imports_imports_at_the_lowest_priority_off_the_main_thread_and_skips_what_fails(tmp_path, monkeypatch):
+    import sys
+
+    (tmp_path / "orchard_warm_probe.py").write_text(
+        "import os, threading\n"
+        "NICE = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())\n"
+        "THREAD = threading.current_thread().name\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    thread = background.warm_imports("orchard_no_such_module", "orchard_warm_probe")
+    thread.join(30)
+    probe = sys.modules.pop("orchard_warm_probe")
+    assert not thread.is_alive() and probe.THREAD == "orchard-warm-imports"
+    assert probe.NICE == 19                                  # that thread's priority alone
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) < 19   # not the caller's

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from orchard.api import evicted_bytes, skipped, Storage
+from orchard.api import background, evicted_bytes, skipped, Storage
 
 from . import baseline_counter, checkpoint, evaluate, figures
 from .checkpoint import load_model, MODEL_FILE
@@ -86,6 +86,9 @@ def run(cfg: dict, ctx) -> dict[str, float]:
     config = loop_config(cfg, tile_store, density, fit_idx, val_idx)
     prepared_s = time.time() - started
     ctx.mark("data")
+    # what the ending imports (the model's exporter, its MLflow flavour, pyplot), imported while
+    # the workers train: the ending runs on the driver alone (orchard/background.py)
+    background.warm_imports("torch.export._trace", "mlflow.pytorch", "mlflow.models", "matplotlib.pyplot")
     train_started = time.time()
     # a resumed run continues the previous run's Ray Train run and its checkpoints (checkpoint.py)
     launch_workers(config, cfg, ctx, checkpoint.resolve(ctx))

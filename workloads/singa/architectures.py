@@ -228,6 +228,9 @@ class Architecture:
         opts = {"num_cpus": cpus_per_group, "scheduling_strategy": "SPREAD"}
         self.actors = [GroupActor.options(**opts).remote(spec, r, self.num_groups) for r in range(self.num_groups)]
         try:
+            # the servers' processes start beside the groups' (one start, not two in a row);
+            # they are filled with group 0's initial parameters once those exist (_start)
+            self.ps_groups = self._servers(arch, spec)
             self._start(arch, spec, get_all([a.info.remote() for a in self.actors], start_bound_s))
         except ray.exceptions.GetTimeoutError:
             self.abandon()
@@ -248,25 +251,34 @@ class Architecture:
         self.exchange_bytes = 0
         self.sample_ratio = float(arch.get("sample_ratio", 1.0) or 1.0)
         params = ray.get(self.actors[0].get_params.remote())
-        if self.name in ("sync_ps", "async_ps", "replicated"):
-            from orchard.api import PSGroup
-
-            replicas = int(arch.get("server_groups", 1)) if self.name == "replicated" else 1
-            rule = server_optimizer(spec["updater"], arch.get("server_updater"))
-            for r in range(replicas):
-                members = [g for g in range(self.num_groups) if g % replicas == r]
-                self.ps_groups.append(PSGroup.create(
-                    params, num_servers=int(arch["servers_per_group"]), num_workers=len(members),
-                    mode=arch.get("mode", "sync"), optimizer=dict(rule, weight_decay=0.0),
-                    cpus_per_server=float(arch.get("cpus_per_server", 0)),
-                    async_average=bool(arch.get("async_average", False))))
-            ray.get([a.connect_ps.remote(self.ps_groups[g % replicas], _index_in(g, replicas), rule["weight_decay"])
+        if self.ps_groups:
+            replicas = len(self.ps_groups)
+            for group in self.ps_groups:
+                group.initialize(params)
+            weight_decay = server_optimizer(spec["updater"], arch.get("server_updater"))["weight_decay"]
+            ray.get([a.connect_ps.remote(self.ps_groups[g % replicas], _index_in(g, replicas), weight_decay)
                      for g, a in enumerate(self.actors)])
         elif self.name == "allreduce" and self.num_groups > 1:
             host, port = self.rendezvous = tuple(ray.get(self.actors[0].address.remote()))
             ray.get([a.join_allreduce.remote(host, port) for a in self.actors])
         else:
             ray.get([a.set_params.remote(params) for a in self.actors[1:]])
+
+    def _servers(self, arch: dict, spec: dict) -> list:
+        """The architecture's server groups, started empty: one per replica (``replicated``), one
+        for ``sync_ps`` and ``async_ps``, none for the others."""
+        if self.name not in ("sync_ps", "async_ps", "replicated"):
+            return []
+        from orchard.api import PSGroup
+
+        replicas = int(arch.get("server_groups", 1)) if self.name == "replicated" else 1
+        rule = server_optimizer(spec["updater"], arch.get("server_updater"))
+        return [PSGroup.create(None, num_servers=int(arch["servers_per_group"]),
+                               num_workers=len([g for g in range(self.num_groups) if g % replicas == r]),
+                               mode=arch.get("mode", "sync"), optimizer=dict(rule, weight_decay=0.0),
+                               cpus_per_server=float(arch.get("cpus_per_server", 0)),
+                               async_average=bool(arch.get("async_average", False)))
+                for r in range(replicas)]
 
     def round_length(self) -> int:
         if self.name == "replicated":
