@@ -102,7 +102,7 @@ class Feeder:
         self._aside = {mark: {c: [] for c in columns} for mark, columns in (aside or {}).items()}
         self._passed = {mark: threading.Event() for mark in self._aside}   # every such row has passed
         self._drained = False         # the pipeline ran out (not stopped, failed or finished early)
-        self.aside_span_s = {mark: [None, None] for mark in self._aside}   # first and last arrival of such rows
+        self._aside_span = {mark: [None, None] for mark in self._aside}   # first and last arrival of such rows
 
     # -- decode control -------------------------------------------------------------------
     def _pause_decoding(self) -> None:
@@ -212,6 +212,12 @@ class Feeder:
             return None
         return {c: np.concatenate(v) if v else np.zeros((0,)) for c, v in self._aside[mark].items()}
 
+    def aside_seconds(self, mark: int) -> float:
+        """Seconds from the first row set aside for ``mark`` reaching the feeder to the last one (0
+        if none came): the time the pipeline spent on those rows, as the driver sees it."""
+        first, last = self._aside_span[mark]
+        return (last - first) if first is not None else 0.0
+
     def _pass(self, epoch: int) -> None:
         """A row of ``epoch`` arrived: every set-aside epoch before it has passed (rows are in order)."""
         for mark, passed in self._passed.items():
@@ -256,7 +262,7 @@ class Feeder:
                             self._end_epochs(self.epochs)
                         for c, parts in self._aside[e].items():
                             parts.append(batch[c][rows])
-                        span = self.aside_span_s[e]
+                        span = self._aside_span[e]
                         span[0], span[1] = span[0] or t0, time.perf_counter()
                         continue
                     if e > self._epoch:

@@ -254,8 +254,7 @@ def train_epochs(cfg: dict, ctx, *, index, train_ids: list[int], streams: dict, 
             # feeder heard of the stop (inference then decodes its windows on its own)
             if after_segments and epochs_run == epochs:
                 after = feeder.set_aside(AFTER)
-                first, last = feeder.aside_span_s[AFTER]
-                after_s = (last - first) if after is not None and first is not None else 0.0
+                after_s = feeder.aside_seconds(AFTER) if after is not None else 0.0
                 stats = ray.get(master.stage_stats.remote(True))   # what the stages did after the last epoch's window
                 accumulate(cache_totals, stats)
                 _merge_stats(train_stats, stats)

@@ -75,12 +75,13 @@ def test_rows_ahead_of_epoch_0_and_after_the_last_are_set_aside_and_the_epochs_d
         reader.join(60)
         shutdown_queues(queues)
         assert feeder.error is None
-        return got["s0"], (feeder.set_aside(AHEAD), feeder.set_aside(AFTER)) if ahead else None
+        return got["s0"], (feeder.set_aside(AHEAD), feeder.set_aside(AFTER), feeder.aside_seconds(AFTER)) if ahead else None
 
-    dealt, (ahead, after) = run(ahead=4, after=5)
+    dealt, (ahead, after, after_s) = run(ahead=4, after=5)
     assert dealt == run(ahead=0, after=0)[0]
     assert ahead["f2"].tolist() == [-1, -2, -3, -4] and ahead["label"].tolist() == [-1, -2, -3, -4]
     assert after["f2"].tolist() == [1000, 1001, 1002, 1003, 1004]
+    assert after_s > 0   # the rows after the last epoch came in two batches: from the first to the last
 
 
 def test_rows_after_the_last_epoch_are_not_handed_out_when_training_stopped_early(ray_session):
