@@ -190,18 +190,17 @@ def _difficulty(syn: dict) -> dict[str, float]:
 
 
 def with_videos(index: VideoIndex, videos: list[dict]) -> VideoIndex:
-    """``index`` with ``videos`` (untrimmed ones, their ``pts`` read) after its own, numbered from
-    ``len(index.paths)``: what one pipeline over training and inference segments decodes from."""
+    """``index`` with ``videos`` (untrimmed ones, their ``pts`` and ``digest`` read by
+    ``inference.inference_segments``) after its own, numbered from ``len(index.paths)``: what one
+    pipeline over training and inference segments decodes from."""
     import dataclasses
-
-    from .frame_index import file_digest
 
     return dataclasses.replace(index, paths=[*index.paths, *(v["path"] for v in videos)],
                                labels=[*index.labels, *([-1] * len(videos))],
                                lengths=[*index.lengths, *(v["length"] for v in videos)],
                                splits=[*index.splits, *(["untrimmed"] * len(videos))],
                                pts=[*index.pts, *(v["pts"] for v in videos)],
-                               digests=[*index.digests, *(file_digest(v["path"]) for v in videos)])
+                               digests=[*index.digests, *(v["digest"] for v in videos)])
 
 
 def segment_dataset(segments, features, index, vcfg, master, cache):
@@ -223,8 +222,8 @@ def untrimmed_videos(cfg: dict, classes: list[str], storage) -> list[dict]:
     vcfg, icfg = cfg["video"], cfg["video"]["inference"]
     if icfg.get("root"):
         found = scan(icfg["root"], val_fraction=0.0, decoder=vcfg["decoder"])
-        return [{"path": p, "label": found.classes[lab], "length": n, "pts": pts}
-                for p, lab, n, pts in zip(found.paths, found.labels, found.lengths, found.pts)]
+        return [{"path": p, "label": found.classes[lab], "length": n, "pts": pts, "digest": digest}
+                for p, lab, n, pts, digest in zip(found.paths, found.labels, found.lengths, found.pts, found.digests)]
     if int(icfg["videos"]) <= 0 or not set(classes) <= set(MOTION_CLASSES):
         return []  # real training data with no untrimmed videos given: nothing to classify
     seed = int(cfg["seed"])

@@ -82,14 +82,19 @@ def classify_untrimmed(window_scores: dict[str, np.ndarray], motion: np.ndarray,
 
 def inference_segments(videos: list[dict], count: int, stride: int, decoder: str, first_id: int = 0) -> list[dict]:
     """The sliding windows' segment seeds over ``videos`` (pipeline video ids from ``first_id``); a
-    video's frame index (``pts``) and ``length`` are read here where not given."""
+    video's frame index (``pts``), ``length`` and content ``digest`` (the decode cache's key) are
+    read here where not given, once: the pipeline that decodes the windows takes them from there."""
     from .decoder import build_decoder
+    from .frame_index import file_digest
 
     dec = build_decoder(decoder)
     segments = []
     for v, video in enumerate(videos):
-        video.setdefault("pts", dec.index(video["path"]))
+        if "pts" not in video:
+            video["pts"] = dec.index(video["path"])
         video.setdefault("length", len(video["pts"]))
+        if "digest" not in video:
+            video["digest"] = file_digest(video["path"])
         for k, off in enumerate(window_offsets(video["length"], count, stride)):
             segments.append({"video": first_id + v, "label": -1, "offset": off, "count": count, "segment": k})
     return segments
@@ -113,8 +118,6 @@ def run_inference(videos: list[dict], classes: list[str], models: dict, streams:
     from .pipeline import build_dataset, frame_count
     from .model import predict
 
-    from .frame_index import file_digest
-
     features = sorted({s["feature"] for s in streams.values()})
     count = frame_count(features, int(vcfg["stack"]), vcfg.get("extractor_modules") or ())
     icfg = vcfg["inference"]
@@ -123,7 +126,7 @@ def run_inference(videos: list[dict], classes: list[str], models: dict, streams:
     if decoded is None:
         paths, lengths = [v["path"] for v in videos], [v["length"] for v in videos]
         ds = build_dataset(segments, features, paths, lengths, vcfg, master, cache, pts=[v["pts"] for v in videos],
-                           digests=[file_digest(p) for p in paths])
+                           digests=[v["digest"] for v in videos])
         feats, meta = _collect_all(ds, features)  # one pass carries every feature
     else:
         feats = {f: decoded[f] for f in features}
