@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 import threading
 import time
 from concurrent.futures import Future
@@ -165,10 +166,11 @@ def warm_imports(*modules: str) -> threading.Thread:
     thread touches no Ray (the lifecycle need not wait for it); a module that fails to import is
     left to the code that needs it, which raises the error where it means something."""
     def warm() -> None:
-        try:  # this thread alone: on Linux a thread has a priority of its own
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        except (AttributeError, OSError):
-            pass
+        if sys.platform.startswith("linux"):  # there a thread has a priority of its own
+            try:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+            except OSError:
+                pass
         for name in modules:
             try:
                 importlib.import_module(name)

@@ -122,8 +122,10 @@ def test_the_core_imports_and_its_cli_answers_without_any_workloads_extra(tmp_pa
 
 
 def test_every_core_module_and_the_forests_import_without_torch(tmp_path):
-    """Only the Ray Train worker (orchard/strategies/worker.py, the torch workloads' side) needs
-    torch; the forest needs its own extra (numba, OpenCV) and none of the others'."""
+    """Only Ray Train's side of orchard needs the torch workloads' extras: the worker
+    (orchard/strategies/worker.py) torch, the process group's setup (process_group.py) Ray Train,
+    whose pandas comes with them (Ray raises a bare ImportError: no name); the forest needs its own
+    extra (numba, OpenCV) and none of the others'."""
     script = textwrap.dedent("""
         import importlib, pkgutil
         import orchard, workloads.forest
@@ -140,7 +142,7 @@ def test_every_core_module_and_the_forests_import_without_torch(tmp_path):
     others = sorted(set(EXTRA_IMPORTS) - set(EXTRAS["forest"]))
     proc = run_without(others, ["-c", script], tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "[('orchard.strategies.worker', 'torch')]"
+    assert proc.stdout.strip() == "[('orchard.strategies.process_group', None), ('orchard.strategies.worker', 'torch')]"
 
 
 def test_a_workload_whose_extra_is_missing_is_refused_in_one_line_naming_it(tmp_path):

@@ -307,3 +307,35 @@ def without_api_server(skip: bool = True):
         yield
     finally:
         services.start_api_server = original
+
+
+# ---------------------------------------------------------------- the torch process group (process_group.py)
+def torch_training_framework():
+    """Ray Train's tag for a torch group (what ``TorchConfig.framework`` says)."""
+    from ray.train.v2._internal.util import TrainingFramework
+
+    return TrainingFramework.TORCH
+
+
+def train_worker_address_and_port() -> tuple[str, int]:
+    """On a Train worker: its node's address and a free port, where rank 0's store listens."""
+    from ray.train._internal.utils import get_address_and_port
+
+    return get_address_and_port()
+
+
+def join_torch_process_group(backend: str, world_rank: int, world_size: int, timeout_s: int) -> None:
+    """On a Train worker: the environment ``init_process_group`` reads (LOCAL_RANK and the rest),
+    then Ray Train's own setup of the process group (``env://``)."""
+    from ray.train.torch.config import _set_torch_distributed_env_vars, _setup_torch_process_group
+
+    _set_torch_distributed_env_vars()
+    _setup_torch_process_group(backend=backend, world_rank=world_rank, world_size=world_size,
+                               init_method="env://", timeout_s=timeout_s)
+
+
+def leave_torch_process_group(destroy: bool) -> None:
+    """On a Train worker: Ray Train's own teardown of the process group."""
+    from ray.train.torch.config import _shutdown_torch
+
+    _shutdown_torch(destroy_process_group=destroy)

@@ -6,9 +6,13 @@ callbacks it is started with, so every controller imported torch only to unpickl
 started a worker: 2 s of CPU on the critical path of every flower and video group's start (and
 restart) on 2 cores, more with CUDA's libraries. ``ProcessGroupConfig`` is the same setup from a
 module that imports no torch: the controller only sends the workers functions to run, by
-reference to this module, and the workers, which import torch anyway, import Ray's own setup
-functions inside them. What ``on_start`` does is ``ray.train.torch.config._TorchBackend.on_start``
-for the backends orchard runs (gloo, nccl) with ``env://`` rendezvous; TPUs are not among them.
+reference, and the workers, which import torch anyway, import Ray's own setup inside them
+(``orchard/cluster/ray_private.py``, where orchard's uses of Ray's internals live). What
+``on_start`` does is ``ray.train.torch.config._TorchBackend.on_start`` for the backends orchard
+runs (gloo, nccl) with ``env://`` rendezvous; TPUs are not among them.
+
+Ray Train's side of orchard, like ``worker.py``: it imports ``ray.train``, which the flower and
+video extras bring (``launch`` imports this module when a group starts).
 """
 from __future__ import annotations
 
@@ -17,6 +21,8 @@ from dataclasses import dataclass
 
 import ray
 from ray.train.backend import Backend, BackendConfig
+
+from orchard.cluster import ray_private
 
 
 @dataclass
@@ -40,9 +46,7 @@ class ProcessGroupConfig(BackendConfig):
 
     @property
     def framework(self):
-        from ray.train.v2._internal.util import TrainingFramework
-
-        return TrainingFramework.TORCH
+        return ray_private.torch_training_framework()
 
     def to_dict(self) -> dict:
         return {"backend": self.backend, "init_method": self.init_method, "timeout_s": self.timeout_s}
@@ -55,44 +59,25 @@ class _ProcessGroupBackend(Backend):
         if backend_config.init_method != "env":
             raise ValueError(f"strategy: a process group is set up with init_method 'env'; got {backend_config.init_method!r}")
         backend = backend_config.backend or ("nccl" if worker_group.get_resources_per_worker().get("GPU", 0) else "gloo")
-        from ray.train._internal.utils import get_address_and_port
-
-        address, port = worker_group.execute_single(0, get_address_and_port)
+        address, port = worker_group.execute_single(0, ray_private.train_worker_address_and_port)
         worker_group.execute(_rendezvous_at, address=address, port=port)
-        ray.get([worker_group.execute_single_async(rank, _join_process_group, backend=backend, world_rank=rank,
-                                                   world_size=len(worker_group), timeout_s=backend_config.timeout_s)
+        ray.get([worker_group.execute_single_async(rank, ray_private.join_torch_process_group, backend=backend,
+                                                   world_rank=rank, world_size=len(worker_group),
+                                                   timeout_s=backend_config.timeout_s)
                  for rank in range(len(worker_group))])
 
     def on_shutdown(self, worker_group, backend_config) -> None:
-        from ray._private import ray_constants
         from ray.exceptions import GetTimeoutError
-        from ray.train.constants import (DEFAULT_TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S,
-                                         TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S)
+        from ray.train.constants import (DEFAULT_TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S as DEFAULT_S,
+                                         TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S as VARIABLE)
 
-        futures = worker_group.execute_async(_leave_process_group, destroy=len(worker_group) > 1)
-        timeout_s = ray_constants.env_integer(TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S,
-                                              DEFAULT_TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S)
-        try:
-            ray.get(futures, timeout=timeout_s)
+        futures = worker_group.execute_async(ray_private.leave_torch_process_group, destroy=len(worker_group) > 1)
+        try:  # Ray Train's own bound, as it reads it
+            ray.get(futures, timeout=int(os.environ.get(VARIABLE, DEFAULT_S)))
         except GetTimeoutError:  # as Ray's: a group that hangs on its way out is left to Ray Train
             pass
 
 
-# ---------------------------------------------------------------- run on the workers (they have torch)
-def _rendezvous_at(address: str, port: int) -> None:
+def _rendezvous_at(address: str, port: int) -> None:  # on each worker: where rank 0 listens
     os.environ["MASTER_ADDR"] = address
     os.environ["MASTER_PORT"] = str(port)
-
-
-def _join_process_group(backend: str, world_rank: int, world_size: int, timeout_s: int) -> None:
-    from ray.train.torch.config import _set_torch_distributed_env_vars, _setup_torch_process_group
-
-    _set_torch_distributed_env_vars()  # LOCAL_RANK and the rest, which init_process_group reads
-    _setup_torch_process_group(backend=backend, world_rank=world_rank, world_size=world_size,
-                               init_method="env://", timeout_s=timeout_s)
-
-
-def _leave_process_group(destroy: bool) -> None:
-    from ray.train.torch.config import _shutdown_torch
-
-    _shutdown_torch(destroy_process_group=destroy)

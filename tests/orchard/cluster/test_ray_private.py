@@ -131,6 +131,17 @@ def test_the_private_calls_work_on_a_live_ray(ray_session):
         pass
 
 
+def test_ray_trains_torch_setup_is_where_the_process_group_calls_it():
+    # what orchard/strategies/process_group.py runs on the workers through ray_private, by name
+    import ray.train.torch.config as torch_config
+    from ray.train._internal import utils
+    from ray.train.v2._internal.util import TrainingFramework
+
+    for name in ("_set_torch_distributed_env_vars", "_setup_torch_process_group", "_shutdown_torch"):
+        assert callable(getattr(torch_config, name)), name
+    assert callable(utils.get_address_and_port) and ray_private.torch_training_framework() is TrainingFramework.TORCH
+
+
 def test_nothing_else_in_orchard_or_the_workloads_reaches_into_ray_internals():
     offenders = []
     for path in sorted([*(ROOT / "orchard").rglob("*.py"), *(ROOT / "workloads").rglob("*.py")]):
