@@ -57,6 +57,7 @@ DOOR: dict[str, str] = {
     # figures: the headless pyplot, and a metric's history as a series
     "pyplot": "orchard.tracking.figures:pyplot",
     "logged_series": "orchard.tracking.figures:logged_series",
+    "drawn_png": "orchard.tracking.figures:drawn_png",
     # placement: what one run holds, as Ray placement-group bundles
     "Resources": "orchard.cluster.placement:Resources",
     "bundles": "orchard.cluster.placement:bundles",

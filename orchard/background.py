@@ -1,6 +1,7 @@
 """Threads: workload work off the main thread, which the run lifecycle waits for before it stops
-Ray (``start``, ``call``, ``join_all``), ``Poller``, the one shape of every periodic thread, and
-``warm_imports``, what a run's ending imports, imported while its workers train.
+Ray (``start``, ``call``, ``join_all``), ``Poller``, the one shape of every periodic thread,
+``warm_imports``, what a run's ending imports, imported while its workers train, and
+``side_process``, a process for the CPU work of a driver that is busy itself while they train.
 
 Why off the main thread: the main thread keeps orchard's SIGINT/SIGTERM handler
 (orchard/terminal/interrupts.py). Ray defers SIGINT while the main thread submits a task, so a SIGTERM
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
 import threading
 import time
@@ -180,3 +182,51 @@ def warm_imports(*modules: str) -> threading.Thread:
     thread = threading.Thread(target=warm, name="orchard-warm-imports", daemon=True)
     thread.start()
     return thread
+
+
+class SideProcess:
+    """A process beside the driver for the CPU work of a run's ending (t-SNE, figures), started
+    at the lowest CPU priority with ``modules`` imported there first; ``submit(fn, *args)`` (``fn``
+    a module-level function, its arguments and result picklable) returns a Future.
+
+    For a driver that is busy itself while its workers train (singa drives every round):
+    ``warm_imports``' thread would hold its Python lock while it waits for a core, and stall it; a
+    process has a lock of its own. The lifecycle starts it as Ray starts (a workload names its
+    imports as ``SIDE_IMPORTS``; the run's context holds it as ``ctx.side``), so its imports take
+    CPU that Ray's start and the workers leave over, and its jobs run while the driver logs the
+    model. It is a process of the driver's node (jobs reach it through a pipe, no path is
+    shared); it ignores Ctrl-C, which is the driver's to answer, and the run stops it as it ends."""
+
+    def __init__(self, modules: tuple[str, ...]):
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        # spawn, not fork: the driver holds Ray's and gRPC's threads, which a forked child inherits half-done
+        self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                         initializer=_side_process_start, initargs=(tuple(modules),))
+        self._pool.submit(int)  # a pool starts its process at the first submit: now
+
+    def submit(self, fn, *args) -> Future:
+        return self._pool.submit(fn, *args)
+
+    def stop(self) -> None:
+        """The process ended now, a job still running with it (the workload has waited for the
+        jobs it needs; a failed or interrupted run waits for none). Idempotent."""
+        # Python 3.14 names this terminate_workers()
+        for process in list((getattr(self._pool, "_processes", None) or {}).values()):
+            process.terminate()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _side_process_start(modules: tuple[str, ...]) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group; the driver answers it
+    os.environ.setdefault("MPLBACKEND", "Agg")  # what it draws becomes bytes, never a window
+    try:
+        os.nice(19)
+    except (AttributeError, OSError):  # no nice (Windows), or not allowed: the default priority
+        pass
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - left to the job that needs it, which raises where it means something
+            pass

@@ -267,6 +267,14 @@ def validate(cfg: dict, module) -> None:
         validate_fn(cfg)
 
 
+def check(cfg: dict, module) -> None:
+    """The workload's own ``check``, what needs its heavy libraries (singa builds its net on two
+    samples): the lifecycle runs it while Ray starts (``lifecycle.execute``); raises ``ConfigError``."""
+    check_fn = getattr(module, "check", None)
+    if check_fn is not None:
+        check_fn(cfg)
+
+
 def validate_mode(cfg: dict) -> None:
     """Top-level ``model``/``input`` of ``mode=predict`` (``mode`` itself: orchard/config/schema.py);
     raises ConfigError (one line, exit 2)."""

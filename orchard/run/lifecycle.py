@@ -2,6 +2,8 @@
 through this module, so every run ends the same way, with its true status and exit code.
 
     [1] prepare    compose + validate the config                       nothing started yet
+                   (the workload's ``check``, which needs its heavy libraries, runs in a
+                   thread while Ray starts: a ConfigError from it is exit 2, no run opened)
     [2] preflight  output_dir writable, tracking store usable (created once under a file
                    lock), cluster address answering                    ConfigError -> exit 2
     [3] session    Ray started or attached; the run's workers fit it (else exit 2, rather
@@ -144,8 +146,12 @@ def execute(cfg: dict, module=None) -> Outcome:
 
     module = module or registry.load(cfg["workload"]["name"])
     split = TimeSplit()  # a single run's split starts here: Ray's start is part of its time
-    # the store opens while Ray starts (preflight checked what it could without MLflow)
+    # the store opens while Ray starts (preflight checked what it could without MLflow), and the
+    # workload's side process imports on what CPU they leave (a sweep's trials start their own)
     opening = StoreOpening(cfg["tracking"]["uri"] if cfg["tracking"]["enabled"] else None)
+    side = None if cfg.get("sweep") else side_process(cfg, module)
+    # the workload's check too (singa builds its net): a ConfigError from it ends this before a run opens
+    checking = None if cfg.get("_checked") else background.start(config_lib.check, cfg, module, name="orchard-check")
     try:
         with interrupts.raising():
             # again once Ray is up: ray.init installs a SIGTERM handler of its own (sys.exit)
@@ -153,6 +159,8 @@ def execute(cfg: dict, module=None) -> Outcome:
                 split.mark("ray_start")
                 try:
                     opening.wait()
+                    if checking is not None:
+                        checking.result()
                     # what is alive now is modules (Ray, MLflow, SQLAlchemy, Hydra), not the run's
                     # objects: frozen until the run ends, the full collection at Ray's stop
                     # (cluster.shutdown), which must find the run's unfinished Ray Data
@@ -167,9 +175,13 @@ def execute(cfg: dict, module=None) -> Outcome:
                     from orchard.sweep import run_sweep
 
                     return run_sweep(cfg, module, run_one)
-                return run_one(cfg, module, time_split=split)
+                return run_one(cfg, module, time_split=split, side=side)
     except RayStartError as err:
         opening.wait_quietly()  # a store half made when the process ends would be worse than none
+        bad = checking.exception() if checking is not None else None
+        if isinstance(bad, ConfigError):  # the config's fault first: Ray may have failed for want of it
+            say(f"orchard: bad config: {bad}", file=sys.stderr)
+            return Outcome(2, None, {}, str(bad))
         say(f"orchard: {err}", file=sys.stderr)
         return Outcome(1, None, {}, str(err))
     except KeyboardInterrupt as exc:  # before the run opened, or while Ray stopped
@@ -177,7 +189,18 @@ def execute(cfg: dict, module=None) -> Outcome:
         say(f"orchard: {stopped}", file=sys.stderr)
         return Outcome(stopped.exit_code, None, {}, str(stopped))
     finally:
+        if side is not None:  # the run stopped it as it ended; here if no run took it (bad config, Ray down)
+            side.stop()
         gc.unfreeze()  # collectable again: a notebook's next run, a multirun's next job
+
+
+def side_process(cfg: dict, module):
+    """The workload's side process for a train run (``background.SideProcess`` with the imports
+    its ``SIDE_IMPORTS`` names), or None: most workloads name none."""
+    imports = getattr(module, "SIDE_IMPORTS", ())
+    if not imports or cfg.get("mode", "train") != "train":
+        return None
+    return background.SideProcess(tuple(imports))
 
 
 # --------------------------------------------------------------------------- [4] run_one
@@ -186,11 +209,13 @@ def default_run_name(cfg: dict) -> str:
 
 
 def run_one(cfg: dict, module, parent_run_id: str | None = None, on_metrics=None, quiet: bool = False,
-            time_split: TimeSplit | None = None) -> Outcome:
+            time_split: TimeSplit | None = None, side=None) -> Outcome:
     """One tracked run of the workload ``module`` (its entry for the mode: registry.entry) on a running Ray session.
 
     ``time_split``: the run's split begun before it (``execute``: with Ray's start); a sweep's
-    trial or a multirun's job begins its own here."""
+    trial or a multirun's job begins its own here. ``side``: the workload's side process started
+    with Ray (``execute``); a sweep's trial starts its own here. The run stops it as it ends
+    (``ctx.side`` while it runs)."""
     from orchard.tracking import mlflow_run as tracking
 
     split = time_split or TimeSplit()
@@ -231,8 +256,10 @@ def run_one(cfg: dict, module, parent_run_id: str | None = None, on_metrics=None
         # where this trial's part of the log is: Tune kills a trial its scheduler stops before the
         # close below copies it, and the sweep's driver copies it then (sweep/trials.py)
         retried(tracked.client().set_tag, run_id, tracking.TRIAL_LOG_TAG, f"{log_start}:{console.log_path()}")
+    if side is None:  # a sweep's trial
+        side = side_process(cfg, module)
     try:
-        live = start_run_services(cfg, tracked, run_id, run_dir, on_metrics, split)
+        live = start_run_services(cfg, tracked, run_id, run_dir, on_metrics, split, side)
         write_hydra_folder(cfg, run_dir)
         split.mark("store_open")
         metrics = _run_workload(cfg, module, live, quiet)
@@ -248,6 +275,8 @@ def run_one(cfg: dict, module, parent_run_id: str | None = None, on_metrics=None
         if stopped is not None:  # Ctrl-C first, then a library failed while it stopped: still KILLED
             status, error, exit_code = "KILLED", stopped, stopped.exit_code
     with interrupts.deferred():
+        if side is not None:  # its jobs are done (the workload waited for what it needs) or not needed
+            side.stop()
         summary = end_run(live, tracked, heartbeat, status, error, metrics, split, (log_start, run_dir))
     if "close" not in split.parts:  # the final metrics never went out (no sink, a store away)
         split.mark("close")

@@ -48,6 +48,8 @@ def prepare_jobs(overrides: list[str]) -> list[tuple[dict, object]]:
         # hydra.mode and hydra.job.num as Hydra sets them for a job: its folder is hydra.sweep.*
         cfg, module = lifecycle.prepare([*job, "hydra.mode=MULTIRUN", f"hydra.job.num={num}"])
         cfg["_overrides"] = job  # what the user typed, for this job (resume, overrides.yaml)
+        config_lib.check(cfg, module)  # every job's before the first runs (execute need not again)
+        cfg["_checked"] = True
         prepared.append((cfg, module))
     return prepared
 

@@ -20,7 +20,7 @@ class LiveServices:
 
 
 def start_run_services(cfg: dict, tracked, run_id: str | None, run_dir: Path, on_metrics,
-                       split: TimeSplit) -> LiveServices:
+                       split: TimeSplit, side=None) -> LiveServices:
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -41,6 +41,7 @@ def start_run_services(cfg: dict, tracked, run_id: str | None, run_dir: Path, on
                      storage=Storage.for_run(cfg, run_dir), previous_storage=Storage.previous_run(cfg))
     ctx._on_metrics = on_metrics
     ctx.time_split = split
+    ctx.side = side
     live = LiveServices(ctx, sink, [])
     if tcfg.get("system_metrics"):
         live.samplers = system_metrics.start_samplers(ctx, tcfg["sample_interval_s"])

@@ -6,7 +6,6 @@ same methods there.  Every call becomes one fire-and-forget message to the run's
 """
 from __future__ import annotations
 
-import io
 import json
 import posixpath
 import re
@@ -45,6 +44,9 @@ class RunContext:
         # The run's time split (orchard/tracking/time_split.py), on the driver only: workers never mark it.
         self.time_split = None
         self._drawings: list = []  # figures drawing in Ray tasks (draw), on the driver only
+        # The workload's side process (orchard.background.SideProcess, started by the lifecycle
+        # when the workload names SIDE_IMPORTS), on the driver only; None elsewhere.
+        self.side = None
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -52,6 +54,7 @@ class RunContext:
         state["_progress_sent"] = NEVER_SENT
         state["time_split"] = None
         state["_drawings"] = []
+        state["side"] = None
         return state
 
     # ------------------------------------------------------------------ time split
@@ -105,9 +108,9 @@ class RunContext:
 
     def log_figure(self, figure, name: str, dpi: int = 100) -> None:
         """Save a matplotlib figure as a PNG artifact ``name`` (e.g. ``figures/loss.png``)."""
-        buf = io.BytesIO()
-        figure.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
-        self.log_bytes(buf.getvalue(), name)
+        from orchard.tracking.figures import png_bytes
+
+        self.log_bytes(png_bytes(figure, dpi), name)
 
     def draw(self, fn: Callable, /, **kwargs):
         """``fn(ctx, **kwargs)`` in a Ray task while the caller goes on: a workload's figures drawn

@@ -1,10 +1,13 @@
-"""What every workload's ``figures.py`` shares: a headless pyplot and the series a run logged.
+"""What every workload's ``figures.py`` shares: a headless pyplot, a figure as PNG bytes and the
+series a run logged.
 
-Figures are PNG artifacts under ``figures/`` (``ctx.log_figure``); a workload draws them on the
-driver at the end of its run, from arrays it still holds or from the metrics it logged.
+Figures are PNG artifacts under ``figures/`` (``ctx.log_figure``); a workload draws them at the
+end of its run, from arrays it still holds or from the metrics it logged, on the driver or beside
+it (``ctx.draw``'s Ray task, singa's ``background.side_process``).
 """
 from __future__ import annotations
 
+import io
 from typing import Callable
 
 
@@ -16,6 +19,25 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def png_bytes(figure, dpi: int = 100) -> bytes:
+    """A matplotlib figure as the PNG that ``RunContext.log_figure`` logs."""
+    buf = io.BytesIO()
+    figure.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    return buf.getvalue()
+
+
+def drawn_png(draw: Callable, *args) -> bytes:
+    """``draw(*args)`` (a function that returns a matplotlib figure) as PNG bytes, the figure
+    closed: a figure drawn where no run context is (``background.side_process``), for the driver
+    to log with ``ctx.log_bytes``."""
+    plt = pyplot()
+    figure = draw(*args)
+    try:
+        return png_bytes(figure)
+    finally:
+        plt.close(figure)
 
 
 def logged_series(ctx, keep: Callable[[str], bool]) -> dict[str, tuple[list[int], list[float]]]:

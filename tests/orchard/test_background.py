@@ -120,3 +120,41 @@ def test_warm_imports_imports_at_the_lowest_priority_off_the_main_thread_and_ski
     assert not thread.is_alive() and probe.THREAD == "orchard-warm-imports"
     assert probe.NICE == 19                                  # that thread's priority alone
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) < 19   # not the caller's
+
+
+def _side_probe() -> dict:
+    import sys
+
+    return {"pid": os.getpid(), "nice": os.getpriority(os.PRIO_PROCESS, 0),
+            "ignores_ctrl_c": signal.getsignal(signal.SIGINT) == signal.SIG_IGN,
+            "imported": "orchard_side_probe" in sys.modules}
+
+
+def test_a_side_process_runs_jobs_in_its_own_process_at_the_lowest_priority_its_imports_made(tmp_path, monkeypatch):
+    (tmp_path / "orchard_side_probe.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))  # the process starts with this process's sys.path
+    side = background.SideProcess(("orchard_no_such_module", "orchard_side_probe"))  # a failed import is skipped
+    try:
+        probe = side.submit(_side_probe).result(120)
+        with pytest.raises(ZeroDivisionError):  # a job's error is its Future's
+            side.submit(divmod, 1, 0).result(60)
+    finally:
+        side.stop()
+    assert probe["pid"] != os.getpid() and probe["nice"] == 19 and probe["imported"]
+    assert probe["ignores_ctrl_c"]  # Ctrl-C reaches the whole process group; the driver answers it
+    assert os.getpriority(os.PRIO_PROCESS, 0) < 19  # not the caller's
+
+
+def test_stopping_a_side_process_ends_it_with_a_job_still_running():
+    """A failed or interrupted run waits for no job of its side process (a t-SNE of many points)."""
+    import psutil
+
+    side = background.SideProcess(())
+    pid = side.submit(os.getpid).result(120)
+    job = side.submit(time.sleep, 600)
+    while not job.running():
+        time.sleep(0.05)
+    side.stop()
+    assert job.done()
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    side.stop()  # again: nothing left to stop

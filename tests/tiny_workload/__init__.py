@@ -22,6 +22,12 @@ def validate(cfg: dict) -> None:
         raise ConfigError("tiny.lr", f"a learning rate below 1.0 (larger diverges), got {cfg['tiny']['lr']}")
 
 
+def check(cfg: dict) -> None:
+    """The check that needs heavy libraries (singa builds its net): run while Ray starts."""
+    if cfg["tiny"].get("check_fails"):
+        raise ConfigError("tiny.check_fails", "false (the workload's check refused it, tiny.check_fails=true)")
+
+
 def _fit(steps: int, lr: float, seed: int, ctx, prefix: str, sleep_s: float = 0.0) -> float:
     import numpy as np
 

@@ -12,17 +12,18 @@ from __future__ import annotations
 # strategy=ps: parameter-server presets (sync_ps by default); strategy=ring: allreduce.
 # singa.arch is the authority; the strategy only picks its default (conf/workload_strategy/).
 STRATEGIES = ("ps", "ring")
+# What the run's side process imports as Ray starts, for the figures it draws beside the driver
+# (figures.py: scikit-learn's t-SNE and pyplot, which the driver then never imports)
+SIDE_IMPORTS = ("workloads.singa.figures", "matplotlib.pyplot", "sklearn.manifold", "sklearn.neighbors")
 
 
 def validate(cfg: dict) -> None:
-    """Reject bad singa.* keys with one line, before Ray starts.  Builds the net (and every
-    pre-training stage's) on two samples of its data and runs one BP/CD pass, so a broken net
-    fails here naming its layer; a strategy or cluster key the chosen arch would ignore is
-    rejected too."""
+    """Reject bad singa.* keys with one line, before Ray starts: each key's type and range, the
+    net file's shape, the arch; a strategy or cluster key the chosen arch would ignore is rejected
+    too. ``check`` builds the net."""
     from orchard.api import schema, require_choice, require_path, ConfigError
     from .data import DATASETS
-    from .settings import arch_names, check_net, load_net, net_key, resolve_arch, resolve_training
-    from .updaters import UPDATERS
+    from .settings import UPDATERS, arch_names, load_net, net_key, resolve_arch, resolve_training
 
     from .schema import Arch, Singa
 
@@ -68,16 +69,23 @@ def validate(cfg: dict) -> None:
     if arch["name"] == "local" and arch["worker_groups"] != 1:
         raise ConfigError("singa.cluster.worker_groups", "1 for arch local")
     _reject_ignored_keys(cfg, arch)
-    # [last] build the net(s) on real samples: one line naming the layer, before Ray starts
-    from .model import NetError
+
+
+def check(cfg: dict) -> None:
+    """Build the net(s) on two real samples and run one BP/CD pass (settings.check_net): a broken
+    net fails with one line naming its layer, while Ray starts (torch's import and the build take
+    a core for 2-3 s, which Ray's start leaves over), before any run opens."""
+    from orchard.api import ConfigError
 
     from .data import InputTooLarge
+    from .model import NetError
+    from .settings import check_net, net_key
 
     try:
         check_net(cfg)
     except ImportError as exc:
         raise ConfigError("singa.layer_modules", str(exc)) from None
-    except InputTooLarge as exc:   # a file of singa.data_dir over the bound: refused before Ray starts
+    except InputTooLarge as exc:   # a file of singa.data_dir over the bound: refused before a run opens
         raise ConfigError("singa.max_input_mb", f"a bound above every input file; {exc}") from None
     except NetError as exc:
         raise ConfigError(net_key(cfg), str(exc)) from None

@@ -13,27 +13,53 @@ its hidden layers learned.
   bytes moved per step (Fig. 12-14 in miniature).  Run the archs one after another and the last
   run's figure compares them all; ``python -m workloads.singa.figures <tracking uri> <png>``
   draws the same from a store (docs/singa.md).
+
+They are drawn in the run's side process (``ctx.side``, ``background.SideProcess``: the core
+starts it as Ray starts, at the lowest CPU priority, with the imports ``SIDE_IMPORTS`` names in
+__init__.py): it imports scikit-learn and pyplot on CPU that Ray's start and the groups leave
+over, and runs the t-SNE while the driver logs the model; the driver only computes the features
+and reads the store, and logs the PNGs it gets back.
 """
 from __future__ import annotations
+
+from concurrent.futures import Future
+from concurrent.futures.process import BrokenProcessPool
 
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
-from orchard.api import logged_series, pyplot
+from orchard.api import drawn_png, logged_series, pyplot
+
 
 _NOT_CURVES = ("throughput/", "time/", "wire/", "system/", "tsne/", "reached_target")
 
 
-def log_learning_curves(ctx, app: str, arch: str, target: float | None) -> None:
+def beside(side, fn, *args) -> Future:
+    """``fn(*args)`` in the side process (``ctx.side``); here, done, where the run has none (a
+    run context made by hand)."""
+    if side is not None:
+        return side.submit(fn, *args)
+    done: Future = Future()
+    done.set_result(fn(*args))
+    return done
+
+
+def drawn_beside(side, draw, *args) -> bytes:
+    """``draw(*args)``'s figure as PNG bytes, drawn in the side process (here if it has ended)."""
+    try:
+        return beside(side, drawn_png, draw, *args).result()
+    except BrokenProcessPool:
+        return drawn_png(draw, *args)
+
+
+def log_learning_curves(ctx, app: str, arch: str, target: float | None, side) -> None:
     """Draw the run's per-epoch losses and accuracies (as logged) into ``learning_curves.png``."""
     series = logged_series(ctx, lambda k: not any(p in k for p in _NOT_CURVES)
                            and k.rsplit("/", 1)[-1].split("_")[-1] in ("loss", "accuracy", "error"))
     if not series:
         return
-    plt = pyplot()
-    fig = learning_curves_figure(series, f"singa.app={app}, singa.arch={arch}", target)
-    ctx.log_figure(fig, "figures/learning_curves.png")
-    plt.close(fig)
+    png = drawn_beside(side, learning_curves_figure, series, f"singa.app={app}, singa.arch={arch}", target)
+    ctx.log_bytes(png, "figures/learning_curves.png")
 
 
 def learning_curves_figure(series: dict[str, tuple[list[int], list[float]]], title: str, target: float | None):
@@ -99,27 +125,48 @@ def tsne_figure(features: np.ndarray, labels: np.ndarray, title: str, seed: int 
     return fig
 
 
-def log_tsne_figures(spec: dict, params: dict, layers: list[str], samples: int, ctx) -> dict[str, float]:
-    """Appendix A: one t-SNE figure per layer for ``samples`` test images; returns each layer's
-    neighbourhood purity (how well its features cluster by class)."""
-    from .evaluate import features_of_test_set, local_net, neighbourhood_purity
+def start_tsne_figures(spec: dict, params: dict, layers: list[str], samples: int, side) -> dict:
+    """Appendix A: the features of ``samples`` test images at each of ``layers`` (on the driver),
+    their t-SNE figures set drawing in the side process; returns ``{layer: job}`` for
+    ``log_tsne_figures``."""
+    from .evaluate import features_of_test_set, local_net
 
     net, data = local_net(spec, params)
     feats = features_of_test_set(net, data, layers, limit=samples)
     labels = data.test["label"][: len(next(iter(feats.values())))]
     if labels.ndim > 1:
         labels = labels.argmax(1)
-    plt, out = pyplot(), {}
+    jobs = {}
     for name, f in feats.items():
         problem = tsne_problem(f)
         if problem is not None:  # a line instead of a figure (or a crash: see tsne_problem)
             print(f"singa: no t-SNE figure of {name}: its features {problem}", flush=True)
             continue
-        out[f"tsne/{name}_purity"] = neighbourhood_purity(f, labels)
-        fig = tsne_figure(f, labels, f"t-SNE of {name} ({len(f)} test samples; 10-NN class purity "
-                          f"{out[f'tsne/{name}_purity']:.2f})", seed=spec["seed"])
-        ctx.log_figure(fig, f"figures/tsne_{name}.png")
-        plt.close(fig)
+        jobs[name] = beside(side, tsne_png, f, labels, name, spec["seed"])
+    return jobs
+
+
+def tsne_png(features: np.ndarray, labels: np.ndarray, layer: str, seed: int) -> tuple[bytes, float]:
+    """(In the side process) one layer's t-SNE figure as PNG bytes, and its features' 10-NN class
+    purity (how well they cluster by class)."""
+    from .evaluate import neighbourhood_purity
+
+    purity = neighbourhood_purity(features, labels)
+    title = f"t-SNE of {layer} ({len(features)} test samples; 10-NN class purity {purity:.2f})"
+    return drawn_png(tsne_figure, features, labels, title, seed), purity
+
+
+def log_tsne_figures(jobs: dict, ctx) -> dict[str, float]:
+    """Each layer's t-SNE figure (``start_tsne_figures``) logged once drawn; returns each
+    layer's neighbourhood purity."""
+    out = {}
+    for name, job in jobs.items():
+        try:
+            png, out[f"tsne/{name}_purity"] = job.result()
+        except BrokenProcessPool as exc:  # the process ended under it (a crash in the t-SNE): the run goes on
+            print(f"singa: no t-SNE figure of {name}: the process drawing it ended ({exc})", flush=True)
+            continue
+        ctx.log_bytes(png, f"figures/tsne_{name}.png")
     return out
 
 
@@ -189,7 +236,7 @@ def architectures_figure(rows: list[dict], title: str):
     return fig
 
 
-def log_architecture_comparison(ctx, cfg: dict, final: dict) -> None:
+def log_architecture_comparison(ctx, cfg: dict, final: dict, side) -> None:
     """``figures/architectures.png`` and ``tables/architectures.json``: this run (its ``final``
     metrics, not yet in the store) beside the other architectures' latest runs (see the module
     doc).  Nothing when the run is not tracked."""
@@ -204,10 +251,7 @@ def log_architecture_comparison(ctx, cfg: dict, final: dict) -> None:
                **{k: v for k, v in final.items() if k in _COMPARED}}
     rows = architecture_rows(client, run.info.experiment_id, run.data.params, current)
     ctx.log_dict({"rows": rows}, "tables/architectures.json")
-    plt = pyplot()
-    fig = architectures_figure(rows, _title(run.data.params))
-    ctx.log_figure(fig, "figures/architectures.png")
-    plt.close(fig)
+    ctx.log_bytes(drawn_beside(side, architectures_figure, rows, _title(run.data.params)), "figures/architectures.png")
 
 
 def _title(params: dict) -> str:

@@ -27,8 +27,7 @@ import torch
 from .layers import Layer, layer_class
 from .layers.connection import piece_bounds
 from .model import NeuralNet
-
-SCHEMES = ("none", "data", "model", "hybrid")
+from .settings import SCHEMES
 
 
 def estimate_costs(layer: Layer, group_size: int, batch_size: int) -> dict[int, float]:

@@ -8,7 +8,7 @@ import yaml
 
 from .checkpoint import Checkpointer, previous
 from .evaluate import msae_retrieval
-from .figures import log_architecture_comparison, log_learning_curves, log_tsne_figures
+from .figures import log_architecture_comparison, log_learning_curves, log_tsne_figures, start_tsne_figures
 from .layers.base import import_layer_modules
 from .settings import load_net, resolve_arch, resolve_training
 from .train import train_stages
@@ -59,14 +59,17 @@ def run(cfg: dict, ctx) -> dict[str, float]:
     ctx.mark("evaluation")
 
     # 4. log model and figures: the MLflow Model, artifact model/ (predict.py, docs/models.md);
-    #    t-SNE of the tsne_layers, learning curves, this arch beside the others (figures.py)
+    #    t-SNE of the tsne_layers (drawn in the side process while the model is logged), learning
+    #    curves, this arch beside the others (figures.py)
     from .predict import log_model
 
+    tsne = {}
+    if s.get("tsne") and app.get("tsne_layers"):
+        tsne = start_tsne_figures(spec, out["params"], app["tsne_layers"], int(s["tsne_samples"]), ctx.side)
     log_model(ctx, spec, out["params"])
     ctx.mark("model")
-    if s.get("tsne") and app.get("tsne_layers"):
-        final.update(log_tsne_figures(spec, out["params"], app["tsne_layers"], int(s["tsne_samples"]), ctx))
-    log_learning_curves(ctx, s.get("net") or s["app"], s["arch"], train.get("target_accuracy"))
-    log_architecture_comparison(ctx, cfg, final)
+    final.update(log_tsne_figures(tsne, ctx))
+    log_learning_curves(ctx, s.get("net") or s["app"], s["arch"], train.get("target_accuracy"), ctx.side)
+    log_architecture_comparison(ctx, cfg, final, ctx.side)
     ctx.mark("figures")
     return final

@@ -11,9 +11,7 @@ from pydantic import Field
 
 from orchard.api import positive_int, Section
 
-from .partition import SCHEMES
-from .settings import APPS
-from .updaters import UPDATERS
+from .settings import APPS, SCHEMES, UPDATERS
 
 POSITIVE_INT = "a positive integer"
 AT_LEAST_0 = "an integer >= 0"

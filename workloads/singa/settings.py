@@ -10,6 +10,9 @@ from pathlib import Path
 import yaml
 
 APPS = ("mlp", "cnn", "rbm", "dbn", "msae")
+# updaters.py's and partition.py's names, here: the config's checks run without torch
+UPDATERS = ("sgd", "adagrad", "adam")
+SCHEMES = ("none", "data", "model", "hybrid")
 # What a net file (an app YAML or singa.net) may hold at its top level.
 NET_KEYS = ("layers", "data", "algorithm", "train", "pretrain", "tsne_layers")
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 import torch
 
 from .layers import Param
-
-UPDATERS = ("sgd", "adagrad", "adam")
+from .settings import UPDATERS
 
 
 def learning_rate(conf: dict, step: int) -> float:

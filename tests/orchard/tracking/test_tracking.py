@@ -80,6 +80,18 @@ def test_bad_data_found_inside_the_run_is_exit_2_with_the_run_failed(run_orchard
                    f"(tiny.bad_data=true) (run {res.run.info.run_id} marked FAILED)"]
 
 
+def test_a_refusal_of_the_workloads_check_while_ray_starts_is_exit_2_and_opens_no_run(run_orchard, capsys):
+    """``check`` (what needs the workload's heavy libraries) runs in a thread while Ray starts: its
+    ConfigError is the same one line and exit 2 as ``validate``'s, and no MLflow run is opened."""
+    res = run_orchard("workload=tiny", "tiny.check_fails=true")
+    assert res.exit_code == 2 and res.run is None
+    assert res.client.search_runs([e.experiment_id for e in res.client.search_experiments()],
+                                  "params.`tiny.check_fails` = 'True'") == []
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("orchard:")]
+    assert err == ["orchard: bad config: tiny.check_fails: false (the workload's check refused it, "
+                   "tiny.check_fails=true)"]
+
+
 def test_tracking_none_records_nothing_but_returns_metrics(run_orchard):
     res = run_orchard("workload=tiny", "tracking=none", "tiny.steps=5")
     assert res.exit_code == 0 and res.run is None

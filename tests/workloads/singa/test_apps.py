@@ -157,12 +157,13 @@ def test_retrieval_precision_and_purity_on_known_geometry():
     assert precision_at_k(aligned[:1], aligned, concepts[:1], concepts, k=2) == 1.0
 
 
-def test_singa_max_input_mb_bounds_every_input_file_and_is_checked_before_ray(tmp_path, compose):
+def test_singa_max_input_mb_bounds_every_input_file_and_is_checked_before_a_run(tmp_path, compose):
     """``singa.max_input_mb``: an IDX file declaring more, a CIFAR batch or a NUS-WIDE table
-    holding more, is refused naming the file and the key; the config check says so in one line
-    before Ray starts, and the key itself must be a positive number."""
+    holding more, is refused naming the file and the key; the net's check (``check``, while Ray
+    starts) says so in one line before a run opens, and the key itself must be a positive number
+    (``validate``, before Ray starts)."""
     import workloads.singa as singa
-    from orchard.config import validate
+    from orchard.config import check, validate
     from orchard.errors import ConfigError
     from workloads.singa.data import InputTooLarge
 
@@ -176,8 +177,10 @@ def test_singa_max_input_mb_bounds_every_input_file_and_is_checked_before_ray(tm
     with pytest.raises(InputTooLarge, match="data_batch_1 holds"):
         load_dataset("cifar10", str(cifar), 0, False, max_input_mb=0.01)
     mnist = ["workload=singa", "singa.app=mlp", "singa.data=mnist", f"singa.data_dir={tmp_path}", "debug=smoke"]
+    cfg = compose(*mnist, "singa.max_input_mb=0.01")
+    validate(cfg, singa)
     with pytest.raises(ConfigError) as err:
-        validate(compose(*mnist, "singa.max_input_mb=0.01"), singa)
+        check(cfg, singa)
     assert err.value.key == "singa.max_input_mb" and "train-images-idx3-ubyte declares 23,520 bytes" in str(err.value)
     for bad in ("0", "abc"):
         with pytest.raises(ConfigError) as err:

@@ -128,6 +128,19 @@ def test_separate_servers_decides_whether_the_servers_hold_cpus(compose, ray_ses
     assert held["false"] == (0.0, ())
 
 
+def _side_processes_alive() -> list:
+    import psutil
+
+    alive = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE and "multiprocessing.spawn" in " ".join(child.cmdline()):
+                alive.append(child)
+        except psutil.Error:
+            pass
+    return alive
+
+
 @pytest.mark.slow
 def test_mlp_smoke_run_logs_the_issue_metrics(run_orchard):
     result = run_orchard("workload=singa", "debug=smoke", "singa.tsne_samples=60")
@@ -138,7 +151,11 @@ def test_mlp_smoke_run_logs_the_issue_metrics(run_orchard):
         assert key in m
     steps = {m.step for m in result.client.get_metric_history(result.run.info.run_id, "test/accuracy")}
     assert {1, 2} <= steps  # one value per epoch
-    assert "figures/tsne_fc5.png" in result.artifacts("figures")
+    # every figure, the t-SNE ones drawn in the run's side process (ctx.side), which ended with the run
+    assert {f"figures/{name}.png" for name in ("tsne_mnist", "tsne_fc1", "tsne_fc5", "learning_curves",
+                                                "architectures")} <= set(result.artifacts("figures"))
+    assert 0 < m["tsne/fc5_purity"] <= 1
+    assert not _side_processes_alive()
     # bytes between processes sort after what a user compares: the charts open on the headline
     assert bookkeeping.chart_sections(m)[0] == "headline" and not [k for k in m if k.startswith("data/")]
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 import workloads.singa as singa
-from orchard.config import validate
+from orchard import config
 from orchard.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -22,6 +22,13 @@ USER_NET = FIXTURES / "user_mlp.yaml"
 # so the fixture package goes by its dotted path here; the CLI check uses PYTHONPATH instead.
 USER_MODULE = "tests.fixtures.user_layers.singa_user_layers"
 MLP = yaml.safe_load((ROOT / "conf" / "singa" / "apps" / "mlp.yaml").read_text())
+
+
+def checked(cfg: dict) -> None:
+    """What a run checks before it opens: the keys (``validate``, before Ray starts), then the
+    net built on two samples (``check``, while Ray starts)."""
+    config.validate(cfg, singa)
+    config.check(cfg, singa)
 
 
 def net_with(tmp_path, edit, name="net.yaml") -> str:
@@ -79,7 +86,7 @@ def _no_source(by, layers):
 def test_a_broken_net_is_one_line_naming_its_layer(compose, tmp_path, edit, layer, words):
     cfg = compose("workload=singa", f"singa.net={net_with(tmp_path, edit)}")
     with pytest.raises(ConfigError) as err:
-        validate(cfg, singa)
+        checked(cfg)
     message = str(err.value)
     assert err.value.key == "singa.net" and f"'{layer}'" in message and words in message, message
     assert "\n" not in message
@@ -89,24 +96,24 @@ def test_only_a_declared_rbm_pair_may_read_each_other(compose, tmp_path):
     rbm = yaml.safe_load((ROOT / "conf" / "singa" / "apps" / "rbm.yaml").read_text())
     stage = rbm["pretrain"][0]["layers"]
     assert {"v1", "h1"} <= {c["name"] for c in stage}  # v1 <-> h1 is a cycle, and allowed
-    validate(compose("workload=singa", "singa.app=rbm"), singa)
+    checked(compose("workload=singa", "singa.app=rbm"))
     # the same pair, with the hidden end an ordinary layer: rejected
     for c in stage:
         if c["name"] == "h1":
             c["type"] = "hidden"
     (tmp_path / "rbm.yaml").write_text(yaml.safe_dump(rbm))
     with pytest.raises(ConfigError, match="pretrain\\[0\\].*cycle"):
-        validate(compose("workload=singa", f"singa.net={tmp_path / 'rbm.yaml'}"), singa)
+        checked(compose("workload=singa", f"singa.net={tmp_path / 'rbm.yaml'}"))
 
 
 def test_user_layer_module_must_import(compose):
     with pytest.raises(ConfigError) as err:
-        validate(compose("workload=singa", "singa.layer_modules=[no_such_pkg.layers]"), singa)
+        checked(compose("workload=singa", "singa.layer_modules=[no_such_pkg.layers]"))
     assert err.value.key == "singa.layer_modules" and "no_such_pkg" in str(err.value)
     with pytest.raises(ConfigError) as err:
-        validate(compose("workload=singa", f"singa.net={USER_NET}"), singa)  # types not registered yet
+        checked(compose("workload=singa", f"singa.net={USER_NET}"))  # types not registered yet
     assert "scaled_tanh" in str(err.value) or "swish" in str(err.value)
-    validate(compose("workload=singa", f"singa.net={USER_NET}", f"singa.layer_modules=[{USER_MODULE}]"), singa)
+    checked(compose("workload=singa", f"singa.net={USER_NET}", f"singa.layer_modules=[{USER_MODULE}]"))
 
 
 def test_autograd_layer_sources_come_from_its_forward():
@@ -137,14 +144,16 @@ def test_an_entry_point_offers_layers_without_layer_modules(tmp_path, monkeypatc
     assert base.layer_class("ep_tanh").__name__ == "EpTanh"
 
 
-def test_cli_rejects_a_cycle_before_ray_in_one_line(tmp_path):
+def test_cli_rejects_a_cycle_before_a_run_opens_in_one_line(tmp_path):
+    """The net is built while Ray starts (``check``): after the run's first line (the config, and
+    where Ray's lines go), one line naming the layer, exit 2, and no run folder."""
     path = net_with(tmp_path, _cycle)
     out = subprocess.run([sys.executable, "-m", "orchard", "workload=singa", f"singa.net={path}", "tracking=none",
                           f"output_dir={tmp_path}/out"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     lines = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
-    assert out.returncode == 2 and len(lines) == 1, lines
-    assert "'fc1'" in lines[0] and "cycle" in lines[0]
-    assert not (tmp_path / "out").exists()  # no run folder: nothing started
+    assert out.returncode == 2 and len(lines) == 2 and lines[0].startswith("orchard: workload=singa "), lines
+    assert lines[1].startswith("orchard: bad config: singa.net: ") and "'fc1'" in lines[1] and "cycle" in lines[1]
+    assert not (tmp_path / "out" / "singa").exists()  # no run folder: no run started
 
 
 @pytest.mark.slow
@@ -193,6 +202,6 @@ def test_user_net_file_errors_are_one_line(compose, tmp_path):
     (tmp_path / "bad.yaml").write_text("layers: {not: a list}\n")
     for value, words in ((tmp_path / "missing.yaml", "cannot read"), (tmp_path / "bad.yaml", "'layers' list")):
         with pytest.raises(ConfigError, match=words) as err:
-            validate(compose("workload=singa", f"singa.net={value}"), singa)
+            checked(compose("workload=singa", f"singa.net={value}"))
         assert err.value.key == "singa.net"
     assert os.path.exists(USER_NET)
