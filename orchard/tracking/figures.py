@@ -3,7 +3,7 @@ series a run logged.
 
 Figures are PNG artifacts under ``figures/`` (``ctx.log_figure``); a workload draws them at the
 end of its run, from arrays it still holds or from the metrics it logged, on the driver or beside
-it (``ctx.draw``'s Ray task, singa's ``background.side_process``).
+it (``ctx.draw``'s Ray task, the workload's side process ``ctx.side``).
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def png_bytes(figure, dpi: int = 100) -> bytes:
 
 def drawn_png(draw: Callable, *args) -> bytes:
     """``draw(*args)`` (a function that returns a matplotlib figure) as PNG bytes, the figure
-    closed: a figure drawn where no run context is (``background.side_process``), for the driver
+    closed: a figure drawn where no run context is (the side process, ``ctx.side``), for the driver
     to log with ``ctx.log_bytes``."""
     plt = pyplot()
     figure = draw(*args)

@@ -52,13 +52,13 @@ def drawn_beside(side, draw, *args) -> bytes:
         return drawn_png(draw, *args)
 
 
-def log_learning_curves(ctx, app: str, arch: str, target: float | None, side) -> None:
+def log_learning_curves(ctx, app: str, arch: str, target: float | None) -> None:
     """Draw the run's per-epoch losses and accuracies (as logged) into ``learning_curves.png``."""
     series = logged_series(ctx, lambda k: not any(p in k for p in _NOT_CURVES)
                            and k.rsplit("/", 1)[-1].split("_")[-1] in ("loss", "accuracy", "error"))
     if not series:
         return
-    png = drawn_beside(side, learning_curves_figure, series, f"singa.app={app}, singa.arch={arch}", target)
+    png = drawn_beside(ctx.side, learning_curves_figure, series, f"singa.app={app}, singa.arch={arch}", target)
     ctx.log_bytes(png, "figures/learning_curves.png")
 
 
@@ -236,7 +236,7 @@ def architectures_figure(rows: list[dict], title: str):
     return fig
 
 
-def log_architecture_comparison(ctx, cfg: dict, final: dict, side) -> None:
+def log_architecture_comparison(ctx, cfg: dict, final: dict) -> None:
     """``figures/architectures.png`` and ``tables/architectures.json``: this run (its ``final``
     metrics, not yet in the store) beside the other architectures' latest runs (see the module
     doc).  Nothing when the run is not tracked."""
@@ -251,7 +251,7 @@ def log_architecture_comparison(ctx, cfg: dict, final: dict, side) -> None:
                **{k: v for k, v in final.items() if k in _COMPARED}}
     rows = architecture_rows(client, run.info.experiment_id, run.data.params, current)
     ctx.log_dict({"rows": rows}, "tables/architectures.json")
-    ctx.log_bytes(drawn_beside(side, architectures_figure, rows, _title(run.data.params)), "figures/architectures.png")
+    ctx.log_bytes(drawn_beside(ctx.side, architectures_figure, rows, _title(run.data.params)), "figures/architectures.png")
 
 
 def _title(params: dict) -> str:

@@ -69,7 +69,7 @@ def run(cfg: dict, ctx) -> dict[str, float]:
     log_model(ctx, spec, out["params"])
     ctx.mark("model")
     final.update(log_tsne_figures(tsne, ctx))
-    log_learning_curves(ctx, s.get("net") or s["app"], s["arch"], train.get("target_accuracy"), ctx.side)
-    log_architecture_comparison(ctx, cfg, final, ctx.side)
+    log_learning_curves(ctx, s.get("net") or s["app"], s["arch"], train.get("target_accuracy"))
+    log_architecture_comparison(ctx, cfg, final)
     ctx.mark("figures")
     return final
