@@ -1,5 +1,5 @@
 """A logged model travels (issue 33): downloaded from the store, its environment is built from its
-own requirements.txt in a fresh virtualenv (pip's cache or the package registry; no orchard, no
+own requirements.txt in a fresh virtualenv (uv's cache or the package registry; no orchard, no
 checkout on the path), where it loads and predicts, and ``mlflow models serve --env-manager
 local`` answers its serving example on ``/invocations``: every workload's model, from the
 session's shared smoke runs.  The venvs are built with uv (as MLflow's ``env_manager="uv"``
@@ -8,6 +8,7 @@ its cache empty and 3 s once filled. The three torch models still share one, bui
 own requirements one model at a time. docs/models.md gives the same commands for any model."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -92,14 +93,15 @@ def _install_requirements(venv: Path, env: dict, local: Path) -> None:
     assert uv.returncode == 0, uv.stderr[-3000:]
 
 
-def _pip_find_links() -> list[str]:
+@functools.cache
+def _pip_find_links() -> tuple[str, ...]:
     """pip's find-links (PIP_FIND_LINKS, else pip's config files), which uv does not read."""
     found = os.environ.get("PIP_FIND_LINKS", "").split()
     if not found:
         config = subprocess.run([sys.executable, "-m", "pip", "config", "get", "global.find-links"],
                                 capture_output=True, text=True, timeout=60)
         found = config.stdout.split() if config.returncode == 0 else []
-    return found
+    return tuple(found)
 
 
 def _load_and_serve(venv: Path, env: dict, local: Path, cwd: Path) -> dict:
