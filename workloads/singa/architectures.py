@@ -224,6 +224,8 @@ class Architecture:
         self.name = arch["name"]
         self.num_groups = int(arch["worker_groups"])
         self.actors, self.ps_groups = [], []
+        # the servers' rule and the weight decay the groups add themselves (server_optimizer)
+        self.server_rule = server_optimizer(spec["updater"], arch.get("server_updater"))
         # SPREAD: on a cluster the groups land on different nodes (one node: no difference)
         opts = {"num_cpus": cpus_per_group, "scheduling_strategy": "SPREAD"}
         self.actors = [GroupActor.options(**opts).remote(spec, r, self.num_groups) for r in range(self.num_groups)]
@@ -255,8 +257,8 @@ class Architecture:
             replicas = len(self.ps_groups)
             for group in self.ps_groups:
                 group.initialize(params)
-            weight_decay = server_optimizer(spec["updater"], arch.get("server_updater"))["weight_decay"]
-            ray.get([a.connect_ps.remote(self.ps_groups[g % replicas], _index_in(g, replicas), weight_decay)
+            ray.get([a.connect_ps.remote(self.ps_groups[g % replicas], _index_in(g, replicas),
+                                         self.server_rule["weight_decay"])
                      for g, a in enumerate(self.actors)])
         elif self.name == "allreduce" and self.num_groups > 1:
             host, port = self.rendezvous = tuple(ray.get(self.actors[0].address.remote()))
@@ -272,10 +274,9 @@ class Architecture:
         from orchard.api import PSGroup
 
         replicas = int(arch.get("server_groups", 1)) if self.name == "replicated" else 1
-        rule = server_optimizer(spec["updater"], arch.get("server_updater"))
         return [PSGroup.create(None, num_servers=int(arch["servers_per_group"]),
                                num_workers=len([g for g in range(self.num_groups) if g % replicas == r]),
-                               mode=arch.get("mode", "sync"), optimizer=dict(rule, weight_decay=0.0),
+                               mode=arch.get("mode", "sync"), optimizer=dict(self.server_rule, weight_decay=0.0),
                                cpus_per_server=float(arch.get("cpus_per_server", 0)),
                                async_average=bool(arch.get("async_average", False)))
                 for r in range(replicas)]
