@@ -37,27 +37,6 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
-# pytest-xdist (``-n 2``, pyproject's addopts) runs two files at once on two workers, each with its
-# own session (its own Ray, store and smoke runs). A whole file stays on one worker, so its module
-# fixtures are made once, and the files that read the session's CLI smoke runs (``cli_run``) stay
-# on one worker together, so each of those runs is run once. (A scheduler of our own: pytest 9's
-# node ids no longer take the group suffix that xdist's ``--dist loadgroup`` writes into them.)
-SHARE_CLI_RUNS = frozenset(str(path.relative_to(TESTS.parent)) for path in TESTS.rglob("test_*.py")
-                           if "cli_run" in path.read_text())
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config, log):
-    from xdist.scheduler import LoadScopeScheduling
-
-    class ByFile(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            return "cli_runs" if path in SHARE_CLI_RUNS else path
-
-    return ByFile(config, log)
-
-
 @pytest.fixture(scope="session")
 def ray_session():
     """One local Ray for the whole session (2 CPUs, like CI), started the way a run starts its
