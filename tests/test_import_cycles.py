@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "orchard"
 
@@ -179,6 +181,7 @@ def test_the_graph_sees_imports_inside_functions_and_relative_ones(tmp_path):
     assert found == [["orchard.a", "orchard.sub.b", "orchard.a"]]
 
 
+@pytest.mark.slow
 def test_each_core_module_imports_alone():
     """``python -c "import orchard.x"`` works for every module: one that only imports after
     another has been imported (an order effect one interpreter hides) fails here. One fresh

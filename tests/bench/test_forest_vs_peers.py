@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_peer_over_the_time_limit_is_stopped_and_becomes_a_failed_row_with_its_memory():
     """A system still running after the bench's limit (or killed by the kernel for memory) is

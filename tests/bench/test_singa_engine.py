@@ -3,7 +3,10 @@ accuracy worth comparing; the architectures' rows come from real worker groups; 
 partitioned group's node actors send are the bytes the one-process net counts."""
 from __future__ import annotations
 
+import pytest
 
+
+@pytest.mark.slow
 def test_the_engine_and_torch_both_learn_the_digits():
     from bench.singa_engine import engine_vs_torch
 
@@ -12,6 +15,7 @@ def test_the_engine_and_torch_both_learn_the_digits():
     assert got["engine_images_per_s"] > 0 and got["torch_images_per_s"] > 0 and got["ratio"] > 0
 
 
+@pytest.mark.slow
 def test_two_groups_train_the_mlp_and_report_their_traffic(ray_session):
     from bench.singa_engine import architectures
 
@@ -20,6 +24,7 @@ def test_two_groups_train_the_mlp_and_report_their_traffic(ray_session):
     assert all(r["images_per_s"] > 0 and r["test_accuracy"] > 0.5 for r in rows.values()), rows
 
 
+@pytest.mark.slow
 def test_partitioned_node_actors_send_exactly_the_bytes_the_net_counts(ray_session):
     from bench.singa_engine import partition_traffic
 

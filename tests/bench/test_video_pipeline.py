@@ -22,6 +22,7 @@ def clips(tmp_path_factory):
     return index, segments, plain_jobs(index, segments)
 
 
+@pytest.mark.slow
 def test_every_decoder_gives_orchards_frames(ray_session, clips):
     from bench import video_pipeline as vp
 
@@ -35,6 +36,7 @@ def test_every_decoder_gives_orchards_frames(ray_session, clips):
         assert vp.decord_run(jobs, 32, 2, own_resize=False)[1] == orchard
 
 
+@pytest.mark.slow
 def test_the_extractors_on_both_sides_give_the_same_features(ray_session, clips):
     from bench import video_pipeline as vp
 
@@ -45,6 +47,7 @@ def test_the_extractors_on_both_sides_give_the_same_features(ray_session, clips)
     assert orchard > 0 and orchard == procs
 
 
+@pytest.mark.slow
 def test_a_running_pipeline_gives_each_pass_its_own_frames_from_the_same_actors(ray_session, clips):
     """The bench's orchard side (WarmPipeline): one execution, passes let through one at a time
     by the gate; every pass gives the frames a new execution gives, and the actors that decoded

@@ -77,6 +77,7 @@ def readme_console_example() -> list[str]:
     return text.split("```text\n", 1)[1].split("```", 1)[0].splitlines()
 
 
+@pytest.mark.slow
 def test_config_dir_adds_the_users_own_experiment(tmp_path):
     (tmp_path / "mine" / "experiment").mkdir(parents=True)
     (tmp_path / "mine" / "experiment" / "quick.yaml").write_text("# @package _global_\nseed: 41\nforest:\n  num_trees: 1\n")
@@ -109,6 +110,7 @@ def test_verbose_flag_is_hydras_v(tmp_path):
     assert res.returncode == 0 and yaml.safe_load(res.stdout)["verbose"] is True
 
 
+@pytest.mark.slow
 def test_hydra_run_dir_names_the_run_folder(run_orchard, tmp_path):
     res = run_orchard("workload=tiny", f"hydra.run.dir={tmp_path}/mine/${{now:%Y}}")
     assert res.exit_code == 0

@@ -79,6 +79,7 @@ print(json.dumps({"own": own, "worker": seen, "driver": driver, "after": os.envi
 """
 
 
+@pytest.mark.slow
 def test_an_embedded_ray_is_found_by_its_own_address_beside_other_ray_instances(ray_session, tmp_path):
     """Another Ray instance runs on the machine (this test session's): inside orchard's embedded
     Ray, a lookup by ``"auto"`` (Ray Train's placement-group cleaner, the state API) must find

@@ -142,6 +142,7 @@ def test_ray_trains_torch_setup_is_where_the_process_group_calls_it():
     assert callable(utils.get_address_and_port) and ray_private.torch_training_framework() is TrainingFramework.TORCH
 
 
+@pytest.mark.slow
 def test_nothing_else_in_orchard_or_the_workloads_reaches_into_ray_internals():
     offenders = []
     for path in sorted([*(ROOT / "orchard").rglob("*.py"), *(ROOT / "workloads").rglob("*.py")]):

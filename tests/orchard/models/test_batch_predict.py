@@ -108,6 +108,7 @@ def test_a_batch_whose_every_input_vanished_is_all_skipped_rows_and_leaves_nothi
         batch_predict.report(rows, ["path"], Ctx(tmp_path), batch_predict.output_dir(Ctx(tmp_path)), "images", 1.0)
 
 
+@pytest.mark.slow
 def test_the_predict_skeleton_checks_the_settings_file_predicts_counts_the_skipped_and_hands_back_the_rest(
         ray_session, tmp_path):
     """``predict_inputs``, what the four workloads' ``predict`` share: ``model=`` resolved, the

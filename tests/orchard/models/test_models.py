@@ -70,6 +70,7 @@ def _forest_model(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_resolve_model_takes_a_model_folder_or_a_run_folder_and_refuses_others(tmp_path):
     from orchard.models import resolve_model
 
@@ -86,6 +87,7 @@ def test_resolve_model_takes_a_model_folder_or_a_run_folder_and_refuses_others(t
     assert err.value.key == "model"
 
 
+@pytest.mark.slow
 def test_predict_files_runs_an_actor_pool_and_counts_bad_files(ray_session, tmp_path):
     import cv2
 
@@ -128,6 +130,7 @@ def test_predict_files_runs_an_actor_pool_and_counts_bad_files(ray_session, tmp_
         batch_predict.report([r for r in rows if r["error"]], ["path"], ctx, out, "images", 1.0)
 
 
+@pytest.mark.slow
 def test_register_best_puts_the_trials_model_in_the_registry_with_its_metric_and_config(tmp_path):
     from mlflow.tracking import MlflowClient
 

@@ -40,6 +40,7 @@ head.shutdown()
 """
 
 
+@pytest.mark.slow
 def test_attaching_to_a_cluster_without_token_auth_is_refused_off_this_machine(ray_session, monkeypatch, capsys):
     """Issue 30: a cluster whose head runs without Ray's token answers anyone; orchard refuses to
     attach to one on another machine (one line naming cluster.allow_unauthenticated), says so in

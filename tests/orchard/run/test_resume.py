@@ -85,6 +85,7 @@ def test_a_run_left_running_by_a_dead_driver_on_this_host_is_closed_then_resumed
         resume._stopped_run(alive, tracking_uri)  # this process: alive, left alone
 
 
+@pytest.mark.slow
 def test_the_run_folder_is_in_the_store_from_the_runs_first_moment(run_orchard, monkeypatch):
     """Written when the run opens, not through the metrics sink: a run killed at once is resumable."""
     seen = {}

@@ -15,6 +15,7 @@ class StandIn:
         return True
 
 
+@pytest.mark.slow
 def test_a_bound_that_expired_before_the_controller_started_ends_it_once_it_has(ray_session):
     from orchard.strategies.node_loss import RecoveryLog, StartBound
 

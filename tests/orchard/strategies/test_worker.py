@@ -112,6 +112,7 @@ def test_a_ps_replica_on_one_worker_steps_as_torch_does_and_counts_its_traffic(p
     assert stats["wire/bytes_per_step"] == 2 * param_bytes and "time/comm_wait_s" in stats   # gradients up, weights down
 
 
+@pytest.mark.slow
 def test_a_ps_checkpoint_saved_with_torch_restores_the_weights_the_servers_and_the_step_count(ps_group):
     first = worker.replica(model(), OPT, {"strategy": {"name": "ps"}, "ps_group": ps_group()})
     train(first, steps=2)

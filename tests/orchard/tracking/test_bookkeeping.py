@@ -65,6 +65,7 @@ def test_chart_sections_follow_the_ui_headline_before_learning_system_last():
                                                 "Model metrics", "System metrics"]
 
 
+@pytest.mark.slow
 def test_the_sink_keeps_bookkeeping_out_of_the_charts_and_in_its_artifact(ray_session, tmp_path):
     import ray
 

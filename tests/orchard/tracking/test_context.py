@@ -31,6 +31,7 @@ def run(ray_session, tmp_path):
     ray_session.kill(sink)
 
 
+@pytest.mark.slow
 def test_metrics_from_a_ray_task_and_the_driver_reach_the_run_and_the_driver_hook_sees_its_own(run, ray_session):
     """A sweep trial's driver hook (``_on_metrics``) gets the driver's values as floats, without the
     ``None`` a loop may log for a figure it has not got yet; a task's copy of the context has no hook."""
@@ -51,6 +52,7 @@ def test_metrics_from_a_ray_task_and_the_driver_reach_the_run_and_the_driver_hoo
     assert client.get_run(ctx.run_id).data.metrics == {"worker/loss": 2.0, "train/loss": 0.5}
 
 
+@pytest.mark.slow
 def test_a_drawing_runs_in_a_ray_task_logs_its_figure_and_returns_what_it_drew(run):
     """``draw``: the function runs in another process with the run's context; once ``result()``
     returned, its PNG is in the store (the task flushed its own messages) and its value is back;
@@ -76,6 +78,7 @@ def test_a_drawing_runs_in_a_ray_task_logs_its_figure_and_returns_what_it_drew(r
     assert pickle.loads(pickle.dumps(ctx))._drawings == []  # a task's copy carries none
 
 
+@pytest.mark.slow
 def test_artifacts_land_in_the_run_under_the_folder_named(run, tmp_path):
     ctx, client = run
     (tmp_path / "notes.txt").write_text("hello")
@@ -89,6 +92,7 @@ def test_artifacts_land_in_the_run_under_the_folder_named(run, tmp_path):
     assert stats == {"count": 3, "mean": 0.25, "sizes": [0, 1], "path": str(tmp_path)}   # numpy as JSON, the rest as text
 
 
+@pytest.mark.slow
 def test_progress_is_sent_at_most_once_an_interval_but_always_the_last_step(run, ray_session, monkeypatch):
     ctx, _ = run
     # longer than any machine has been up: the first message is sent all the same (it was dropped

@@ -28,6 +28,7 @@ def test_a_live_lease_refuses_a_second_taker_and_names_the_holder(run):
     leases.take(client, run_id, "the resume of run x", settle_s=0).release()
 
 
+@pytest.mark.slow
 def test_a_lease_whose_driver_is_gone_is_taken_over_with_a_line(run, capsys):
     client, run_id = run
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)

@@ -5,6 +5,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from orchard.cli.runs import runs_command
 from orchard.tracking import lost_runs as runs
 
@@ -41,6 +43,7 @@ def test_runs_without_a_heartbeat_are_never_touched():
     assert runs.why_lost({"mlflow.runName": "someone else's"}) is None
 
 
+@pytest.mark.slow
 def test_reap_closes_only_lost_runs_and_the_cli_reports_them(tmp_path, capsys):
     from mlflow.tracking import MlflowClient
 

@@ -14,6 +14,7 @@ def _new_run(tmp_path):
     return uri, client, client.create_run(client.create_experiment("sink")).info.run_id
 
 
+@pytest.mark.slow
 def test_a_bad_metric_name_mid_run_is_dropped_alone_and_the_final_metrics_arrive(ray_session, tmp_path):
     """MLflow refuses a whole log_batch for one bad name: the sink writes the rest of the batch,
     every later step and the final metrics, and counts what it dropped in sink/dropped_metrics."""
@@ -39,6 +40,7 @@ def test_a_bad_metric_name_mid_run_is_dropped_alone_and_the_final_metrics_arrive
     assert "bad key!" not in metrics and "val/bad metric?" not in metrics
 
 
+@pytest.mark.slow
 def test_after_a_restart_the_backlog_is_written_at_once_so_a_second_kill_loses_none_of_it(ray_session, tmp_path):
     """The calls that queued while the sink restarted arrive at once (a whole run's, when training
     outran a slow restart); a second kill right after them must not find them all in the buffer.
@@ -63,6 +65,7 @@ def test_after_a_restart_the_backlog_is_written_at_once_so_a_second_kill_loses_n
     assert sorted(m.step for m in client.get_metric_history(run_id, "train/loss")) == [1, 2, 3, 4, 5]
 
 
+@pytest.mark.slow
 def test_the_buffer_is_bounded_and_what_it_spills_is_counted(ray_session, tmp_path):
     """More metrics than ``max_pending`` before a flush: the oldest go, the newest and the count
     (sink/spilled_metrics) reach the store."""
@@ -122,6 +125,7 @@ def test_plain_names_pass_without_loading_mlflow_and_only_names_mlflow_accepts_d
                 and len(name) <= MAX_ENTITY_KEY_LENGTH, name
 
 
+@pytest.mark.slow
 def test_the_in_memory_series_are_bounded_and_keep_the_runs_summary_and_the_pollers_place(ray_session):
     """A long run's resource series and a sweep's watched metric hold at most ``max_series`` points
     in the sink: the resource series is thinned (its mean stays the run's), the watched metric
@@ -142,6 +146,7 @@ def test_the_in_memory_series_are_bounded_and_keep_the_runs_summary_and_the_poll
     assert watched == [(s, float(s)) for s in range(95, 100)]   # indices count every point logged
 
 
+@pytest.mark.slow
 def test_a_workload_returning_a_name_mlflow_refuses_finishes_with_the_rest_of_its_final_metrics(run_orchard):
     """A user's workload that builds a metric name from its data: the run still FINISHES, its other
     final metrics arrive, the bad one alone is dropped and counted."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 from orchard.tracking import store_template
@@ -26,6 +27,7 @@ def _contents(db: Path) -> dict:
     return {"schema": schema, "version": version, "experiments": experiments}
 
 
+@pytest.mark.slow
 def test_a_new_store_is_what_mlflow_makes_in_this_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)   # MLflow derives the default experiment's artifact folder from here

@@ -34,6 +34,7 @@ def test_only_gpus_claimed_by_the_runs_workers_are_sampled():
     assert not any("gpu" in k for k in sample_once("node0", NvmlReader(FakeNvml()), set()))
 
 
+@pytest.mark.slow
 def test_sampler_actor_logs_gpu_series_into_the_run(ray_session):
     import ray
 
@@ -58,6 +59,7 @@ def test_sampler_actor_logs_gpu_series_into_the_run(ray_session):
     assert summarize(series)["system/gpu_util_pct_mean"] == pytest.approx(50.0)
 
 
+@pytest.mark.slow
 def test_the_drivers_node_is_sampled_by_a_thread_of_this_process_not_an_actor(ray_session):
     """The driver's node's sampler is a thread here (no worker process for a run to start and
     wait for at its end); it reads the run's own CPU and logs into the run, never into what the

@@ -12,6 +12,7 @@ from tests.session_ray import attach_overrides
 from tests.tiny_workload.cli import tiny_cli, tiny_cli_env
 
 
+@pytest.mark.slow
 def test_finished_run_holds_everything(run_orchard):
     res = run_orchard("workload=tiny", "tiny.steps=30", "tracking.sample_interval_s=0.2")
     assert res.exit_code == 0
@@ -39,6 +40,7 @@ def test_finished_run_holds_everything(run_orchard):
     assert "tiny:" in cfg_text and "steps: 30" in cfg_text
 
 
+@pytest.mark.slow
 def test_final_metrics_land_at_the_last_step_not_back_at_zero(run_orchard):
     res = run_orchard("workload=tiny", "tiny.steps=12", "tracking.sample_interval_s=0.2")
     (final,) = res.client.get_metric_history(res.run.info.run_id, "train/final_loss")
@@ -48,6 +50,7 @@ def test_final_metrics_land_at_the_last_step_not_back_at_zero(run_orchard):
     assert len(res.history("train/loss")) == 12
 
 
+@pytest.mark.slow
 def test_failing_workload_leaves_a_failed_run_with_the_reason(run_orchard, capsys):
     res = run_orchard("workload=tiny", "tiny.fail=true")
     assert res.exit_code == 1
@@ -57,6 +60,7 @@ def test_failing_workload_leaves_a_failed_run_with_the_reason(run_orchard, capsy
     assert "tiny failed: RuntimeError" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_figure_drawn_in_a_task_the_workload_never_waited_for_is_in_the_finished_run(run_orchard):
     """``ctx.draw`` goes on in a Ray task; the run waits for it as the workload returns."""
     res = run_orchard("workload=tiny", "tiny.draw=left", "tiny.steps=5")
@@ -64,6 +68,7 @@ def test_a_figure_drawn_in_a_task_the_workload_never_waited_for_is_in_the_finish
     assert "figures/drawn.png" in res.artifacts("figures")
 
 
+@pytest.mark.slow
 def test_a_drawing_that_fails_fails_the_run_with_its_own_error(run_orchard, capsys):
     res = run_orchard("workload=tiny", "tiny.draw=fail", "tiny.steps=5")
     assert res.exit_code == 1 and res.run.info.status == "FAILED"
@@ -71,6 +76,7 @@ def test_a_drawing_that_fails_fails_the_run_with_its_own_error(run_orchard, caps
     assert "ValueError" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_bad_data_found_inside_the_run_is_exit_2_with_the_run_failed(run_orchard, capsys):
     res = run_orchard("workload=tiny", "tiny.bad_data=true")
     assert res.exit_code == 2 and res.run.info.status == "FAILED"
@@ -92,6 +98,7 @@ def test_a_refusal_of_the_workloads_check_while_ray_starts_is_exit_2_and_opens_n
                    "tiny.check_fails=true)"]
 
 
+@pytest.mark.slow
 def test_tracking_none_records_nothing_but_returns_metrics(run_orchard):
     res = run_orchard("workload=tiny", "tracking=none", "tiny.steps=5")
     assert res.exit_code == 0 and res.run is None

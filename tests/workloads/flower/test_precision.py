@@ -12,6 +12,7 @@ from workloads.flower.model import FlowerCounterCNN
 from .helpers import random_tiles
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision,channels_last", [("fp32", False), ("bf16", False), ("fp16", False),
                                                      ("bf16", True)])
 def test_every_precision_trains_on_the_cpu(precision, channels_last):

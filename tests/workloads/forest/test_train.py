@@ -69,6 +69,7 @@ def test_reference_tree_grows_and_reports_rounds(reference):
                                       tree["counts"][n])
 
 
+@pytest.mark.slow
 def test_tree_is_identical_with_1_and_4_partitions(reference, block_refs, tmp_path):
     fcfg, ref_state, _ = reference
     four = dict(fcfg, partitions={"data_units": 4, "features": 4, "nodes": 4}, small_round_example_features=0,
@@ -93,6 +94,7 @@ def test_histogram_subtraction_grows_the_same_tree_with_less_counting(reference,
         assert 0 < m["round/parent_hist_bytes"] <= fcfg["memory_budget_mb"] * 2**20
 
 
+@pytest.mark.slow
 def test_bin_cache_whole_partial_or_off_grows_the_same_tree(reference, block_refs, tmp_path):
     """The reference counts every block's cached bins; a budget that holds only some blocks'
     bins (the rest evaluated on the fly each round) and none at all (the paper's on-the-fly
@@ -163,6 +165,7 @@ def _kill(actor) -> int:
 # inside its phase-3 call, its partials summed, before it answers; 4: while the driver splits),
 # and a phase-2 task's or a bin-cache task's worker process killed mid-task. Each must give the
 # uninterrupted run's tree.
+@pytest.mark.slow
 @pytest.mark.parametrize("phase", ["phase1", "phase2", "phase3", "best", "phase4", "task", "encode"])
 def test_a_failure_at_any_phase_does_not_change_the_tree(phase, reference, block_refs, tmp_path):
     fcfg, ref_state, _ = reference
@@ -198,6 +201,7 @@ def test_a_failure_at_any_phase_does_not_change_the_tree(phase, reference, block
     assert all(m["round/shuffle_bytes"] > 0 for m in rounds)
 
 
+@pytest.mark.slow
 def test_memory_budget_holds_where_unbatched_histograms_would_not_fit(reference, block_refs, tmp_path):
     fcfg, ref_state, ref_rounds = reference
     # the least that can work: the root's histogram (no node has more columns or examples; its
@@ -292,6 +296,7 @@ finally:
 """
 
 
+@pytest.mark.slow
 def test_two_nodes_count_where_the_data_units_live_and_grow_the_same_tree(reference, tmp_path):
     """Data-unit work runs on the node that holds the unit (locality.py): each unit crosses to its
     home once, in the first round, and no phase-1/2 task reads a unit from the other node after;

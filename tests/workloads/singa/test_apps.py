@@ -144,6 +144,7 @@ def test_nuswide_layout_loads(tmp_path):
     assert data.shapes() == {"image": (5,), "text": (7,), "label": (3,)}
 
 
+@pytest.mark.slow
 def test_retrieval_precision_and_purity_on_known_geometry():
     labels = np.array([0, 0, 1, 1])
     aligned = np.array([[0.0], [0.1], [5.0], [5.1]])

@@ -39,6 +39,7 @@ def run(architecture: Architecture, steps: int) -> dict:
         architecture.shutdown()
 
 
+@pytest.mark.slow
 def test_sync_ps_with_two_groups_equals_one_group_with_the_doubled_batch(ray_session):
     # shuffle=False: group r of 2 reads rows r, r+2, ... so two batches of 20 are exactly the
     # 40 rows that one group reads; averaged gradients then equal the big batch's gradient.
@@ -52,6 +53,7 @@ def test_sync_ps_with_two_groups_equals_one_group_with_the_doubled_batch(ray_ses
     assert any(not np.allclose(initial[n], one[n]) for n in one)  # training moved the parameters
 
 
+@pytest.mark.slow
 def test_sync_every_pushes_accumulated_gradients_every_n_steps(ray_session):
     # Pushing the sum of 2 steps' gradients (batch 20, at the same parameters) every 2 steps is
     # one step of batch 40 at twice the rate: same parameters, half the messages.
@@ -110,6 +112,7 @@ def test_every_architecture_trains_and_counts_its_traffic(ray_session, name, ext
         assert stats["comm_bytes_per_step"] == pytest.approx(2 * num_bytes, rel=0.01)
 
 
+@pytest.mark.slow
 def test_partitioned_group_trains_like_the_whole_model(ray_session):
     # The group's 2 nodes are Ray actors; the group's updater works on unpartitioned names, so
     # data replicas inside the group stay identical and training follows the whole model.
@@ -129,6 +132,7 @@ def test_partitioned_group_trains_like_the_whole_model(ray_session):
         np.testing.assert_allclose(split[name], whole[name], rtol=1e-4, atol=1e-5, err_msg=name)
 
 
+@pytest.mark.slow
 def test_async_average_scales_each_push_by_the_number_of_groups(ray_session):
     # One push per group, both computed at the starting parameters: plain SGD on the servers
     # moves the parameters by the sum of the two steps, or by half of it with async_average.

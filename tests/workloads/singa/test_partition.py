@@ -111,6 +111,7 @@ def test_data_partitioning_sends_only_the_input_slice_and_the_scores():
     assert split.bridge_bytes() == 4 * 64 * 4 + 2 * (4 * 10 * 4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case,group_size,scheme", [("mlp", 3, "hybrid"), ("cnn", 2, "model")])
 def test_node_actors_send_through_bridges_and_match_the_unpartitioned_net(ray_session, case, group_size, scheme):
     """Each node of the group is its own Ray actor running only its layers; features and
@@ -143,6 +144,7 @@ def test_node_actors_send_through_bridges_and_match_the_unpartitioned_net(ray_se
     assert nodes.param_bytes >= 2 * sum(v.nbytes for v in ref_grads.values())
 
 
+@pytest.mark.slow
 def test_cd_through_node_actors_sends_only_features(ray_session):
     """The DBN's second CD stage with its frozen lower layer (h1) data-partitioned over 2 node
     actors: the RBM pair stays whole on node 0, and CD sends no gradients, only node 1's input

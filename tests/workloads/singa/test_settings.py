@@ -144,6 +144,7 @@ def test_an_entry_point_offers_layers_without_layer_modules(tmp_path, monkeypatc
     assert base.layer_class("ep_tanh").__name__ == "EpTanh"
 
 
+@pytest.mark.slow
 def test_cli_rejects_a_cycle_before_a_run_opens_in_one_line(tmp_path):
     """The net is built while Ray starts (``check``): after the run's first line (the config, and
     where Ray's lines go), one line naming the layer, exit 2, and no run folder."""

@@ -46,6 +46,7 @@ def test_memory_store_evicts_oldest_first(ray_session):
     assert cache.get("k2") is not None and cache.total_bytes() <= 1024
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["memory", "disk"])
 def test_second_epoch_over_the_same_segments_hits_the_cache(ray_session, tiny_videos, tmp_path, kind):
     import ray
@@ -142,6 +143,7 @@ def test_a_full_disk_costs_the_cache_entry_not_the_run(tmp_path):
     assert [f.name for f in tmp_path.rglob("*") if f.is_file() and f.name != ".lock"] == ["a" * 40 + ".npz"]
 
 
+@pytest.mark.slow
 def test_a_second_run_over_the_same_data_hits_the_persistent_cache(ray_session, tiny_videos, tmp_path):
     """Two 'runs' (fresh caches, fresh masters) on one cache folder; keys are content digests,
     so a copy of the videos under another name hits too."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 
 def _batches(epochs: int, rows: int, size: int):
@@ -142,6 +143,7 @@ def test_finish_sends_every_worker_a_stop_mark_and_stops_pulling(ray_session):
     assert all(m[-1] == (STOP, 0) for m in marks)
 
 
+@pytest.mark.slow
 def test_a_full_queue_pauses_decoding_at_the_master_until_the_trainers_take_again(ray_session):
     import threading
     import time
@@ -177,6 +179,7 @@ def test_a_full_queue_pauses_decoding_at_the_master_until_the_trainers_take_agai
     ray.kill(master)
 
 
+@pytest.mark.slow
 def test_a_requested_resize_ends_the_streams_runs_after_an_epoch_and_deals_on_to_the_new_queues(ray_session):
     """Worker shifting (video.shift_apply): the resized stream's old workers get a resize mark
     right after the last epoch they train; once the driver hands over new queues (one per new
@@ -252,6 +255,7 @@ def test_a_restarted_worker_whose_queues_are_an_epoch_apart_goes_on_to_the_lates
     assert _close_epoch(stopped, _drain_to_end(stopped), world_size=1) is None
 
 
+@pytest.mark.slow
 def test_a_worker_reads_its_queue_one_batch_ahead_no_more(ray_session):
     """The trainer's read-ahead (stream_worker.ReadAhead): batches in order, exactly one taken from
     the queue actor beyond what the loop has read, nothing read after a stop mark or after it is

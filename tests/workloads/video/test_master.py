@@ -58,6 +58,7 @@ def _run_pipeline(segs, index, master, out: list):
         out.append(len(batch["label"]))
 
 
+@pytest.mark.slow
 def test_pause_blocks_decoding_until_resume(ray_session, tiny_videos):
     import ray
 
@@ -84,6 +85,7 @@ def test_pause_blocks_decoding_until_resume(ray_session, tiny_videos):
     assert ray.get(master.stage_stats.remote())["decode"]["items"] == 12
 
 
+@pytest.mark.slow
 def test_stop_drops_the_remaining_work_without_failing(ray_session, tiny_videos):
     import ray
 

@@ -16,6 +16,7 @@ from workloads.video.pipeline import build_dataset
 from .conftest import pipeline_config
 
 
+@pytest.mark.slow
 def test_a_file_that_breaks_after_the_scan_is_skipped_by_the_decode_stage(tmp_path, tiny_videos, ray_session):
     """The pipeline never stops for one bad file: the segment is dropped, counted and named."""
     import ray

@@ -44,6 +44,7 @@ def test_a_shift_moves_a_worker_between_the_streams_and_every_epoch_still_trains
         assert sorted(steps) == [0, 1, 2, 3], (stream, steps)
 
 
+@pytest.mark.slow
 def test_the_summary_shows_each_streams_wait_and_its_worst_epoch():
     import workloads.video as video
     from workloads.video.train import wait_fractions
