@@ -232,8 +232,8 @@ class Architecture:
         try:
             # the servers' processes start beside the groups' (one start, not two in a row);
             # they are filled with group 0's initial parameters once those exist (_start)
-            self.ps_groups = self._servers(arch, spec)
-            self._start(arch, spec, get_all([a.info.remote() for a in self.actors], start_bound_s))
+            self.ps_groups = self._servers(arch)
+            self._start(arch, get_all([a.info.remote() for a in self.actors], start_bound_s))
         except ray.exceptions.GetTimeoutError:
             self.abandon()
             raise NotPlaced(f"singa: {self.num_groups} worker groups", {"CPU": cpus_per_group},
@@ -242,7 +242,7 @@ class Architecture:
             self.abandon()  # e.g. a group placed on a node dying meanwhile: none of it is left running
             raise
 
-    def _start(self, arch: dict, spec: dict, infos: list[dict]) -> None:
+    def _start(self, arch: dict, infos: list[dict]) -> None:
         self.nodes = [i["node_id"] for i in infos]
         # the data each group saw: a strided 1/num_groups share of the training set; all test it
         self.data_partition = {"train_per_group": [i["num_train"] for i in infos], "test": infos[0]["num_test"]}
@@ -266,7 +266,7 @@ class Architecture:
         else:
             ray.get([a.set_params.remote(params) for a in self.actors[1:]])
 
-    def _servers(self, arch: dict, spec: dict) -> list:
+    def _servers(self, arch: dict) -> list:
         """The architecture's server groups, started empty: one per replica (``replicated``), one
         for ``sync_ps`` and ``async_ps``, none for the others."""
         if self.name not in ("sync_ps", "async_ps", "replicated"):
