@@ -136,14 +136,22 @@ def _serve(uri: str, port: int, page) -> int:
         stop_server(server)
 
 
+# MLflow's server also starts its GenAI job runner (a runner and seven huey consumers, for
+# scorers and prompt optimization) unless told not to: eight processes, ~19 s of CPU at the start
+# on 2 cores and the first page ~6 s later, for jobs no training run submits. A user's own
+# setting of the variable wins.
+JOB_EXECUTION = "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"
+
+
 def start_server(uri: str, port: int, log) -> subprocess.Popen:
     """``mlflow ui`` on 127.0.0.1:``port`` over the store ``uri``, its output into ``log`` (a path,
     or None: nowhere), in its own session: the terminal's Ctrl-C reaches orchard, which stops the
     whole server (``stop_server``). Also what scripts/mlflow_ui_screenshots.py starts."""
+    env = {**os.environ, JOB_EXECUTION: os.environ.get(JOB_EXECUTION, "false")}
     with open(log or os.devnull, "wb") as out:
         return subprocess.Popen([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
                                  "--host", "127.0.0.1", "--port", str(port)],
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
 
 
 def answers(server, base: str, timeout_s: float = START_TIMEOUT_S) -> bool:

@@ -155,6 +155,23 @@ def lean_trainer(trainer_class, embedded: bool = False, state_api: bool = True):
     return Trainer
 
 
+def has_state_api() -> bool:
+    """Whether the Ray this driver is connected to serves its state API (``ray.util.state``): its
+    dashboard registered an API server address in the GCS. An embedded Ray without its dashboard
+    registers port 0 (``without_api_server``), and so may a cluster started without one; there
+    Ray Train's ``PlacementGroupCleaner`` can never see the controller (every poll answers
+    "unavailable") and, after a driver killed outright, polls so for the cluster's lifetime."""
+    import ray.experimental.internal_kv as internal_kv
+    from ray._private import ray_constants
+
+    try:
+        address = internal_kv._internal_kv_get(ray_constants.DASHBOARD_ADDRESS,
+                                               namespace=ray_constants.KV_NAMESPACE_DASHBOARD)
+    except Exception:  # a Ray Client driver reads no GCS keys: keep Ray Train's default
+        return True
+    return bool(address) and not address.decode().endswith(":0")
+
+
 # ---- node loss (orchard/strategies/node_loss.py) -------------------------------------------
 def actor_handle(actor_id: str):
     """A handle to the actor with this hex id: Ray Train's controller, to end it when an elastic

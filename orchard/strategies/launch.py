@@ -176,11 +176,12 @@ def launch(train_loop: Callable[[dict], None], loop_config: dict, cfg: dict, ctx
     scaling = _scaling(strategy, use_gpu, resources)
     elastic = isinstance(scaling.num_workers, tuple)
     states = node_loss.controller_states(recovery) if elastic else None
-    # an embedded Ray (cluster=local) has no autoscaler, and without its dashboard no state API
+    # an embedded Ray (cluster=local) has no autoscaler; a Ray without its dashboard (embedded or
+    # attached) no state API
     cluster = cfg.get("cluster") or {}
     embedded = cluster.get("mode") == "local"
-    lean = ray_private.lean_trainer(TorchTrainer, embedded=embedded,
-                                    state_api=not embedded or bool(cluster.get("include_dashboard")))
+    state_api = bool(cluster.get("include_dashboard")) if embedded else ray_private.has_state_api()
+    lean = ray_private.lean_trainer(TorchTrainer, embedded=embedded, state_api=state_api)
     trainer = lean(
         _wrap(train_loop),
         train_loop_config=config,

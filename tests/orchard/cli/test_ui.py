@@ -49,6 +49,9 @@ def test_the_ui_serves_the_store_on_localhost_opens_the_runs_training_view_and_s
                                       "?workflowType=machine_learning")
         listening = {c.laddr.ip for c in psutil.net_connections("tcp") if c.status == "LISTEN" and c.laddr.port == port}
         assert listening == {"127.0.0.1"}
+        # the server and its web worker: no GenAI job runner and its consumers beside them
+        served = [" ".join(p.cmdline()) for p in psutil.Process(ui.pid).children(recursive=True)]
+        assert not [c for c in served if "jobs" in c or "huey" in c], served
         ui.send_signal(signal.SIGINT)
         assert ui.wait(30) == 0
     finally:

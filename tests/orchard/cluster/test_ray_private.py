@@ -70,7 +70,7 @@ def test_the_resources_detected_before_ray_are_this_machines(monkeypatch):
     assert 1 <= found["CPU"] <= len(os.sched_getaffinity(0)) and found["GPU"] == 0
 
 
-def test_a_lean_trainer_leaves_out_only_the_callbacks_nothing_uses():
+def test_a_lean_trainer_leaves_out_only_the_callbacks_nothing_uses(ray_session):
     """The callback that starts Train's ``DatasetManager`` actor is left out only where no
     dataset needs it, the placement-group cleaner only where no state API answers; every other
     default callback of Ray Train stays."""
@@ -90,6 +90,17 @@ def test_a_lean_trainer_leaves_out_only_the_callbacks_nothing_uses():
     assert blind == [k for k in plain if k not in (DatasetsCallback, PlacementGroupCleanerCallback)]
     with_data = ray_private.lean_trainer(TorchTrainer)(lambda: None, datasets={"train": ray.data.range(4)})
     assert DatasetsCallback in kinds(with_data)
+
+
+@pytest.mark.parametrize(("registered", "serves"), [(None, False), (b"127.0.0.1:0", False), (b"10.0.0.5:8265", True)])
+def test_the_state_api_is_there_only_where_a_dashboard_registered_a_port(monkeypatch, registered, serves):
+    """What the GCS holds under the dashboard's key: nothing (no dashboard), port 0 (a Ray started
+    without its API server, as a run embeds it), or the API server's address. Only the last serves
+    the state API, so only there do a driver's Train runs start Ray Train's placement-group cleaner."""
+    import ray.experimental.internal_kv as internal_kv
+
+    monkeypatch.setattr(internal_kv, "_internal_kv_get", lambda key, namespace=None: registered)
+    assert ray_private.has_state_api() is serves
 
 
 @pytest.mark.parametrize("embedded", [True, False])

@@ -58,8 +58,8 @@ def test_the_gpu_preset_falls_back_to_the_cpu_at_smoke_size(run_orchard):
     """experiment=flower_gpu with the CPU overrides its file names: tile 224, bf16, channels_last,
     loss read every 20 steps and at epoch ends, the time split and the caches recorded."""
     result = run_orchard("workload=flower", "experiment=flower_gpu", "debug=smoke", "strategy.gpus_per_worker=0",
-                         "strategy.backend=gloo", "strategy.cpus_per_worker=1", "flower.synthetic.height=720",
-                         "flower.synthetic.width=1280", "flower.bins=[[0,null]]", "flower.profile_every=0")
+                         "strategy.backend=gloo", "strategy.cpus_per_worker=1", "flower.synthetic.height=560",
+                         "flower.synthetic.width=784", "flower.bins=[[0,null]]", "flower.profile_every=0")
     assert result.exit_code == 0, result.run.data.tags.get("orchard.error") if result.run else result
     params, m = result.run.data.params, result.run.data.metrics
     assert (params["flower.tile_size"], params["flower.precision"], params["flower.channels_last"]) == ("224", "bf16", "True")

@@ -1,7 +1,7 @@
 """workloads/video/checkpoint.py: video's own checkpoint and resume hook, without Ray: what ``python -m orchard resume`` relies on.
 
-The end-to-end drills (a run interrupted, then resumed) are in tests/integration/test_lifecycle.py
-and, on two nodes with S3 storage, tests/integration/test_cluster_storage.py.
+The end-to-end drill (a run interrupted, then resumed from its checkpoint alone, on two nodes with
+S3 storage) is in tests/integration/test_cluster_storage.py.
 """
 from __future__ import annotations
 
