@@ -48,7 +48,9 @@ def test_a_flower_sweep_beside_runs_with_their_own_ray_runs_one_trial_at_a_time_
     and the same sweep command is started a second time. A trial ASHA stops must give its CPUs back
     at once (its Ray Train run aborted) and its MLflow run must close then, so the next trial's
     workers start and MLflow never shows two trials RUNNING; the second command is refused,
-    naming the first, and touches nothing."""
+    naming the first, and touches nothing: the first sweep's parent and trials end FINISHED (or
+    stopped by ASHA, saying so), none KILLED (the suite's only same-sweep-twice test: its tiny
+    twin, which checked the same, was dropped for CI's time)."""
     uri = _store(f"sqlite:///{tmp_path}/sweep.db")
     # one draw per grid point (shipped: 2 draws x 2 batch sizes, 4 trials; every other setting as
     # shipped): one trial at a time, a stopped trial's CPUs and run given back at once and the
@@ -136,26 +138,6 @@ def test_runs_in_folders_of_one_name_under_two_parents_never_share_checkpoints(r
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and "hydra.run.dir" in lines[0] and "resume" in lines[0], err
     assert len(runs(uri)) == 2
-
-
-def test_the_same_sweep_started_twice_leaves_the_first_alone(ray_session, tmp_path, capfd):
-    uri = _store(f"sqlite:///{tmp_path}/mlflow.db")
-    args = ["workload=tiny", "sweep=tiny_grid", "sweep.max_concurrent_trials=1", TWO_LRS, "tiny.steps=60",
-            "tiny.sleep_s=0.1", "tracking.system_metrics=false", f"tracking.uri={uri}", f"output_dir={tmp_path}/out"]
-    first = _start(tiny_cli(*args, *attach_overrides()), tmp_path, tmp_path / "first.log", tiny_cli_env())
-    try:
-        deadline = time.time() + 300  # until the first sweep holds its lease and trains a trial
-        while not any(r.info.status == "RUNNING" for r in _children(uri)):
-            assert first.poll() is None and time.time() < deadline, (tmp_path / "first.log").read_text()[-3000:]
-            time.sleep(0.5)
-        code, err = main_in_process(args, capfd)  # refused before Ray: in this process
-        assert code == 2 and f"already driven by pid {first.pid}" in err, err
-        assert first.wait(timeout=600) == 0, (tmp_path / "first.log").read_text()[-3000:]
-    finally:
-        if first.poll() is None:
-            first.kill()
-    statuses = sorted(r.info.status for r in runs(uri))
-    assert statuses == ["FINISHED"] * 3, statuses  # the parent and both trials: nothing KILLED by the second
 
 
 def test_a_second_resume_of_a_run_is_refused_naming_the_first(tmp_path):
