@@ -196,6 +196,7 @@ def test_a_training_run_logs_an_mlflow_logged_model_too(cli_run, tmp_path):
 
 
 
+@pytest.mark.slow
 def test_predict_files_actors_read_staged_copies_never_the_drivers_paths(ray_session, tmp_path):
     """Workers on another node cannot open the driver's files: the model, every input and its
     companions reach the actors through the storage location, and what they write comes back."""

@@ -99,6 +99,7 @@ def test_the_run_folder_is_in_the_store_from_the_runs_first_moment(run_orchard, 
     assert result.exit_code == 0 and seen["run_dir"] == result.run.data.tags["orchard.run_dir"]
 
 
+@pytest.mark.slow
 def test_a_resume_trains_with_the_new_lr_on_the_restored_optimizer_state():
     """``resume <id> flower.optimizer.lr=...`` (what a diverged run's line asks for): the restored
     optimizer keeps its momentum, and steps with the new lr, not the checkpoint's."""

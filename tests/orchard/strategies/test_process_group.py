@@ -5,7 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 
+
+@pytest.mark.slow
 def test_the_config_and_its_backend_travel_without_torch():
     # what the controller unpickles: the config and its backend class, by reference to this module
     code = ("import pickle, sys\n"

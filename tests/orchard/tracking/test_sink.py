@@ -84,6 +84,7 @@ def test_the_buffer_is_bounded_and_what_it_spills_is_counted(ray_session, tmp_pa
     assert client.get_run(run_id).data.metrics[SPILLED] == 15
 
 
+@pytest.mark.slow
 def test_log_metrics_refuses_a_bad_name_with_one_line_naming_it_and_sends_nothing(ray_session):
     from orchard.tracking.context import RunContext
     from orchard.tracking.sink import MetricsSink

@@ -39,6 +39,7 @@ def test_a_new_store_is_what_mlflow_makes_in_this_folder(tmp_path, monkeypatch):
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".new")]                # no partial copy left
 
 
+@pytest.mark.slow
 def test_each_new_store_gets_its_own_default_experiment_and_takes_runs(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     for folder in ("a", "b"):

@@ -116,6 +116,7 @@ def test_bin_sampling_takes_the_smallest_bin_size_from_every_bin_and_splits_70_3
     assert bin_sample(counts, bins, 0.7, seed=2)[0].tolist() != train.tolist()
 
 
+@pytest.mark.slow
 def test_tiling_streams_tiles_to_disk_without_holding_them_all(tmp_path):
     """The tile cache is written one image group at a time: the peak of what the tiling allocates
     stays under the cache's own size (it held every tile twice before: the groups' and their
