@@ -31,6 +31,7 @@ EXTRA_BENCHES = {
     "scaling_forest_few": ("bench.scaling", "forest_few"),  # the forest at 1, cores/4, all cores, one node: ~7 min on 16 cores
     "scaling_ps": ("bench.scaling", "ps"),                 # flower ps and singa (sync_ps) alone: ~20 min
     "ps_wire": ("bench.ps_wire", "full"),                  # a server's push+pull in pieces vs one array, 1 and 2 nodes: ~2 min
+    "flower_jpeg": ("bench.flower_jpeg", "full"),          # JPEG photos counted as their PNGs, with vs without the degradations: ~16 min
 }
 # Benches of which one repeat is already a result worth keeping (about an hour each on 2 cores):
 # `--repeats 1` is allowed for them alone; the tables show such a figure with n=1 and no spread.
