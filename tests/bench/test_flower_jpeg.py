@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import math
 
+import pytest
 
+
+@pytest.mark.slow  # 9 s: two trainings and their counts; CI runs it, the quick loop does not
 def test_the_smoke_bench_trains_both_sides_and_reports_each_seeds_jpeg_gap():
     from bench import flower_jpeg
 
