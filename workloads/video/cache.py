@@ -38,9 +38,14 @@ import numpy as np
 CACHE_KINDS = ("none", "memory", "disk")
 
 
+# bumped when the same request would give other arrays: 2, frames scaled by swscale as they are
+# converted (decoder.PyAVDecoder._rgb), where cv2 resized the RGB frame before
+KEY_VERSION = 2
+
+
 def cache_key(video: str, offset: int, count: int, size: int, extractor: str, options: str = "") -> str:
     """A stable key; ``video`` is the file's content digest (``VideoIndex.digests``)."""
-    raw = f"{video}|{offset}|{count}|{size}|{extractor}|{options}"
+    raw = f"v{KEY_VERSION}|{video}|{offset}|{count}|{size}|{extractor}|{options}"
     return hashlib.sha1(raw.encode()).hexdigest()
 
 

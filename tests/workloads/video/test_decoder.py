@@ -49,6 +49,26 @@ def test_resize_gives_the_configured_size(tiny_videos):
     assert PyAVDecoder(size=16).decode(index.paths[1], 3, 2, length=24).shape == (2, 16, 16, 3)
 
 
+def test_a_frame_scaled_while_converted_is_the_area_average_of_the_whole_frame(tmp_path):
+    """A wide frame scaled to the square size by swscale (as it leaves YUV) is the picture cv2's
+    INTER_AREA makes of the full-size RGB frame: the same brightness to a grey level (a crop or a
+    one-pixel shift is 20-30 levels off); colours, which 4:2:0 video keeps at half resolution and
+    swscale scales on their own plane, differ more on this clip's speckled colour noise."""
+    import cv2
+
+    wide = np.concatenate([render_clip("move_right", seed=3, size=96, num_frames=12)] * 2, axis=2)[:, :72]
+    path = tmp_path / "wide.mp4"
+    write_mp4(path, np.ascontiguousarray(wide))
+    full = PyAVDecoder().decode(str(path), 4, 6, length=12)
+    assert full.shape == (6, 72, 192, 3)
+    scaled = PyAVDecoder(size=32).decode(str(path), 4, 6, length=12)
+    reference = np.stack([cv2.resize(f, (32, 32), interpolation=cv2.INTER_AREA) for f in full])
+    assert scaled.shape == reference.shape == (6, 32, 32, 3)
+    grey = [np.stack([cv2.cvtColor(f, cv2.COLOR_RGB2GRAY) for f in x]).astype(int) for x in (scaled, reference)]
+    assert np.abs(grey[0] - grey[1]).mean() < 1.5
+    assert np.abs(scaled.astype(int) - reference).mean() < 20
+
+
 def test_probe_rejects_each_kind_of_bad_file(tmp_path, tiny_videos):
     _, index = tiny_videos
     bad = write_bad_files(tmp_path, index.paths[0])
