@@ -27,7 +27,8 @@ Why it is fair:
   - in 1 process with FFmpeg's own threading as PyAV documents it (`stream.thread_type = "AUTO"`,
     `codec_context.thread_count = N`): frame and slice threads inside the decoder;
   decord (`VideoReader(width=W, height=H, num_threads=N).get_batch`, resized by decord itself,
-  and again decoded at the file's size and resized as orchard resizes for the checksum row) and
+  and again decoded at the file's size, resized with cv2 where the size differs, for the checksum
+  row) and
   torchcodec (`VideoDecoder(seek_mode="exact", num_ffmpeg_threads=N).get_frames_at`) with N
   threads, as their docs use them; torchcodec runs in a child process over the FFmpeg 8 that
   PyAV's wheel ships (`bench/torchcodec_peer.py`), so it and PyAV call the very same FFmpeg
@@ -133,7 +134,10 @@ def plain_threads(jobs, size, cores) -> tuple[float, int]:
 def decord_run(jobs, size, cores, own_resize: bool = True) -> tuple[float, int]:
     """decord as its docs use it: ``VideoReader(num_threads=N).get_batch(indices)``; frames resized
     by decord itself (``width``/``height``), or, for the checksum row, decoded at their own size and
-    resized as orchard resizes them (cv2 INTER_AREA, only when the size differs)."""
+    resized with cv2 INTER_AREA where the size differs, as the plain loop does. orchard's decoder
+    scales in swscale as it converts (docs/video.md), a picture a grey level or so apart; the
+    bench's files are encoded at the decoded size, so no side resizes and the checksums compare
+    the decoders alone."""
     import cv2
     import decord
     import numpy as np
