@@ -212,6 +212,37 @@ def generate_untrimmed(path: str | os.PathLike, cls: str, seed: int, size: int =
             "action_end": background_frames + action_frames}
 
 
+# camera-like files at the sizes real footage comes in (a phone's QCIF, a letterboxed clip, HD),
+# for the trainers' wait on mixed sizes (issue 51): name -> (width, height), pan in px per frame
+MIXED_SIZES = {"qcif": ((176, 144), (3, 0)), "letterbox": ((640, 272), (1, 1)), "hd": ((1280, 720), (-3, 1))}
+
+
+def write_mixed_footage(root: str | os.PathLike, copies: int = 4, num_frames: int = 100, seed: int = 7) -> Path:
+    """Class folders of H.264 files at the ``MIXED_SIZES``: in each, ``copies`` copies of one pan over
+    a textured picture with a moving disc, so decoding (a 1280x720 frame costs ~40x a 64x64 one),
+    not learning, is what differs between the classes. Returns ``root``."""
+    root, rng = Path(root), np.random.default_rng(seed)
+    for name, ((w, h), (dx, dy)) in MIXED_SIZES.items():
+        pad_w, pad_h = 3 * num_frames + 16, num_frames + 16
+        big = (h + 2 * pad_h, w + 2 * pad_w)
+        coarse = cv2.resize(rng.integers(0, 255, (big[0] // 16, big[1] // 16, 3), np.uint8), big[::-1],
+                            interpolation=cv2.INTER_CUBIC)
+        fine = cv2.resize(rng.integers(0, 255, (big[0] // 4, big[1] // 4, 3), np.uint8), big[::-1])
+        picture = cv2.GaussianBlur(coarse, (0, 0), 3) // 2 + fine // 2
+        frames = []
+        for t in range(num_frames):
+            x, y = pad_w + dx * t, pad_h + dy * t
+            frame = picture[y:y + h, x:x + w].copy()
+            cv2.circle(frame, (int(w / 2 + w / 4 * np.sin(t / 8)), h // 2), max(4, h // 8), (255, 200, 40), -1)
+            frames.append(frame)
+        folder = root / name
+        folder.mkdir(parents=True, exist_ok=True)
+        write_mp4(folder / f"{name}_0.mp4", np.stack(frames))
+        for k in range(1, copies):
+            (folder / f"{name}_{k}.mp4").write_bytes((folder / f"{name}_0.mp4").read_bytes())
+    return root
+
+
 def write_bad_files(folder: str | os.PathLike, good_video: str | os.PathLike) -> dict[str, str]:
     """Write the four kinds of bad file a real dataset holds next to good ones.
 

@@ -17,3 +17,18 @@ def test_difficulty_knobs_are_repeatable_and_off_by_default():
     same = np.abs(tint("move_right", 1) / tint("move_right", 1).sum() - tint("move_right", 2) / tint("move_right", 2).sum())
     other = np.abs(tint("move_right", 1) / tint("move_right", 1).sum() - tint("move_left", 1) / tint("move_left", 1).sum())
     assert other.sum() > same.sum()
+
+
+def test_mixed_footage_is_real_h264_at_each_size_with_its_copies_as_a_class(tmp_path):
+    import av
+
+    from workloads.video.synthetic_videos import MIXED_SIZES, write_mixed_footage
+
+    root = write_mixed_footage(tmp_path, copies=2, num_frames=6)
+    for name, ((w, h), _) in MIXED_SIZES.items():
+        files = sorted((root / name).glob("*.mp4"))
+        assert len(files) == 2 and files[0].read_bytes() == files[1].read_bytes()
+        with av.open(str(files[0])) as c:
+            stream = c.streams.video[0]
+            assert (stream.codec_context.name, stream.width, stream.height) == ("h264", w, h)
+            assert len(list(c.decode(stream))) == 6
