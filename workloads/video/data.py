@@ -203,12 +203,13 @@ def with_videos(index: VideoIndex, videos: list[dict]) -> VideoIndex:
                                digests=[*index.digests, *(v["digest"] for v in videos)])
 
 
-def segment_dataset(segments, features, index, vcfg, master, cache):
-    """The Ray Data pipeline (decode once, every feature) over ``segments`` of ``index``'s videos."""
+def segment_dataset(segments, features, index, vcfg, master, cache, block: int | None = None):
+    """The Ray Data pipeline (decode once, every feature) over ``segments`` of ``index``'s videos,
+    ``block`` segments a block (None: ``pipeline.block_size`` of them all)."""
     from .pipeline import build_dataset
 
     return build_dataset(segments, features, index.paths, index.lengths, vcfg, master, cache,
-                         pts=index.pts, digests=index.digests)
+                         pts=index.pts, digests=index.digests, block=block)
 
 
 def untrimmed_videos(cfg: dict, classes: list[str], storage) -> list[dict]:

@@ -13,11 +13,17 @@ Outside code adds one without editing orchard, in either of two ways:
 - an installed package's entry point ``[project.entry-points."orchard.video_extractors"]
   name = "my.module:MyExtractor"``, read wherever the table is read.
 
+An extractor may also define ``many(clips) -> (N, ...)``: a block's clips at once, the same
+outputs as clip by clip, with the work they share done once (``extract_many`` calls it where it
+exists). The flow stack has one: overlapping clips of one video in a block (a video's segments,
+sliding inference windows) hold the same frame pairs, and each pair's flow is computed once.
+
 Every output is uint8 where the feature allows it: the notes' transmission argument
 (a 256x256 flow stack of L=10 is 1.25 MB as float, 4x less quantized).
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
 
 import cv2
@@ -69,6 +75,13 @@ def build_extractor(name: str, **options):
         raise KeyError(f"unknown extractor {name!r}; registered: {sorted(EXTRACTORS)}")
     module, cls = EXTRACTORS[name].split(":")
     return getattr(importlib.import_module(module), cls)(**options)
+
+
+def extract_many(extractor, clips) -> np.ndarray:
+    """Every clip's feature, stacked: through the extractor's ``many`` where it has one (the work a
+    block's overlapping clips share done once), else clip by clip."""
+    many = getattr(extractor, "many", None)
+    return many(clips) if many is not None else np.stack([extractor(c) for c in clips])
 
 
 def _gray(frames: np.ndarray) -> np.ndarray:
@@ -154,6 +167,25 @@ class OpticalFlowStack:
 
     def dequantize(self, q: np.ndarray) -> np.ndarray:
         return q.astype(np.float32) * (2 * self.bound / 255.0) - self.bound
+
+    def many(self, clips) -> np.ndarray:
+        """The stacks of ``clips`` (each (T, H, W, 3)), (N, 2L, H, W): each distinct pair of
+        consecutive frames gets one flow field however many clips hold it. Pairs are told apart by
+        content (a 128-bit digest of both grey frames), so the stacks equal ``self(clip)`` clip by
+        clip (DIS and Farneback start from zero flow: a pair's field depends on the pair alone)."""
+        fields: dict[tuple[bytes, bytes], np.ndarray] = {}
+        out = []
+        for frames in clips:
+            gray = _gray(frames[: self.stack + 1])
+            keys = [hashlib.blake2b(g.tobytes(), digest_size=16).digest() for g in gray]
+            stack = []
+            for i in range(self.stack):
+                field = fields.get((keys[i], keys[i + 1]))
+                if field is None:   # (H, W, 2) quantized as __call__ does, channels first: (x, y)
+                    field = fields[keys[i], keys[i + 1]] = self.quantize(self._pair(gray[i], gray[i + 1])).transpose(2, 0, 1)
+                stack.append(field)
+            out.append(np.concatenate(stack))
+        return np.stack(out)
 
     def __call__(self, frames: np.ndarray) -> np.ndarray:
         flow = self.flow_fields(frames)                    # (L, H, W, 2)

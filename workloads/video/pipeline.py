@@ -39,13 +39,23 @@ def _pool(value):
     return ActorPoolStrategy(min_size=lo, max_size=hi)
 
 
-def block_size(segments: int, vcfg: dict) -> int:
+def block_size(per_pass: int, vcfg: dict, clip_frames: int) -> int:
     """Segments per Ray Data block: ``pipeline_batch``, or fewer where that would leave an actor of
-    the decode pool without two blocks to work on (a small epoch still uses the whole pool).
-    Blocks as large as that are cheaper: Ray Data's per-block work (a task, its output's
-    metadata, a hop through the object store) is paid per block, not per clip."""
-    per_actor = math.ceil(segments / (2 * _pool_max(vcfg["decode_concurrency"])))
-    return max(1, min(int(vcfg["pipeline_batch"]), per_actor))
+    the decode pool without two blocks of a pass (``per_pass``: the segments a consumer takes in
+    one go, an epoch's in a run, so its first rows come after one block, not a whole epoch), or
+    where the block's decoded frames (``clip_frames`` frames a clip) would outgrow Ray Data's target
+    block size (``DataContext.target_max_block_size``, 128 MiB by default).
+
+    Blocks as large as that are cheaper: Ray Data's per-block work (a task, its output's metadata,
+    a hop through the object store) is paid per block, not per clip, and a block's clips of one
+    video share one pass over its file (``DecodeStage``) and their common frame pairs' flow
+    (``extractors.extract_many``)."""
+    from ray.data import DataContext
+
+    per_actor = math.ceil(per_pass / (2 * _pool_max(vcfg["decode_concurrency"])))
+    clip_bytes = max(1, clip_frames) * int(vcfg["size"]) ** 2 * 3
+    by_bytes = (DataContext.get_current().target_max_block_size or 128 * 2**20) // clip_bytes
+    return max(1, min(int(vcfg["pipeline_batch"]), per_actor, by_bytes))
 
 
 def fused(vcfg: dict, cache) -> bool:
@@ -75,17 +85,19 @@ def release_segments(batch: dict, master, flow: str, window: int) -> dict:
 
 
 def build_dataset(segments: list[dict], features: list[str], paths: list[str], lengths: list[int],
-                  vcfg: dict, master=None, cache=None, pts: list | None = None, digests: list[str] | None = None):
+                  vcfg: dict, master=None, cache=None, pts: list | None = None, digests: list[str] | None = None,
+                  block: int | None = None):
     """A lazy Ray Dataset of rows ``{video, label, offset, count, [segment], [epoch], <feature>...}``.
 
     ``vcfg`` is ``cfg["video"]``: ``size``, ``stack``, ``short_rule``, ``decoder``,
     ``extractor_options``, ``extractor_modules``, ``pipeline_batch``, ``decode_concurrency``
     (min, max), ``decode_cpus``, ``extract_concurrency``, ``extract_cpus``. ``pts`` and
-    ``digests`` are the videos' frame indices and content digests (``dataset.scan``).
+    ``digests`` are the videos' frame indices and content digests (``dataset.scan``). ``block``:
+    segments per block (``block_size``); None: sized for ``segments`` taken in one pass.
     """
     import ray
 
-    batch = block_size(len(segments), vcfg)
+    batch = block or block_size(len(segments), vcfg, int(segments[0]["count"]) if segments else 1)
     modules = list(vcfg.get("extractor_modules") or [])
     ds = ray.data.from_items(segments, override_num_blocks=max(1, math.ceil(len(segments) / batch)))
     flow = uuid.uuid4().hex          # this dataset's release counters at the master

@@ -81,9 +81,11 @@ class VideoModel:
     def window_scores(self, clips: list[np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """Per stream (W, K) probabilities and per feature (W, C, H, W) features of clips of
         ``count`` frames at the model's size."""
+        from .extractors import extract_many
         from .model import predict
 
-        feats = {f: np.stack([ext(c) for c in clips]) for f, ext in self.extractors.items()}
+        # overlapping windows share frame pairs: extract_many computes each pair's flow once
+        feats = {f: extract_many(ext, clips) for f, ext in self.extractors.items()}
         scores = {name: predict(self.models[name], feats[spec["feature"]]) for name, spec in self.streams.items()}
         return scores, feats
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from .cache import FeatureCache, cache_key
 from .decoder import BadVideo, build_decoder
-from .extractors import build_extractor, load_modules
+from .extractors import build_extractor, extract_many, load_modules
 
 
 def _actor_id() -> str:
@@ -137,16 +137,17 @@ class ExtractStage:
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         t0 = time.perf_counter()
         frames = batch["frames"]
-        feats = []
-        for i in range(len(frames)):  # one decoded clip feeds every feature stage (decode once)
-            key = cache_key(self.digests[int(batch["video"][i])], int(batch["offset"][i]), int(batch["count"][i]), self.size,
-                            self.name, self.options)
-            feat = self.cache.get(key)
-            if feat is None:
-                t1 = time.perf_counter()
-                feat = self.extractor(frames[i])
-                self.cache.put(key, feat, time.perf_counter() - t1)
-            feats.append(feat)
+        keys = [cache_key(self.digests[int(v)], int(off), int(cnt), self.size, self.name, self.options)
+                for v, off, cnt in zip(batch["video"], batch["offset"], batch["count"])]
+        feats = [self.cache.get(key) for key in keys]   # one decoded clip feeds every feature stage
+        todo = [i for i, feat in enumerate(feats) if feat is None]
+        if todo:   # the block's misses at once: what overlapping clips share is computed once
+            t1 = time.perf_counter()
+            made = extract_many(self.extractor, [frames[i] for i in todo])
+            per_clip = (time.perf_counter() - t1) / len(todo)
+            for i, feat in zip(todo, made):
+                feats[i] = feat
+                self.cache.put(keys[i], feat, per_clip)
         out = dict(batch)
         if self.drop_frames:
             del out["frames"]

@@ -137,7 +137,7 @@ def train_epochs(cfg: dict, ctx, *, index, train_ids: list[int], streams: dict, 
     from .data import segment_dataset
     from .evaluate import in_val_order, score_states, val_columns
     from .feeder import AFTER, AHEAD, Feeder, make_queues, shutdown_queues
-    from .pipeline import stage_metrics
+    from .pipeline import block_size, stage_metrics
 
     # the master draws each epoch's class-balanced segment seeds (a pure function of the seed
     # and the epoch); one pipeline carries them all. A resumed run draws only the epochs after
@@ -165,7 +165,10 @@ def train_epochs(cfg: dict, ctx, *, index, train_ids: list[int], streams: dict, 
         # no select_columns: its projection is a 1-CPU Ray Data task of its own, which a cluster
         # whose CPUs the streams and pools hold never schedules (the run stalls); the feeder
         # takes only the columns it deals
-        train_ds = segment_dataset(segments, features, index, vcfg, master, cache)
+        # blocks sized for an epoch (the feeder's pass), not the whole run: an epoch's first rows
+        # arrive after one block per decode actor
+        block = block_size(int(vcfg["clips_per_epoch"]), vcfg, count)
+        train_ds = segment_dataset(segments, features, index, vcfg, master, cache, block=block)
         queues = make_queues(alloc, int(vcfg["queue_depth"]))
         results = make_queues({"results": 1}, 0)["results"][0]
         feeder = Feeder({s: spec["feature"] for s, spec in streams.items()}, queues, int(vcfg["batch_size"]), epochs,
@@ -175,7 +178,7 @@ def train_epochs(cfg: dict, ctx, *, index, train_ids: list[int], streams: dict, 
 
         # one Ray Train run per stream for the whole training, the feeder dealing them the pipeline
         t_window = time.perf_counter()
-        feeding = feeder.start(train_ds.iter_batches(batch_size=int(vcfg["pipeline_batch"]), batch_format="numpy"))
+        feeding = feeder.start(train_ds.iter_batches(batch_size=block, batch_format="numpy"))
         runs = launch_streams(streams, alloc, queues, results, cfg, ctx, resumed)
         done: dict[int, dict] = {}
         shift: dict | None = None   # a worker shift the feeder applies from shift["epoch"] on

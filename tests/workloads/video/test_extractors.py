@@ -48,6 +48,32 @@ def test_flow_known_answer_for_a_uniform_translation(method):
     assert fy == pytest.approx(-1.0, abs=0.3)
 
 
+@pytest.mark.parametrize("method", ["farneback", "dis_medium"])
+def test_a_block_of_overlapping_clips_gets_each_frame_pairs_flow_once_and_the_clip_by_clip_stacks(method, monkeypatch):
+    from workloads.video.extractors import extract_many
+
+    video = _translating_clip(1.5, 0.5, 14, size=32)
+    video[7] = 255 - video[7]                       # a cut: pairs differ along the video
+    clips = [video[o:o + 5] for o in (0, 2, 3, 9, 2)]   # overlapping, one repeated
+    ext = build_extractor("flow", stack=4, method=method)
+    one_by_one = np.stack([ext(c) for c in clips])
+    calls = []
+    pair = ext._pair
+    monkeypatch.setattr(ext, "_pair", lambda a, b: calls.append(1) or pair(a, b))
+    assert np.array_equal(extract_many(ext, clips), one_by_one)
+    # the clips hold the pairs starting at frames 0-3, 2-5, 3-6, 9-12 and 2-5 again: 11 distinct of 20
+    assert len(calls) == 11
+
+
+def test_extractors_without_many_are_called_clip_by_clip():
+    from workloads.video.extractors import extract_many
+
+    clips = [np.full((5, 8, 8, 3), v, np.uint8) for v in (0, 100)]
+    ext = build_extractor("framediff", stack=4)
+    assert not hasattr(ext, "many")
+    assert np.array_equal(extract_many(ext, clips), np.stack([ext(c) for c in clips]))
+
+
 def test_flow_quantization_round_trips_and_clips_at_the_bound():
     ext = build_extractor("flow", stack=1, bound=20)
     values = np.array([-30.0, -20.0, 0.0, 5.0, 20.0, 31.0], np.float32)

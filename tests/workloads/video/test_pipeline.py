@@ -79,12 +79,16 @@ def test_pipeline_streams_12x_its_object_store_budget_in_bounded_memory(ray_sess
     assert m["pipeline/decode_backpressure_s"] > 0           # decoding was held back, not buffered
 
 
-def test_blocks_hold_pipeline_batch_clips_but_leave_every_decode_actor_two():
+def test_blocks_hold_pipeline_batch_clips_but_leave_every_decode_actor_two_and_stay_under_128_mib():
     from workloads.video.pipeline import block_size
 
-    assert block_size(1000, pipeline_config(pipeline_batch=64, decode_concurrency=[1, 2])) == 64
-    assert block_size(40, pipeline_config(pipeline_batch=64, decode_concurrency=[1, 2])) == 10
-    assert block_size(1, pipeline_config(pipeline_batch=64, decode_concurrency=4)) == 1
+    cfg = pipeline_config(pipeline_batch=256, decode_concurrency=[1, 2])
+    assert block_size(1000, cfg, 11) == 250             # a pass of 1000: two blocks for each of 2 actors
+    assert block_size(5000, cfg, 11) == 256
+    assert block_size(40, cfg, 11) == 10
+    assert block_size(1, pipeline_config(decode_concurrency=4), 11) == 1
+    # 11 frames of 224x224 RGB are 1.58 MiB: 81 of them fit Ray Data's 128 MiB target block
+    assert block_size(5000, dict(cfg, size=224), 11) == 81
 
 
 def test_extractors_run_inside_the_decode_actors_when_the_cache_is_off_unless_told():
