@@ -226,6 +226,11 @@ def cpu_by_role(fn, every_s: float = 0.2) -> tuple[tuple[float, int], dict[str, 
     return result, used
 
 
+def column_sum(batch: dict, columns: list[str]) -> int:
+    """orchard's side of the checksum: the sum of every value of ``columns`` in a batch."""
+    return sum(int(batch[c].sum(dtype="int64")) for c in columns)
+
+
 def orchard_run(segments, index, vcfg, features, cache=None) -> tuple[float, int]:
     """(seconds, checksum of every feature) of the Ray Data pipeline, wall to wall: from the
     request (the dataset built) to the last frame consumed, as the peers are timed. The pipeline's
@@ -238,7 +243,7 @@ def orchard_run(segments, index, vcfg, features, cache=None) -> tuple[float, int
     columns = features or ["frames"]
     checksum = 0
     for batch, _ in consume(ds, 16, columns):
-        checksum += sum(int(batch[c].sum(dtype="int64")) for c in columns)
+        checksum += column_sum(batch, columns)
     return time.perf_counter() - t0, checksum
 
 
@@ -284,7 +289,7 @@ class WarmPipeline:
             batch = next(self.rows)
             assert (batch["epoch"] == self.done).all(), "a pass's rows came with another's"
             seen += len(batch["epoch"])
-            checksum += sum(int(batch[c].sum(dtype="int64")) for c in self.columns)
+            checksum += column_sum(batch, self.columns)
         self.done += 1
         return time.perf_counter() - t0, checksum
 

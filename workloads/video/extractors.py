@@ -180,10 +180,10 @@ class OpticalFlowStack:
             keys = [hashlib.blake2b(g.tobytes(), digest_size=16).digest() for g in gray]
             stack = []
             for i in range(self.stack):
-                field = fields.get((keys[i], keys[i + 1]))
-                if field is None:   # (H, W, 2) quantized as __call__ does, channels first: (x, y)
-                    field = fields[keys[i], keys[i + 1]] = self.quantize(self._pair(gray[i], gray[i + 1])).transpose(2, 0, 1)
-                stack.append(field)
+                pair = (keys[i], keys[i + 1])
+                if pair not in fields:   # (H, W, 2) quantized as __call__ does, channels first: (x, y)
+                    fields[pair] = self.quantize(self._pair(gray[i], gray[i + 1])).transpose(2, 0, 1)
+                stack.append(fields[pair])
             out.append(np.concatenate(stack))
         return np.stack(out)
 

@@ -106,10 +106,11 @@ def build_dataset(segments: list[dict], features: list[str], paths: list[str], l
         # at a time would start the actors one block-task apart (~0.1-0.2 s each on 2 cores: a pass
         # of 4 blocks ran 13% slower so); enough segments in flight to keep the pool at its max
         # size busy (Ray Data queues up to 2 batches per actor) and one batch more each
-        window = 3 * batch * _pool_max(vcfg["decode_concurrency"])
+        actors = _pool_max(vcfg["decode_concurrency"])
+        window = 3 * batch * actors
         ds = ds.map_batches(release_segments, batch_size=None, batch_format="numpy",
                             fn_kwargs=dict(master=master, flow=flow, window=window),
-                            compute=ray.data.TaskPoolStrategy(size=_pool_max(vcfg["decode_concurrency"])), num_cpus=0)
+                            compute=ray.data.TaskPoolStrategy(size=actors), num_cpus=0)
     extract = [dict(name=name, options=dict(vcfg["extractor_options"].get(name) or {}), stack=int(vcfg["stack"]),
                     paths=paths, size=int(vcfg["size"]), master=master, cache=cache,
                     drop_frames=i == len(features) - 1, modules=modules, digests=digests)
