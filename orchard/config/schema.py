@@ -35,6 +35,7 @@ class Strategy(Section):
     cpus_per_worker: float = Field(ge=0, description="a number >= 0")
     gpus_per_worker: float = Field(ge=0, description="a number >= 0")
     max_failures: int = Field(ge=-1, description="an integer >= -1 (-1: retry forever)")
+    worker_niceness: int = Field(default=0, ge=0, le=19, description="an integer from 0 to 19")
 
 
 class ParameterServers(Strategy):

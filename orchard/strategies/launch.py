@@ -172,7 +172,8 @@ def launch(train_loop: Callable[[dict], None], loop_config: dict, cfg: dict, ctx
                       "process group uses gloo (NCCL needs one GPU per worker)", stacklevel=2)
         backend = "gloo"
     # Ray's TorchConfig, from a module without torch: the controller need not import it (process_group.py)
-    torch_config = ProcessGroupConfig(backend=None if backend == "auto" else backend)
+    torch_config = ProcessGroupConfig(backend=None if backend == "auto" else backend,
+                                      niceness=int(strategy.get("worker_niceness", 0) or 0))
     scaling = _scaling(strategy, use_gpu, resources)
     elastic = isinstance(scaling.num_workers, tuple)
     states = node_loss.controller_states(recovery) if elastic else None

@@ -33,6 +33,10 @@ class ProcessGroupConfig(BackendConfig):
     backend: str | None = None
     init_method: str = "env"
     timeout_s: int = 1800
+    # ``strategy.worker_niceness``: each worker lowers its own priority by this much before it
+    # imports torch (``_rendezvous_at``), so its start and its steps take the CPU the run's other
+    # processes leave (video: the pipeline that feeds it); 0 leaves Ray's worker priority
+    niceness: int = 0
 
     @property
     def backend_cls(self):
@@ -49,7 +53,8 @@ class ProcessGroupConfig(BackendConfig):
         return ray_private.torch_training_framework()
 
     def to_dict(self) -> dict:
-        return {"backend": self.backend, "init_method": self.init_method, "timeout_s": self.timeout_s}
+        return {"backend": self.backend, "init_method": self.init_method, "timeout_s": self.timeout_s,
+                "niceness": self.niceness}
 
 
 class _ProcessGroupBackend(Backend):
@@ -60,7 +65,7 @@ class _ProcessGroupBackend(Backend):
             raise ValueError(f"strategy: a process group is set up with init_method 'env'; got {backend_config.init_method!r}")
         backend = backend_config.backend or ("nccl" if worker_group.get_resources_per_worker().get("GPU", 0) else "gloo")
         address, port = worker_group.execute_single(0, ray_private.train_worker_address_and_port)
-        worker_group.execute(_rendezvous_at, address=address, port=port)
+        worker_group.execute(_rendezvous_at, address=address, port=port, niceness=backend_config.niceness)
         ray.get([worker_group.execute_single_async(rank, ray_private.join_torch_process_group, backend=backend,
                                                    world_rank=rank, world_size=len(worker_group),
                                                    timeout_s=backend_config.timeout_s)
@@ -78,6 +83,28 @@ class _ProcessGroupBackend(Backend):
             pass
 
 
-def _rendezvous_at(address: str, port: int) -> None:  # on each worker: where rank 0 listens
+def _rendezvous_at(address: str, port: int, niceness: int = 0) -> None:
+    """On each worker, before it imports torch: where rank 0 listens, and its priority."""
     os.environ["MASTER_ADDR"] = address
     os.environ["MASTER_PORT"] = str(port)
+    lower_priority(niceness)
+
+
+# the increment this worker process applied already: a group started again in the same process
+# (a restart) must not lower it twice
+_applied_niceness = 0
+
+
+def lower_priority(niceness: int) -> None:
+    """Raise this process's nice value by ``niceness`` over its start, once per process (a
+    lower priority cannot be taken back without privileges); where nice is missing (Windows)
+    or refused, the process keeps its priority."""
+    global _applied_niceness
+    step = int(niceness) - _applied_niceness
+    if step <= 0:
+        return
+    try:
+        os.nice(step)
+    except (AttributeError, OSError):
+        return
+    _applied_niceness = int(niceness)

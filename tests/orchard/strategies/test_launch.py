@@ -4,6 +4,8 @@ with the run going on from its last checkpoint, are proved on a real workload by
 runs (tests/workloads/flower/test_run.py: ps-async, and ring with ``flower.fail_at_epoch=1``),
 through this same launcher."""
 
+import os
+
 import pytest
 import torch
 
@@ -36,7 +38,7 @@ def regression_loop(config):
             rep.step()
         with torch.no_grad():
             full = ((rep.module(x) - y) ** 2).mean().item()
-        config["ctx"].log_metrics({"train/loss": full, "train/epoch": epoch}, step=epoch)
+        config["ctx"].log_metrics({"train/loss": full, "train/epoch": epoch, "train/nice": os.nice(0)}, step=epoch)
         worker.save_checkpoint(rep.state_dict(), {"loss": full}, epoch)
 
 
@@ -52,9 +54,11 @@ def _run(ray_session, tmp_path, strategy, **loop):
 
 @pytest.mark.slow
 def test_ps_sync_equals_ring(ray_session, tmp_path):
-    ring, ring_last = _run(ray_session, tmp_path / "ring", {"name": "ring", "num_workers": 2})
+    # the ring's workers also yield their CPU (strategy.worker_niceness), which changes no number
+    ring, ring_last = _run(ray_session, tmp_path / "ring", {"name": "ring", "num_workers": 2, "worker_niceness": 3})
     sync, sync_last = _run(ray_session, tmp_path / "sync", {"name": "ps", "num_workers": 2, "num_servers": 2, "mode": "sync"})
     assert ring.metrics["loss"] == pytest.approx(sync.metrics["loss"], rel=1e-4)
+    assert ring_last["train/nice"] == min(19, sync_last["train/nice"] + 3)
     # 3 epochs x 4 steps, applied once per step (not per worker) on each of the 2 shards
     assert sync_last["wire/ps_updates"] == 3 * 4 * 2
 

@@ -19,4 +19,21 @@ def test_the_config_and_its_backend_travel_without_torch():
             "print(config.to_dict(), backend.share_cuda_visible_devices)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "{'backend': 'gloo', 'init_method': 'env', 'timeout_s': 1800} True"
+    assert out.stdout.strip() == "{'backend': 'gloo', 'init_method': 'env', 'timeout_s': 1800, 'niceness': 0} True"
+
+
+def test_a_worker_lowers_its_priority_once_by_the_configured_step():
+    # a group started again in the same worker process (a restart) must not lower it twice
+    code = ("import os\n"
+            "from orchard.strategies.process_group import _rendezvous_at, lower_priority\n"
+            "start = os.nice(0)\n"
+            "_rendezvous_at('10.0.0.7', 29500, niceness=2)\n"
+            "after = os.nice(0)\n"
+            "_rendezvous_at('10.0.0.7', 29500, niceness=2)\n"
+            "lower_priority(0)\n"
+            "again = os.nice(0)\n"
+            "lower_priority(3)\n"
+            "print(after - start, again - start, os.nice(0) - start, os.environ['MASTER_ADDR'], os.environ['MASTER_PORT'])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["2", "2", "3", "10.0.0.7", "29500"]
