@@ -8,6 +8,13 @@ import sys
 import pytest
 
 
+def _python(code: str):
+    """``code`` run in a fresh interpreter (what it imports and its nice value are its own); it must succeed."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out
+
+
 @pytest.mark.slow
 def test_the_config_and_its_backend_travel_without_torch():
     # what the controller unpickles: the config and its backend class, by reference to this module
@@ -17,8 +24,7 @@ def test_the_config_and_its_backend_travel_without_torch():
             "backend = config.backend_cls()\n"
             "assert 'torch' not in sys.modules, 'torch imported'\n"
             "print(config.to_dict(), backend.share_cuda_visible_devices)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = _python(code)
     assert out.stdout.strip() == "{'backend': 'gloo', 'init_method': 'env', 'timeout_s': 1800, 'niceness': 0} True"
 
 
@@ -34,6 +40,5 @@ def test_a_worker_lowers_its_priority_once_by_the_configured_step():
             "again = os.nice(0)\n"
             "lower_priority(3)\n"
             "print(after - start, again - start, os.nice(0) - start, os.environ['MASTER_ADDR'], os.environ['MASTER_PORT'])\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = _python(code)
     assert out.stdout.split() == ["2", "2", "3", "10.0.0.7", "29500"]
