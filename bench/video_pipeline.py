@@ -272,7 +272,7 @@ class WarmPipeline:
         self.per_pass, self.columns = len(segments), features or ["frames"]
         tagged = [{**s, "epoch": p} for p in range(passes) for s in segments]
         ds = build_dataset(tagged, features, index.paths, index.lengths, vcfg, self.gate, None,
-                           pts=index.pts, digests=index.digests)
+                           pts=index.pts, digests=index.digests, release=release_pass)
         # read block by block, nothing fetched ahead: Ray Data's iterator hands a batch out only once
         # it holds the next one (prefetch_batches=1), which would be the next pass's, held at the gate
         self.rows = iter(ds.iter_batches(batch_size=block, batch_format="numpy", prefetch_batches=0))
@@ -283,7 +283,7 @@ class WarmPipeline:
         import ray
 
         t0 = time.perf_counter()
-        ray.get(self.gate.allow.remote(self.per_pass))
+        ray.get(self.gate.allow.remote(self.done))
         seen = checksum = 0
         while seen < self.per_pass:
             batch = next(self.rows)
@@ -299,27 +299,37 @@ class WarmPipeline:
             close()
 
 
+def release_pass(batch: dict, master, flow: str, window: int) -> dict:
+    """The bench's gate stage in front of decoding (``build_dataset``'s ``release``): a block of
+    pass p waits at the ``PassGate`` (``master``) until pass p is let in. By the block's pass tag, not by a
+    count of segments: the gate tasks run two at a time and may reach the gate out of order, and
+    with a count the next pass's first block could take the last permit of this one, which the
+    ordered output then holds behind a block that never passes (a hang, once in ~10 tests)."""
+    import ray
+
+    ray.get(master.release.remote(int(batch["epoch"][0])))
+    return batch
+
+
 class PassGate:
     """The bench's stand-in for a run's master in front of the decode stage (a Ray actor): it holds
-    the segment seeds until ``allow`` lets a pass's count through, and records which actors
-    decoded (``actors``: the same ones pass after pass)."""
+    each pass's segment seeds until ``allow`` lets that pass in, and records which actors decoded
+    (``actors``: the same ones pass after pass)."""
 
     def __init__(self):
         import asyncio
 
-        self.allowed, self.seen = 0, set()
+        self.allowed, self.seen = -1, set()     # the last pass let in
         self.more = asyncio.Condition()
 
-    async def allow(self, n: int) -> None:
+    async def allow(self, pass_: int) -> None:
         async with self.more:
-            self.allowed += n
+            self.allowed = max(self.allowed, pass_)
             self.more.notify_all()
 
-    async def release(self, flow: str, n: int, window: int) -> bool:
+    async def release(self, pass_: int) -> None:
         async with self.more:
-            await self.more.wait_for(lambda: self.allowed >= n)
-            self.allowed -= n
-        return True
+            await self.more.wait_for(lambda: self.allowed >= pass_)
 
     async def decoded(self, flow: str, n: int) -> None:
         return None

@@ -86,7 +86,7 @@ def release_segments(batch: dict, master, flow: str, window: int) -> dict:
 
 def build_dataset(segments: list[dict], features: list[str], paths: list[str], lengths: list[int],
                   vcfg: dict, master=None, cache=None, pts: list | None = None, digests: list[str] | None = None,
-                  block: int | None = None):
+                  block: int | None = None, release=release_segments):
     """A lazy Ray Dataset of rows ``{video, label, offset, count, [segment], [epoch], <feature>...}``.
 
     ``vcfg`` is ``cfg["video"]``: ``size``, ``stack``, ``short_rule``, ``decoder``,
@@ -94,6 +94,8 @@ def build_dataset(segments: list[dict], features: list[str], paths: list[str], l
     (min, max), ``decode_cpus``, ``extract_concurrency``, ``extract_cpus``. ``pts`` and
     ``digests`` are the videos' frame indices and content digests (``dataset.scan``). ``block``:
     segments per block (``block_size``); None: sized for ``segments`` taken in one pass.
+    ``release``: the gate stage in front of decoding, ``f(batch, master, flow, window)``, run when
+    there is a ``master`` (a run's: ``release_segments``; the bench lets whole passes in by tag).
     """
     import ray
 
@@ -108,7 +110,7 @@ def build_dataset(segments: list[dict], features: list[str], paths: list[str], l
         # size busy (Ray Data queues up to 2 batches per actor) and one batch more each
         actors = _pool_max(vcfg["decode_concurrency"])
         window = 3 * batch * actors
-        ds = ds.map_batches(release_segments, batch_size=None, batch_format="numpy",
+        ds = ds.map_batches(release, batch_size=None, batch_format="numpy",
                             fn_kwargs=dict(master=master, flow=flow, window=window),
                             compute=ray.data.TaskPoolStrategy(size=actors), num_cpus=0)
     extract = [dict(name=name, options=dict(vcfg["extractor_options"].get(name) or {}), stack=int(vcfg["stack"]),
