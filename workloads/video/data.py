@@ -152,12 +152,15 @@ def prepare_data(cfg: dict, ctx) -> tuple[str, str | None]:
     runs and other nodes reuse them."""
     from orchard.api import Storage
 
+    from .synthetic_videos import ENCODING
+
     vcfg = cfg["video"]
     if vcfg.get("root"):
         return vcfg["root"], None
     syn = vcfg["synthetic"]
     difficulty = _difficulty(syn)
-    name = f"synthetic_c{syn['num_classes']}_v{syn['videos_per_class']}_s{syn['size']}_f{syn['num_frames']}_seed{cfg['seed']}"
+    # the encoding's version leads: videos written by an older encoding are not mixed with these
+    name = f"synthetic{ENCODING}_c{syn['num_classes']}_v{syn['videos_per_class']}_s{syn['size']}_f{syn['num_frames']}_seed{cfg['seed']}"
     name += "".join(f"_{k}{v:g}" for k, v in difficulty.items() if v)
     store = Storage.root(cfg).child("video", "data", name)
     if store.is_local:

@@ -136,6 +136,11 @@ class _Scene:
         return frame
 
 
+# bumped whenever the same frames are written as other bytes (data.py names its folders by it):
+# 2 = without x264's mbtree, on one encoder thread (the same bytes under any load, on any machine)
+ENCODING = 2
+
+
 def write_mp4(path: str | os.PathLike, frames: np.ndarray, fps: int = 25, codec: str = "libx264",
               gop: int = 16) -> None:
     """Encode uint8 frames (T, H, W, 3) RGB into a real video file (H, W even)."""
@@ -148,7 +153,12 @@ def write_mp4(path: str | os.PathLike, frames: np.ndarray, fps: int = 25, codec:
         # A short GOP keeps seeks cheap (GROUND.md: ~2 ms at GOP 16 vs ~9 ms at 250).
         stream.codec_context.gop_size = gop
         if codec == "libx264":
-            stream.options = {"crf": "18", "preset": "veryfast"}
+            # the same frames, the same bytes, on any machine and under any load: x264's macroblock
+            # tree (mbtree) gave other bytes, so other decoded pixels, for the same frames on a busy
+            # machine (a run's figures moved with the load), and its output depends on its thread
+            # count (the machine's cores by default). B-frames and the lookahead stay on.
+            stream.options = {"crf": "18", "preset": "veryfast", "x264-params": "mbtree=0"}
+            stream.codec_context.thread_count = 1
         for frame in frames:
             for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
                 container.mux(packet)
