@@ -6,6 +6,7 @@ on where an epoch ends with the helpers below, so no rank waits on a collective 
 from __future__ import annotations
 
 import io
+import os
 import queue as local_queue
 import threading
 import time
@@ -76,6 +77,10 @@ def _epochs(config: dict, env, mine: list) -> None:
         replica.load_state_dict(torch.load(io.BytesIO(config["state"]), weights_only=True))
     stream, ctx = config["stream"], config["ctx"]
     results = config["results"]
+    if env.rank == 0 and restored is None:
+        # the priority the trainers train at (strategy.worker_niceness over Ray's workers' own):
+        # the run records that they yield the CPU to the pipeline
+        ctx.set_tags({f"orchard.{stream}_trainer_nice": os.nice(0) if hasattr(os, "nice") else 0})
     loss_fn = nn.CrossEntropyLoss()
     advice = {"key": "video.optimizer.lr", "value": float(config["optimizer"]["lr"])}
 

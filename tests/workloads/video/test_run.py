@@ -61,7 +61,7 @@ def _artifact_json(result, path: str, tmp_path) -> dict:
 
 
 @pytest.mark.slow
-def test_smoke_run_end_to_end_records_streams_fusion_skips_and_stages(cli_run, tmp_path):
+def test_smoke_run_end_to_end_records_streams_fusion_skips_and_stages(cli_run, ray_session, tmp_path):
     """`python -m orchard workload=video debug=smoke`: the session's one video smoke run, which the
     console, figure, predict, model and notebook tests read too."""
     result = cli_run("workload=video")
@@ -113,6 +113,17 @@ def test_smoke_run_end_to_end_records_streams_fusion_skips_and_stages(cli_run, t
     assert result.run.data.params["video.pipeline_executions"] == "1"
     records = _artifact_json(result, "tables/untrimmed_predictions.json", tmp_path)
     assert len(records["videos"]) == 2 and all(v["windows"] for v in records["videos"])
+    # both streams' trainers yield the CPU to the pipeline: video's strategy.worker_niceness (4)
+    # over the nice value Ray starts its workers at (this run ran on the session's Ray)
+    base = ray_session.get(ray_session.remote(num_cpus=0)(_nice).remote())
+    for stream in ("spatial", "temporal"):
+        assert result.run.data.tags[f"orchard.{stream}_trainer_nice"] == str(min(19, base + 4))
+
+
+def _nice() -> int:
+    import os
+
+    return os.nice(0)
 
 
 @pytest.mark.slow
