@@ -3,9 +3,10 @@
 Decode once: the pipeline (pipeline.py) carries every stream's feature for every segment
 of every epoch, in segment order. The feeder, a thread on the driver, cuts it into the
 streams' global batches (never across an epoch), splits each batch evenly over a stream's
-workers and puts each worker's part in that worker's bounded queue (a Ray queue actor),
-followed by an end-of-epoch mark after each epoch. Each stream's Ray Train run reads its
-own queues for all epochs (train.py): one run per stream, no relaunch per epoch.
+workers and puts each worker's part in that worker's bounded queue (queues.py: one actor holds
+every queue of the run), followed by an end-of-epoch mark after each epoch. Each stream's Ray
+Train run reads its own queues for all epochs (train.py): one run per stream, no relaunch per
+epoch.
 
 Backpressure: a full queue blocks the feeder, which stops pulling from the pipeline,
 which Ray Data then holds back within its object-store budget. That budget can hold many
@@ -44,26 +45,6 @@ class Stopped(RuntimeError):
 
 class _Finished(Exception):
     """The target was met while the feeder waited for relaunched streams."""
-
-
-def make_queues(alloc: dict[str, int], depth: int) -> dict[str, list]:
-    """One bounded queue per worker of each stream (``depth`` batches each), on the driver's
-    node: a lost node must not take batches the trainers have not read (node_loss.py)."""
-    from ray.util.queue import Queue
-
-    from orchard.api import on_this_node
-
-    options = {"num_cpus": 0, **on_this_node()}
-    return {s: [Queue(maxsize=depth, actor_options=options) for _ in range(n)] for s, n in alloc.items()}
-
-
-def shutdown_queues(queues: dict[str, list]) -> None:
-    for qs in queues.values():
-        for q in qs:
-            try:
-                q.shutdown(force=True)
-            except Exception:  # already gone
-                pass
 
 
 class Feeder:

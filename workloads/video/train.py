@@ -136,7 +136,8 @@ def train_epochs(cfg: dict, ctx, *, index, train_ids: list[int], streams: dict, 
     from .checkpoint import save_checkpoint
     from .data import segment_dataset
     from .evaluate import in_val_order, score_states, val_columns
-    from .feeder import AFTER, AHEAD, Feeder, make_queues, shutdown_queues
+    from .feeder import AFTER, AHEAD, Feeder
+    from .queues import make_queues, shutdown_queues
     from .pipeline import block_size, stage_metrics
 
     # the master draws each epoch's class-balanced segment seeds (a pure function of the seed
@@ -169,8 +170,8 @@ def train_epochs(cfg: dict, ctx, *, index, train_ids: list[int], streams: dict, 
         # arrive after one block per decode actor
         block = block_size(int(vcfg["clips_per_epoch"]), vcfg, count)
         train_ds = segment_dataset(segments, features, index, vcfg, master, cache, block=block)
-        queues = make_queues(alloc, int(vcfg["queue_depth"]))
-        results = make_queues({"results": 1}, 0)["results"][0]
+        queues = make_queues(alloc, int(vcfg["queue_depth"]))   # one actor holds them all (queues.py)
+        results = make_queues({"results": 1}, 0, hub=queues[next(iter(queues))][0].hub)["results"][0]
         feeder = Feeder({s: spec["feature"] for s, spec in streams.items()}, queues, int(vcfg["batch_size"]), epochs,
                         first_epoch=first_epoch, master=master if vcfg.get("pause_decode", True) else None,
                         aside={**({AHEAD: val_columns(features)} if val_data is None else {}),
@@ -293,7 +294,7 @@ def _relaunch_shifted(changed: dict[str, int], streams: dict, alloc: dict, runs:
     """Wait for the shifted streams' runs to end (at their resize mark), then start each again
     with its new worker count from its state after ``epoch``; updates ``alloc``, ``runs`` and
     ``queues`` in place and returns the new queues for the feeder."""
-    from .feeder import make_queues, shutdown_queues
+    from .queues import make_queues, shutdown_queues
 
     old = [runs[s] for s in changed]
     background.wait(old)
@@ -301,7 +302,7 @@ def _relaunch_shifted(changed: dict[str, int], streams: dict, alloc: dict, runs:
         fut.result()  # a run that failed instead of ending at the mark fails the run here
     shutdown_queues({s: queues[s] for s in changed})
     alloc.update(changed)
-    new_queues = make_queues(changed, depth)
+    new_queues = make_queues(changed, depth, hub=results.hub)
     queues.update(new_queues)
     resumed = {"states": states, "steps": steps, "epoch": epoch}
     runs.update(launch_streams({s: streams[s] for s in changed}, alloc, new_queues, results, cfg, ctx, resumed,

@@ -81,7 +81,8 @@ def test_resume_points_the_config_at_a_checkpointed_run_and_refuses_one_without(
 def test_a_resumed_feeder_deals_only_the_epochs_after_the_checkpoint(ray_session):
     import numpy as np
 
-    from workloads.video.feeder import END, Feeder, make_queues, shutdown_queues
+    from workloads.video.feeder import END, Feeder
+    from workloads.video.queues import make_queues, shutdown_queues
 
     queues = make_queues({"spatial": 1}, 64)
     feeder = Feeder({"spatial": "rgb"}, queues, batch_size=2, epochs=4, first_epoch=2)

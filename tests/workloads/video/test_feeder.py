@@ -26,7 +26,8 @@ def _drain(queue) -> list:
 def test_batches_never_cross_an_epoch_and_split_evenly_over_workers(ray_session):
     import threading
 
-    from workloads.video.feeder import END, Feeder, make_queues, shutdown_queues
+    from workloads.video.feeder import END, Feeder
+    from workloads.video.queues import make_queues, shutdown_queues
 
     queues = make_queues({"spatial": 1, "temporal": 2}, depth=2)     # small: the feeder must wait
     feeder = Feeder({"spatial": "f1", "temporal": "f2"}, queues, batch_size=4, epochs=2)
@@ -58,7 +59,8 @@ def test_rows_ahead_of_epoch_0_and_after_the_last_are_set_aside_and_the_epochs_d
     without them, the last epoch's end mark included."""
     import threading
 
-    from workloads.video.feeder import AFTER, AHEAD, Feeder, make_queues, shutdown_queues
+    from workloads.video.feeder import AFTER, AHEAD, Feeder
+    from workloads.video.queues import make_queues, shutdown_queues
 
     def run(ahead: int, after: int):
         plain = _batches(epochs=2, rows=10, size=20)[0]
@@ -88,7 +90,8 @@ def test_rows_ahead_of_epoch_0_and_after_the_last_are_set_aside_and_the_epochs_d
 def test_rows_after_the_last_epoch_are_not_handed_out_when_training_stopped_early(ray_session):
     """Training met its target: the pipeline did not run out, the windows after the last epoch may
     be missing, so the driver gets None (and decodes them on their own) rather than a part."""
-    from workloads.video.feeder import AFTER, Feeder, make_queues, shutdown_queues
+    from workloads.video.feeder import AFTER, Feeder
+    from workloads.video.queues import make_queues, shutdown_queues
 
     queues = make_queues({"spatial": 1}, depth=4)
     feeder = Feeder({"spatial": "f1"}, queues, batch_size=4, epochs=2, aside={AFTER: ["f1"]})
@@ -108,7 +111,8 @@ def test_rows_after_the_last_epoch_are_not_handed_out_when_training_stopped_earl
 def test_set_aside_raises_the_pipelines_error_rather_than_returning_a_part(ray_session):
     import pytest
 
-    from workloads.video.feeder import AHEAD, Feeder, make_queues, shutdown_queues
+    from workloads.video.feeder import AHEAD, Feeder
+    from workloads.video.queues import make_queues, shutdown_queues
 
     def batches():
         yield {"epoch": np.array([AHEAD]), "label": np.array([0]), "f1": np.array([1])}
@@ -123,7 +127,8 @@ def test_set_aside_raises_the_pipelines_error_rather_than_returning_a_part(ray_s
 
 
 def test_finish_sends_every_worker_a_stop_mark_and_stops_pulling(ray_session):
-    from workloads.video.feeder import STOP, Feeder, make_queues, shutdown_queues
+    from workloads.video.feeder import STOP, Feeder
+    from workloads.video.queues import make_queues, shutdown_queues
 
     queues = make_queues({"spatial": 1, "temporal": 2}, depth=4)
     feeder = Feeder({"spatial": "f1", "temporal": "f2"}, queues, batch_size=4, epochs=2)
@@ -137,7 +142,7 @@ def test_finish_sends_every_worker_a_stop_mark_and_stops_pulling(ray_session):
             yield b
 
     feeder.run(batches())
-    marks = [[q.get(timeout=30) for _ in range(q.size())] for qs in queues.values() for q in qs]
+    marks = [[q.get(timeout=30) for _ in range(q.qsize())] for qs in queues.values() for q in qs]
     shutdown_queues(queues)
     assert feeder.error is None and len(pulled) == 2                  # nothing pulled after finish
     assert all(m[-1] == (STOP, 0) for m in marks)
@@ -150,8 +155,9 @@ def test_a_full_queue_pauses_decoding_at_the_master_until_the_trainers_take_agai
 
     import ray
 
-    from workloads.video.feeder import Feeder, make_queues, shutdown_queues
+    from workloads.video.feeder import Feeder
     from workloads.video.master import start_master
+    from workloads.video.queues import make_queues, shutdown_queues
 
     master = start_master([0, 1], [10, 10], 0)
     queues = make_queues({"spatial": 1, "temporal": 1}, depth=1)
@@ -186,7 +192,8 @@ def test_a_requested_resize_ends_the_streams_runs_after_an_epoch_and_deals_on_to
     worker), the next epoch's same global batches are split over them; the other stream is untouched."""
     import threading
 
-    from workloads.video.feeder import END, RESIZE, Feeder, make_queues, shutdown_queues
+    from workloads.video.feeder import END, RESIZE, Feeder
+    from workloads.video.queues import make_queues, shutdown_queues
 
     queues = make_queues({"spatial": 1, "temporal": 2}, depth=16)
     feeder = Feeder({"spatial": "f1", "temporal": "f2"}, queues, batch_size=4, epochs=3)
@@ -208,8 +215,8 @@ def test_a_requested_resize_ends_the_streams_runs_after_an_epoch_and_deals_on_to
     relaunch.start()
     feeder.run(_batches(epochs=3, rows=10, size=3))
     relaunch.join(60)
-    spatial = [queues["spatial"][0].get(timeout=30) for _ in range(queues["spatial"][0].size())]
-    temporal = [new["temporal"][0].get(timeout=30) for _ in range(new["temporal"][0].size())]
+    spatial = [queues["spatial"][0].get(timeout=30) for _ in range(queues["spatial"][0].qsize())]
+    temporal = [new["temporal"][0].get(timeout=30) for _ in range(new["temporal"][0].qsize())]
     shutdown_queues({**queues, **new})
     assert feeder.error is None and feeder.resize_wait_s >= 0
     assert old_marks == [(RESIZE, 1), (RESIZE, 1)]              # both old temporal workers, after epoch 0
@@ -264,10 +271,13 @@ def test_a_worker_reads_its_queue_one_batch_ahead_no_more(ray_session):
 
     import pytest
     from ray.exceptions import RayActorError
-    from ray.util.queue import Queue
 
     from workloads.video.feeder import STOP
+    from workloads.video.queues import make_queues
     from workloads.video.stream_worker import ReadAhead
+
+    def Queue():   # noqa: N802 - one queue of a hub of its own, as a run's are
+        return make_queues({"q": 1}, 0)["q"][0]
 
     def settles(q, size):
         deadline = time.monotonic() + 30
@@ -300,3 +310,52 @@ def test_a_worker_reads_its_queue_one_batch_ahead_no_more(ray_session):
     for _ in range(2):
         with pytest.raises(RayActorError):
             ahead.get()
+
+
+def test_one_actor_holds_every_queue_of_a_run_and_ends_with_the_last(ray_session):
+    """queues.py: a stream's queues and the results queue are one actor (Ray's queue is a process
+    each), bounded per queue (Full after the timeout, Empty when there is nothing), each queue its
+    own order; dropping some keeps the others; the hub ends with its last queue, and a get waiting
+    on it then raises RayActorError (how a trainer learns the run stopped)."""
+    import threading
+
+    import pytest
+    from ray.exceptions import RayActorError
+    from ray.util.queue import Empty, Full
+
+    from workloads.video.queues import make_queues, shutdown_queues
+
+    queues = make_queues({"spatial": 1, "temporal": 2}, depth=2)
+    results = make_queues({"results": 1}, 0, hub=queues["spatial"][0].hub)["results"][0]
+    hubs = {q.hub for qs in queues.values() for q in qs} | {results.hub}
+    assert len(hubs) == 1
+    t0, t1 = queues["temporal"]
+    t0.put("a"), t0.put("b"), t1.put("c")
+    with pytest.raises(Full):
+        t0.put("c", timeout=0.2)                      # two batches deep
+    with pytest.raises(Full):
+        t0.put("c", block=False)
+    for i in range(5):
+        results.put(i)                                # unbounded
+    assert [t0.get(), t1.get(), t0.get()] == ["a", "c", "b"] and results.qsize() == 5
+    with pytest.raises(Empty):
+        t0.get(timeout=0.2)
+    with pytest.raises(Empty):
+        t1.get(block=False)
+    shutdown_queues({"temporal": queues["temporal"]})   # a shifted stream's queues: the rest go on
+    results.put("after")
+    assert [results.get() for _ in range(6)] == [0, 1, 2, 3, 4, "after"]
+    raised = []
+    waiting = threading.Thread(target=lambda: raised.append(_get_error(queues["spatial"][0])))
+    waiting.start()
+    shutdown_queues({"spatial": queues["spatial"], "results": [results]})
+    waiting.join(30)
+    assert raised and isinstance(raised[0], RayActorError)
+
+
+def _get_error(queue):
+    try:
+        queue.get(block=True)
+    except Exception as err:  # noqa: BLE001 - what the waiting get raised is the test's subject
+        return err
+    return None
