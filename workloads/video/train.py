@@ -137,8 +137,8 @@ def train_epochs(cfg: dict, ctx, *, index, train_ids: list[int], streams: dict, 
     from .data import segment_dataset
     from .evaluate import in_val_order, score_states, val_columns
     from .feeder import AFTER, AHEAD, Feeder
-    from .queues import make_queues, shutdown_queues
     from .pipeline import block_size, stage_metrics
+    from .queues import make_queues, shutdown_queues
 
     # the master draws each epoch's class-balanced segment seeds (a pure function of the seed
     # and the epoch); one pipeline carries them all. A resumed run draws only the epochs after
