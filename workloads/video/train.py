@@ -138,7 +138,7 @@ def train_epochs(cfg: dict, ctx, *, index, train_ids: list[int], streams: dict, 
     from .evaluate import in_val_order, score_states, val_columns
     from .feeder import AFTER, AHEAD, Feeder
     from .pipeline import block_size, stage_metrics
-    from .queues import make_queues, shutdown_queues
+    from .queues import make_queues, shutdown_queues, start_hub
 
     # the master draws each epoch's class-balanced segment seeds (a pure function of the seed
     # and the epoch); one pipeline carries them all. A resumed run draws only the epochs after
@@ -170,8 +170,9 @@ def train_epochs(cfg: dict, ctx, *, index, train_ids: list[int], streams: dict, 
         # arrive after one block per decode actor
         block = block_size(int(vcfg["clips_per_epoch"]), vcfg, count)
         train_ds = segment_dataset(segments, features, index, vcfg, master, cache, block=block)
-        queues = make_queues(alloc, int(vcfg["queue_depth"]))   # one actor holds them all (queues.py)
-        results = make_queues({"results": 1}, 0, hub=queues[next(iter(queues))][0].hub)["results"][0]
+        hub = start_hub()   # one actor holds every queue of the run (queues.py)
+        queues = make_queues(alloc, int(vcfg["queue_depth"]), hub)
+        results = make_queues({"results": 1}, 0, hub)["results"][0]
         feeder = Feeder({s: spec["feature"] for s, spec in streams.items()}, queues, int(vcfg["batch_size"]), epochs,
                         first_epoch=first_epoch, master=master if vcfg.get("pause_decode", True) else None,
                         aside={**({AHEAD: val_columns(features)} if val_data is None else {}),

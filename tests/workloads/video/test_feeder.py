@@ -276,7 +276,7 @@ def test_a_worker_reads_its_queue_one_batch_ahead_no_more(ray_session):
     from workloads.video.queues import make_queues
     from workloads.video.stream_worker import ReadAhead
 
-    def Queue():   # noqa: N802 - one queue of a hub of its own, as a run's are
+    def one_queue():   # a queue of a hub of its own, as a run's are
         return make_queues({"q": 1}, 0)["q"][0]
 
     def settles(q, size):
@@ -285,7 +285,7 @@ def test_a_worker_reads_its_queue_one_batch_ahead_no_more(ray_session):
             time.sleep(0.05)
         return q.qsize()
 
-    q = Queue()
+    q = one_queue()
     for item in ["b0", "b1", "b2", (STOP, 3), "after the stop"]:
         q.put(item)
     ahead = ReadAhead(q)
@@ -296,7 +296,7 @@ def test_a_worker_reads_its_queue_one_batch_ahead_no_more(ray_session):
     time.sleep(0.3)
     assert q.qsize() == 1                              # what follows a stop mark is not this worker's
     # closed (the worker is done) while waiting on an empty queue: nothing left waiting on it
-    empty = Queue()
+    empty = one_queue()
     idle = ReadAhead(empty)
     time.sleep(0.3)
     idle.close()
@@ -304,7 +304,7 @@ def test_a_worker_reads_its_queue_one_batch_ahead_no_more(ray_session):
     empty.put("for whoever reads next")
     time.sleep(2 * ReadAhead.POLL_S)
     assert empty.qsize() == 1
-    gone = Queue()
+    gone = one_queue()
     ahead = ReadAhead(gone)
     gone.shutdown(force=True)
     for _ in range(2):
