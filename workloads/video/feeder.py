@@ -73,6 +73,7 @@ class Feeder:
         self.pauses = 0               # times decoding was paused because the trainers were behind
         self.paused_s = 0.0           # and for how long in all
         self._paused_at: float | None = None
+        self._control = 0             # the number of the last pause or resume sent to the master
         self._epoch = first_epoch
         # worker shifting: {"epoch", "alloc"} asked by the driver, the queues it hands over
         self._lock = threading.Lock()
@@ -89,7 +90,8 @@ class Feeder:
     def _pause_decoding(self) -> None:
         """The trainers are a full queue behind: hold the segments back at the master, before decoding."""
         if self.master is not None and self._paused_at is None:
-            self.master.pause.remote()
+            self._control += 1   # numbered: the master applies them in this order (Master._in_order)
+            self.master.pause.remote(self._control)
             self._paused_at = time.perf_counter()
             self.pauses += 1
 
@@ -98,7 +100,8 @@ class Feeder:
         if self._paused_at is not None:
             self.paused_s += time.perf_counter() - self._paused_at
             self._paused_at = None
-            self.master.resume.remote()
+            self._control += 1
+            self.master.resume.remote(self._control)
 
     # -- dealing ------------------------------------------------------------------------
     def _put(self, q, item) -> None:

@@ -69,6 +69,7 @@ class Master:
         self._state = "running"
         self._resumed = asyncio.Event()
         self._resumed.set()
+        self._control_order = 0                             # the newest numbered pause/resume applied
         self._stats: dict[str, dict] = {}
         self._held = 0                                      # releases a pause held back
         self._flows: dict[str, list[int]] = {}              # flow -> [released, decoded] segments
@@ -82,17 +83,29 @@ class Master:
         self._resumed.set()
         return self._state
 
-    async def pause(self) -> str:
-        if self._state == "running":
+    async def pause(self, order: int | None = None) -> str:
+        if self._in_order(order) and self._state == "running":
             self._state = "paused"
             self._resumed.clear()
         return self._state
 
-    async def resume(self) -> str:
-        if self._state == "paused":
+    async def resume(self, order: int | None = None) -> str:
+        if self._in_order(order) and self._state == "paused":
             self._state = "running"
             self._resumed.set()
         return self._state
+
+    def _in_order(self, order: int | None) -> bool:
+        """Whether a pause or resume numbered ``order`` by its sender is newer than the last one
+        applied (None: unnumbered, always). Ray runs an async actor's calls in any order, so a
+        feeder's pause and the resume sent right after it may arrive swapped: applied as they
+        came, decoding stayed paused with the trainers waiting for it (a run that hung)."""
+        if order is None:
+            return True
+        if order <= self._control_order:
+            return False
+        self._control_order = order
+        return True
 
     async def stop(self) -> str:
         self._state = "stopped"

@@ -11,9 +11,10 @@ and ``Empty`` as Ray's queue raises them).
 
 A queue is made where it is first used, with the size its handle carries, so making queues waits
 for nothing (the hub starts while the run goes on). The hub lives on the driver's node: a lost
-node must not take batches the trainers have not read (node_loss.py). ``shutdown`` drops a queue;
-the hub ends with its last queue, and a get waiting on a queue of an ended hub raises
-``RayActorError``, which is how a trainer learns that the driver stopped the run.
+node must not take batches the trainers have not read (node_loss.py). ``shutdown`` drops a queue
+and the hub ends with its last one. Any call on a dropped queue, waiting when it was dropped or
+arriving after, raises ``RayActorError`` as Ray's queue does once its actor is gone: that is how a
+trainer learns that the driver stopped the run (stream_worker.py).
 """
 from __future__ import annotations
 
@@ -22,55 +23,84 @@ import uuid
 from typing import Any
 
 
+GONE = "gone"   # what the hub answers for a queue that was shut down (the caller raises)
+
+
 class QueueHub:
-    """The actor: named asyncio queues, each made on first use with the size its caller gives."""
+    """The actor: named asyncio queues, each made on first use with the size its caller gives.
+
+    Each call answers ``(status, item)``: ``True`` done, ``False`` still full or empty after the
+    timeout, or ``GONE`` when the queue was shut down before or while the call waited. A call that
+    reaches the hub after ``drop`` (a trainer's read-ahead may be one poll behind) must learn the
+    same as one that was waiting, as it would from Ray's queue, whose actor is dead by then."""
 
     def __init__(self):
         self._queues: dict[str, asyncio.Queue] = {}
+        self._closed: dict[str, asyncio.Event] = {}   # set when the queue is dropped
         self._dropped: set[str] = set()
 
-    def _queue(self, name: str, maxsize: int) -> asyncio.Queue:
+    def _queue(self, name: str, maxsize: int) -> asyncio.Queue | None:
         if name in self._dropped:
-            raise KeyError(f"queue {name} was shut down")
+            return None
         if name not in self._queues:
             self._queues[name] = asyncio.Queue(maxsize)
+            self._closed[name] = asyncio.Event()
         return self._queues[name]
 
-    async def put(self, name: str, maxsize: int, item: Any, timeout: float | None) -> bool:
-        """False: still full after ``timeout`` seconds (None: wait as long as it takes)."""
-        try:
-            await asyncio.wait_for(self._queue(name, maxsize).put(item), timeout)
-            return True
-        except asyncio.TimeoutError:
-            return False
+    async def _wait(self, name: str, op, timeout: float | None) -> tuple[Any, Any]:
+        """Run ``op`` (a queue's put or get) until it is done, the timeout passes or the queue
+        is dropped, whichever comes first."""
+        doing = asyncio.ensure_future(op)
+        closing = asyncio.ensure_future(self._closed[name].wait())
+        done, _ = await asyncio.wait({doing, closing}, timeout=timeout,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        for task in (doing, closing):
+            if task not in done:
+                task.cancel()
+        if doing in done:
+            return True, doing.result()
+        return (GONE if closing in done else False), None
 
-    async def put_nowait(self, name: str, maxsize: int, item: Any) -> bool:
+    async def put(self, name: str, maxsize: int, item: Any, timeout: float | None):
+        """(True, None); False: still full after ``timeout`` seconds (None: as long as it takes)."""
+        queue = self._queue(name, maxsize)
+        return (GONE, None) if queue is None else await self._wait(name, queue.put(item), timeout)
+
+    async def put_nowait(self, name: str, maxsize: int, item: Any):
+        queue = self._queue(name, maxsize)
+        if queue is None:
+            return GONE, None
         try:
-            self._queue(name, maxsize).put_nowait(item)
-            return True
+            queue.put_nowait(item)
+            return True, None
         except asyncio.QueueFull:
-            return False
-
-    async def get(self, name: str, maxsize: int, timeout: float | None) -> tuple[bool, Any]:
-        """(True, item), or (False, None) when still empty after ``timeout`` seconds."""
-        try:
-            return True, await asyncio.wait_for(self._queue(name, maxsize).get(), timeout)
-        except asyncio.TimeoutError:
             return False, None
 
-    async def get_nowait(self, name: str, maxsize: int) -> tuple[bool, Any]:
+    async def get(self, name: str, maxsize: int, timeout: float | None):
+        """(True, item), or (False, None) when still empty after ``timeout`` seconds."""
+        queue = self._queue(name, maxsize)
+        return (GONE, None) if queue is None else await self._wait(name, queue.get(), timeout)
+
+    async def get_nowait(self, name: str, maxsize: int):
+        queue = self._queue(name, maxsize)
+        if queue is None:
+            return GONE, None
         try:
-            return True, self._queue(name, maxsize).get_nowait()
+            return True, queue.get_nowait()
         except asyncio.QueueEmpty:
             return False, None
 
-    async def qsize(self, name: str, maxsize: int) -> int:
-        return self._queue(name, maxsize).qsize()
+    async def qsize(self, name: str, maxsize: int):
+        queue = self._queue(name, maxsize)
+        return (GONE, None) if queue is None else (True, queue.qsize())
 
     async def drop(self, names: list[str]) -> int:
-        """Forget ``names``; how many queues are left."""
+        """Forget ``names`` and wake whatever waits on them; how many queues are left."""
         for name in names:
             self._queues.pop(name, None)
+            closed = self._closed.pop(name, None)
+            if closed is not None:
+                closed.set()
             self._dropped.add(name)
         return len(self._queues)
 
@@ -90,30 +120,35 @@ class HubQueue:
     def __init__(self, hub, name: str, maxsize: int = 0):
         self.hub, self.name, self.maxsize = hub, name, int(maxsize)
 
-    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+    def _answer(self, call, unmet) -> Any:
+        """The hub's answer to ``call``: its item, ``unmet`` raised when the timeout passed, and
+        RayActorError when the queue was shut down, as Ray's queue raises once its actor is gone."""
         import ray
+        from ray.exceptions import RayActorError
+
+        status, item = ray.get(call)
+        if status == GONE:
+            raise RayActorError(error_msg=f"queue {self.name} was shut down")
+        if not status:
+            raise unmet
+        return item
+
+    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
         from ray.util.queue import Full
 
         call = self.hub.put.remote(self.name, self.maxsize, item, timeout) if block else \
             self.hub.put_nowait.remote(self.name, self.maxsize, item)
-        if not ray.get(call):
-            raise Full
+        self._answer(call, Full)
 
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
-        import ray
         from ray.util.queue import Empty
 
         call = self.hub.get.remote(self.name, self.maxsize, timeout) if block else \
             self.hub.get_nowait.remote(self.name, self.maxsize)
-        found, item = ray.get(call)
-        if not found:
-            raise Empty
-        return item
+        return self._answer(call, Empty)
 
     def qsize(self) -> int:
-        import ray
-
-        return ray.get(self.hub.qsize.remote(self.name, self.maxsize))
+        return self._answer(self.hub.qsize.remote(self.name, self.maxsize), RuntimeError)
 
     def shutdown(self, force: bool = False) -> None:
         shutdown_queues({"": [self]})

@@ -276,8 +276,10 @@ def test_a_worker_reads_its_queue_one_batch_ahead_no_more(ray_session):
     from workloads.video.queues import make_queues
     from workloads.video.stream_worker import ReadAhead
 
-    def one_queue():   # a queue of a hub of its own, as a run's are
-        return make_queues({"q": 1}, 0)["q"][0]
+    def one_queue():   # a queue of a hub of its own, as a run's are, started (a run's hub is up
+        q = make_queues({"q": 1}, 0)["q"][0]   # long before a trainer reads: a busy machine may
+        assert q.qsize() == 0                  # take longer to start it than close() waits)
+        return q
 
     def settles(q, size):
         deadline = time.monotonic() + 30
@@ -315,8 +317,8 @@ def test_a_worker_reads_its_queue_one_batch_ahead_no_more(ray_session):
 def test_one_actor_holds_every_queue_of_a_run_and_ends_with_the_last(ray_session):
     """queues.py: a stream's queues and the results queue are one actor (Ray's queue is a process
     each), bounded per queue (Full after the timeout, Empty when there is nothing), each queue its
-    own order; dropping some keeps the others; the hub ends with its last queue, and a get waiting
-    on it then raises RayActorError (how a trainer learns the run stopped)."""
+    own order; dropping some keeps the others; a call on a dropped queue, waiting or late, raises
+    RayActorError (how a trainer learns the run stopped), and the hub ends with its last queue."""
     import threading
 
     import pytest
@@ -342,10 +344,18 @@ def test_one_actor_holds_every_queue_of_a_run_and_ends_with_the_last(ray_session
         t0.get(timeout=0.2)
     with pytest.raises(Empty):
         t1.get(block=False)
+    raised = []
+    waiting_on_t1 = threading.Thread(target=lambda: raised.append(_get_error(t1)))
+    waiting_on_t1.start()
     shutdown_queues({"temporal": queues["temporal"]})   # a shifted stream's queues: the rest go on
+    waiting_on_t1.join(30)
+    assert raised and isinstance(raised[0], RayActorError)   # woken by the drop, or arrived after it
+    for late in (lambda: t0.get(block=False), lambda: t1.put("x"), t0.qsize):
+        with pytest.raises(RayActorError, match="was shut down"):   # a call after the drop
+            late()
     results.put("after")
     assert [results.get() for _ in range(6)] == [0, 1, 2, 3, 4, "after"]
-    raised = []
+    raised.clear()
     waiting = threading.Thread(target=lambda: raised.append(_get_error(queues["spatial"][0])))
     waiting.start()
     shutdown_queues({"spatial": queues["spatial"], "results": [results]})

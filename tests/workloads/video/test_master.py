@@ -108,3 +108,23 @@ def test_stop_drops_the_remaining_work_without_failing(ray_session, tiny_videos)
 def test_sampler_refuses_an_empty_video_list():
     with pytest.raises(ValueError):
         sample_segments([], [], [], 1, 8, 0, 0)
+
+
+def test_a_pause_and_resume_that_arrive_swapped_leave_decoding_running():
+    """Ray runs an async actor's calls in any order: the feeder numbers its pauses and resumes,
+    and the master drops one older than what it applied (a resume overtaken by its pause had left
+    decoding paused and the trainers waiting on it). Unnumbered calls apply as they come."""
+    import asyncio
+
+    from workloads.video.master import Master
+
+    async def scenario():
+        master = Master([0, 1], [10, 10], seed=0)
+        assert await master.pause(1) == "paused"
+        assert await master.resume(3) == "running"      # sent after the pause numbered 2 ...
+        assert await master.pause(2) == "running"       # ... which arrives late: dropped
+        assert await master.pause(4) == "paused"        # the next pause applies
+        assert await master.resume() == "running"       # unnumbered (tests, a user): as it comes
+        return master._resumed.is_set()
+
+    assert asyncio.run(scenario())
