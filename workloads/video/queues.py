@@ -120,7 +120,7 @@ class HubQueue:
     def __init__(self, hub, name: str, maxsize: int = 0):
         self.hub, self.name, self.maxsize = hub, name, int(maxsize)
 
-    def _answer(self, call, unmet) -> Any:
+    def _answer(self, call, unmet: type[Exception] = Exception) -> Any:
         """The hub's answer to ``call``: its item, ``unmet`` raised when the timeout passed, and
         RayActorError when the queue was shut down, as Ray's queue raises once its actor is gone."""
         import ray
@@ -148,7 +148,7 @@ class HubQueue:
         return self._answer(call, Empty)
 
     def qsize(self) -> int:
-        return self._answer(self.hub.qsize.remote(self.name, self.maxsize), RuntimeError)
+        return self._answer(self.hub.qsize.remote(self.name, self.maxsize))   # never unmet
 
     def shutdown(self, force: bool = False) -> None:
         shutdown_queues({"": [self]})
