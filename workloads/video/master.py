@@ -110,6 +110,9 @@ class Master:
     async def stop(self) -> str:
         self._state = "stopped"
         self._resumed.set()  # wake held releases so their datasets can drain and finish
+        # the feeder's numbered pauses end here: one still on its way must not pause the
+        # decoding that a start (inference, after a run met its target) asks for next
+        self._control_order = float("inf")
         async with self._progress:
             self._progress.notify_all()
         return self._state

@@ -113,7 +113,8 @@ def test_sampler_refuses_an_empty_video_list():
 def test_a_pause_and_resume_that_arrive_swapped_leave_decoding_running():
     """Ray runs an async actor's calls in any order: the feeder numbers its pauses and resumes,
     and the master drops one older than what it applied (a resume overtaken by its pause had left
-    decoding paused and the trainers waiting on it). Unnumbered calls apply as they come."""
+    decoding paused and the trainers waiting on it), and every one after a stop. Unnumbered calls
+    apply as they come."""
     import asyncio
 
     from workloads.video.master import Master
@@ -125,6 +126,9 @@ def test_a_pause_and_resume_that_arrive_swapped_leave_decoding_running():
         assert await master.pause(2) == "running"       # ... which arrives late: dropped
         assert await master.pause(4) == "paused"        # the next pause applies
         assert await master.resume() == "running"       # unnumbered (tests, a user): as it comes
+        await master.stop()                              # the feeder's pauses end with a stop:
+        assert await master.start() == "running"         # a late one cannot pause the decoding
+        assert await master.pause(5) == "running"        # that inference starts next
         return master._resumed.is_set()
 
     assert asyncio.run(scenario())
