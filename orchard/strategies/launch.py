@@ -145,7 +145,7 @@ def launch(train_loop: Callable[[dict], None], loop_config: dict, cfg: dict, ctx
     from ray.train.torch import TorchTrainer
 
     from orchard.cluster import ray_private
-    from orchard.strategies import node_loss
+    from orchard.strategies import gpu_check, node_loss
     from orchard.strategies.process_group import ProcessGroupConfig
 
     strategy = cfg["strategy"]
@@ -163,6 +163,8 @@ def launch(train_loop: Callable[[dict], None], loop_config: dict, cfg: dict, ctx
     resources = {"CPU": strategy.get("cpus_per_worker", 1)}
     if use_gpu:
         resources["GPU"] = strategy["gpus_per_worker"]
+        # a torch without CUDA where the GPUs are: one line now, not a worker's failure and restarts
+        gpu_check.check_gpus_usable(float(strategy["gpus_per_worker"]), cfg["cluster"].get("mode") == "local")
     backend = strategy.get("backend", "auto")
     if backend == "auto" and 0 < float(strategy.get("gpus_per_worker", 0) or 0) < 1:
         # workers sharing a GPU: NCCL refuses two ranks on one device ("Duplicate GPU detected")
