@@ -22,6 +22,14 @@ def validate(cfg: dict) -> None:
         raise ConfigError("tiny.lr", f"a learning rate below 1.0 (larger diverges), got {cfg['tiny']['lr']}")
 
 
+def resources(cfg: dict):
+    """What a run holds: one CPU for its Ray task, and ``tiny.gpus`` of a GPU beside it when set
+    (a trial's share of a GPU, as a single-worker flower trial's ``strategy.gpus_per_worker``)."""
+    from orchard.api import Resources, bundles
+
+    return Resources(in_trial=bundles(1, 1.0, float(cfg["tiny"].get("gpus") or 0.0)))
+
+
 def check(cfg: dict) -> None:
     """The check that needs heavy libraries (singa builds its net): run while Ray starts."""
     if cfg["tiny"].get("check_fails"):
@@ -81,8 +89,9 @@ def run(cfg: dict, ctx) -> dict[str, float]:
     started = time.time()
     driver_loss = _fit(t["steps"], t["lr"], cfg["seed"], ctx, "train", t.get("sleep_s", 0.0))
     # The same fit inside a Ray task: its metrics must land in the same MLflow run.
-    remote_fit = ray.remote(num_cpus=0)(lambda c: (_fit(t["steps"], t["lr"], cfg["seed"] + 1, c, "worker"), c.flush())[0])
-    worker_loss = ray.get(remote_fit.remote(ctx))
+    remote_fit = ray.remote(num_cpus=0, num_gpus=float(t.get("gpus") or 0.0))(
+        lambda c: (_fit(t["steps"], t["lr"], cfg["seed"] + 1, c, "worker"), c.flush(), len(ray.get_gpu_ids())))
+    worker_loss, _, gpus_seen = ray.get(remote_fit.remote(ctx))
     (ctx.run_dir / "note.txt").write_text(f"driver loss {driver_loss}\n")
     ctx.log_artifact(ctx.run_dir / "note.txt", "notes")
     fig, ax = plt.subplots()
@@ -93,5 +102,7 @@ def run(cfg: dict, ctx) -> dict[str, float]:
         ctx.draw(draw_line, points=[driver_loss, worker_loss], fail=t["draw"] == "fail", pause_s=1.0)
     steps = t["steps"]
     extra = {t["returns_metric"]: 1.0} if t.get("returns_metric") else {}
+    if t.get("gpus"):  # the GPU ids Ray gave the task: its share of the trial's reservation
+        extra["worker/gpus_seen"] = float(gpus_seen)
     return {"train/final_loss": driver_loss, "worker/final_loss": worker_loss, **extra,
             "val/score": -driver_loss, "throughput/steps_per_s": steps / max(time.time() - started, 1e-9)}
