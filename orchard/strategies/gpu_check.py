@@ -46,6 +46,7 @@ def check_gpus_usable(share: float, embedded: bool, wait_s: float = PROBE_WAIT_S
         seen, what = ray.get(probe)
         where = "a node of the cluster that has them, where"
     if not seen:
+        amount = f"{share:g} of a GPU" if share < 1 else f"{share:g} GPU" + ("s" if share > 1 else "")
         raise ConfigError("strategy.gpus_per_worker", f"0, or workers whose torch sees their GPUs: Ray gives "
-                          f"{share:g} of a GPU on {where} {what} finds no CUDA device (install a CUDA "
+                          f"{amount} on {where} {what} finds no CUDA device (install a CUDA "
                           "build of torch there: docs/cluster.md, 'GPU nodes')")
