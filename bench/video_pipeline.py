@@ -135,8 +135,8 @@ def plain_procs(pool, jobs, size, cores, features=(), stack=10) -> tuple[float, 
     return time.perf_counter() - t0, sum(c for _, c in out)
 
 
-def plain_procs_to_parent(pool, jobs, size, cores) -> tuple[float, int]:
-    """(seconds, checksum) of the plain loop in ``cores`` processes handing every decoded clip to
+def plain_procs_to_parent(pool, jobs, size) -> tuple[float, int]:
+    """(seconds, checksum) of the plain loop in ``pool``'s processes handing every decoded clip to
     the parent, which reads it there (the checksum), as a PyTorch ``DataLoader``'s worker processes
     hand their batches to the training process: what orchard's pipeline does for its trainers, and
     what ``plain_procs`` leaves out (its processes keep their frames and return a checksum)."""
@@ -523,7 +523,7 @@ def measure(size: dict, repeats: int) -> list[dict]:
                      "procs x2": lambda: plain_procs(pool, more_jobs, px, cores)} if size["marginal"] else {}),
                  "orchard lone": lambda: warm["orchard lone"].run(),
                  "procs lone": lambda: plain_procs(pool, lone_jobs, px, cores),
-                 "procs lone to parent": lambda: plain_procs_to_parent(pool, lone_jobs, px, cores),
+                 "procs lone to parent": lambda: plain_procs_to_parent(pool, lone_jobs, px),
                  "threads": lambda: plain_threads(jobs, px, cores),
                  **({"decord": lambda: decord_run(jobs, px, cores),
                      "decord+cv2": lambda: decord_run(jobs, px, cores, own_resize=False)} if has_decord else {}),
@@ -630,8 +630,8 @@ def measure(size: dict, repeats: int) -> list[dict]:
                         quality={"orchard": {"fixed s": fixed("orchard")}, "peer": {"fixed s": fixed("procs")}},
                         note="both sides timed wall to wall at both sizes; what a side pays once per pass "
                              "(the fixed s: its time at the first size less those frames at its marginal rate) cancels"))
+    lone_frames = len(lone) * count
     if "procs lone" not in failed:
-        lone_frames = len(lone) * count
         rows.append(row(f"decode {len(lone)} clips that share no frame (2 a video): orchard vs {decoders['procs']}",
                         "frames/s", [lone_frames / t for t, _ in got["orchard lone"]],
                         [lone_frames / t for t, _ in got["procs lone"]], higher_is_better=True,
@@ -645,7 +645,6 @@ def measure(size: dict, repeats: int) -> list[dict]:
     if "procs lone to parent" not in failed:
         # the same clips, the loop's frames delivered where they are read, as orchard's pipeline
         # delivers its frames to the consumer (a trainer): the like-for-like hand-off
-        lone_frames = len(lone) * count
         rows.append(row(f"decode {len(lone)} clips that share no frame, frames handed to the consumer: orchard vs "
                         f"{to_parent}", "frames/s", [lone_frames / t for t, _ in got["orchard lone"]],
                         [lone_frames / t for t, _ in got["procs lone to parent"]], higher_is_better=True,

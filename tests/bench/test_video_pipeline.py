@@ -30,7 +30,7 @@ def test_every_decoder_gives_orchards_frames(ray_session, clips):
     _, orchard = vp.orchard_run(segments, index, vp.pipeline_settings(32, 5, 2), [])
     with ProcessPoolExecutor(2) as pool:
         _, procs = vp.plain_procs(pool, jobs, 32, 2)
-        _, to_parent = vp.plain_procs_to_parent(pool, jobs, 32, 2)  # every clip read in this process
+        _, to_parent = vp.plain_procs_to_parent(pool, jobs, 32)  # every clip read in this process
     _, threads = vp.plain_threads(jobs, 32, 2)
     assert orchard > 0 and orchard == procs == to_parent == threads
     if importlib.util.find_spec("decord") is not None:  # the bench extra: its own resize differs, orchard's not

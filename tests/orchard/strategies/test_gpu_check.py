@@ -4,12 +4,13 @@ no GPU free is left to Ray Train's own start bound."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.integration.test_node_loss import start_cluster
 
 REPO = Path(__file__).resolve().parents[3]
 torch = pytest.importorskip("torch")
@@ -47,30 +48,24 @@ cluster.shutdown()
 """
 
 
+@pytest.fixture
+def gpu_node():
+    """The cluster above, started and shut down by the node-loss tests' helper."""
+    yield from start_cluster(CLUSTER)
+
+
 @pytest.mark.slow
 @cpu_torch
-def test_a_flower_run_on_a_gpu_node_whose_torch_has_no_cuda_ends_in_one_line_exit_2(tmp_path):
+def test_a_flower_run_on_a_gpu_node_whose_torch_has_no_cuda_ends_in_one_line_exit_2(gpu_node, tmp_path):
     from mlflow.tracking import MlflowClient
 
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("RAY_ADDRESS", None)
-    cluster = subprocess.Popen([sys.executable, "-c", CLUSTER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               stderr=subprocess.DEVNULL, text=True, env=env, start_new_session=True)
-    try:
-        line = cluster.stdout.readline()
-        assert line.startswith("ADDRESS "), line
-        uri = f"sqlite:///{tmp_path}/mlflow.db"
-        done = subprocess.run([sys.executable, "-m", "orchard", "workload=flower", "debug=smoke", "progress=never",
-                               "strategy.num_workers=1", "strategy.gpus_per_worker=0.5", "cluster=remote",
-                               f"cluster.address={line.split()[1]}", f"tracking.uri={uri}",
-                               f"output_dir={tmp_path}/out"],
-                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    finally:
-        cluster.stdin.close()
-        try:
-            cluster.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(cluster.pid, signal.SIGKILL)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    done = subprocess.run([sys.executable, "-m", "orchard", "workload=flower", "debug=smoke", "progress=never",
+                           "strategy.num_workers=1", "strategy.gpus_per_worker=0.5", "cluster=remote",
+                           f"cluster.address={gpu_node.address}", f"tracking.uri={uri}", f"output_dir={tmp_path}/out"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 2, done.stderr[-3000:]
     said = [ln for ln in done.stderr.splitlines() if "bad config" in ln]
     assert len(said) == 1 and "strategy.gpus_per_worker" in said[0] and "no CUDA device" in said[0], done.stderr[-3000:]
