@@ -99,6 +99,8 @@ class Sweep(Section):
     register_name: Optional[str] = Field(default=None, alias="register", pattern=r"\S",
                                          description="null or a Model Registry name for the best trial's model")
     max_failures: int = Field(default=2, ge=0, description="an integer >= 0 (retries of a trial whose process was lost)")
+    fit_gpu_memory: bool = Field(default=True, description="true or false (trials that share a GPU: as many at once "
+                                                           "as its memory holds, from their measured peaks)")
 
 
 def check(model: type[BaseModel], values: dict, prefix: str = "") -> None:

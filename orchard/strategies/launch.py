@@ -18,10 +18,14 @@ def _wrap(train_loop: Callable[[dict], None]) -> Callable[[dict], None]:
 
         # where rank 0 notes each start of the group (worker.load_checkpoint; node_loss.py)
         worker._RECOVERY.update(log=config.get("recovery_log"), ctx=config["ctx"])
+        from orchard.tracking.gpu_peak import GpuPeak
+
         config["ctx"].claim_gpus()  # the run's GPU figures cover exactly the workers' GPUs
+        peak = GpuPeak(config["ctx"]).start()  # what it holds on its GPU: a sweep that shares one sizes by it
         try:
             train_loop(config)
         finally:
+            peak.stop()
             # Make sure every metric this worker logged reaches the store before it exits.
             config["ctx"].flush()
 

@@ -47,7 +47,10 @@ def run_sweep(cfg: dict, module, run_one: Callable) -> Outcome:
     # [2] what a trial holds, and how many fit at once: checked before anything is recorded
     try:
         need = trial_resources(cfg, module)
-        concurrent = need.max_concurrent(ray.cluster_resources(), s.get("max_concurrent_trials"))
+        cluster = ray.cluster_resources()
+        concurrent = need.max_concurrent(cluster, s.get("max_concurrent_trials"))
+        # trials that share a GPU: as many at once as its memory holds (gpu_fit.py)
+        gpu_share, gpus = need.per_trial().get("GPU", 0.0), cluster.get("GPU", 0.0)
     except ConfigError as err:
         say(f"orchard: bad config: {err}", file=sys.stderr)
         return Outcome(2, None, {}, str(err))
@@ -70,8 +73,10 @@ def run_sweep(cfg: dict, module, run_one: Callable) -> Outcome:
     metric, mode = s["metric"], s["mode"]
     trainable = tune.with_resources(make_trainable(anchored(cfg), module.__name__, parent.run_id, metric, run_one),
                                     need.factory())
+    fits_memory = (" (one, until a trial's GPU memory is measured)"
+                   if s.get("fit_gpu_memory", True) and 0 < gpu_share < 1 and concurrent > 1 else "")
     say(f"orchard: sweep {key} {'resuming' if resuming else 'starting'} in {folder}\n"
-          f"orchard: up to {concurrent} trial(s) at once; each holds {need.describe()}\n"
+          f"orchard: up to {concurrent} trial(s) at once{fits_memory}; each holds {need.describe()}\n"
           f"orchard: stopped or interrupted, the same command resumes it", flush=True)
     signals_before = len(interrupts.received)
     stopper = trial_stopper(parent, s["scheduler"], metric, signals_before)
@@ -82,12 +87,13 @@ def run_sweep(cfg: dict, module, run_one: Callable) -> Outcome:
         # cluster, or sweep.max_concurrent_trials, may have changed). Through Ray Client the tuner
         # lives on the cluster: the saved one, with its first session's limit, holds there.
         if getattr(tuner, "_local_tuner", None) is not None:
-            tuner._local_tuner._tune_config.scheduler = scheduler_of(s, concurrent)
+            tuner._local_tuner._tune_config.scheduler = scheduler_of(s, concurrent, gpu_share, gpus)
     else:
         tuner = tune.Tuner(
             trainable, param_space=param_space(s["params"]),
             tune_config=tune.TuneConfig(metric=metric, mode=mode, num_samples=s["num_samples"],
-                                        max_concurrent_trials=concurrent, scheduler=scheduler_of(s, concurrent)),
+                                        max_concurrent_trials=concurrent,
+                                        scheduler=scheduler_of(s, concurrent, gpu_share, gpus)),
             run_config=tune.RunConfig(name="tune", storage_path=exp_path.rsplit("/", 1)[0], verbose=0,
                                       callbacks=[stopper, trial_progress(trial_count(s), metric, mode)],
                                       # a trial whose actor dies (its node lost) is run again (retry_of)

@@ -14,7 +14,10 @@ from orchard.terminal.console import say
 
 # Overrides that say where a sweep runs and records, not what its trials compute: they do not
 # change its identity, so e.g. the same sweep against another tracking server still resumes.
-NOT_IDENTITY = ("tracking", "output_dir", "storage", "cluster", "progress", "run_name", "sweep.max_concurrent_trials", "hydra")
+# How many trials run at once is not what they compute either.
+AT_ONCE = ("max_concurrent_trials", "fit_gpu_memory")
+NOT_IDENTITY = ("tracking", "output_dir", "storage", "cluster", "progress", "run_name", "hydra",
+                *(f"sweep.{key}" for key in AT_ONCE))
 
 
 # --------------------------------------------------------------------------- [1] identity
@@ -32,7 +35,7 @@ def sweep_key(cfg: dict) -> str:
     """``<workload>-<sweep>-<digest>``: the same command gives the same key, another command
     another.  The digest covers the identity overrides and the search itself (an edited sweep
     file is a new sweep: Tune would resume the old search space)."""
-    search = {k: v for k, v in cfg["sweep"].items() if k != "max_concurrent_trials"}
+    search = {k: v for k, v in cfg["sweep"].items() if k not in AT_ONCE}
     identity = {"overrides": identity_overrides(cfg.get("_overrides") or []), "search": search}
     digest = hashlib.sha1(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:8]
     return f"{cfg['workload']['name']}-{cfg['sweep']['name']}-{digest}"

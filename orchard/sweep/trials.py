@@ -13,6 +13,8 @@ from typing import Callable, TYPE_CHECKING
 from orchard import background
 from orchard.config import registry
 from orchard.errors import ConfigError
+from orchard.sweep import gpu_fit
+from orchard.sweep.gpu_fit import GpuFit
 from orchard.sweep.leaderboard import FINAL, rank_key, STOPPED_EARLY, trial_error
 from orchard.terminal import console, interrupts
 from orchard.terminal.console import say
@@ -28,11 +30,15 @@ class MetricFeed:
 
     The metric may be logged anywhere in the run (the driver, a task, an actor, a Ray Train
     worker): all of it goes through the run's metrics sink, which keeps the watched key's
-    values for ``logged_since``.  Reports are serialized with the trial's final report."""
+    values for ``logged_since``.  Reports are serialized with the trial's final report.  Each
+    report also carries the last GPU memory the run's workers logged (``gpu_fit.KEYS``), for a
+    sweep whose trials share a GPU."""
 
     def __init__(self, metric: str, interval_s: float = 0.5):
         self.metric, self.interval = metric, interval_s
         self.seen, self.last, self.run_id, self.sink = 0, None, "", None
+        self.gpu: dict[str, float] = {}
+        self._gpu_seen = dict.fromkeys(gpu_fit.KEYS, 0)
         self.lock = threading.Lock()
         self._poller = background.Poller(self._poll_or_say, interval_s, "orchard-sweep-metric")
 
@@ -40,7 +46,7 @@ class MetricFeed:
         import ray
 
         self.sink, self.run_id = ctx._sink, ctx.run_id or ""
-        ray.get(self.sink.watch.remote(self.metric), timeout=60)
+        ray.get([self.sink.watch.remote(key) for key in (self.metric, *gpu_fit.KEYS)], timeout=60)
         self._poller.start()
 
     def _poll_or_say(self) -> None:
@@ -56,10 +62,16 @@ class MetricFeed:
         if self.sink is None:
             return
         with self.lock:
+            for key, seen in self._gpu_seen.items():  # before the metric: its report carries them
+                for _, value in ray.get(self.sink.logged_since.remote(key, seen), timeout=60):
+                    self._gpu_seen[key] += 1
+                    # several workers: the biggest peak, the least found beside it
+                    pick = {gpu_fit.TORCH_PEAK: max, gpu_fit.OTHER: min}.get(key, lambda _, new: new)
+                    self.gpu[key] = pick(self.gpu.get(key, value), value)
             for step, value in ray.get(self.sink.logged_since.remote(self.metric, self.seen), timeout=60):
                 self.seen += 1
                 self.last = value
-                tune.report({self.metric: value, "orchard/step": step, "run_id": self.run_id})
+                tune.report({self.metric: value, "orchard/step": step, "run_id": self.run_id, **self.gpu})
 
     def stop(self) -> None:
         """Stop polling, after one last poll for what was logged since the previous one."""
@@ -122,7 +134,7 @@ def make_trainable(base: dict, module_name: str, parent_run_id: str | None, metr
                 raise RuntimeError(f"trial {trial}: the run never logged the sweep metric {metric}")
             final[metric] = feed.last  # a per-epoch metric: its last value ranks the trial
         with feed.lock:
-            tune.report({**final, "run_id": outcome.run_id or "", FINAL: 1.0})
+            tune.report({**final, **feed.gpu, "run_id": outcome.run_id or "", FINAL: 1.0})
 
     return trainable
 
@@ -294,9 +306,11 @@ def trial_progress(total: int, metric: str, mode: str):
     return SweepProgress()
 
 
-def scheduler_of(s: dict, limit: int):
+def scheduler_of(s: dict, limit: int, gpu_share: float = 0.0, gpus: float = 0.0):
     """Tune's scheduler for the sweep (FIFO, or ASHA with ``sweep.asha``) that also holds the
-    sweep to ``limit`` trials at once, whatever Tune restored.
+    sweep to ``limit`` trials at once, whatever Tune restored; trials that share a GPU
+    (``0 < gpu_share < 1`` of the cluster's ``gpus``, ``sweep.fit_gpu_memory``) to as many as its
+    memory holds, one until a trial reported its peak (orchard/sweep/gpu_fit.py).
 
     Tune's own limit (``max_concurrent_trials``) is its searcher's: it suggests no new trial while
     ``limit`` of its suggestions live. A resumed sweep's trials are not suggestions: Tune restores
@@ -320,10 +334,17 @@ def scheduler_of(s: dict, limit: int):
     def live(controller, but=None) -> int:
         return sum(1 for t in controller.get_trials() if t is not but and t.status in (Trial.PENDING, Trial.RUNNING))
 
+    fit_memory = bool(s.get("fit_gpu_memory", True)) and 0 < gpu_share < 1
+
     class AtMost(base):
         def __init__(self):
             super().__init__(**kwargs)
-            self.limit, self.added = int(limit), set()
+            self.shares_limit, self.added = int(limit), set()
+            self.fit = GpuFit(gpu_share, limit, gpus) if fit_memory else None
+
+        @property
+        def limit(self) -> int:
+            return self.fit.limit if self.fit is not None else self.shares_limit
 
         def on_trial_add(self, tune_controller, trial):
             super().on_trial_add(tune_controller, trial)
@@ -339,4 +360,20 @@ def scheduler_of(s: dict, limit: int):
                 return None
             return chosen
 
+        def on_trial_result(self, tune_controller, trial, result):
+            decision = super().on_trial_result(tune_controller, trial, result)
+            if self.fit is not None:
+                _say_line(self.fit.seen(result))
+            return decision
+
+        def on_trial_complete(self, tune_controller, trial, result):
+            super().on_trial_complete(tune_controller, trial, result)
+            if self.fit is not None:
+                _say_line(self.fit.seen(result or {}) or self.fit.ended_unmeasured())
+
     return AtMost()
+
+
+def _say_line(line: str | None) -> None:
+    if line:
+        say(line, flush=True)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 ARTIFACT = "tables/bookkeeping.json"
 PREFIXES = ("cache/", "data/")   # data/: the sizes of the data a run read (videos, images, samples)
-NAMES = frozenset({"train/workers"})
+NAMES = frozenset({"train/workers", "gpu/other_mb", "gpu/total_mb"})  # gpu/: a worker's GPU at its start (gpu_peak.py)
 
 
 def _zero(metric) -> bool:

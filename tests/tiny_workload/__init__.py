@@ -74,6 +74,24 @@ def draw_line(ctx, *, points: list[float], fail: bool, pause_s: float = 0.0) -> 
     return float(sum(points))
 
 
+def _held_on_gpu(ctx, memory: dict | None) -> None:
+    """What a worker on a GPU logs of the memory it holds (orchard/tracking/gpu_peak.py), as
+    ``tiny.gpu_memory`` says: the one thing here that stands in for a GPU."""
+    if memory:
+        ctx.log_metrics({"gpu/other_mb": memory["other_mb"], "gpu/total_mb": memory["total_mb"]}, step=0)
+        ctx.log_metrics({"gpu/torch_peak_mb": memory["torch_peak_mb"]}, step=0)
+
+
+def _worker_fit(ctx, t: dict, seed: int) -> tuple[float, int]:
+    """The fit again in a Ray task (holding ``tiny.gpus`` of a GPU): its loss, and how many GPU ids Ray gave it."""
+    import ray
+
+    _held_on_gpu(ctx, t.get("gpu_memory"))
+    loss = _fit(t["steps"], t["lr"], seed, ctx, "worker")
+    ctx.flush()
+    return loss, len(ray.get_gpu_ids())
+
+
 def run(cfg: dict, ctx) -> dict[str, float]:
     import matplotlib
 
@@ -89,9 +107,8 @@ def run(cfg: dict, ctx) -> dict[str, float]:
     started = time.time()
     driver_loss = _fit(t["steps"], t["lr"], cfg["seed"], ctx, "train", t.get("sleep_s", 0.0))
     # The same fit inside a Ray task: its metrics must land in the same MLflow run.
-    remote_fit = ray.remote(num_cpus=0, num_gpus=float(t.get("gpus") or 0.0))(
-        lambda c: (_fit(t["steps"], t["lr"], cfg["seed"] + 1, c, "worker"), c.flush(), len(ray.get_gpu_ids())))
-    worker_loss, _, gpus_seen = ray.get(remote_fit.remote(ctx))
+    remote_fit = ray.remote(num_cpus=0, num_gpus=float(t.get("gpus") or 0.0))(_worker_fit)
+    worker_loss, gpus_seen = ray.get(remote_fit.remote(ctx, t, cfg["seed"] + 1))
     (ctx.run_dir / "note.txt").write_text(f"driver loss {driver_loss}\n")
     ctx.log_artifact(ctx.run_dir / "note.txt", "notes")
     fig, ax = plt.subplots()

@@ -233,31 +233,38 @@ def test_a_sweep_with_the_default_store_and_output_folder_keeps_every_trial_ther
 
 
 @pytest.mark.slow
-def test_trials_that_share_a_declared_gpu_run_as_many_at_once_as_it_has_shares(tmp_path):
-    """Ray's GPU resource declared on this CPU machine (``cluster.num_gpus=1``): trials that each
-    hold half a GPU (the tiny workload's ``tiny.gpus``, as a single-worker flower trial's
-    ``strategy.gpus_per_worker``) run two at a time where the CPUs would hold four, each trial's
-    task is given the GPU, and every trial is a child run of the sweep (issue 49: a sweep that
-    fills a GPU)."""
+def test_trials_that_share_a_declared_gpu_run_as_many_at_once_as_its_memory_holds(tmp_path):
+    """Ray's GPU resource declared on this CPU machine (``cluster.num_gpus=1``): four trials that
+    each hold a quarter of the GPU (the tiny workload's ``tiny.gpus``, as a single-worker flower
+    trial's ``strategy.gpus_per_worker``), which the shares and the 4 CPUs would run all at once.
+    The first runs alone until it reports what it holds on the GPU (``tiny.gpu_memory``, logged as
+    orchard/tracking/gpu_peak.py logs it from a worker on a GPU: the GPU is what cannot exist
+    here); then the GPU's memory decides: 2,400 + 500 MiB at 1.2x in 90% of 8,000 MiB is two at
+    once. Each trial's task is given the GPU, every trial is a child run (issue 49)."""
     from mlflow.tracking import MlflowClient
 
     env = {k: v for k, v in tiny_cli_env().items() if k != "RAY_ADDRESS"}  # its own Ray, with a GPU
-    done = subprocess.run(tiny_cli("workload=tiny", "sweep=tiny_grid", THREE_LRS, "sweep.max_concurrent_trials=null",
-                                   "tiny.gpus=0.5", "tiny.steps=5", "cluster.num_cpus=4",
-                                   "cluster.num_gpus=1", "tracking.system_metrics=false", "progress=never"),
+    done = subprocess.run(tiny_cli("workload=tiny", "sweep=tiny_grid", "sweep.max_concurrent_trials=null",
+                                   "tiny.gpus=0.25", "tiny.gpu_memory={torch_peak_mb: 2400, other_mb: 500, total_mb: 8000}",
+                                   "tiny.steps=5", "cluster.num_cpus=4", "cluster.num_gpus=1",
+                                   "tracking.system_metrics=false", "progress=never"),
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "up to 4 trial(s) at once (one, until a trial's GPU memory is measured)" in done.stdout
+    assert "a trial needs 2.83 GiB of the GPU's 7.8 GiB" in done.stdout and "up to 2 trial(s) at once" in done.stdout
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     found = client.search_runs([e.experiment_id for e in client.search_experiments()])
     (parent,) = [r for r in found if "orchard.sweep" in r.data.tags]
-    children = [r for r in found if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
-    # the GPU sets how many run at once: not the CPUs (4, a CPU a trial), nor the 3 trials
-    assert parent.data.tags["orchard.sweep.concurrent_trials"] == "2"
-    assert "GPU: 0.5" in parent.data.tags["orchard.sweep.trial_resources"]
-    assert len(children) == 3 and all(c.info.status == "FINISHED" for c in children)
+    children = sorted((r for r in found if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id),
+                      key=lambda r: r.info.start_time)
+    assert "GPU: 0.25" in parent.data.tags["orchard.sweep.trial_resources"]
+    assert len(children) == 4 and all(c.info.status == "FINISHED" for c in children)
     assert all(c.data.metrics["worker/gpus_seen"] == 1 for c in children)  # the trial's share, on GPU 0
-    spans = [(c.info.start_time, c.info.end_time) for c in children]
-    assert max(sum(1 for s, e in spans if s <= t < e) for t, _ in spans) <= 2
+    assert all(c.data.metrics["gpu/torch_peak_mb"] == 2400 for c in children)
+    first, rest = children[0], children[1:]
+    assert all(first.info.end_time <= c.info.start_time for c in rest)  # alone until it was measured
+    spans = [(c.info.start_time, c.info.end_time) for c in rest]
+    assert max(sum(1 for s, e in spans if s <= t < e) for t, _ in spans) <= 2  # three left, two at once
 
 
 @pytest.mark.slow
