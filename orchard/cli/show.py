@@ -12,15 +12,20 @@ from orchard.errors import ConfigError
 from orchard.terminal.console import say
 
 
+# what a bug report needs beside orchard's own: read from the installed metadata, nothing imported
+VERSIONS = (("orchard", "orchard"), ("Ray", "ray"), ("MLflow", "mlflow"), ("Hydra", "hydra-core"),
+            ("OmegaConf", "omegaconf"), ("torch", "torch"))
+
+
 def version() -> str:
     from importlib.metadata import PackageNotFoundError
     from importlib.metadata import version as installed
 
     parts = []
-    for label, dist in (("orchard", "orchard"), ("Hydra", "hydra-core"), ("OmegaConf", "omegaconf")):
+    for label, dist in VERSIONS:
         try:
             parts.append(f"{label} {installed(dist)}")
-        except PackageNotFoundError:  # a checkout run without `pip install -e .`
+        except PackageNotFoundError:  # a checkout run without `pip install -e .`; the core without torch
             parts.append(f"{label} (not installed)")
     return ", ".join(parts)
 

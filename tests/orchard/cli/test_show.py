@@ -10,9 +10,10 @@ from orchard.cli import show
 from orchard.errors import ConfigError
 
 
-def test_version_names_orchard_hydra_and_omegaconf_as_installed():
-    assert show.version() == (f"orchard {version('orchard')}, Hydra {version('hydra-core')}, "
-                              f"OmegaConf {version('omegaconf')}")
+def test_version_names_orchard_and_what_it_runs_on_as_installed():
+    assert show.version() == (f"orchard {version('orchard')}, Ray {version('ray')}, MLflow {version('mlflow')}, "
+                              f"Hydra {version('hydra-core')}, OmegaConf {version('omegaconf')}, "
+                              f"torch {version('torch')}")
 
 
 def test_resolve_prints_the_config_the_run_gets_without_orchards_bookkeeping(capsys, tmp_path):
