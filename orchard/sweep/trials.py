@@ -62,13 +62,14 @@ class MetricFeed:
         if self.sink is None:
             return
         with self.lock:
-            for key, seen in self._gpu_seen.items():  # before the metric: its report carries them
-                for _, value in ray.get(self.sink.logged_since.remote(key, seen), timeout=60):
+            new = ray.get(self.sink.logged_since_each.remote({**self._gpu_seen, self.metric: self.seen}), timeout=60)
+            for key in self._gpu_seen:  # before the metric: its report carries them
+                for _, value in new[key]:
                     self._gpu_seen[key] += 1
                     # several workers: the biggest peak, the least found beside it
-                    pick = {gpu_fit.TORCH_PEAK: max, gpu_fit.OTHER: min}.get(key, lambda _, new: new)
+                    pick = {gpu_fit.TORCH_PEAK: max, gpu_fit.OTHER: min}.get(key, lambda _, latest: latest)
                     self.gpu[key] = pick(self.gpu.get(key, value), value)
-            for step, value in ray.get(self.sink.logged_since.remote(self.metric, self.seen), timeout=60):
+            for step, value in new[self.metric]:
                 self.seen += 1
                 self.last = value
                 tune.report({self.metric: value, "orchard/step": step, "run_id": self.run_id, **self.gpu})

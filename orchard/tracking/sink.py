@@ -249,6 +249,14 @@ class MetricsSink:
     @ray.method(concurrency_group="read")
     def logged_since(self, key: str, start: int = 0) -> list[tuple[int, float]]:
         """The watched ``key``'s ``(step, value)`` pairs from the ``start``-th on."""
+        return self._logged_since(key, start)
+
+    @ray.method(concurrency_group="read")
+    def logged_since_each(self, starts: dict[str, int]) -> dict[str, list[tuple[int, float]]]:
+        """``logged_since`` of several keys in one call: ``{key: start}`` -> ``{key: pairs}``."""
+        return {key: self._logged_since(key, start) for key, start in starts.items()}
+
+    def _logged_since(self, key: str, start: int) -> list[tuple[int, float]]:
         with self._lock:
             if key not in self._watched and self._client is not None:
                 # a restarted sink forgot its watch list: what reached the store is the history
