@@ -14,14 +14,16 @@ from typing import Callable
 
 def _wrap(train_loop: Callable[[dict], None]) -> Callable[[dict], None]:
     def loop(config: dict) -> None:
+        import ray.train
+
         from orchard.strategies import worker
+        from orchard.tracking.gpu_peak import GpuPeak
 
         # where rank 0 notes each start of the group (worker.load_checkpoint; node_loss.py)
         worker._RECOVERY.update(log=config.get("recovery_log"), ctx=config["ctx"])
-        from orchard.tracking.gpu_peak import GpuPeak
-
         config["ctx"].claim_gpus()  # the run's GPU figures cover exactly the workers' GPUs
-        peak = GpuPeak(config["ctx"]).start()  # what it holds on its GPU: a sweep that shares one sizes by it
+        # what it holds on its GPU: a sweep whose trials share one sizes itself by it
+        peak = GpuPeak(config["ctx"], ray.train.get_context().get_world_rank()).start()
         try:
             train_loop(config)
         finally:

@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import math
 
-# what a worker logs (orchard/tracking/gpu_peak.py), in MiB; a trial's reports carry the last of each
-TORCH_PEAK, OTHER, TOTAL = "gpu/torch_peak_mb", "gpu/other_mb", "gpu/total_mb"
-KEYS = (TORCH_PEAK, OTHER, TOTAL)
+from orchard.tracking import gpu_peak
+
+# what a trial's first worker logs (orchard/tracking/gpu_peak.py: the trials that share a GPU have
+# one), in MiB; a trial's reports carry the last of each
+KEYS = TORCH_PEAK, OTHER, TOTAL = gpu_peak.keys(0)
 USE = 0.9      # of the GPU's memory: room for the allocator's fragmentation and a driver's own
 MARGIN = 1.2   # each trial counted at 1.2x its measured peak: a later epoch, a bigger validation batch
 
@@ -63,7 +65,7 @@ class GpuFit:
         if self.measured or self.limit >= self.shares_limit:
             return None
         self.limit = self.shares_limit
-        return (f"orchard: sweep: no trial reported its GPU memory (gpu/torch_peak_mb); up to {self.limit} "
+        return (f"orchard: sweep: no trial reported its GPU memory ({TORCH_PEAK}); up to {self.limit} "
                 f"trial(s) at once, as their GPU shares allow")
 
     def _limit(self) -> int:

@@ -23,7 +23,9 @@ from pathlib import Path
 
 ARTIFACT = "tables/bookkeeping.json"
 PREFIXES = ("cache/", "data/")   # data/: the sizes of the data a run read (videos, images, samples)
-NAMES = frozenset({"train/workers", "gpu/other_mb", "gpu/total_mb"})  # gpu/: a worker's GPU at its start (gpu_peak.py)
+NAMES = frozenset({"train/workers"})
+# a Train worker's GPU as it started (gpu_peak.py: system/w<rank>_gpu_other_mb, ..._total_mb)
+SYSTEM_SUFFIXES = ("_gpu_other_mb", "_gpu_total_mb")
 
 
 def _zero(metric) -> bool:
@@ -55,7 +57,8 @@ def is_event(key: str) -> bool:
 
 def is_bookkeeping(key: str) -> bool:
     """``key`` is bookkeeping: kept in ``tables/bookkeeping.json``, not (or not only) a metric."""
-    return key.startswith(PREFIXES) or key in NAMES or is_event(key)
+    return (key.startswith(PREFIXES) or key in NAMES or is_event(key)
+            or (key.startswith("system/") and key.endswith(SYSTEM_SUFFIXES)))
 
 
 class Ledger:

@@ -1,7 +1,9 @@
-"""What a worker holds on its GPU, logged as it grows: ``gpu/torch_peak_mb`` (torch's caching
-allocator at its peak, ``max_memory_reserved``), ``gpu/other_mb`` (the GPU's memory in use beside
-this worker's tensors when it started: its CUDA context, and any other process's) and
-``gpu/total_mb``, all MiB.
+"""What a Ray Train worker holds on its GPU, logged as it grows: ``system/w<rank>_gpu_torch_peak_mb``
+(torch's caching allocator at its peak, ``max_memory_reserved``), ``system/w<rank>_gpu_other_mb``
+(the GPU's memory in use beside this worker's tensors when it started: its CUDA context, and any
+other process's) and ``system/w<rank>_gpu_total_mb``, all MiB: resource figures, so under
+``system/`` (the UI's "System metrics" tab, never before a run's headline), one per worker as
+flower's ``system/w<rank>_gpu_util_pct``; the last two are bookkeeping (one point each).
 
 A sweep whose trials share a GPU sizes how many run at once from these (orchard/sweep/gpu_fit.py);
 for a single run they say how much of the GPU the model needed. NVML's device-wide figure
@@ -14,12 +16,18 @@ from orchard import background
 MiB = 2**20
 
 
+def keys(rank: int) -> tuple[str, str, str]:
+    """The worker's (torch peak, memory beside it, GPU total) metric names."""
+    return tuple(f"system/w{rank}_gpu_{what}_mb" for what in ("torch_peak", "other", "total"))
+
+
 class GpuPeak:
     """Reads torch's CUDA allocator every ``interval_s`` in a thread of the worker; logs a value
     only when it grew (a handful of points a run). Nothing where the worker holds no GPU."""
 
-    def __init__(self, ctx, interval_s: float = 2.0, cuda=None):
+    def __init__(self, ctx, rank: int = 0, interval_s: float = 2.0, cuda=None):
         self.ctx, self.cuda = ctx, cuda
+        self.peak_key, self.other_key, self.total_key = keys(rank)
         self.peak, self.step = -1.0, 0
         self._poller = background.Poller(self.read, interval_s, "orchard-gpu-peak")
 
@@ -37,7 +45,7 @@ class GpuPeak:
         free, total = self.cuda.mem_get_info()
         # at the worker's start nearly all of it is the context and other processes
         other = max(0, total - free - self.cuda.memory_reserved())
-        self.ctx.log_metrics({"gpu/other_mb": other / MiB, "gpu/total_mb": total / MiB}, step=0)
+        self.ctx.log_metrics({self.other_key: other / MiB, self.total_key: total / MiB}, step=0)
         self._poller.start()
         return self
 
@@ -45,7 +53,7 @@ class GpuPeak:
         peak = self.cuda.max_memory_reserved() / MiB
         if peak > self.peak:
             self.peak = peak
-            self.ctx.log_metrics({"gpu/torch_peak_mb": peak}, step=self.step)
+            self.ctx.log_metrics({self.peak_key: peak}, step=self.step)
             self.step += 1
 
     def stop(self) -> None:

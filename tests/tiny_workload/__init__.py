@@ -78,8 +78,11 @@ def _held_on_gpu(ctx, memory: dict | None) -> None:
     """What a worker on a GPU logs of the memory it holds (orchard/tracking/gpu_peak.py), as
     ``tiny.gpu_memory`` says: the one thing here that stands in for a GPU."""
     if memory:
-        ctx.log_metrics({"gpu/other_mb": memory["other_mb"], "gpu/total_mb": memory["total_mb"]}, step=0)
-        ctx.log_metrics({"gpu/torch_peak_mb": memory["torch_peak_mb"]}, step=0)
+        from orchard.tracking import gpu_peak
+
+        peak, other, total = gpu_peak.keys(0)
+        ctx.log_metrics({other: memory["other_mb"], total: memory["total_mb"]}, step=0)
+        ctx.log_metrics({peak: memory["torch_peak_mb"]}, step=0)
 
 
 def _worker_fit(ctx, t: dict, seed: int) -> tuple[float, int]:

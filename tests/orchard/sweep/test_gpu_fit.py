@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from orchard.sweep.gpu_fit import GpuFit, trials_per_gpu
 from orchard.tracking.gpu_peak import GpuPeak
+from orchard.tracking.gpu_peak import keys as gpu_peak_keys
 
 MiB = 2**20
 
 
 def report(torch_peak, other=500.0, total=80_000.0) -> dict:
-    return {"val/mae": 1.0, "gpu/torch_peak_mb": torch_peak, "gpu/other_mb": other, "gpu/total_mb": total}
+    return {"val/mae": 1.0, "system/w0_gpu_torch_peak_mb": torch_peak, "system/w0_gpu_other_mb": other,
+            "system/w0_gpu_total_mb": total}
 
 
 def test_a_gpu_holds_the_trials_whose_peak_at_1_2x_fits_in_90_percent_of_it():
@@ -79,14 +81,21 @@ class Ctx:
 
 def test_a_worker_logs_what_it_found_on_its_gpu_once_and_its_peak_as_it_grows():
     cuda, ctx = FakeCuda(), Ctx()
-    peak = GpuPeak(ctx, interval_s=60, cuda=cuda).start()
-    assert ctx.logged == [(0, {"gpu/other_mb": 700.0, "gpu/total_mb": 80_000.0})]
+    peak = GpuPeak(ctx, rank=1, interval_s=60, cuda=cuda).start()
+    assert ctx.logged == [(0, {"system/w1_gpu_other_mb": 700.0, "system/w1_gpu_total_mb": 80_000.0})]
     cuda.peak = 1_500 * MiB
     peak.read()
     peak.read()  # no growth: nothing logged
     cuda.peak = 2_000 * MiB
     peak.stop()  # the last peak, however short the run
-    assert ctx.logged[1:] == [(0, {"gpu/torch_peak_mb": 1_500.0}), (1, {"gpu/torch_peak_mb": 2_000.0})]
+    assert ctx.logged[1:] == [(0, {"system/w1_gpu_torch_peak_mb": 1_500.0}),
+                              (1, {"system/w1_gpu_torch_peak_mb": 2_000.0})]
+
+
+def test_the_gpu_a_worker_found_is_bookkeeping_its_peak_a_system_chart():
+    from orchard.tracking import bookkeeping
+
+    assert [bookkeeping.is_bookkeeping(k) for k in gpu_peak_keys(3)] == [False, True, True]
 
 
 def test_a_worker_without_a_gpu_logs_nothing(ray_session):

@@ -260,7 +260,7 @@ def test_trials_that_share_a_declared_gpu_run_as_many_at_once_as_its_memory_hold
     assert "GPU: 0.25" in parent.data.tags["orchard.sweep.trial_resources"]
     assert len(children) == 4 and all(c.info.status == "FINISHED" for c in children)
     assert all(c.data.metrics["worker/gpus_seen"] == 1 for c in children)  # the trial's share, on GPU 0
-    assert all(c.data.metrics["gpu/torch_peak_mb"] == 2400 for c in children)
+    assert all(c.data.metrics["system/w0_gpu_torch_peak_mb"] == 2400 for c in children)
     first, rest = children[0], children[1:]
     assert all(first.info.end_time <= c.info.start_time for c in rest)  # alone until it was measured
     spans = [(c.info.start_time, c.info.end_time) for c in rest]
