@@ -173,8 +173,8 @@ def _show(client, run) -> int:
     tags, metrics = run.data.tags, run.data.metrics
     kind = _kind(run) or "run"
     lines = [f"orchard {kind}: {tags.get('mlflow.runName', run.info.run_id)}  {run.info.status} in {_took(run)}"]
-    if tags.get("mlflow.note.content"):
-        lines.append(f"  {tags['mlflow.note.content']}")
+    if tags.get("mlflow.note.content"):  # the UI renders it as markdown: its bold is no text for a terminal
+        lines.append(f"  {tags['mlflow.note.content'].replace('**', '')}")
     if tags.get("orchard.error"):
         lines.append(f"error:     {tags['orchard.error'].splitlines()[0][:300]}")
     if tags.get("orchard.command"):

@@ -25,7 +25,8 @@ def _store(tmp_path):
     made = (("good", "flower", "FINISHED", "0.01", 0.5), ("bad", "flower", "FAILED", "0.5", None),
             ("other", "forest", "KILLED", "0.01", None))
     for i, (name, workload, status, lr, mae) in enumerate(made):
-        tags = {"orchard.workload": workload, "orchard.strategy": "ring", "mlflow.note.content": f"{name} run"}
+        tags = {"orchard.workload": workload, "orchard.strategy": "ring",
+                "mlflow.note.content": f"**{workload}** ring · {name} run"}  # markdown, as summary.description writes it
         run_id = client.create_run(exp, start_time=start + i, run_name=name, tags=tags).info.run_id
         now = int(time.time() * 1000)
         metrics = [Metric("train/loss", 1.0, now, 0), Metric("system/cpu_pct_mean", 50.0, now, 0)]
@@ -63,7 +64,8 @@ def test_show_prints_one_run_again_by_a_prefix_of_its_id(tmp_path, capsys):
     assert runs_command(["show", ids["bad"][:8], f"tracking.uri={uri}"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("orchard flower/ring: bad  FAILED in ")
-    assert "bad run" in out and "error:     ValueError: loss is nan" in out and "more lines" not in out
+    assert "\n  flower ring · bad run\n" in out  # the description without the UI's markdown
+    assert "error:     ValueError: loss is nan" in out and "more lines" not in out
     assert "train/loss" in out and "system/cpu_pct_mean" not in out and "(1 more in the MLflow UI)" in out
     assert f"python -m orchard ui {ids['bad'][:8]} tracking.uri=" in out
 
