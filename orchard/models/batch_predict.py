@@ -67,9 +67,11 @@ def predict_inputs(cfg: dict, ctx, out: Path, workload: str, plan: Callable[[dic
     settings = settings_file(model_dir, chosen.settings_file)   # one, found once: the predictor loads it
     if chosen.trusted is not None:
         trusted_modules(model_dir / settings, *chosen.trusted)
+    ctx.mark("model")  # the time split's parts (docs/runs.md): the model resolved and fetched
     files, unusable = skipped.readable(chosen.inputs, source)
     if chosen.subdir:
         (out / chosen.subdir).mkdir(exist_ok=True)
+    ctx.mark("data")
     started = time.perf_counter()
     rows = predict_files(files, chosen.predictor, {chosen.settings_arg: settings, **chosen.args}, ctx, ctx.storage,
                          model_dir, out, companions=chosen.companions, desc=chosen.desc, batch_size=chosen.batch_size,
@@ -78,6 +80,7 @@ def predict_inputs(cfg: dict, ctx, out: Path, workload: str, plan: Callable[[dic
     elapsed = time.perf_counter() - started
     skipped.record(ctx, skipped.from_rows(rows))
     metrics = report(rows, chosen.columns, ctx, out, chosen.unit, elapsed)
+    ctx.mark("predict")  # the actor pool's pass and the predictions' table and artifacts
     return Predicted(metrics, [r for r in rows if not r["error"]], elapsed, source, meta)
 
 

@@ -19,7 +19,7 @@ PREFIX = "time/split/"
 
 # the parts in the order a run meets them (the summary line's order); a part not listed goes last
 ORDER = ("ray_start", "store_open", "data", "worker_group_start", "first_step", "steps", "validation",
-         "checkpoints", "training", "evaluation", "model", "figures", "close")
+         "checkpoints", "training", "evaluation", "predict", "model", "figures", "close")
 # the summary's short names, where the metric's own name is long
 SHORT = {"ray_start": "ray", "store_open": "store", "worker_group_start": "group start",
          "first_step": "to first step"}

@@ -82,6 +82,9 @@ def test_predict_writes_label_pngs_scores_pairs_and_skips_a_corrupt_png(trained,
     assert m["predict/images"] == 2 and m["predict/skipped"] == 2 and m["data/skipped_files"] == 2
     assert m["predict/pixel_accuracy"] == pytest.approx(correct / total)
     assert 0 <= m["predict/mean_class_accuracy"] <= 1 and any(k.startswith("predict/class_acc/") for k in m)
+    # its time split says where the seconds went: the model, the inputs, the pass (not all in "close")
+    assert {"time/split/model_s", "time/split/data_s", "time/split/predict_s"} <= set(m)
+    assert m["time/split/predict_s"] > m["time/split/close_s"]
 
 
 @pytest.mark.slow
