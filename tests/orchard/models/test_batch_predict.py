@@ -17,9 +17,13 @@ class Ctx:
 
     def __init__(self, run_dir, run_id=None, tracking_uri=None):
         self.run_dir, self.run_id, self.tracking_uri = run_dir, run_id, tracking_uri
+        self.marked = []
 
     def progress(self, *args, **rates):
         pass
+
+    def mark(self, part):  # the time split's parts, in order
+        self.marked.append(part)
 
 
 def rows_of(path) -> list[dict]:
@@ -151,3 +155,4 @@ def test_the_predict_skeleton_checks_the_settings_file_predicts_counts_the_skipp
     assert done.metrics["predict/images"] == 3 and done.metrics["predict/skipped"] == 1
     assert ctx.logged["data/skipped_files"] == 1 and "broken.png" in ctx.logged["skipped.csv"]
     assert len(rows_of(out / "predictions.csv")) == 3 and len(list((out / "labels").glob("*.png"))) == 3
+    assert ctx.marked == ["model", "data", "predict"]  # where the run's seconds went (its time split)
