@@ -14,7 +14,6 @@ from orchard import background
 from orchard.config import registry
 from orchard.errors import ConfigError
 from orchard.sweep import gpu_fit
-from orchard.sweep.gpu_fit import GpuFit
 from orchard.sweep.leaderboard import FINAL, rank_key, STOPPED_EARLY, trial_error
 from orchard.terminal import console, interrupts
 from orchard.terminal.console import say
@@ -341,7 +340,7 @@ def scheduler_of(s: dict, limit: int, gpu_share: float = 0.0, gpus: float = 0.0)
         def __init__(self):
             super().__init__(**kwargs)
             self.shares_limit, self.added = int(limit), set()
-            self.fit = GpuFit(gpu_share, limit, gpus) if fit_memory else None
+            self.fit = gpu_fit.GpuFit(gpu_share, limit, gpus) if fit_memory else None
 
         @property
         def limit(self) -> int:
