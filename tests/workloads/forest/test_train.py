@@ -74,9 +74,14 @@ def test_tree_is_identical_with_1_and_4_partitions(reference, block_refs, tmp_pa
     fcfg, ref_state, _ = reference
     four = dict(fcfg, partitions={"data_units": 4, "features": 4, "nodes": 4}, small_round_example_features=0,
                 partitions_by_depth=[{"from_depth": 2, "data_units": 3, "features": 2, "nodes": 3}])
-    state, rounds = train(block_refs, four, tmp_path / "ckpt.npz")
+    actors_at = []  # (depth, histogram actors started) when a round's first partials arrive
+    hooks = {"phase2": lambda runner, depth, batch: actors_at.append((depth, len(runner.actors)))}
+    state, rounds = train(block_refs, four, tmp_path / "ckpt.npz", hooks=hooks)
     assert_same_forest(state, ref_state)
     assert any(m["round/subtraction_saved"] > 0 for m in rounds)   # derived in the actors too
+    # every actor any round of the tree asks for is started with the tree, not by the round that
+    # first needs it (a new actor's process start stalled that round)
+    assert actors_at[0] == (0, 4) and {n for _, n in actors_at} == {4}
 
 
 def test_histogram_subtraction_grows_the_same_tree_with_less_counting(reference, block_refs, tmp_path):
