@@ -27,10 +27,10 @@ What each row holds, per repeat:
   the gRPC between raylets travel over loopback; the one-node run's loopback bytes (control
   traffic only) stand beside it for the difference.
 
-Fair: the same data, config and total CPUs in every row of a workload; every cluster is up for
-the whole bench and each repeat goes round them and, on one node, round the worker counts (a
-drift of the machine's speed lands on every side alike), and one untimed run per workload on each
-cluster first fills the data caches and takes every node's first imports and numba's compile cache. On a machine with more cores the worker sweep goes on (1, 2, 4, ... up to
+Fair: the same data, config and total CPUs in every row of a workload; each repeat starts each
+cluster in turn (one at a time) and, on one node, goes round the worker counts, so a drift of the
+machine's speed lands on every side alike; one untimed run per workload on each cluster's first
+start fills the data caches and takes every node's first imports and numba's compile cache. On a machine with more cores the worker sweep goes on (1, 2, 4, ... up to
 the cores) and the node sweep to 4 nodes; run it there with ``--out`` and keep the file as
 ``scaling_<cores>c.json``.
 """
@@ -226,37 +226,36 @@ def measure(size: dict, repeats: int) -> list[dict]:
     failed: dict[str, str] = {}  # workload -> why: a run that fails is its workload's rows, not the end of the bench
     with tempfile.TemporaryDirectory(prefix="bench-scaling-") as name:
         tmp = Path(name)
-        # every cluster up at once, and each repeat goes round them all: the one-node and the
-        # two-node runs of a workload alternate, so a drift of the machine's speed over the bench
-        # lands on both sides alike instead of in their ratio (it once ran every one-node run
-        # first). An idle cluster beside a run costs its heartbeats, on both sides alike.
-        clusters = {}
-        try:
+        # each repeat starts every cluster in turn, one at a time, and runs every workload on it:
+        # a workload's one- and two-node runs alternate, so a drift of the machine's speed over the
+        # bench lands on both sides alike instead of in their ratio (it once ran every one-node
+        # run first). Never two clusters at once: Ray Train's PlacementGroupCleaner, finding two
+        # on one machine, connected to the newer one and a video run on the other hung.
+        for repeat in range(repeats):
             for nodes in node_counts:
-                clusters[nodes] = start_cluster(nodes, cores)
-            for workload in size["workloads"]:
-                folder = tmp / workload.replace(" ", "_")  # it goes into a sqlite URI
-                folder.mkdir(exist_ok=True)
+                cluster = start_cluster(nodes, cores)
                 try:
-                    # untimed, on every cluster: data caches filled, and every node's workers
-                    # through their first imports and numba's cache (a two-node run's first
-                    # forest took 3x the others: the second node's first tasks)
-                    for cluster in clusters.values():
-                        one_run(workload, cores, cluster.address, folder, size["smoke_sizes"])
-                    for _ in range(repeats):
-                        for nodes, cluster in clusters.items():
+                    for workload in [w for w in size["workloads"] if w not in failed]:
+                        folder = tmp / workload.replace(" ", "_")  # it goes into a sqlite URI
+                        folder.mkdir(exist_ok=True)
+                        try:
+                            if repeat == 0:
+                                # untimed, on each cluster's first start: data caches filled, and every
+                                # node's workers through their first imports and numba's cache (a
+                                # two-node run's first forest took 3x the others: the second node's
+                                # first tasks)
+                                one_run(workload, cores, cluster.address, folder, size["smoke_sizes"])
                             # one node: the worker sweep; more nodes: all the cores' workers, spread over them
                             for workers in sweep_counts if nodes == 1 else [cores]:
                                 r = one_run(workload, workers, cluster.address, folder, size["smoke_sizes"])
                                 results.setdefault((workload, workers, nodes), []).append(r)
                                 print(f"  scaling: {workload} {workers} workers, {nodes} node(s): "
                                       f"{ {k: round(v, 2) for k, v in r.items()} }", flush=True)
-                except RuntimeError as exc:
-                    failed[workload] = f"failed: {str(exc)[:200]}"
-                    print(f"  scaling: {workload}: {failed[workload]}", flush=True)
-        finally:
-            for cluster in clusters.values():
-                cluster.shutdown()
+                        except RuntimeError as exc:
+                            failed[workload] = f"failed on {nodes} node(s): {str(exc)[:200]}"
+                            print(f"  scaling: {workload}: {failed[workload]}", flush=True)
+                finally:
+                    cluster.shutdown()
     rows = []
     for workload in size["workloads"]:
         if workload in failed:
