@@ -84,6 +84,9 @@ SIZES = {"full": {"workloads": list(WORKLOADS), "smoke_sizes": False},
          "forest_few": {"workloads": ["forest"], "smoke_sizes": False, "workers": "few", "nodes": [1]},
          "smoke": {"workloads": list(WORKLOADS), "smoke_sizes": True}}
 ESTIMATE = "~30 min on 2 idle cores (3 repeats)"
+# one run's limit: every run of the sizes above takes 10-60 s here; a video run attached to a
+# 2-CPU cluster after a flower run on it once hung with its decoders idle (docs/scaling.md)
+RUN_LIMIT_S = 600
 
 
 class RayProcessCpu(OwnCpu):
@@ -156,9 +159,14 @@ def one_run(workload: str, workers: int, address: str, folder: Path, smoke_sizes
     sampler = background.Poller(cpu.sample, 0.5, "bench-ray-cpu")
     lo, t0 = loopback_bytes(), time.perf_counter()
     sampler.start()
-    done = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, check=False)
-    wall = time.perf_counter() - t0
-    sampler.stop(timeout_s=60)
+    try:
+        done = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, check=False,
+                              timeout=RUN_LIMIT_S)
+    except subprocess.TimeoutExpired:  # a hung run is its workload's failed row, not a bench that never ends
+        raise RuntimeError(f"{workload} at {workers} workers did not finish in {RUN_LIMIT_S} s") from None
+    finally:
+        wall = time.perf_counter() - t0
+        sampler.stop(timeout_s=60)
     busy, lo_bytes = cpu.sample(), loopback_bytes() - lo
     if done.returncode != 0:
         lines = [ln for ln in (done.stdout + done.stderr).splitlines() if ln.strip()]
