@@ -85,7 +85,7 @@ SIZES = {"full": {"workloads": list(WORKLOADS), "smoke_sizes": False},
          "smoke": {"workloads": list(WORKLOADS), "smoke_sizes": True}}
 ESTIMATE = "~30 min on 2 idle cores (3 repeats)"
 # one run's limit: every run of the sizes above takes 10-60 s here; a video run attached to a
-# 2-CPU cluster after a flower run on it once hung with its decoders idle (docs/scaling.md)
+# 2-CPU cluster after a flower run on it hung with its decoders idle (docs/scaling.md, "Measured")
 RUN_LIMIT_S = 600
 
 
@@ -237,8 +237,9 @@ def measure(size: dict, repeats: int) -> list[dict]:
         # each repeat starts every cluster in turn, one at a time, and runs every workload on it:
         # a workload's one- and two-node runs alternate, so a drift of the machine's speed over the
         # bench lands on both sides alike instead of in their ratio (it once ran every one-node
-        # run first). Never two clusters at once: Ray Train's PlacementGroupCleaner, finding two
-        # on one machine, connected to the newer one and a video run on the other hung.
+        # run first). Never two clusters at once: with two on one machine, Ray Train's
+        # PlacementGroupCleaner (which asks the state API whether its run's controller lives, by
+        # "auto" address) connected to the newer one, whose answer is about another cluster.
         for repeat in range(repeats):
             for nodes in node_counts:
                 cluster = start_cluster(nodes, cores)

@@ -489,7 +489,8 @@ class RoundRunner:
         # every histogram actor this tree's rounds will ask for, started now: an actor's process
         # start (Python, the workload's imports, numba's cache) overlaps the first round's encode
         # instead of stalling the round that first needs it (2-3 s in rounds 2 and 8 on 2 cores)
-        self.reducers.ensure(max(int(partitions_at(cfg, d)["nodes"]) for d in range(depth, max(cfg["max_depth"], depth + 1))))
+        depths = range(depth, max(cfg["max_depth"], depth + 1))
+        self.reducers.ensure(max(int(partitions_at(cfg, d)["nodes"]) for d in depths))
         self.bin_cache = {}  # the last tree's cache is freed (its refs dropped)
         encode = None  # this tree's bin cache is built in its first round of this run
         while frontier and depth < cfg["max_depth"]:
