@@ -104,15 +104,18 @@ def build_dataset(segments: list[dict], features: list[str], paths: list[str], l
     ds = ray.data.from_items(segments, override_num_blocks=max(1, math.ceil(len(segments) / batch)))
     flow = uuid.uuid4().hex          # this dataset's release counters at the master
     if master is not None:
-        # one gate task per decode actor at a time, holding no CPU: each lets one block in, and one
-        # at a time would start the actors one block-task apart (~0.1-0.2 s each on 2 cores: a pass
-        # of 4 blocks ran 13% slower so); enough segments in flight to keep the pool at its max
-        # size busy (Ray Data queues up to 2 batches per actor) and one batch more each
+        # one gate task at a time, holding no CPU, so blocks are let in in their order. With one
+        # task per decode actor (faster to start a pass: a 4-block pass ran 13% quicker) a later
+        # block could be let in while an earlier one's task was still starting; the dataset keeps
+        # its order, so it waited undecoded for the earlier one, and enough of them filled the
+        # window the earlier one then waited on: runs hung (docs/scaling.md, 2026-12-02). Enough
+        # segments in flight to keep the pool at its max size busy (Ray Data queues up to 2
+        # batches per actor) and one batch more each
         actors = _pool_max(vcfg["decode_concurrency"])
         window = 3 * batch * actors
         ds = ds.map_batches(release, batch_size=None, batch_format="numpy",
                             fn_kwargs=dict(master=master, flow=flow, window=window),
-                            compute=ray.data.TaskPoolStrategy(size=actors), num_cpus=0)
+                            compute=ray.data.TaskPoolStrategy(size=1), num_cpus=0)
     extract = [dict(name=name, options=dict(vcfg["extractor_options"].get(name) or {}), stack=int(vcfg["stack"]),
                     paths=paths, size=int(vcfg["size"]), master=master, cache=cache,
                     drop_frames=i == len(features) - 1, modules=modules, digests=digests)
