@@ -9,8 +9,14 @@ Where the parents live: on the driver, between round d (where they were summed, 
 actor or, in a small round, on the driver) and round d+1 (where they are used). After phase 4
 of a batch the driver takes, from whoever summed it, each split node's columns of the classes
 its larger child holds, when both children go on to the next frontier and the columns fit in
-what is left of ``forest.memory_budget_mb`` (the store never holds more than that; a node that
-does not fit has both children counted in full). Nothing of it is checkpointed.
+what is left of ``forest.memory_budget_mb`` (counted as dense counts, what the columns take once
+an actor starts from them; a node that does not fit has both children counted in full). Nothing
+of it is checkpointed.
+
+Parents travel and are held encoded as the shuffle's partials are (shuffle.encode_partial:
+dense or sparse, whichever is smaller): an actor's columns go to the driver and back to an
+actor, on two nodes across them. Dense, they were 2.5x the shuffle's bytes (1.2 GB against
+0.49 GB for the mid shape's tree); deep in the tree a parent's cells are mostly zero.
 
 In round d+1 a larger child is derived when its parent is held and its sibling falls in the
 same node batch and the same actor's share (else both are counted in full):
@@ -38,7 +44,8 @@ class Parent:
     """What the driver keeps of a split node: the columns of its larger child's classes."""
     sibling: int           # the smaller child, counted by phase 2
     classes: np.ndarray    # (k,) the larger child's classes (ascending: its column order)
-    hist: np.ndarray       # (k, features, bins) the parent's counts of those classes
+    counts: dict           # (k, features, bins) the parent's counts of those classes, encoded (shuffle.py)
+    nbytes: int            # those counts' bytes dense: what the memory budget counts
 
 
 class ParentStore:
@@ -47,16 +54,17 @@ class ParentStore:
     def __init__(self, budget_bytes: int, enabled: bool = True):
         self.budget_bytes, self.enabled = int(budget_bytes), bool(enabled)
         self.held: dict[int, Parent] = {}
-        self.peak_bytes = 0  # the most held at once since `reset_peak`
+        self.peak_bytes = 0  # the most held at once since `reset_peak` (dense)
+        self.wire_bytes = 0  # encoded bytes taken since `reset_peak`: each goes to the driver and back
 
     def nbytes(self) -> int:
-        return sum(p.hist.nbytes for p in self.held.values())
+        return sum(p.nbytes for p in self.held.values())
 
     def clear(self) -> None:
         self.held = {}
 
     def reset_peak(self) -> None:
-        self.peak_bytes = self.nbytes()
+        self.peak_bytes, self.wire_bytes = self.nbytes(), 0
 
     def release(self, nodes) -> None:
         """Forget the parents of `nodes` (their round is done with them)."""
@@ -68,7 +76,8 @@ class ParentStore:
         """After phase 4 of a batch: which columns to take from each reducer (actor k, or the
         driver as 0). A node is kept when it was split, both children are in `next_frontier`,
         and its larger child's columns fit in what is left of the budget (node order).
-        Returns {k: [(larger child, smaller child, classes, columns relative to k's slice)]}."""
+        Returns {k: [(larger child, smaller child, classes, columns relative to k's slice,
+        their bytes dense)]}."""
         if not self.enabled:
             return {}
         room = self.budget_bytes - self.nbytes()
@@ -87,17 +96,21 @@ class ParentStore:
             own = col_class[col_start[i]:col_start[i + 1]]
             columns = col_start[i] + np.searchsorted(own, classes)
             k = int(np.searchsorted(node_bounds, i, side="right") - 1)
-            out.setdefault(k, []).append((int(large), int(small), classes, columns - col_start[node_bounds[k]]))
+            out.setdefault(k, []).append((int(large), int(small), classes, columns - col_start[node_bounds[k]], cost))
         return out
 
     def keep(self, wanted: list, taken) -> None:
-        """Store what a reducer returned for `wanted` (its columns, stacked in order); `taken`
-        None (the actor lost its histogram) keeps nothing: those children are counted in full."""
-        if taken is None or len(taken) != sum(len(w[2]) for w in wanted):
+        """Store what a reducer returned for `wanted` (its columns, stacked in order, encoded:
+        shuffle.encode_partial); `taken` None (the actor lost its histogram) keeps nothing:
+        those children are counted in full."""
+        from .shuffle import encoded_bytes, slice_rows
+
+        if taken is None or int(taken["shape"][0]) != sum(len(w[2]) for w in wanted):
             return
+        self.wire_bytes += encoded_bytes(taken)
         row = 0
-        for large, small, classes, _ in wanted:
-            self.held[large] = Parent(small, classes, np.array(taken[row:row + len(classes)]))
+        for large, small, classes, _, cost in wanted:
+            self.held[large] = Parent(small, classes, slice_rows(taken, row, row + len(classes)), cost)
             row += len(classes)
         self.peak_bytes = max(self.peak_bytes, self.nbytes())
 
@@ -126,7 +139,7 @@ def plan_derivations(store: ParentStore, batch: list, node_bounds: list, col_sta
         k = actor_of[i]
         base = col_start[node_bounds[k]]
         derived[i] = True
-        inits[k].append((int(col_start[i] - base), parent.hist))
+        inits[k].append((int(col_start[i] - base), parent.counts))
         common = np.intersect1d(mine, theirs)
         pairs[k] += [(col_start[i] + np.searchsorted(mine, c) - base,
                       col_start[j] + np.searchsorted(theirs, c) - base) for c in common]
@@ -135,9 +148,13 @@ def plan_derivations(store: ParentStore, batch: list, node_bounds: list, col_sta
 
 
 def apply_init(hist: np.ndarray, init) -> None:
-    """Start derived columns as their parents' (cast modulo 2^bits to the batch's width)."""
+    """Start derived columns as their parents' (encoded: shuffle.encode_partial), cast modulo
+    2^bits to the batch's width."""
+    from .shuffle import decode_partial
+
     for col, parent in init or ():
-        np.copyto(hist[col:col + len(parent)], parent, casting="unsafe")
+        counts = decode_partial(parent)
+        np.copyto(hist[col:col + len(counts)], counts, casting="unsafe")
 
 
 def subtract_siblings(hist: np.ndarray, pairs) -> None:

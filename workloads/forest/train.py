@@ -53,7 +53,7 @@ from .histogram_pool import HistogramPool
 from .locality import assign_homes, cpu_nodes, group_by_home, locations, object_store_bytes, on_node
 from .model import Tree
 from .round_tasks import encode_task, phase1_task, phase2_task, traversal_arrays
-from .shuffle import count_dtype
+from .shuffle import count_dtype, encode_partial
 from .subtraction import apply_init, ParentStore, plan_derivations, subtract_siblings
 
 
@@ -360,7 +360,7 @@ class RoundRunner:
         columns = {k: np.concatenate([w[3] for w in want]) for k, want in wanted.items()}
         if small:
             for k, want in wanted.items():
-                self.parents.keep(want, results[0]["hist"][columns[k]])
+                self.parents.keep(want, encode_partial(results[0]["hist"][columns[k]]))
             results[0]["hist"] = None
             return
         refs = [self.actors[k].take.remote(columns.get(k, np.zeros(0, np.int64))) for k in range(len(results))]
@@ -593,6 +593,9 @@ class RoundRunner:
                     "round/examples_histogrammed": examples - derived_examples,
                     "round/subtraction_saved": derived_examples / max(examples, 1),
                     "round/parent_hist_bytes": self.parents.peak_bytes,
+                    # ... and those taken for the next round as they travel (encoded), to the
+                    # driver and back to an actor: beside the shuffle, the round's other bytes
+                    "round/parent_wire_bytes": self.parents.wire_bytes,
                     "round/example_features_per_s": totals["example_features"] / max(totals["phase2_s"], 1e-9),
                     "round/hist_peak_bytes": totals["hist_peak_bytes"],
                     "round/hist_unbatched_bytes": sum(c * i for c, i in zip(columns, itemsizes))

@@ -61,9 +61,11 @@ def test_smoke_run_records_everything_and_resumes_identically(run_orchard):
     assert len(rounds) == 2 * 5                                     # trees x max_depth rounds
     for key in ("round/phase1_s", "round/phase3_s", "round/phase4_s", "round/frontier_size", "round/shuffle_bytes",
                 "round/example_features_per_s", "round/hist_peak_bytes", "round/effective_parallelism",
-                "round/examples_histogrammed", "round/subtraction_saved", "round/parent_hist_bytes"):
+                "round/examples_histogrammed", "round/subtraction_saved", "round/parent_hist_bytes",
+                "round/parent_wire_bytes"):
         assert len(full.history(key)) == len(rounds), key
     assert 0.2 < m["train/subtraction_saved"] < 1   # below the root, larger children were derived
+    assert m["train/parent_wire_bytes"] > 0        # ... from parents that travelled encoded
     # the bin cache: every tree encodes its bins in its first round (depth 0), never again, and
     # every round of the smoke run counts cached blocks
     encoding = full.history("round/bin_cache_s")

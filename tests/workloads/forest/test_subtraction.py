@@ -9,6 +9,7 @@ def test_histogram_subtraction_is_exact_where_the_parent_overflows_the_childrens
     """The larger child's histogram is the parent's minus the smaller's, in the batch's narrow
     counts (uint8 here: the children's columns fit it) even where the parent's do not: the
     parent is cast and subtracted modulo 256, and the true result fits (subtraction.py)."""
+    from workloads.forest.shuffle import encode_partial
     from workloads.forest.subtraction import apply_init, subtract_siblings
 
     rng = np.random.default_rng(0)
@@ -18,8 +19,34 @@ def test_histogram_subtraction_is_exact_where_the_parent_overflows_the_childrens
     parent[:2] += small.astype(np.uint16)
     assert parent.max() > 255
     hist = np.zeros((5, 5, 7), np.uint8)        # the batch: smaller child's columns 0-1, larger's 2-4
-    apply_init(hist, [(2, parent)])             # with the reset: the parent's columns, mod 256
+    apply_init(hist, [(2, encode_partial(parent))])  # with the reset: the parent's columns, mod 256
     hist[:2] += small.astype(np.uint8)          # phase 2 counted the smaller child only
     subtract_siblings(hist, [(2, 0), (3, 1)])   # classes 3 and 7 are in both; 9 only in the larger
     np.testing.assert_array_equal(hist[2:], large)
     np.testing.assert_array_equal(hist[:2], small)
+
+
+def test_parents_travel_encoded_and_each_keeps_only_its_own_columns():
+    """An actor's `take` (every kept parent's columns, stacked) travels encoded like a partial;
+    the store cuts it into one parent each, and a parent starts its derived columns exactly as the
+    dense columns would, whichever encoding won: sparse deep in the tree, dense near the root."""
+    from workloads.forest.shuffle import encode_partial, encoded_bytes
+    from workloads.forest.subtraction import apply_init, ParentStore
+
+    rng = np.random.default_rng(1)
+    for density in (0.01, 0.9):
+        stacked = (rng.random((5, 40, 9)) < density) * rng.integers(1, 300, (5, 40, 9))
+        stacked = stacked.astype(np.uint16)
+        taken = encode_partial(stacked)
+        assert ("index" in taken) == (density < 0.5)
+        store = ParentStore(2**30)
+        wanted = [(11, 12, np.array([0, 4]), None, 2 * 40 * 9 * 2), (21, 22, np.array([1, 2, 5]), None, 3 * 40 * 9 * 2)]
+        store.keep(wanted, taken)
+        assert store.wire_bytes == encoded_bytes(taken) and store.nbytes() == 5 * 40 * 9 * 2
+        hist = np.zeros((7, 40, 9), np.uint16)
+        apply_init(hist, [(0, store.held[21].counts), (3, store.held[11].counts)])
+        np.testing.assert_array_equal(hist[:3], stacked[2:])
+        np.testing.assert_array_equal(hist[3:5], stacked[:2])
+        assert not hist[5:].any()
+        store.keep(wanted, encode_partial(stacked[:4]))  # a take of other columns than asked keeps nothing new
+        assert store.wire_bytes == encoded_bytes(taken)
