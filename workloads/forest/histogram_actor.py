@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 from .round_tasks import die_once, keep_a_current_folder
-from .shuffle import add_partial, encode_partial
+from .shuffle import add_partial, dense_partial, encode_partial
 from .subtraction import apply_init, subtract_siblings
 
 
@@ -102,14 +102,15 @@ class HistogramActor:
             self.hist = None  # free the batch's memory before the next batch arrives
         return result
 
-    def take(self, columns) -> dict | None:
+    def take(self, columns, encode: bool = False) -> dict | None:
         """The kept columns (C, features, bins) of the batch `best` just answered, as the next
-        round's parents, encoded as a partial is (shuffle.encode_partial); frees the histogram.
-        None when it has none (restarted since)."""
+        round's parents (shuffle.py's partial form: dense, or with `encode` the smaller of dense
+        and sparse, for parents that cross nodes); frees the histogram. None when it has none
+        (restarted since)."""
         hist, self.hist = self.hist, None
         if hist is None or self.shape is None:
             return None
-        return encode_partial(hist[np.asarray(columns, np.int64)])  # deep parents are mostly zeros
+        return (encode_partial if encode else dense_partial)(hist[np.asarray(columns, np.int64)])
 
     def pid(self) -> int:
         import os

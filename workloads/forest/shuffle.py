@@ -73,18 +73,32 @@ def _gather(flat, index, count):
         k += v != 0
 
 
+def dense_partial(hist: np.ndarray) -> dict:
+    """A histogram in the partial form as it is, dense (no pass over it: for what does not cross
+    a network, where a copy through shared memory costs less than encoding it)."""
+    return {"shape": np.asarray(hist.shape, np.int64), "dense": hist}
+
+
 def encoded_bytes(partial: dict) -> int:
     """Bytes of an encoded partial's arrays (what crosses the network, framing aside)."""
     return int(sum(v.nbytes for k, v in partial.items() if k != "shape"))
 
 
-def decode_partial(partial: dict) -> np.ndarray:
-    """The dense (rows, F_part, bins) counts of an encoded partial, in its own count dtype."""
+def place_partial(hist: np.ndarray, row_start: int, partial: dict) -> None:
+    """hist[row_start:row_start + rows] = the decoded partial (all features), cast modulo 2^bits
+    to hist's dtype; those rows of hist must be zero (a reset's fresh columns)."""
+    rows = int(partial["shape"][0])
     if "dense" in partial:
-        return partial["dense"]
-    out = np.zeros(int(np.prod(partial["shape"])), partial["count"].dtype)
-    out[partial["index"]] = partial["count"]
-    return out.reshape(tuple(int(v) for v in partial["shape"]))
+        np.copyto(hist[row_start:row_start + rows], partial["dense"], casting="unsafe")
+        return
+    _place_sparse(hist.reshape(-1), partial["index"], partial["count"], row_start * hist.shape[1] * hist.shape[2])
+
+
+@numba.njit(cache=True)
+def _place_sparse(out, index, count, base):
+    """out[base + index] = count, cast (wrapping) to out's dtype, in place: no dense temporary."""
+    for i in range(index.shape[0]):
+        out[base + np.int64(index[i])] = count[i]
 
 
 def slice_rows(partial: dict, start: int, stop: int) -> dict:

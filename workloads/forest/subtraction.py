@@ -13,10 +13,11 @@ what is left of ``forest.memory_budget_mb`` (counted as dense counts, what the c
 an actor starts from them; a node that does not fit has both children counted in full). Nothing
 of it is checkpointed.
 
-Parents travel and are held encoded as the shuffle's partials are (shuffle.encode_partial:
-dense or sparse, whichever is smaller): an actor's columns go to the driver and back to an
-actor, on two nodes across them. Dense, they were 2.5x the shuffle's bytes (1.2 GB against
-0.49 GB for the mid shape's tree); deep in the tree a parent's cells are mostly zero.
+Parents travel and are held in the shuffle's partial form (shuffle.py): an actor's columns go
+to the driver and back to an actor. On several nodes that is across them, and they go encoded
+(dense or sparse, whichever is smaller): dense, they were 2.5x the shuffle's bytes (1.2 GB
+against 0.49 GB for the mid shape's tree; deep in the tree a parent's cells are mostly zero). On
+one node they stay dense: through shared memory a copy costs less than the encoding's passes.
 
 In round d+1 a larger child is derived when its parent is held and its sibling falls in the
 same node batch and the same actor's share (else both are counted in full):
@@ -100,8 +101,8 @@ class ParentStore:
         return out
 
     def keep(self, wanted: list, taken) -> None:
-        """Store what a reducer returned for `wanted` (its columns, stacked in order, encoded:
-        shuffle.encode_partial); `taken` None (the actor lost its histogram) keeps nothing:
+        """Store what a reducer returned for `wanted` (its columns, stacked in order, a partial:
+        shuffle.dense_partial or encode_partial); `taken` None (the actor lost its histogram) keeps nothing:
         those children are counted in full."""
         from .shuffle import encoded_bytes, slice_rows
 
@@ -148,13 +149,12 @@ def plan_derivations(store: ParentStore, batch: list, node_bounds: list, col_sta
 
 
 def apply_init(hist: np.ndarray, init) -> None:
-    """Start derived columns as their parents' (encoded: shuffle.encode_partial), cast modulo
-    2^bits to the batch's width."""
-    from .shuffle import decode_partial
+    """Start derived columns as their parents' (partials: shuffle.py), cast modulo 2^bits to the
+    batch's width."""
+    from .shuffle import place_partial
 
     for col, parent in init or ():
-        counts = decode_partial(parent)
-        np.copyto(hist[col:col + len(counts)], counts, casting="unsafe")
+        place_partial(hist, col, parent)
 
 
 def subtract_siblings(hist: np.ndarray, pairs) -> None:
