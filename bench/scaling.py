@@ -1,6 +1,6 @@
 """Each workload at 1, 2, 4, ... workers and on 1, 2, 4 nodes with the same CPUs (issue 48).
 
-    python -m bench scaling              # ~30 min on 2 idle cores (3 repeats)
+    python -m bench scaling              # ~35-70 min on 2 idle cores (3 repeats)
     python -m bench scaling --smoke      # one repeat of the smallest sizes: checks it runs
     python -m bench scaling_forest_few   # the forest at 1, cores/4 and all cores, one node (a lent machine's call)
 
@@ -29,8 +29,8 @@ What each row holds, per repeat:
 
 Fair: the same data, config and total CPUs in every row of a workload; each repeat starts each
 cluster in turn (one at a time) and, on one node, goes round the worker counts, so a drift of the
-machine's speed lands on every side alike; one untimed run per workload on each cluster's first
-start fills the data caches and takes every node's first imports and numba's compile cache. On a machine with more cores the worker sweep goes on (1, 2, 4, ... up to
+machine's speed lands on every side alike; one untimed run per workload on every start of a
+cluster fills the data caches and takes every node's first imports and numba's compile cache. On a machine with more cores the worker sweep goes on (1, 2, 4, ... up to
 the cores) and the node sweep to 4 nodes; run it there with ``--out`` and keep the file as
 ``scaling_<cores>c.json``.
 """
@@ -83,7 +83,7 @@ SIZES = {"full": {"workloads": list(WORKLOADS), "smoke_sizes": False},
          # and the whole forest size's 24 runs did not fit (docs/scaling.md, 2026-11-28)
          "forest_few": {"workloads": ["forest"], "smoke_sizes": False, "workers": "few", "nodes": [1]},
          "smoke": {"workloads": list(WORKLOADS), "smoke_sizes": True}}
-ESTIMATE = "~30 min on 2 idle cores (3 repeats)"
+ESTIMATE = "~35-70 min on 2 idle cores (3 repeats; the machine of 2026-12-02 is the slower end)"
 # one run's limit: every run of the sizes above takes 10-60 s here; a video run attached to a
 # 2-CPU cluster after a flower run on it hung with its decoders idle (docs/scaling.md, "Measured")
 RUN_LIMIT_S = 600
@@ -240,7 +240,7 @@ def measure(size: dict, repeats: int) -> list[dict]:
         # run first). Never two clusters at once: with two on one machine, Ray Train's
         # PlacementGroupCleaner (which asks the state API whether its run's controller lives, by
         # "auto" address) connected to the newer one, whose answer is about another cluster.
-        for repeat in range(repeats):
+        for _ in range(repeats):
             for nodes in node_counts:
                 cluster = start_cluster(nodes, cores)
                 try:
@@ -248,12 +248,13 @@ def measure(size: dict, repeats: int) -> list[dict]:
                         folder = tmp / workload.replace(" ", "_")  # it goes into a sqlite URI
                         folder.mkdir(exist_ok=True)
                         try:
-                            if repeat == 0:
-                                # untimed, on each cluster's first start: data caches filled, and every
-                                # node's workers through their first imports and numba's cache (a
-                                # two-node run's first forest took 3x the others: the second node's
-                                # first tasks)
-                                one_run(workload, cores, cluster.address, folder, size["smoke_sizes"])
+                            # untimed, on every start of a cluster: data caches filled, and every
+                            # node's workers through their first imports and numba's cache (a
+                            # two-node run's first forest took 3x the others: the second node's first
+                            # tasks; on one machine the two nodes' starts share its cores, which two
+                            # machines would not). Only on the first repeat's start, the two-node
+                            # forest's cold repeats took 1.4-1.6x its warm one (2026-12-02).
+                            one_run(workload, cores, cluster.address, folder, size["smoke_sizes"])
                             # one node: the worker sweep; more nodes: all the cores' workers, spread over them
                             for workers in sweep_counts if nodes == 1 else [cores]:
                                 r = one_run(workload, workers, cluster.address, folder, size["smoke_sizes"])
