@@ -102,7 +102,7 @@ def _place_sparse(out, index, count, base):
 
 
 def slice_rows(partial: dict, start: int, stop: int) -> dict:
-    """Rows [start, stop) of an encoded partial, still encoded and copied out of it (one parent's
+    """Rows [start, stop) of a partial (dense or sparse), in its form and copied out of it (one parent's
     columns of an actor's `take`: the parents are released one by one, so none pins the whole)."""
     shape = np.array(partial["shape"], np.int64)
     shape[0] = stop - start

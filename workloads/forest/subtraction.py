@@ -45,7 +45,7 @@ class Parent:
     """What the driver keeps of a split node: the columns of its larger child's classes."""
     sibling: int           # the smaller child, counted by phase 2
     classes: np.ndarray    # (k,) the larger child's classes (ascending: its column order)
-    counts: dict           # (k, features, bins) the parent's counts of those classes, encoded (shuffle.py)
+    counts: dict           # (k, features, bins) the parent's counts of those classes, a partial (shuffle.py)
     nbytes: int            # those counts' bytes dense: what the memory budget counts
 
 

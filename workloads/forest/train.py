@@ -364,7 +364,7 @@ class RoundRunner:
             results[0]["hist"] = None
             return
         # encoded only across nodes: on one, the dense columns cost less through shared memory
-        # than the encoding's passes over them (1.6x a mid-shape tree's time, 2026-12-02)
+        # than the encoding's passes over them (docs/forest.md: 1.6x a mid-shape tree's time)
         refs = [self.actors[k].take.remote(columns.get(k, np.zeros(0, np.int64)), encode=bool(self.home))
                 for k in range(len(results))]
         for k, ref in enumerate(refs):
