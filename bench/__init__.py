@@ -32,7 +32,13 @@ EXTRA_BENCHES = {
     "scaling_ps": ("bench.scaling", "ps"),                 # flower ps and singa (sync_ps) alone: ~20 min
     "ps_wire": ("bench.ps_wire", "full"),                  # a server's push+pull in pieces vs one array, 1 and 2 nodes: ~2 min
     "flower_jpeg": ("bench.flower_jpeg", "full"),          # JPEG photos counted as their PNGs, with vs without the degradations: ~16 min
+    "flower_gpu": ("bench.flower_gpu", "full"),            # experiment=flower_gpu's two ends, images/s and GPU busy: a CUDA GPU, ~10 min
+    "flower_gpu_ps": ("bench.flower_gpu", "ps"),           # ps vs ring at one worker on one GPU: ~6 min
+    "flower_gpu_sweep": ("bench.flower_gpu", "sweep"),     # trials sharing one GPU vs one at a time: ~8 min a repeat
 }
-# Benches of which one repeat is already a result worth keeping (about an hour each on 2 cores):
+# benches that need a CUDA GPU: `python -m bench` refuses them elsewhere, in one line, before anything runs
+NEEDS_CUDA = {"flower_gpu", "flower_gpu_ps", "flower_gpu_sweep"}
+# Benches of which one repeat is already a result worth keeping (about an hour each on 2 cores, or a
+# GPU sweep that fills most of a lent machine's 15 minutes):
 # `--repeats 1` is allowed for them alone; the tables show such a figure with n=1 and no spread.
-ONE_REPEAT_BENCHES = {"forest_paper", "forest_beyond"}
+ONE_REPEAT_BENCHES = {"forest_paper", "forest_beyond", "flower_gpu_sweep"}

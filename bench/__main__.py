@@ -7,7 +7,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench import BENCHES, EXTRA_BENCHES, ONE_REPEAT_BENCHES
+from bench import BENCHES, EXTRA_BENCHES, NEEDS_CUDA, ONE_REPEAT_BENCHES
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -29,6 +29,13 @@ def fail(message: str) -> None:
     raise SystemExit(2)
 
 
+def cuda_missing() -> str | None:
+    """Why a bench of NEEDS_CUDA cannot run here (bench/flower_gpu.py: unmet), or None."""
+    from bench.flower_gpu import unmet
+
+    return unmet()
+
+
 def min_repeats(names: list[str]) -> int:
     """Repeats a full-mode result needs: 3, or 1 when only hour-long benches are named."""
     return 1 if names and all(n in ONE_REPEAT_BENCHES for n in names) else 3
@@ -43,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.names:
         if name not in known:
             fail(f"names: unknown bench '{name}'; allowed: {', '.join(known)}")
+    for name in args.names:
+        if name in NEEDS_CUDA and (why := cuda_missing()):
+            fail(f"{name}: {why}")
     repeats = args.repeats if args.repeats is not None else (1 if args.smoke else 3)
     if not args.smoke and repeats < min_repeats(args.names):
         fail(f"--repeats: {repeats} is too few for a result; allowed: 3 or more (or --smoke; "

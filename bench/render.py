@@ -25,6 +25,9 @@ TITLES = {
     "flower_profile": "flower: where ring's step loop goes beside plain DDP's (CPU by process, one profiled step)",
     # the same bench run on a lent GPU machine (a copy of a clean tree: ORCHARD_BENCH_COMMIT names it)
     "flower_loader_gpu": "flower on a GPU machine: the tile loader vs torch DataLoader; CNN inference on CUDA",
+    "flower_gpu": "flower on one GPU: experiment=flower_gpu's two ends vs a hand-wired run, images/s vs plain PyTorch, GPU busy",
+    "flower_gpu_ps": "flower on one GPU: parameter servers vs ring at one worker",
+    "flower_gpu_sweep": "flower on one GPU: a sweep whose trials share the GPU vs one trial at a time",
 }
 
 

@@ -62,17 +62,21 @@ def _timed(cmd: list[str], cwd: Path) -> tuple[float, float, str]:
     return t0, t_exit, done.stdout
 
 
-def overrides(workload: str, folder: Path, extra: tuple[str, ...] = ()) -> list[str]:
-    """Both sides' config; ``extra``: e.g. a cluster to attach to (the tests: their session's Ray)."""
-    return [f"workload={workload}", "debug=smoke", f"tracking.uri=sqlite:///{folder}/orchard.db",
+SMOKE = ("debug=smoke",)
+
+
+def overrides(workload: str, folder: Path, extra: tuple[str, ...] = (), size: tuple[str, ...] = SMOKE) -> list[str]:
+    """Both sides' config; ``size``: the run's size (``debug=smoke``, or a preset such as
+    ``experiment=flower_gpu``); ``extra``: e.g. a cluster to attach to (the tests: their session's Ray)."""
+    return [f"workload={workload}", *size, f"tracking.uri=sqlite:///{folder}/orchard.db",
             f"output_dir={folder}/outputs", "progress=never", *extra]
 
 
-def orchard_side(workload: str, folder: Path, extra: tuple[str, ...] = ()) -> dict:
+def orchard_side(workload: str, folder: Path, extra: tuple[str, ...] = (), size: tuple[str, ...] = SMOKE) -> dict:
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{folder}/orchard.db"
-    t0, t_exit, _ = _timed([sys.executable, "-m", "orchard", *overrides(workload, folder, extra)], folder)
+    t0, t_exit, _ = _timed([sys.executable, "-m", "orchard", *overrides(workload, folder, extra, size)], folder)
     client = MlflowClient(uri)
     run = client.search_runs([e.experiment_id for e in client.search_experiments()],
                              order_by=["attributes.start_time DESC"], max_results=1)[0]
@@ -81,12 +85,12 @@ def orchard_side(workload: str, folder: Path, extra: tuple[str, ...] = ()) -> di
                  run.data.metrics)
 
 
-def peer_config(workload: str, folder: Path, extra: tuple[str, ...] = ()) -> Path:
+def peer_config(workload: str, folder: Path, extra: tuple[str, ...] = (), size: tuple[str, ...] = SMOKE) -> Path:
     """orchard's composition of the same overrides, validated, as the JSON the peer reads."""
     from orchard.config import registry
     from orchard.config import compose, validate
 
-    cfg = compose(overrides(workload, folder, extra))
+    cfg = compose(overrides(workload, folder, extra, size))
     cfg["tracking"]["uri"] = f"sqlite:///{folder}/peer.db"  # a store of its own, like orchard's
     validate(cfg, registry.load(workload))
     path = folder / "peer_config.json"
@@ -112,23 +116,48 @@ def _ends(workload: str, t0: float, t_exit: float, started_at: float, parts: dic
     named = getattr(registry.load(workload), "headline_metric", None)
     headline = named(metrics) if named else None
     return {"to_first_step_s": first - t0, "after_last_step_s": t_exit - last, "work_s": last - first,
-            "wall_s": t_exit - t0, "status": status, "headline": headline}
+            "wall_s": t_exit - t0, "status": status, "headline": headline, "metrics": dict(metrics)}
 
 
-def measure_workload(workload: str, folder: Path, repeats: int, warmup: bool) -> list[dict]:
-    """The two rows of one workload: command to first step, last step to exit."""
-    from bench.rows import row
+def measure_sides(workload: str, folder: Path, repeats: int, warmup: bool, size: tuple[str, ...] = SMOKE,
+                  during=None) -> tuple[list[dict], list[dict]]:
+    """orchard's runs and the hand-wired ones of the same config, alternating; ``during(side)``:
+    a context manager around each timed run (bench/flower_gpu.py samples the GPU with it)."""
+    import contextlib
 
+    during = during or (lambda _side: contextlib.nullcontext())
     folder.mkdir(parents=True, exist_ok=True)
-    config = peer_config(workload, folder)
+    config = peer_config(workload, folder, size=size)
     if warmup:  # data caches, each store's schema, numba's cache, the OS file cache: once for both
-        orchard_side(workload, folder)
+        orchard_side(workload, folder, size=size)
         peer_side(workload, folder, config)
     ours, peers = [], []
     for _ in range(repeats):  # alternate, so a change of load hits both
-        ours.append(orchard_side(workload, folder))
-        peers.append(peer_side(workload, folder, config))
-        print(f"  overhead {workload}: orchard {ours[-1]}, hand-wired {peers[-1]}", flush=True)
+        with during("orchard") as seen:
+            ours.append(orchard_side(workload, folder, size=size))
+        ours[-1]["during"] = seen
+        with during("peer") as seen:
+            peers.append(peer_side(workload, folder, config))
+        peers[-1]["during"] = seen
+        print(f"  overhead {workload}: orchard {_brief(ours[-1])}, hand-wired {_brief(peers[-1])}", flush=True)
+    return ours, peers
+
+
+def _brief(side: dict) -> dict:
+    return {k: v for k, v in side.items() if k not in ("metrics", "during")}
+
+
+def measure_workload(workload: str, folder: Path, repeats: int, warmup: bool, size: tuple[str, ...] = SMOKE,
+                     name: str | None = None) -> list[dict]:
+    """The two rows of one workload: command to first step, last step to exit."""
+    ours, peers = measure_sides(workload, folder, repeats, warmup, size)
+    return end_rows(name or f"{workload} smoke run", " ".join(["python -m orchard", f"workload={workload}", *size]),
+                    ours, peers)
+
+
+def end_rows(name: str, label: str, ours: list[dict], peers: list[dict]) -> list[dict]:
+    """The rows "<name>: command to first step" and "<name>: last step to exit"."""
+    from bench.rows import row
 
     def quality(side: list[dict]) -> dict:
         last = side[-1]
@@ -138,9 +167,8 @@ def measure_workload(workload: str, folder: Path, repeats: int, warmup: bool) ->
             out[last["headline"][0]] = last["headline"][1]
         return out
 
-    label = f"python -m orchard workload={workload} debug=smoke"
-    return [row(f"{workload} smoke run: {name}", "s", [s[key] for s in ours], [s[key] for s in peers],
+    return [row(f"{name}: {part}", "s", [s[key] for s in ours], [s[key] for s in peers],
                 higher_is_better=False, orchard_label=label, peer_label=PEER_LABEL,
                 quality={"orchard": quality(ours), "peer": quality(peers)},
                 target={"text": "orchard <= 1.0x the hand-wired script", "min_ratio": 1.0})
-            for name, key in (("command to first step", "to_first_step_s"), ("last step to exit", "after_last_step_s"))]
+            for part, key in (("command to first step", "to_first_step_s"), ("last step to exit", "after_last_step_s"))]

@@ -49,11 +49,20 @@ def test_placement_reserves_what_a_trial_starts_and_limits_concurrency():
 
 
 def test_every_shipped_sweep_fits_a_two_core_machine(ray_session):
-    """Each workload says what a trial starts; every shipped sweep runs on 2 cores."""
+    """Each workload says what a trial starts; every shipped sweep runs on 2 cores, but the one
+    made to fill a GPU, which fits 4 trials at once on its 16-core, 1-GPU machine (docs/sweeps.md)."""
     import importlib
 
     workloads = {"flower": "flower_lr", "forest": "forest_features", "singa": "singa_mlp", "video": "video_lr"}
-    assert sorted(workloads.values()) == SHIPPED  # every workload ships a sweep, every sweep is tested
+    gpu_only = {"flower_gpu": ["workload=flower", "experiment=flower_gpu", "sweep=flower_gpu",
+                               "strategy.gpus_per_worker=0.125", "strategy.cpus_per_worker=1"]}
+    assert sorted([*workloads.values(), *gpu_only]) == SHIPPED  # every workload ships a sweep, every sweep is tested
+    for overrides in gpu_only.values():
+        cfg, module = prepare(overrides)
+        lent = {"CPU": 16.0, "GPU": 1.0, "memory": 100 * 2**30}
+        assert module.resources(cfg).max_concurrent(lent) >= 4
+        with pytest.raises(ConfigError, match="GPU"):
+            module.resources(cfg).max_concurrent({"CPU": 2.0, "memory": 8 * 2**30})
     two_cores = {"CPU": 2.0, "memory": 8 * 2**30}
     for workload, sweep in workloads.items():
         cfg, module = prepare([f"workload={workload}", f"sweep={sweep}"])

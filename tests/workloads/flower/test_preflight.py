@@ -50,7 +50,22 @@ def test_the_gpu_preset_composes_with_the_thesis_tile_bf16_and_a_gpu_per_worker(
     f, s = cfg["flower"], cfg["strategy"]
     assert (f["tile_size"], f["precision"], f["channels_last"]) == (224, "bf16", True)
     assert f["batch_size"] >= 64 and f["log_every"] > 1
-    assert (s["name"], s["gpus_per_worker"], s["backend"]) == ("ring", 1, "nccl")
+    # auto: NCCL for a whole GPU a worker (process_group.py), gloo where trials share one (a sweep)
+    assert (s["name"], s["gpus_per_worker"], s["backend"]) == ("ring", 1, "auto")
+
+
+@pytest.mark.parametrize("extra", [["strategy=ps"], ["sweep=flower_gpu", "strategy.gpus_per_worker=0.125",
+                                                     "strategy.cpus_per_worker=1"]])
+def test_the_gpu_preset_takes_ps_and_the_gpu_sweep_as_documented(compose, extra):
+    """docs/flower.md's and docs/sweeps.md's GPU commands compose and validate: ps at one GPU, and
+    the sweep whose trials share a GPU (there gloo, as NCCL wants a GPU per rank)."""
+    from orchard.config import registry, validate
+
+    cfg = compose("workload=flower", "experiment=flower_gpu", *extra)
+    validate(cfg, registry.load("flower"))
+    if "sweep=flower_gpu" in extra:
+        assert cfg["sweep"]["name"] == "flower_gpu" and cfg["strategy"]["num_workers"] == 1
+        assert cfg["flower"]["batch_size"] == 64  # the preset's, until the sweep's grid sets it per trial
 
 
 @pytest.mark.slow
