@@ -15,7 +15,9 @@ never kept in the object store past the add that consumes them.
 Histogram subtraction (subtraction.py): a reset may carry `init`, the parents' columns that
 derived nodes start from (sent again with every reset, so a restarted actor gets them too);
 `best` subtracts each derived column's sibling first, and, asked to `keep`, holds the batch's
-histogram until the driver `take`s the columns it keeps as the next round's parents.
+histogram until the driver `take`s the columns it keeps as the next round's parents: it keeps
+them itself (`held`), starts its own derived nodes from them in the next round, and `give`s
+another actor the ones it needs (the driver holds only where each is).
 """
 from __future__ import annotations
 
@@ -24,8 +26,8 @@ import time
 import numpy as np
 
 from .round_tasks import die_once, keep_a_current_folder
-from .shuffle import add_partial, dense_partial, encode_partial
-from .subtraction import apply_init, subtract_siblings
+from .shuffle import add_partial, dense_partial
+from .subtraction import apply_init, ParentsLost, resolve_init, subtract_siblings
 
 
 class HistogramActor:
@@ -43,18 +45,35 @@ class HistogramActor:
         self.parts: set = set()
         self.busy_s = 0.0
         self.peak_bytes = 0
+        self.held: dict = {}  # parent key -> (round taken, dense partial): subtraction.py
 
-    def reset(self, n_columns: int, n_features: int, n_bins: int, dtype: str = "int32", init=None) -> bool:
-        """Start a node batch; the histogram (counts of `dtype`, wide enough for the batch's
-        largest column: shuffle.count_dtype) is allocated lazily on the first add, or now when
-        `init` [(first column, parent columns)] starts derived nodes from their parents."""
+    def reset(self, n_columns: int, n_features: int, n_bins: int, dtype: str = "int32", init=None,
+              round_no: int | None = None) -> bool:
+        """Start a node batch of round `round_no`; the histogram (counts of `dtype`, wide enough
+        for the batch's largest column: shuffle.count_dtype) is allocated lazily on the first add,
+        or now when `init` [(first column, parent)] starts derived nodes from their parents: its
+        own (popped from `held`), another actor's (given), or the driver's (subtraction.py:
+        resolve_init). Parents taken before the last round are dropped: no batch needs them. False
+        when a parent could not be had (this actor restarted since it took it, or the giver's node
+        is gone): the driver counts the batch in full."""
         self.shape, self.dtype = (n_columns, n_features, n_bins), np.dtype(dtype)
         self.hist, self.parts, self.busy_s, self.peak_bytes = None, set(), 0.0, 0
+        if round_no is not None:
+            self.held = {key: v for key, v in self.held.items() if v[0] >= round_no - 1}
         if init:
+            try:
+                init = resolve_init(init, self._pop_held)
+            except ParentsLost:
+                self.shape = None  # no batch: partials are ignored until the driver resets again
+                return False
             self.hist = np.zeros(self.shape, self.dtype)
             self.peak_bytes = self.hist.nbytes
             apply_init(self.hist, init)
         return True
+
+    def _pop_held(self, key):
+        """A held parent's partial, no longer held; None when this actor does not hold it."""
+        return self.held.pop(tuple(key), (None, None))[1]
 
     def add(self, part_id: int, feature_start: int, partial: dict) -> int:
         """Sum a task's encoded partial (shuffle.encode_partial) into features
@@ -102,15 +121,27 @@ class HistogramActor:
             self.hist = None  # free the batch's memory before the next batch arrives
         return result
 
-    def take(self, columns, encode: bool = False) -> dict | None:
-        """The kept columns (C, features, bins) of the batch `best` just answered, as the next
-        round's parents (shuffle.py's partial form: dense, or with `encode` the smaller of dense
-        and sparse, for parents that cross nodes); frees the histogram. None when it has none
-        (restarted since)."""
+    def take(self, columns, rows: list, keys: list, round_no: int) -> bool:
+        """Keep, as the next round's parents, the columns of the batch `best` just answered:
+        parent i (under ``keys[i]``) is ``columns[sum(rows[:i]):sum(rows[:i + 1])]``, dense, in
+        this actor's memory (subtraction.py); frees the histogram. False when it has none (the
+        actor restarted since): those children are counted in full."""
         hist, self.hist = self.hist, None
         if hist is None or self.shape is None:
-            return None
-        return (encode_partial if encode else dense_partial)(hist[np.asarray(columns, np.int64)])
+            return False
+        columns, bounds = np.asarray(columns, np.int64), np.concatenate([[0], np.cumsum(rows, dtype=np.int64)])
+        for key, lo, hi in zip(keys, bounds[:-1], bounds[1:]):
+            self.held[tuple(key)] = (round_no, dense_partial(hist[columns[lo:hi]]))
+        return True
+
+    def give(self, keys: list) -> list:
+        """The held parents under `keys`, for another actor that derives from them (None for
+        one this actor no longer holds: it restarted since); they are no longer held here."""
+        return [self._pop_held(key) for key in keys]
+
+    def forget(self) -> None:
+        """Drop every held parent (the tree is done, or the run resumed)."""
+        self.held = {}
 
     def pid(self) -> int:
         import os

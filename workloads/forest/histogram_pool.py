@@ -27,10 +27,15 @@ class HistogramPool:
         self.actors: list = []
         self.nodes: list = []
 
+    def node_of(self, k: int) -> str | None:
+        """The node actor k is placed on (soft: a restarted actor may come back elsewhere, which
+        only makes a parent's fetch cross nodes); None without homes."""
+        return self.nodes[k % len(self.nodes)] if self.nodes and not self.in_group else None
+
     def _new(self, k: int):
         options = dict(num_cpus=self.actor_cpus, max_restarts=self.max_failures, max_task_retries=0)
-        if self.nodes and not self.in_group:
-            options["scheduling_strategy"] = on_node(self.nodes[k % len(self.nodes)])
+        if self.node_of(k) is not None:
+            options["scheduling_strategy"] = on_node(self.node_of(k))
         elif not self.in_group:
             options["scheduling_strategy"] = "SPREAD"  # node partitions on different machines
         return ray.remote(HistogramActor).options(**options).remote()
@@ -39,27 +44,29 @@ class HistogramPool:
         while len(self.actors) < count:
             self.actors.append(self._new(len(self.actors)))
 
-    def reset(self, k: int, shape) -> None:
+    def reset(self, k: int, shape) -> bool:
         """Empty actor k's histograms for a new batch; an actor that died in an earlier phase
-        (or is still restarting) gets time to come back, or is replaced."""
+        (or is still restarting) gets time to come back, or is replaced. False: a parent of its
+        derived nodes could not be fetched (HistogramActor.reset)."""
         for _ in range(self.max_failures + 2):
             try:
-                ray.get(self.actors[k].reset.remote(*shape))
-                return
+                return bool(ray.get(self.actors[k].reset.remote(*shape)))
             except ray.exceptions.RayError:  # RayActorError, ActorUnavailableError (restarting)
                 self.revive(k)
         raise RuntimeError(f"histogram actor {k} failed {self.max_failures + 2} times")
 
-    def reset_all(self, shapes: list) -> None:
+    def reset_all(self, shapes: list) -> bool:
         """Reset actors 0..len(shapes)-1 for a new batch: all at once (one round trip), then
-        one by one with revival for any that failed."""
+        one by one with revival for any that failed. False: some parent could not be fetched."""
         pending = [self.actors[k].reset.remote(*shape) for k, shape in enumerate(shapes)]
+        fetched = True
         for k, ref in enumerate(pending):
             try:
-                ray.get(ref)
+                fetched = bool(ray.get(ref)) and fetched
             except ray.exceptions.RayError:
                 self.revive(k)
-                self.reset(k, shapes[k])
+                fetched = self.reset(k, shapes[k]) and fetched
+        return fetched
 
     def revive(self, k: int) -> None:
         """After a failed call: wait for Ray to restart actor k, or replace it."""

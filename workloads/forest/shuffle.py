@@ -101,19 +101,6 @@ def _place_sparse(out, index, count, base):
         out[base + np.int64(index[i])] = count[i]
 
 
-def slice_rows(partial: dict, start: int, stop: int) -> dict:
-    """Rows [start, stop) of a partial (dense or sparse), in its form and copied out of it (one parent's
-    columns of an actor's `take`: the parents are released one by one, so none pins the whole)."""
-    shape = np.array(partial["shape"], np.int64)
-    shape[0] = stop - start
-    if "dense" in partial:
-        return {"shape": shape, "dense": partial["dense"][start:stop].copy()}
-    row = int(shape[1] * shape[2])  # cells of a row; the flat indices ascend (_gather)
-    lo, hi = np.searchsorted(partial["index"], [start * row, stop * row])
-    return {"shape": shape, "index": partial["index"][lo:hi] - np.uint32(start * row),
-            "count": partial["count"][lo:hi].copy()}
-
-
 def add_partial(hist: np.ndarray, feature_start: int, partial: dict) -> None:
     """hist[:, feature_start:feature_start + F_part] += the decoded partial, in place."""
     cols, f_part, bins = (int(v) for v in partial["shape"])

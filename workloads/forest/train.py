@@ -54,7 +54,8 @@ from .locality import assign_homes, cpu_nodes, group_by_home, locations, object_
 from .model import Tree
 from .round_tasks import encode_task, phase1_task, phase2_task, traversal_arrays
 from .shuffle import count_dtype, dense_partial
-from .subtraction import apply_init, ParentStore, plan_derivations, subtract_siblings
+from .subtraction import (apply_init, Held, ParentsLost, ParentStore, plan_derivations, resolve_init, route_inits,
+                          subtract_siblings)
 
 
 class TrainingInterrupted(RuntimeError):
@@ -89,6 +90,9 @@ class RoundRunner:
         self.stopping = threading.Event()  # set by the driver's main thread on an interrupt
         self.rounds_this_run = 0
         self.actor_replays = 0  # lost partials recomputed after an actor died or restarted
+        self.parents_lost = 0  # node batches counted in full because a parent could not be had
+        self.round_no = 0  # rounds begun by this runner, all trees: the generation of the actors' held parents
+        self.tree_index = 0
         # the split nodes' histograms kept on the driver for the next round's subtraction
         self.parents = ParentStore(int(forest_cfg["memory_budget_mb"] * 2**20),
                                    forest_cfg.get("histogram_subtraction", True))
@@ -229,7 +233,8 @@ class RoundRunner:
             try:
                 if asked is None:
                     self.actor_replays += 1
-                    self.reducers.reset(k, b["shapes"][k])
+                    if not self.reducers.reset(k, b["shapes"][k]):
+                        raise ParentsLost(f"actor {k}: a parent's counts could not be fetched")
                     stats, acks = self._phase2(b, [k], c0, c1, [0, c1 - c0])
                     extra += stats
                     if not self.reducers.acked(acks[k]):
@@ -244,7 +249,7 @@ class RoundRunner:
         raise RuntimeError(f"histogram actor {k} failed {self.max_failures + 2} times")
 
     def _batch(self, traversal_ref, batch, node_bounds, itemsize, counts_of, pool, degrees, data_parts,
-               selection, weights, depth, batch_index) -> dict:
+               selection, weights, depth, batch_index, on_driver: bool = False) -> dict:
         """Everything phases 2 and 3 of one node batch need: its compact columns (one per node
         and class present there, node by node), their count dtype, jobs, and each actor's share;
         the nodes derived by subtraction (tasks skip their examples) and what each actor needs
@@ -258,7 +263,12 @@ class RoundRunner:
         column_bounds = [int(col_start[i]) for i in node_bounds]
         n_bins = thresholds.shape[1] + 1
         dtype = {1: "uint8", 2: "uint16", 4: "int32"}[itemsize]
-        derivations = plan_derivations(self.parents, batch, node_bounds, col_start, col_class)
+        # where each reducer runs: a parent held on another node's store is fetched across
+        reducer_nodes = None
+        if self.home:
+            reducer_nodes = [ray.get_runtime_context().get_node_id()] if on_driver else \
+                [self.reducers.node_of(k) for k in range(len(node_bounds) - 1)]
+        derivations = plan_derivations(self.parents, batch, node_bounds, col_start, col_class, reducer_nodes)
         column_of[derivations["derived"]] = -1  # phase 2 counts only what is not derived
         return {"depth": depth, "index": batch_index, "pool": pool, "selection": selection, "dtype": dtype,
                 "data_parts": data_parts, "traversal": traversal_ref,
@@ -294,8 +304,10 @@ class RoundRunner:
             if self.stopping.is_set():
                 raise TrainingInterrupted("stopped: the run was interrupted")
             refs.append(self._submit_phase2(b, d, 0, n_features, 0, total, [0, total]))
+        # the parents: the driver's own, and those the actors hold, given (ParentsLost)
+        init = resolve_init(route_inits(b["inits"], self._give, reducers=[None])[0])
         hist = np.zeros(b["shapes"][0][:3], b["dtype"])
-        apply_init(hist, b["inits"][0])  # derived nodes start from their parents
+        apply_init(hist, init)  # derived nodes start from their parents
         stats, pending = [], {stat: (part, d) for (part, stat), (d, _) in zip(refs, b["jobs"])}
         while pending:  # sum each partial as it arrives; its object is freed right after
             stat_ref = self._wait_one(list(pending))
@@ -320,10 +332,14 @@ class RoundRunner:
         returns (results per actor, stats)."""
         n_actors = len(b["shapes"])
         self.reducers.ensure(n_actors)
-        # derived nodes' parents go with every reset of the batch (a restarted actor gets them too)
-        b["shapes"] = [(*shape, ray.put(init) if init else None) for shape, init in zip(b["shapes"], b["inits"])]
+        # derived nodes' parents go with the batch's reset: an actor's own by key, another actor's
+        # given to it (subtraction.py), the driver's as they are
+        inits = route_inits(b["inits"], self._give)
+        b["shapes"] = [(*shape, ray.put(init) if init else None, self.round_no)
+                       for shape, init in zip(b["shapes"], inits)]
         depth, batch_index, column_bounds = b["depth"], b["index"], b["column_bounds"]
-        self.reducers.reset_all(b["shapes"])
+        if not self.reducers.reset_all(b["shapes"]):
+            raise ParentsLost(f"depth {depth} batch {batch_index}: a parent's counts could not be fetched")
         start = time.perf_counter()
         stats, acks = self._phase2(b, list(range(n_actors)), 0, column_bounds[-1], column_bounds,
                                    hook=self.hooks.get("phase2"))
@@ -347,33 +363,46 @@ class RoundRunner:
         return results, self._batch_stats(stats, phase2_s, phase3_s, sum(r["busy_s"] for r in results),
                                           [r["peak_bytes"] for r in results])
 
+    def _give(self, j: int, keys: list):
+        """The ref of actor j's held parents under `keys`, for another reducer."""
+        return self.actors[j].give.remote(keys)
+
     def _keep_parents(self, b: dict, batch: list, results: list, tree, next_frontier: list, small: bool) -> None:
-        """After phase 4 of batch `b`: take from its reducers the columns that the next round
-        derives its larger children from (subtraction.py): from the driver's histogram in a
-        small round, else one `take` per actor (which also frees its histogram). An actor that
-        died or restarted since phase 3 gives nothing: those children are counted in full."""
+        """After phase 4 of batch `b`: have its reducers keep the columns that the next round
+        derives its larger children from (subtraction.py): the driver, from its histogram in a
+        small round; else each actor, in its own memory (one `take` each, which also frees its
+        histogram), the driver noting where. An actor that died or restarted since phase 3 keeps
+        nothing: those children are counted in full."""
         if not b["keep"]:
             return
         _, n_features, n_bins, *_ = b["shapes"][0]
         wanted = self.parents.requests(tree, batch, b["col_start"], b["col_class"], b["node_bounds"],
                                        b["itemsize"], n_features, n_bins, set(next_frontier))
-        columns = {k: np.concatenate([w[3] for w in want]) for k, want in wanted.items()}
         if small:
+            here = ray.get_runtime_context().get_node_id() if self.home else None
             for k, want in wanted.items():
-                self.parents.keep(want, dense_partial(results[0]["hist"][columns[k]]))
+                self.parents.keep(want, [dense_partial(results[0]["hist"][w[3]]) for w in want], here)
             results[0]["hist"] = None
             return
-        # encoded only across nodes: on one, the dense columns cost less through shared memory
-        # than the encoding's passes over them (docs/forest.md: 1.6x a mid-shape tree's time)
-        refs = [self.actors[k].take.remote(columns.get(k, np.zeros(0, np.int64)), encode=bool(self.home))
-                for k in range(len(results))]
-        for k, ref in enumerate(refs):
+        taken = []
+        for k in range(len(results)):
+            want = wanted.get(k, [])
+            keys = [(self.tree_index, w[0]) for w in want]
+            columns = np.concatenate([w[3] for w in want]) if want else np.zeros(0, np.int64)
+            taken.append((keys, self.actors[k].take.remote(columns, [len(w[2]) for w in want], keys, self.round_no)))
+        for k, (keys, ref) in enumerate(taken):
             try:
-                taken = ray.get(ref)
+                ok = ray.get(ref)
             except ray.exceptions.RayError:
-                taken = None
-            if k in wanted:
-                self.parents.keep(wanted[k], taken)
+                ok = False
+            if ok and k in wanted:
+                self.parents.keep(wanted[k], [Held(k, key) for key in keys], self.reducers.node_of(k))
+
+    def _forget_parents(self) -> None:
+        """No parent is held any more: on the driver and in the actors."""
+        self.parents.clear()
+        for actor in self.actors:
+            actor.forget.remote()
 
     # ---- one tree -----------------------------------------------------------------
     def _data_partitions(self, degree: int) -> list[list]:
@@ -483,7 +512,8 @@ class RoundRunner:
             stores = [v for k, v in object_store_bytes().items() if k in set(self.home.values()) and v > 0]
             one_node = NUM_PARTS * len(offsets) * (thresholds.shape[1] + 1) * 4  # what validate allows for
             budget = max(min([budget] + [v // 4 for v in stores]), min(budget, one_node))
-        self.parents.clear()  # a tree's first round, or the first after a resume: nothing to derive from
+        self.tree_index = tree_index
+        self._forget_parents()  # a tree's first round, or the first after a resume: nothing to derive from
         if state["partial"] is None:
             tree, frontier, depth = Tree(NUM_PARTS), [0], 0
             tree.add_node(0, np.zeros(NUM_PARTS))
@@ -498,6 +528,7 @@ class RoundRunner:
         encode = None  # this tree's bin cache is built in its first round of this run
         while frontier and depth < cfg["max_depth"]:
             round_start = time.perf_counter()
+            self.round_no += 1
             self._homes()
             self.across = {"bytes": self.fetch_bytes, "tasks": 0, "nodes": set()}
             self.fetch_bytes = 0
@@ -554,9 +585,17 @@ class RoundRunner:
             # [4] phase 4 (interleaved per batch): split nodes, grow the next frontier
             next_frontier, phase4_s = [], 0.0
             for b, (batch, node_bounds, itemsize) in enumerate(batches):
-                plan = self._batch(traversal_ref, batch, node_bounds, itemsize, counts_of, pool, degrees, data_parts,
-                                   selection, weights, depth, b)
-                results, stats = self._phases_2_3_on_driver(plan) if small else self._phases_2_3(plan)
+                def plan_and_count():
+                    plan = self._batch(traversal_ref, batch, node_bounds, itemsize, counts_of, pool, degrees,
+                                       data_parts, selection, weights, depth, b, on_driver=small)
+                    return (plan, *(self._phases_2_3_on_driver(plan) if small else self._phases_2_3(plan)))
+
+                try:
+                    plan, results, stats = plan_and_count()
+                except ParentsLost:  # a parent's node is gone with its store: count this batch in full
+                    self.parents_lost += 1
+                    self.parents.release(batch)
+                    plan, results, stats = plan_and_count()
                 derived_examples += sum(int(counts_of[n].sum()) for n, d in zip(batch, plan["derived"]) if d)
                 for key in totals:
                     totals[key] = max(totals[key], stats[key]) if key == "hist_peak_bytes" \
@@ -596,8 +635,8 @@ class RoundRunner:
                     "round/examples_histogrammed": examples - derived_examples,
                     "round/subtraction_saved": derived_examples / max(examples, 1),
                     "round/parent_hist_bytes": self.parents.peak_bytes,
-                    # ... and those taken for the next round as they travel (encoded), to the
-                    # driver and back to an actor: beside the shuffle, the round's other bytes
+                    # ... and the bytes of those this round's reducers fetched from another
+                    # node's store (subtraction.py): beside the shuffle, the round's other bytes
                     "round/parent_wire_bytes": self.parents.wire_bytes,
                     "round/example_features_per_s": totals["example_features"] / max(totals["phase2_s"], 1e-9),
                     "round/hist_peak_bytes": totals["hist_peak_bytes"],
@@ -626,7 +665,7 @@ class RoundRunner:
             self.rounds_this_run += 1
             if cfg.get("stop_after_rounds") and self.rounds_this_run >= cfg["stop_after_rounds"]:
                 raise TrainingInterrupted(f"stopped after {self.rounds_this_run} rounds as configured")
-        self.parents.clear()
+        self._forget_parents()
         self.bin_cache = {}
         state["trees"].append(tree.arrays())
         state.update(partial=None, frontier=[], next_depth=0)

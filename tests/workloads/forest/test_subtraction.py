@@ -34,28 +34,103 @@ def test_histogram_subtraction_is_exact_where_the_parent_overflows_the_childrens
     assert not hist[:2].any()
 
 
-def test_parents_travel_encoded_and_each_keeps_only_its_own_columns():
-    """An actor's `take` (every kept parent's columns, stacked) travels as a partial, encoded
-    across nodes; the store cuts it into one parent each, and a parent starts its derived columns
-    exactly as the dense columns would, whichever form: sparse deep in the tree, dense near the
-    root, dense as taken on one node."""
-    from workloads.forest.shuffle import dense_partial, encode_partial, encoded_bytes
-    from workloads.forest.subtraction import apply_init, ParentStore
+def _summed(actor, hist):
+    import ray
+
+    ray.get(actor.reset.remote(*hist.shape, str(hist.dtype)))
+    ray.get(actor.add.remote(0, 0, {"shape": np.asarray(hist.shape, np.int64), "dense": hist}))
+
+
+def test_parents_stay_with_the_actor_that_summed_them_and_only_crossings_count(ray_session):
+    """An actor's `take` keeps each parent's columns in its own memory, the driver noting where
+    (`Held`); in the next batch a reducer starts from its own parents in place and from another
+    actor's as given to it, one object per pair (route_inits), exactly as the dense columns; only
+    a parent held on another node than its reducer's adds its bytes to `wire_bytes`."""
+    import ray
+
+    from workloads.forest.histogram_actor import HistogramActor
+    from workloads.forest.subtraction import Held, ParentStore, plan_derivations, route_inits
 
     rng = np.random.default_rng(1)
-    for density, form in ((0.01, encode_partial), (0.9, encode_partial), (0.01, dense_partial)):
-        stacked = (rng.random((5, 40, 9)) < density) * rng.integers(1, 300, (5, 40, 9))
-        stacked = stacked.astype(np.uint16)
-        taken = form(stacked)
-        assert ("index" in taken) == (density < 0.5 and form is encode_partial)
-        store = ParentStore(2**30)
-        wanted = [(11, 12, np.array([0, 4]), None, 2 * 40 * 9 * 2), (21, 22, np.array([1, 2, 5]), None, 3 * 40 * 9 * 2)]
-        store.keep(wanted, taken)
-        assert store.wire_bytes == encoded_bytes(taken) and store.nbytes() == 5 * 40 * 9 * 2
-        hist = np.zeros((7, 40, 9), np.uint16)
-        apply_init(hist, [(0, store.held[21].counts), (3, store.held[11].counts)])
-        np.testing.assert_array_equal(hist[:3], stacked[2:])
-        np.testing.assert_array_equal(hist[3:5], stacked[:2])
-        assert not hist[5:].any()
-        store.keep(wanted, form(stacked[:4]))  # a take of other columns than asked keeps nothing new
-        assert store.wire_bytes == encoded_bytes(taken)
+    hist = rng.integers(0, 300, (6, 40, 9)).astype(np.uint16)
+    a, b = (ray.remote(HistogramActor).remote() for _ in range(2))
+    _summed(a, hist)
+    # parent 11: columns 0 and 4; parent 21: columns 1, 2, 5 (round 1)
+    keys = [(0, 11), (0, 21)]
+    assert ray.get(a.take.remote(np.array([0, 4, 1, 2, 5]), [2, 3], keys, 1)) is True
+    store = ParentStore(2**30)
+    wanted = [(11, 12, np.array([0, 4]), None, 2 * 40 * 9 * 2), (21, 22, np.array([1, 2, 5]), None, 3 * 40 * 9 * 2)]
+    store.keep(wanted, [Held(0, k) for k in keys], node="node-a")
+    assert store.nbytes() == 5 * 40 * 9 * 2 and store.held[21].counts == Held(0, (0, 21))
+    # round 2: actor a (index 0) derives 21's child from its own, actor b (index 1) 11's, given
+    inits = route_inits([[(0, store.held[21].counts)], [(3, store.held[11].counts)]],
+                        lambda j, ks: [a, b][j].give.remote(ks))
+    assert inits[0] == [(0, ("held", (0, 21)))] and inits[1][0][1][1] == 0
+    assert ray.get(a.reset.remote(7, 40, 9, "uint16", inits[0], 2)) is True
+    assert ray.get(b.reset.remote(7, 40, 9, "uint16", ray.put(inits[1]), 2)) is True
+    out_a, out_b = (ray.get(x.best.remote(np.array([0, 7]), np.zeros(7, np.int32), np.ones(1), 1, keep=True))
+                    for x in (a, b))
+    assert out_a["parts"] == out_b["parts"] == []
+    for x, rows, at in ((a, [1, 2, 5], 0), (b, [0, 4], 3)):
+        assert ray.get(x.take.remote(np.arange(7), [7], [(9, 9)], 2))  # the started histogram, back
+        [started] = ray.get(x.give.remote([(9, 9)]))
+        np.testing.assert_array_equal(started["dense"][at:at + len(rows)], hist[rows])
+    # given and used, they are held no more: a second reset from them says so
+    assert ray.get(a.reset.remote(7, 40, 9, "uint16", inits[0], 2)) is False
+    # a batch where 21's reducer is on node b, 11's on node a: only 21's bytes cross
+    batch = [21, 22, 11, 12]
+    col_class = np.array([1, 2, 5, 1, 2, 5, 0, 4, 0, 4])  # each node's classes, in column order
+    col_start = np.array([0, 3, 6, 8, 10])
+    plan = plan_derivations(store, batch, [0, 2, 4], col_start, col_class, ["node-b", "node-a"])
+    assert plan["derived"].tolist() == [True, False, True, False]
+    assert store.wire_bytes == store.held[21].nbytes
+    for x in (a, b):
+        ray.kill(x)
+
+
+def test_parents_older_than_the_last_round_are_dropped_and_a_missing_one_says_so(ray_session):
+    """A reset drops what was taken before the last round (no batch needs it); a parent that
+    cannot be had (dropped, its actor restarted, or its giver's node gone with the object) makes
+    the reset answer False with no batch, so the driver counts the batch in full (train.py);
+    resolve_init raises ParentsLost for it."""
+    import time
+
+    import pytest
+    import ray
+
+    from workloads.forest.histogram_actor import HistogramActor
+    from workloads.forest.subtraction import ParentsLost, resolve_init
+
+    hist = np.ones((2, 3, 4), np.uint8)
+    actor = ray.remote(HistogramActor).remote()
+    _summed(actor, hist)
+    assert ray.get(actor.take.remote(np.array([0, 1]), [2], [(0, 5)], 3))
+    assert ray.get(actor.reset.remote(2, 3, 4, "uint8", None, 5)) is True  # round 5: round 3's are gone
+    assert ray.get(actor.give.remote([(0, 5)])) == [None]
+    assert ray.get(actor.reset.remote(2, 3, 4, "uint8", [(0, ("held", (0, 5)))], 5)) is False
+    assert ray.get(actor.add.remote(0, 0, {"shape": np.array([2, 3, 4]), "dense": hist})) == -1  # no batch
+
+    @ray.remote
+    class Holder:  # owns what it puts: when it dies, the object is gone for everyone
+        def put(self):
+            # big enough for the object store (small objects travel inlined, copied into each ref)
+            return [ray.put([{"shape": np.array([1, 1000, 1000]), "dense": np.ones((1, 1000, 1000), np.uint8)}])]
+
+        def ping(self):
+            return True
+
+    holder = Holder.remote()
+    [gone] = ray.get(holder.put.remote())
+    ray.kill(holder)
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(holder.ping.remote())
+    for _ in range(100):  # the owner's death reaches the object's store a moment later
+        try:
+            ray.get(gone, timeout=5)
+            time.sleep(0.1)
+        except ray.exceptions.OwnerDiedError:
+            break
+    with pytest.raises(ParentsLost):
+        resolve_init([(0, (gone, 0))], timeout_s=10)
+    assert ray.get(actor.reset.remote(2, 1000, 1000, "uint8", ray.put([(0, (gone, 0))]), 6)) is False
+    ray.kill(actor)

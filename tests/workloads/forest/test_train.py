@@ -325,5 +325,9 @@ def test_two_nodes_count_where_the_data_units_live_and_grow_the_same_tree(refere
     first, later = rounds[0]["round/unit_bytes_across_nodes"], [m["round/unit_bytes_across_nodes"] for m in rounds[1:]]
     assert 0 < first < out["blocks"]          # half the units crossed to their home, once
     assert later == [0] * len(later)          # ... and never again
+    # below the root, larger children are derived from parents the actors kept on their own nodes;
+    # only those needed on the other node crossed, never more than were held
+    assert all(m["round/subtraction_saved"] > 0 for m in rounds[1:-1])
+    assert sum(m["round/parent_wire_bytes"] for m in rounds) <= sum(m["round/parent_hist_bytes"] for m in rounds)
     with np.load(tmp_path / "tree.npz") as tree:
         assert_same_forest({"trees": [dict(tree)]}, reference[1])
