@@ -106,13 +106,14 @@ def median(values: list[float]) -> float | None:
     return statistics.median(kept) if kept else None
 
 
-def orchard_only(name: str, unit: str, values: list[float], label: str, target_text: str, met, **extra) -> dict:
+def orchard_only(name: str, unit: str, values: list[float], label: str, target_text: str, met,
+                 higher_is_better: bool = True, quality: dict | None = None) -> dict:
     """A row with orchard's figure against a bound (``met(median) -> bool``), no peer."""
     from bench.rows import row
 
     m = median(values)
-    return row(name, unit, values, None, orchard_label=label, peer_label=None, higher_is_better=extra.pop("higher", True),
-               target={"text": target_text, "met": m is not None and met(m)}, **extra)
+    return row(name, unit, values, None, orchard_label=label, peer_label=None, higher_is_better=higher_is_better,
+               target={"text": target_text, "met": m is not None and met(m)}, quality=quality)
 
 
 def plain_step(cfg_flower: dict, steps: int) -> dict:
@@ -134,7 +135,7 @@ def ends_rows(ours: list[dict], peers: list[dict], plains: list[dict], label: st
     outside = [s["wall_s"] - s["metrics"].get("time/split/steps_s", float("nan")) for s in ours]
     rows.append(orchard_only("flower_gpu run: seconds outside the steps (preparation reused)", "s", outside, label,
                              f"<= {TARGET_OUTSIDE_S:.0f} s on one GPU (issue 49)", lambda m: m <= TARGET_OUTSIDE_S,
-                             higher=False, quality={"orchard": {"steps s": median([s["metrics"].get("time/split/steps_s", float("nan")) for s in ours])}}))
+                             higher_is_better=False, quality={"orchard": {"steps s": median([s["metrics"].get("time/split/steps_s", float("nan")) for s in ours])}}))
     mae = {"test/mae": ours[-1]["metrics"].get("test/mae"), "blob counter mae": ours[-1]["metrics"].get("test/baseline_mae")}
     rows.append(row("flower_gpu steps: images/s", "images/s",
                     [s["metrics"].get("throughput/mean_images_per_s", float("nan")) for s in ours],

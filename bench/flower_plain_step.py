@@ -25,6 +25,8 @@ def measure(device: str, tile: int, batch: int, precision: str, channels_last: b
     from workloads.flower.precision import Precision, prepare_model
 
     dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device: cuda, but torch sees no CUDA GPU here; allowed: cpu (or run it on a GPU machine)")
     torch.manual_seed(seed)
     model = prepare_model(FlowerCounterCNN().to(dev), channels_last)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
