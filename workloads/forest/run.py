@@ -89,6 +89,7 @@ def _run(cfg: dict, ctx, round_ends: list) -> dict[str, float]:
         "train/hist_peak_bytes": float(max([m["round/hist_peak_bytes"] for m in history] or [0])),
         "train/shuffle_bytes": float(sum(m["round/shuffle_bytes"] for m in history)),
         "train/parent_wire_bytes": float(sum(m.get("round/parent_wire_bytes", 0) for m in history)),
+        "train/parents_lost": float(sum(m.get("round/parents_lost", 0) for m in history)),
         # histogram subtraction: the share of the run's example-feature evaluations derived, not counted
         "train/subtraction_saved": 1.0 - sum(m["round/examples_histogrammed"] for m in history)
         / max(sum(m["round/examples"] for m in history), 1),

@@ -85,20 +85,11 @@ def encoded_bytes(partial: dict) -> int:
 
 
 def place_partial(hist: np.ndarray, row_start: int, partial: dict) -> None:
-    """hist[row_start:row_start + rows] = the decoded partial (all features), cast modulo 2^bits
-    to hist's dtype; those rows of hist must be zero (a reset's fresh columns)."""
+    """hist[row_start:row_start + rows] = a dense partial (``dense_partial``: parents never travel
+    encoded, histogram_actor.take), cast modulo 2^bits to hist's dtype; those rows of hist must be
+    zero (a reset's fresh columns)."""
     rows = int(partial["shape"][0])
-    if "dense" in partial:
-        np.copyto(hist[row_start:row_start + rows], partial["dense"], casting="unsafe")
-        return
-    _place_sparse(hist.reshape(-1), partial["index"], partial["count"], row_start * hist.shape[1] * hist.shape[2])
-
-
-@numba.njit(cache=True)
-def _place_sparse(out, index, count, base):
-    """out[base + index] = count, cast (wrapping) to out's dtype, in place: no dense temporary."""
-    for i in range(index.shape[0]):
-        out[base + np.int64(index[i])] = count[i]
+    np.copyto(hist[row_start:row_start + rows], partial["dense"], casting="unsafe")
 
 
 def add_partial(hist: np.ndarray, feature_start: int, partial: dict) -> None:

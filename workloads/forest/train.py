@@ -581,6 +581,7 @@ class RoundRunner:
                       "actor_busy_s": 0.0, "example_features": 0, "hist_peak_bytes": 0,
                       "shuffle_bytes": counts_bytes, "dense_bytes": 0}
             derived_examples, last_parents = 0, set(self.parents.held)  # the parents this round uses
+            lost_before = self.parents_lost
             self.parents.reset_peak()
             # [4] phase 4 (interleaved per batch): split nodes, grow the next frontier
             next_frontier, phase4_s = [], 0.0
@@ -638,6 +639,9 @@ class RoundRunner:
                     # ... and the bytes of those this round's reducers fetched from another
                     # node's store (subtraction.py): beside the shuffle, the round's other bytes
                     "round/parent_wire_bytes": self.parents.wire_bytes,
+                    # node batches counted in full because a parent was gone with its actor's
+                    # memory (restarted, or lost with its node): same tree, no derivation
+                    "round/parents_lost": self.parents_lost - lost_before,
                     "round/example_features_per_s": totals["example_features"] / max(totals["phase2_s"], 1e-9),
                     "round/hist_peak_bytes": totals["hist_peak_bytes"],
                     "round/hist_unbatched_bytes": sum(c * i for c, i in zip(columns, itemsizes))

@@ -4,12 +4,11 @@ from __future__ import annotations
 import numpy as np
 
 
-
 def test_histogram_subtraction_is_exact_where_the_parent_overflows_the_childrens_width():
     """The larger child's histogram is the parent's minus the smaller's, in the batch's narrow
     counts (uint8 here: the children's columns fit it) even where the parent's do not: the
     parent is cast and subtracted modulo 256, and the true result fits (subtraction.py)."""
-    from workloads.forest.shuffle import encode_partial
+    from workloads.forest.shuffle import dense_partial
     from workloads.forest.subtraction import apply_init, subtract_siblings
 
     rng = np.random.default_rng(0)
@@ -19,19 +18,11 @@ def test_histogram_subtraction_is_exact_where_the_parent_overflows_the_childrens
     parent[:2] += small.astype(np.uint16)
     assert parent.max() > 255
     hist = np.zeros((5, 5, 7), np.uint8)        # the batch: smaller child's columns 0-1, larger's 2-4
-    apply_init(hist, [(2, encode_partial(parent))])  # with the reset: the parent's columns, mod 256
+    apply_init(hist, [(2, dense_partial(parent))])  # with the reset: the parent's columns, mod 256
     hist[:2] += small.astype(np.uint8)          # phase 2 counted the smaller child only
     subtract_siblings(hist, [(2, 0), (3, 1)])   # classes 3 and 7 are in both; 9 only in the larger
     np.testing.assert_array_equal(hist[2:], large)
     np.testing.assert_array_equal(hist[:2], small)
-    sparse = np.zeros((3, 5, 7), np.uint16)       # a deep parent: few cells, some past 255
-    sparse[0, 1, 2], sparse[2, 4, 6] = 300, 7
-    encoded = encode_partial(sparse)
-    assert "index" in encoded
-    hist = np.zeros((5, 5, 7), np.uint8)
-    apply_init(hist, [(2, encoded)])
-    np.testing.assert_array_equal(hist[2:], sparse % 256)
-    assert not hist[:2].any()
 
 
 def _summed(actor, hist):

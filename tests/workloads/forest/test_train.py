@@ -202,6 +202,9 @@ def test_a_failure_at_any_phase_does_not_change_the_tree(phase, reference, block
         assert not _alive(pid)
         if phase == "phase2":                         # its summed partials were lost: recomputed
             assert runner.actor_replays >= 1          # (phase 3: only if it had not answered yet)
+        if phase in ("phase1", "phase2"):  # killed at depth >= 1 before deriving: the parents it held
+            # (taken at the last round's end) went with its memory, and the batch was counted in full
+            assert sum(m["round/parents_lost"] for m in rounds) >= 1, [m["round/parents_lost"] for m in rounds]
     assert_same_forest(state, ref_state)
     assert all(m["round/shuffle_bytes"] > 0 for m in rounds)
 
