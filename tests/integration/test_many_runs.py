@@ -121,19 +121,22 @@ def _assert_the_shipped_flower_sweep_ranked_its_trials(uri: str, children: list)
 def test_runs_in_folders_of_one_name_under_two_parents_never_share_checkpoints(ray_session, tmp_path, capfd):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
 
-    def flower_in(folder: Path) -> list[str]:
-        return ["workload=flower", "debug=smoke", "flower.epochs=1", f"hydra.run.dir={folder}",
+    # the forest (a checkpoint every round, kept in its storage folder, not in the named folder
+    # itself: workloads/forest/checkpoint.py) at smoke size, half a flower run's time; flower's
+    # Ray Train checkpoints take the same storage folder (Storage.for_run)
+    def forest_in(folder: Path) -> list[str]:
+        return ["workload=forest", "debug=smoke", "forest.num_trees=1", f"hydra.run.dir={folder}",
                 f"tracking.uri={uri}", f"output_dir={tmp_path}/out", *attach_overrides()]
 
     for parent in ("A", "B"):
-        done = subprocess.run(orchard(*flower_in(tmp_path / parent / "exp")), cwd=tmp_path, env=env(),
+        done = subprocess.run(orchard(*forest_in(tmp_path / parent / "exp")), cwd=tmp_path, env=env(),
                               capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
         newest = runs(uri)[0]
-        assert "train/resumed_from_epoch" not in newest.data.metrics  # a fresh run, not A's continued
+        assert "train/resumed_from_round" not in newest.data.metrics  # a fresh run, not A's continued
         assert newest.data.tags["orchard.run_dir"] == str((tmp_path / parent / "exp").resolve())
     # a new run in a folder a run already trained in is refused before Ray starts: only resume continues
-    code, err = main_in_process(flower_in(tmp_path / "A" / "exp"), capfd)
+    code, err = main_in_process(forest_in(tmp_path / "A" / "exp"), capfd)
     assert code == 2, err
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and "hydra.run.dir" in lines[0] and "resume" in lines[0], err
