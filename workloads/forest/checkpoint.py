@@ -35,25 +35,22 @@ def checkpoint_exists(path) -> bool:
     return file_exists(path)
 
 
-def run_checkpoint(run_storage, run_dir: Path):
+def run_checkpoint(run_storage) -> str:
     """Where this run writes its checkpoint: in the run storage (``ctx.storage``), so a resume
     needs nothing of this machine's disk: orchard's own run folder, or for a folder the user
     named (``hydra.run.dir``) its keyed folder under the storage root, or a URI. Never the named
     folder itself: there a second run would overwrite the first's checkpoint, unseen by the
     check that refuses a new run in a folder whose storage holds one (run/preflight.py)."""
-    if not run_storage.is_local:
-        return f"{run_storage.uri}/{CHECKPOINT_NAME}"
-    run_storage.local_path.mkdir(parents=True, exist_ok=True)
-    return run_storage.local_path / CHECKPOINT_NAME
+    return run_storage.child(CHECKPOINT_NAME).uri
 
 
 def log_checkpoint(ctx, run_dir: Path, checkpoint) -> None:
     """The last checkpoint as the run's artifact ``model/forest_checkpoint.npz`` (copied into
     the run folder first when it lives elsewhere: remote storage, a named folder's keyed one)."""
-    from orchard.api import read_file
+    from orchard.api import is_uri, read_file
 
     local = run_dir / CHECKPOINT_NAME
-    if str(checkpoint) != str(local):
+    if is_uri(checkpoint) or Path(checkpoint).resolve() != local.resolve():
         local.write_bytes(read_file(checkpoint))
     ctx.log_artifact(local, "model")
 

@@ -59,7 +59,7 @@ def _run(cfg: dict, ctx, round_ends: list) -> dict[str, float]:
     state = initial_state(f, seed, ctx.previous_storage)
     # a resumed run goes on at the round after its checkpoint's (the others log resumed_from_epoch)
     first_round = len(state["trees"]) * f["max_depth"] + (state["next_depth"] if state["partial"] is not None else 0)
-    checkpoint = run_checkpoint(ctx.storage, run_dir)
+    checkpoint = run_checkpoint(ctx.storage)
     train_start = time.perf_counter()
     history, restarts = grow_forest(train_refs, cfg, ctx, state, checkpoint, round_ends)
     train_s = time.perf_counter() - train_start
