@@ -120,9 +120,20 @@ def lean_trainer(trainer_class, embedded: bool = False, state_api: bool = True):
     - ``state_api`` False (an embedded Ray without its dashboard): Train's detached
       ``PlacementGroupCleaner`` watches the controller through the state API, which answers
       "unavailable" there, so it could never clean anything; orchard frees the placement groups
-      of dead controllers itself (``launch.free_orphaned_placement_groups``)."""
+      of dead controllers itself (``launch.free_orphaned_placement_groups``).
+
+    And one change that is a fix, not a saving: an elastic group (``ElasticScalingPolicy``) sizes
+    its restart from the coordinator's view of the nodes, which the policy caches for 1 s
+    (``GET_RESERVED_RESOURCES_INTERVAL_S``). After a lost node the controller goes from its last
+    running decision to the restart's within that second when it polls its workers more often
+    than every 2 s, and sized the new group from the cached view that still held the lost node:
+    two workers where one fits, its placement group waiting for a CPU that was gone (the video
+    node-loss test hung so at a 0.2 s poll; node_loss._refresh_node_view makes the coordinator
+    look again, but the cache answered before it was asked). The first decision after the group
+    stopped running now asks the coordinator."""
     from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
     from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
+    from ray.train.v2._internal.execution.scaling_policy.elastic import ElasticScalingPolicy
     from ray.train.v2._internal.execution.scaling_policy.fixed import FixedScalingPolicy
 
     class FixedWithoutAutoscaler(FixedScalingPolicy):
@@ -138,6 +149,21 @@ def lean_trainer(trainer_class, embedded: bool = False, state_api: bool = True):
         def _send_resource_request(self):
             pass
 
+    class ElasticFreshAfterRestart(ElasticScalingPolicy):
+        """ElasticScalingPolicy whose first decision for a stopped group reads the nodes anew."""
+
+        _was_running = False
+
+        def make_decision_for_running_worker_group(self, *args, **kwargs):
+            self._was_running = True
+            return super().make_decision_for_running_worker_group(*args, **kwargs)
+
+        def make_decision_for_non_running_worker_group(self):
+            if self._was_running:  # the group just stopped: the cached view may hold a lost node
+                self._was_running = False
+                self._latest_reserved_resources_query_time = float("-inf")
+            return super().make_decision_for_non_running_worker_group()
+
     class Trainer(trainer_class):
         def _create_default_callbacks(self):
             callbacks = super()._create_default_callbacks()
@@ -149,6 +175,8 @@ def lean_trainer(trainer_class, embedded: bool = False, state_api: bool = True):
             policy = kwargs.get("scaling_policy")
             if embedded and type(policy) is FixedScalingPolicy:
                 kwargs["scaling_policy"] = FixedWithoutAutoscaler(scaling_config=policy.scaling_config)
+            elif type(policy) is ElasticScalingPolicy:
+                kwargs["scaling_policy"] = ElasticFreshAfterRestart(scaling_config=policy.scaling_config)
             return super()._initialize_and_run_controller(**kwargs)
 
     Trainer.__name__ = Trainer.__qualname__ = trainer_class.__name__

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import time
 from pathlib import Path
 
 import pytest
@@ -132,6 +133,48 @@ def test_a_fixed_group_on_an_embedded_ray_asks_no_autoscaler_for_its_workers(ray
     elastic = lean(lambda: None, scaling_config=ScalingConfig(num_workers=(1, 2)))
     elastic.fit()
     assert not isinstance(sent["scaling_policy"], FixedScalingPolicy)  # the coordinator sizes it
+
+
+def test_an_elastic_group_that_stopped_sizes_its_restart_from_the_nodes_read_then(ray_session, monkeypatch):
+    """Ray's elastic policy caches the coordinator's view of the nodes for 1 s; the lean trainer's
+    reads it anew for the first decision after the group stopped running (a node lost), and keeps
+    the cache for the decisions that follow while it waits for its minimum. The view here is
+    counted: the cached one holds two workers' CPUs (the lost node's too), the one read after the
+    stop one worker's."""
+    from types import SimpleNamespace
+
+    from ray.train import ScalingConfig
+    from ray.train.torch import TorchTrainer
+    from ray.train.v2._internal.execution.scaling_policy import NoopDecision, ResizeDecision
+    from ray.train.v2._internal.execution.scaling_policy.elastic import ElasticScalingPolicy
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+    sent = {}
+    monkeypatch.setattr(DataParallelTrainer, "_initialize_and_run_controller",
+                        lambda self, **kwargs: sent.update(kwargs) or SimpleNamespace(error=None))
+    config = ScalingConfig(num_workers=(1, 2), elastic_resize_monitor_interval_s=0.0)
+    ray_private.lean_trainer(TorchTrainer)(lambda: None, scaling_config=config).fit()
+    policy = sent["scaling_policy"]
+    assert isinstance(policy, ElasticScalingPolicy) and type(policy) is not ElasticScalingPolicy
+    views = iter([2, 1, 2])  # what the coordinator answers, one read after another
+    reads = []
+
+    def read_nodes(self):
+        if time.monotonic() - self._latest_reserved_resources_query_time >= self.GET_RESERVED_RESOURCES_INTERVAL_S:
+            self._latest_reserved_resources = next(views)
+            self._latest_reserved_resources_query_time = time.monotonic()
+            reads.append(self._latest_reserved_resources)
+        return self._latest_reserved_resources
+
+    monkeypatch.setattr(ElasticScalingPolicy, "_get_reserved_resources", read_nodes)
+    monkeypatch.setattr(ElasticScalingPolicy, "_count_possible_workers", lambda self, workers: workers)
+    monkeypatch.setattr(ElasticScalingPolicy, "_maybe_send_resource_request", lambda self: None)
+    running = SimpleNamespace(start_time=float("-inf"), num_workers=2)
+    assert isinstance(policy.make_decision_for_running_worker_group(running, None), NoopDecision)  # 2 of 2
+    restart = policy.make_decision_for_non_running_worker_group()  # a moment later, the node lost
+    assert isinstance(restart, ResizeDecision) and restart.num_workers == 1 and reads == [2, 1]
+    policy.make_decision_for_non_running_worker_group()  # waiting on: the cache serves again
+    assert reads == [2, 1]
 
 
 def test_the_private_calls_work_on_a_live_ray(ray_session):
