@@ -1,6 +1,6 @@
 """Each workload at 1, 2, 4, ... workers and on 1, 2, 4 nodes with the same CPUs (issue 48).
 
-    python -m bench scaling              # ~35-70 min on 2 idle cores (3 repeats)
+    python -m bench scaling              # ~25-45 min on 2 idle cores (3 repeats)
     python -m bench scaling --smoke      # one repeat of the smallest sizes: checks it runs
     python -m bench scaling_forest_few   # the forest at 1, cores/4 and all cores, one node (a lent machine's call)
 
@@ -29,8 +29,9 @@ What each row holds, per repeat:
 
 Fair: the same data, config and total CPUs in every row of a workload; each repeat starts each
 cluster in turn (one at a time) and, on one node, goes round the worker counts, so a drift of the
-machine's speed lands on every side alike; one untimed run per workload on every start of a
-cluster fills the data caches and takes every node's first imports and numba's compile cache. On a machine with more cores the worker sweep goes on (1, 2, 4, ... up to
+machine's speed lands on every side alike; one untimed run per workload, on the bench's first
+cluster, fills the data caches and numba's compile cache (kept by content, so a new cluster finds
+the kernels compiled). On a machine with more cores the worker sweep goes on (1, 2, 4, ... up to
 the cores) and the node sweep to 4 nodes; run it there with ``--out`` and keep the file as
 ``scaling_<cores>c.json``.
 """
@@ -83,7 +84,7 @@ SIZES = {"full": {"workloads": list(WORKLOADS), "smoke_sizes": False},
          # and the whole forest size's 24 runs did not fit (docs/scaling.md, 2026-11-28)
          "forest_few": {"workloads": ["forest"], "smoke_sizes": False, "workers": "few", "nodes": [1]},
          "smoke": {"workloads": list(WORKLOADS), "smoke_sizes": True}}
-ESTIMATE = "~35-70 min on 2 idle cores (3 repeats; the machine of 2026-12-02 is the slower end)"
+ESTIMATE = "~25-45 min on 2 idle cores (3 repeats; this VM runs the same work up to 1.9x slower on some days)"
 # one run's limit: every run of the sizes above takes 10-60 s here; a video run attached to a
 # 2-CPU cluster after a flower run on it hung with its decoders idle (docs/scaling.md, "Measured")
 RUN_LIMIT_S = 600
@@ -246,15 +247,19 @@ def measure(size: dict, repeats: int) -> list[dict]:
                 try:
                     for workload in [w for w in size["workloads"] if w not in failed]:
                         folder = tmp / workload.replace(" ", "_")  # it goes into a sqlite URI
+                        first = not folder.exists()
                         folder.mkdir(exist_ok=True)
                         try:
-                            # untimed, on every start of a cluster: data caches filled, and every
-                            # node's workers through their first imports and numba's cache (a
-                            # two-node run's first forest took 3x the others: the second node's first
-                            # tasks; on one machine the two nodes' starts share its cores, which two
-                            # machines would not). Only on the first repeat's start, the two-node
-                            # forest's cold repeats took 1.4-1.6x its warm one (2026-12-02).
-                            one_run(workload, cores, cluster.address, folder, size["smoke_sizes"])
+                            if first:
+                                # untimed, once per workload: its data caches filled, the machine's
+                                # page cache through its imports, numba's kernels compiled. Once is
+                                # enough since the kernels are cached by content (orchard.cluster.
+                                # numba_cache): a mid forest on a fresh cluster took 27.0 s, then
+                                # 15.6 s, when every new cluster compiled them again; with the cache
+                                # its first run on a new two-node cluster took 16.3 s, then 16.5 s
+                                # (2026-12-03). It was one warm-up per workload on every cluster
+                                # start: 30 runs, ~40% of the bench.
+                                one_run(workload, cores, cluster.address, folder, size["smoke_sizes"])
                             # one node: the worker sweep; more nodes: all the cores' workers, spread over them
                             for workers in sweep_counts if nodes == 1 else [cores]:
                                 r = one_run(workload, workers, cluster.address, folder, size["smoke_sizes"])

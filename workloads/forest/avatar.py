@@ -13,10 +13,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import numba
 import numpy as np
 
 from .body_parts import BACKGROUND, PART_INDEX as P
+from .jit import njit
 
 # Kinect-like camera: 57 degree horizontal field of view.
 HORIZONTAL_FOV_DEG = 57.0
@@ -132,7 +132,7 @@ def random_avatar(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.
     return cam, np.array(body.radii), np.array(body.labels, dtype=np.uint8)
 
 
-@numba.njit(cache=True)
+@njit(cache=True)
 def render_spheres(centres, radii, labels, height, width, focal):
     """Z-buffer ray-cast of spheres through a pinhole camera centred on the image.
 

@@ -19,8 +19,10 @@ import math
 import numba
 import numpy as np
 
+from .jit import njit
 
-@numba.njit(cache=True, inline="always")
+
+@njit(cache=True, inline="always")
 def probe_depth(depths, img, y, x, background_mm):
     """Depth (mm) at integer pixel (y, x) of image `img`, or `background_mm` off-image / no reading."""
     if y < 0 or x < 0 or y >= depths.shape[1] or x >= depths.shape[2]:
@@ -31,20 +33,20 @@ def probe_depth(depths, img, y, x, background_mm):
     return np.float32(d)
 
 
-@numba.njit(cache=True, inline="always")
+@njit(cache=True, inline="always")
 def feature_response(depths, img, y, x, uy, ux, vy, vx, background_mm):
     """Eq. 1 at pixel (y, x) of depths[img] (uint16 mm) for offsets (uy, ux), (vy, vx) in pixel-metres."""
     return scaled_response(depths, img, y, x, inverse_depth_m(depths, img, y, x, background_mm),
                            uy, ux, vy, vx, background_mm)
 
 
-@numba.njit(cache=True, inline="always")
+@njit(cache=True, inline="always")
 def inverse_depth_m(depths, img, y, x, background_mm):
     """1 / d_I(x) with d in metres: the offset scale of eq. 1 (hoisted out of feature loops)."""
     return 1000.0 / probe_depth(depths, img, y, x, background_mm)
 
 
-@numba.njit(cache=True, inline="always")
+@njit(cache=True, inline="always")
 def scaled_response(depths, img, y, x, scale, uy, ux, vy, vx, background_mm):
     """Eq. 1 given scale = inverse_depth_m(...) of the pixel (y, x)."""
     a = probe_depth(depths, img, y + int(math.floor(uy * scale + 0.5)),
@@ -54,7 +56,7 @@ def scaled_response(depths, img, y, x, scale, uy, ux, vy, vx, background_mm):
     return a - b
 
 
-@numba.njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True)
 def feature_matrix(depths, ex_img, ex_y, ex_x, offsets, background_mm):
     """All candidate responses: (E, F) float32 for E examples and offsets (F, 4).
 

@@ -20,9 +20,10 @@ import numba
 import numpy as np
 
 from .features import feature_response, inverse_depth_m, scaled_response
+from .jit import njit
 
 
-@numba.njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True)
 def assign_nodes(depths, ex_img, ex_y, ex_x, node_offsets, node_threshold, node_left,
                  node_right, background_mm):
     """Re-associate examples with their frontier node by traversing the partial tree from the root.
@@ -71,7 +72,7 @@ def _padded(thresholds):
     return padded
 
 
-@numba.njit(cache=True, inline="always")
+@njit(cache=True, inline="always")
 def _bin_of(padded, f, r):
     """Number of feature f's sorted thresholds <= r: a binary search over its row padded to 64
     with +inf, written out as six conditional adds so that it compiles to conditional moves
@@ -85,7 +86,7 @@ def _bin_of(padded, f, r):
     return b
 
 
-@numba.njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True)
 def _accumulate(hist, depths, ex_img, ex_y, ex_x, ex_col, offsets, padded, background_mm, n_blocks):
     n_features = offsets.shape[0]
     for blk in numba.prange(n_blocks):
@@ -113,7 +114,7 @@ def encode_bins(depths, ex_img, ex_y, ex_x, offsets, thresholds, background_mm):
     return codes
 
 
-@numba.njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True)
 def _encode(codes, depths, ex_img, ex_y, ex_x, offsets, padded, background_mm):
     for e in numba.prange(ex_img.shape[0]):
         img, y, x = ex_img[e], ex_y[e], ex_x[e]
@@ -132,7 +133,7 @@ def accumulate_bins(hist, codes, rows, ex_col, f0):
     _accumulate_bins(hist, codes, rows, ex_col, f0, n_blocks)
 
 
-@numba.njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True)
 def _accumulate_bins(hist, codes, rows, ex_col, f0, n_blocks):
     n_features = hist.shape[1]
     for blk in numba.prange(n_blocks):  # threads own feature ranges: no shared cell
@@ -167,7 +168,7 @@ def best_splits(hist, col_start, col_class, class_weights, min_child_examples, n
                         int(min_child_examples), int(n_classes))
 
 
-@numba.njit(cache=True, inline="always")
+@njit(cache=True, inline="always")
 def _entropy_terms(counts, weights, w_log_w, n_log_n):
     """(W, sum_j x_j log x_j) with x_j = w_j n_j, for integer counts (K,) (see best_splits)."""
     total, acc = 0.0, 0.0
@@ -179,7 +180,7 @@ def _entropy_terms(counts, weights, w_log_w, n_log_n):
     return total, acc
 
 
-@numba.njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True)
 def _best_splits(hist, col_start, col_class, class_weights, class_w_log_w, n_log_n,
                  min_child_examples, n_classes):
     n_slots = col_start.shape[0] - 1

@@ -19,6 +19,7 @@ import numpy as np
 
 from .body_parts import BACKGROUND
 from .features import feature_response
+from .jit import njit
 
 
 class Tree:
@@ -111,7 +112,7 @@ def pack_forest(trees: list[dict], class_weights: list[np.ndarray]) -> dict:
     return packed
 
 
-@numba.njit(cache=True, parallel=True)
+@njit(cache=True, parallel=True)
 def predict_pixels(depths, img, ys, xs, offsets, threshold, left, right, dist, roots,
                    background_mm):
     """Forest prediction for P pixels: returns (P,) uint8 part labels (argmax of the

@@ -14,8 +14,9 @@ tabulates it at the paper's scale and tests check it against the measured `round
 """
 from __future__ import annotations
 
-import numba
 import numpy as np
+
+from .jit import njit
 
 INDEX_BYTES = 4  # uint32 flat index of a non-zero cell
 
@@ -48,7 +49,7 @@ def encode_partial(hist: np.ndarray) -> dict:
     return {"shape": shape, "dense": flat.astype(dtype, copy=False).reshape(hist.shape)}
 
 
-@numba.njit(cache=True)
+@njit(cache=True)
 def _census(flat):
     """(non-zero cells, largest count) of a flat histogram, in one branch-free pass (deep slices
     are ~10% non-zero at random places: a branch per cell mispredicts)."""
@@ -60,7 +61,7 @@ def _census(flat):
     return nonzero, top
 
 
-@numba.njit(cache=True)
+@njit(cache=True)
 def _gather(flat, index, count):
     """The flat indices and counts of the non-zero cells, in order; every cell is written at the
     next free slot and the slot advances only past a non-zero one (branch-free: `index` and
@@ -101,7 +102,7 @@ def add_partial(hist: np.ndarray, feature_start: int, partial: dict) -> None:
     _add_sparse(hist, partial["index"], partial["count"], f_part, bins, feature_start)
 
 
-@numba.njit(cache=True)
+@njit(cache=True)
 def _add_sparse(hist, index, count, f_part, bins, feature_start):
     """hist[c, feature_start + f, b] += count for the flat (c, f, b) indices of a sparse partial
     (a loop: numpy's unravel_index and fancy-index add take ~10x longer deep in the tree; one
