@@ -4,7 +4,11 @@
 package versions; `LoadSampler` records the load average before, during and after a bench, and
 the CPU that processes *outside* the bench's own process tree used meanwhile. The second figure
 is what "loaded" is decided on: a bench that keeps both cores of a 2-core machine busy drives the
-load average to ~2 by itself, so the load average alone would call every honest run loaded.
+load average to ~2 by itself, so the load average alone would call every honest run loaded. It
+also watches for the machine being paused: a VM snapshotted or forked stops, drops its page cache
+and resumes with its wall clock stepped forward (2026-12-03 00:27, ~19 s, mid-bench: the kernel
+log said "crng reseeded due to virtual machine fork"); a step of more than a second between the
+wall and the monotonic clock is recorded in ``paused_s`` and marks the bench loaded.
 """
 from __future__ import annotations
 
@@ -20,6 +24,8 @@ import psutil
 from orchard import background
 from orchard.tracking.process_cpu import OwnCpu  # shared with the run's resource sampler
 
+# a step between the wall and the monotonic clock larger than this is the machine paused, not NTP's slewing
+PAUSE_S = 1.0
 # the peers and the stack under orchard whose versions change the figures
 PACKAGES = ("ray", "torch", "numpy", "numba", "mlflow", "hydra-core", "pyarrow", "av", "opencv-python-headless",
             "scikit-learn", "lightgbm", "xgboost", "decord", "torchcodec", "psutil")
@@ -122,6 +128,8 @@ class LoadSampler:
         self.own = OwnCpu(self.me)
         self.loads: list[float] = []
         self.windows: list[float] = []
+        self.pauses: list[float] = []  # seconds the wall clock stepped past the monotonic one
+        self._clock_offset = time.time() - time.monotonic()
         self._poller = background.Poller(self._sample, interval_s, "bench-load-sampler")
         self.before = self.after = None
 
@@ -139,6 +147,10 @@ class LoadSampler:
 
     def _sample(self) -> None:
         self.loads.append(loadavg())
+        offset = time.time() - time.monotonic()
+        if abs(offset - self._clock_offset) > PAUSE_S:
+            self.pauses.append(round(offset - self._clock_offset, 1))
+        self._clock_offset = offset
         own = self.own.sample()  # every interval: a process that exits loses at most one
         w_busy, w_own, w_t = self._window
         now = time.monotonic()
@@ -172,12 +184,14 @@ class LoadSampler:
         foreign_max = max(self.windows) if self.windows else 0.0
         # Loaded: the machine was busy before we started, or other processes took more than half
         # the cores over any window while we ran. Our own load never counts against us.
-        loaded = self.before["load1"] > cores / 2 or self.before["busy_cores"] > cores / 2 or foreign_max > cores / 2
+        loaded = (self.before["load1"] > cores / 2 or self.before["busy_cores"] > cores / 2 or foreign_max > cores / 2
+                  or bool(self.pauses))
         return {"before": self.before, "during": {"load1_max": max(during), "load1_mean": sum(during) / len(during),
                                                   "load1_samples": during[:: max(1, len(during) // 60)]},
                 "after": self.after, "foreign_cores_max": foreign_max,
                 "foreign_cores_windows": self.windows, "window_s": self.window_s,
-                "wall_s": time.time() - self._started, "threshold": cores / 2, "loaded": loaded}
+                "wall_s": time.time() - self._started, "threshold": cores / 2, "paused_s": self.pauses,
+                "loaded": loaded}
 
 
 def start_ray(**kwargs) -> None:

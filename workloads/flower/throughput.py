@@ -96,6 +96,11 @@ def training_parts(metrics: dict[str, float]) -> dict[str, float]:
     until the first step, the steps, checkpoints and validation; what is left (Ray Train's
     teardown, the reports) stays ``training``."""
     start, loop = metrics.get("time/train_start_s"), metrics.get("time/loop_start_s", 0.0)
-    return {"worker_group_start": max((start or 0.0) - loop, 0.0), "first_step": loop if start is not None else 0.0,
+    # the group's start last: it is the only piece that compares two processes' wall clocks (the
+    # driver's launch, a worker's first step), so a step of the clock between them (a VM paused and
+    # resumed, NTP) takes only what the pieces one worker timed itself leave (carve never exceeds
+    # the part), instead of the steps' seconds (a bench run once logged no steps at all)
+    return {"first_step": loop if start is not None else 0.0,
             "steps": metrics.get("time/steps_s", 0.0), "checkpoints": metrics.get("time/checkpoint_s", 0.0),
-            "validation": metrics.get("time/validation_s", 0.0)}
+            "validation": metrics.get("time/validation_s", 0.0),
+            "worker_group_start": max((start or 0.0) - loop, 0.0)}

@@ -188,7 +188,10 @@ def _train(config: dict) -> None:
 
     from orchard.api import evicted_bytes
 
-    started, evicted_from = time.time(), evicted_bytes()
+    # durations in this process by the monotonic clock: the wall clock can step (NTP, a VM paused
+    # and resumed: once here it jumped ~19 s inside a run); the wall clock only for the moments
+    # the driver compares with its own (first_step_at, last_step_at)
+    started, evicted_from = time.perf_counter(), evicted_bytes()
     ctx = config["ctx"]
     # [1] who am I: rank, world size, device
     env = worker.env(config)
@@ -249,7 +252,7 @@ def _train(config: dict) -> None:
         sums = torch.zeros(2, device=env.device)
         in_window, epoch_loss, epoch_steps = 0, 0.0, 0
         util_from = len(sampler.samples)
-        steps_from = steps_from or time.time()
+        steps_from = steps_from or time.perf_counter()
         tick, tick_cpu = time.perf_counter(), time.process_time()
         for i, (x, target) in enumerate(loader.epoch(shuffled, epoch_key)):
             if first_step_at is None:
@@ -316,10 +319,10 @@ def _train(config: dict) -> None:
             ctx.log_metrics(epoch_metrics, step=global_step)
 
     # [8] hand the driver this worker's completion time and throughput; rank 0 keeps the model
-    summary = {"rank": env.rank, "completion_s": time.time() - started, "throughput": series,
+    summary = {"rank": env.rank, "completion_s": time.perf_counter() - started, "throughput": series,
                "window_steps": window_steps, "first_epoch": first_epoch, "gpu_util": sampler.stop(),
                "first_step_at": first_step_at, "last_step_at": last_step_at, "steps_s": steps_s,
-               "steps_cpu_s": steps_cpu_s, "loop_start_s": (steps_from or time.time()) - started,
+               "steps_cpu_s": steps_cpu_s, "loop_start_s": (steps_from or time.perf_counter()) - started,
                "checkpoint_s": checkpoint_s, "validation_s": validation_s,
                **replica.comm_stats(),  # ps: the time this worker waited on the servers, bytes a step
                # what this worker's node cache evicted to copy its tiles (storage.node_cache_max_gb)
