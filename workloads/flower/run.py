@@ -27,7 +27,7 @@ def run(cfg: dict, ctx) -> dict[str, float]:
     from .train import launch_workers, loop_config
 
     f = cfg["flower"]
-    started, evicted_from = time.time(), evicted_bytes()
+    started, evicted_from = time.perf_counter(), evicted_bytes()  # durations: the monotonic clock
     run_dir = Path(ctx.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
 
@@ -84,20 +84,21 @@ def run(cfg: dict, ctx) -> dict[str, float]:
     #    val_every epochs by rank 0 (val/mae): the per-epoch metric a sweep's ASHA cuts on.
     run_storage.delete("workers")
     config = loop_config(cfg, tile_store, density, fit_idx, val_idx)
-    prepared_s = time.time() - started
+    prepared_s = time.perf_counter() - started
     ctx.mark("data")
     # what the ending imports (the model's exporter, its MLflow flavour, pyplot), imported while
     # the workers train: the ending runs on the driver alone (orchard/background.py)
     background.warm_imports("torch.export._trace", "mlflow.pytorch", "mlflow.models", "matplotlib.pyplot")
-    train_started = time.time()
+    # the launch on the wall clock too: the workers' first steps (their clocks) are compared with it
+    train_started, train_from = time.time(), time.perf_counter()
     # a resumed run continues the previous run's Ray Train run and its checkpoints (checkpoint.py)
     launch_workers(config, cfg, ctx, checkpoint.resolve(ctx))
-    metrics = {"time/train_wall_s": time.time() - train_started, "time/prepare_s": prepared_s}
+    metrics = {"time/train_wall_s": time.perf_counter() - train_from, "time/prepare_s": prepared_s}
     # the workers' summaries and the model come back through storage, never a driver path
     ctx.mark("training")
     metrics.update(worker_metrics(run_storage, f["warmup_steps"], train_started, evicted_bytes() - evicted_from))
     ctx.carve("training", training_parts(metrics))  # what the slowest worker's loop held
-    evaluate_started = time.time()
+    evaluate_started = time.perf_counter()
     if not run_storage.is_local or run_storage.local_path != run_dir.resolve():
         (run_dir / MODEL_FILE).write_bytes(run_storage.read_bytes(MODEL_FILE))
 
@@ -121,7 +122,7 @@ def run(cfg: dict, ctx) -> dict[str, float]:
                     "train/baseline_calibration_mae": baseline["calibration_mae"]})
     ctx.log_dict({"cnn": cnn_table, "baseline": blob_table}, "tables/per_bin.json")
     ctx.set_tags({"flower.beats_baseline": str(metrics["test/mae"] < metrics["test/baseline_mae"])})
-    metrics["time/evaluate_s"] = time.time() - evaluate_started
+    metrics["time/evaluate_s"] = time.perf_counter() - evaluate_started
     ctx.mark("evaluation")
 
     # 4. log model and figures: density maps over the tiles, per-bin MAE and counts of both
