@@ -20,10 +20,8 @@ SHIPPED_FOLDERS = ("orchard", "workloads", "conf")
 SHIPPED_FILES = ("*.py", "*.yaml", "*.yml")
 
 
-def connect(cluster: dict, elastic: bool = False) -> bool:
-    """Start or attach to Ray as ``cluster`` says; returns True if this call started it.
-    ``elastic``: the run's Ray Train groups are elastic (``strategy.min_workers``), which keeps
-    Ray Train's own poll interval (``worker_env``)."""
+def connect(cluster: dict) -> bool:
+    """Start or attach to Ray as ``cluster`` says; returns True if this call started it."""
     import ray
 
     if ray.is_initialized():  # tests and notebooks start Ray once and reuse it
@@ -33,8 +31,8 @@ def connect(cluster: dict, elastic: bool = False) -> bool:
     # Ray Train V2 prints deprecation notices for APIs orchard does not use.
     os.environ.setdefault("RAY_TRAIN_ENABLE_V2_MIGRATION_WARNINGS", "0")
     runtime_env = dict(cluster.get("runtime_env") or {})
-    if worker_env(cluster, elastic):
-        runtime_env["env_vars"] = {**worker_env(cluster, elastic), **(runtime_env.get("env_vars") or {})}
+    if worker_env(cluster):
+        runtime_env["env_vars"] = {**worker_env(cluster), **(runtime_env.get("env_vars") or {})}
     level = cluster.get("ray_log_level", "WARNING")
     common = dict(logging_level=logging.WARNING, log_to_driver=cluster.get("log_to_driver", True))
     if cluster["mode"] == "remote":
@@ -135,17 +133,13 @@ HEALTH_CHECK_INTERVAL = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
 # of the time split, 5.1 s at 2 s, 1.6 s at 0.5 s, 0.7 s at 0.2 s). A poll is one small actor call
 # per worker; one that does not answer in time is awaited at the next, and only one hanging for
 # RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S (10 min) fails a worker, so a short interval costs no
-# false failures. Not yet for elastic groups, which keep Ray's 2 s: with 0.2 s the video run that
-# loses a node mid-epoch (tests/integration/test_node_loss.py) hung after the loss. The hang is
-# understood and fixed (ray_private.lean_trainer: the restart was sized from the elastic policy's
-# 1 s cache of the nodes, which still held the lost one, and its placement group waited for a CPU
-# that was gone); at 0.2 s with the fix the same test ran to its end twice, but its epochs after
-# the loss then outran the replacement node's joining, so it never saw the group grow back: the
-# switch waits for that test's margin to be reworked and for repeated runs.
+# false failures. Elastic groups too: at 0.2 s a restart after a lost node came within the elastic
+# policy's 1 s cache of the nodes, which still held the lost one, and its placement group waited
+# for a CPU that was gone; ray_private.lean_trainer has the restart read the nodes anew.
 HEALTH_CHECK_INTERVAL_S = 0.2
 
 
-def worker_env(cluster: dict, elastic: bool = False) -> dict:
+def worker_env(cluster: dict) -> dict:
     """Environment variables every process of the run's Ray job gets (the job's runtime_env),
     read by Ray Train's controller wherever it runs: the bound on a worker group's start
     (``cluster.worker_start_timeout_s``), and on an embedded Ray no preemption watcher. That is
@@ -153,11 +147,10 @@ def worker_env(cluster: dict, elastic: bool = False) -> dict:
     preemption); an embedded Ray is one machine no provider drains, and the actor only took CPU
     from the workers (0.2-0.9 CPU s at the start of a 2-worker flower run on 2 cores:
     ``python -m bench flower_profile``). Its poll of the workers every 0.2 s rather than 2 s
-    (``HEALTH_CHECK_INTERVAL_S``) unless the run's groups are ``elastic``. A user's own setting
-    of a variable wins."""
+    (``HEALTH_CHECK_INTERVAL_S``). A user's own setting of a variable wins."""
     bound = cluster.get("worker_start_timeout_s")
     env = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(float(bound))} if bound else {}
-    if HEALTH_CHECK_INTERVAL not in os.environ and not elastic:
+    if HEALTH_CHECK_INTERVAL not in os.environ:
         env[HEALTH_CHECK_INTERVAL] = str(HEALTH_CHECK_INTERVAL_S)
     if cluster.get("mode") == "local" and PREEMPTION_WATCHER not in os.environ:
         env[PREEMPTION_WATCHER] = "0"

@@ -73,7 +73,7 @@ def ray_session(cfg: dict):
     from orchard import cluster
 
     try:
-        started = cluster.connect(cfg["cluster"], elastic=bool((cfg.get("strategy") or {}).get("min_workers")))
+        started = cluster.connect(cfg["cluster"])
     except Exception as exc:  # e.g. a raylet that did not come up on an overloaded machine
         raise RayStartError(f"Ray did not start: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}") from exc
     try:

@@ -269,10 +269,11 @@ def test_video_loses_a_stream_trainer_and_decoders_shrinks_and_grows_back(two_no
     other Train runs asked for, not what Ray Data's actors hold) sees one on the node left, and
     0.25 for the spatial one, 0.05 per decode and feature actor: all of it fits on that node."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"  # the store _lose_a_node_while opens
-    # Epochs take >= 2 s however small (Ray Train's controller takes each epoch's report at its 2 s
-    # health check), and those after the replacement joined are the margin for a slow regrowth: the
-    # clips per epoch, not the epochs, are what is cut here
-    epochs = 10
+    # The epochs after the replacement joined are the margin for a slow regrowth (its join, the
+    # resize check every 2 s, the group's restart: ~10-20 s here), so there are many small ones:
+    # the clips per epoch, not the epochs, are what is cut here. (At Ray Train's 2 s poll an epoch
+    # took >= 2 s however small and 10 were enough; at orchard's 0.2 s they outran the regrowth.)
+    epochs = 30
     run, output, at_loss, uri = _lose_a_node_while(
         ["workload=video", f"video.epochs={epochs}", "video.workers.temporal=2", "strategy.min_workers=1",
          "strategy.resize_every_s=2", "strategy.cpus_per_worker=0.25", "video.cpus_per_worker.temporal=0.55",
