@@ -229,6 +229,11 @@ def measure(size: dict, repeats: int) -> list[dict]:
     from bench.rows import row
 
     cores = os.cpu_count() or 1
+    # the nodes name numba's cache folder, as a cluster's operator would (docs/cluster.md): the
+    # forest's kernels, cached there by content, compile once for the whole bench, not on every
+    # cluster's first run (the clusters' processes inherit this environment)
+    os.environ.setdefault("NUMBA_CACHE_DIR", str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+                                                 / "orchard" / "numba"))
     sweep_counts = worker_counts(cores, size.get("workers", "doubling"))
     node_counts = [n for n in size.get("nodes", (1, 2, 4)) if n <= cores]
     results: dict[tuple, list[dict]] = {}
@@ -253,8 +258,8 @@ def measure(size: dict, repeats: int) -> list[dict]:
                             if first:
                                 # untimed, once per workload: its data caches filled, the machine's
                                 # page cache through its imports, numba's kernels compiled. Once is
-                                # enough since the kernels are cached by content (orchard.cluster.
-                                # numba_cache): a mid forest on a fresh cluster took 27.0 s, then
+                                # enough since the kernels are cached by content in the folder named
+                                # above (orchard.cluster.numba_cache): a mid forest on a fresh cluster took 27.0 s, then
                                 # 15.6 s, when every new cluster compiled them again; with the cache
                                 # its first run on a new two-node cluster took 16.3 s, then 16.5 s
                                 # (2026-12-03). It was one warm-up per workload on every cluster

@@ -12,9 +12,13 @@ hash of all its ``.py`` files instead: any copy of the same sources (another clu
 node's extraction, another checkout) finds the kernels compiled, and a change to any file of
 the package (a kernel inlines helpers from its neighbours, which numba's own per-file check
 does not see) compiles them anew. numba still checks each file's content stamp in its index.
-The folder is ``NUMBA_CACHE_DIR`` when set, else ``$XDG_CACHE_HOME/orchard/numba`` (or
-``~/.cache/orchard/numba``) on the node that compiles; unwritable, numba's own locators decide.
-Other packages' kernels keep numba's default.
+
+Only where a cache folder is named: ``NUMBA_CACHE_DIR`` (numba's own variable), which orchard
+sets for the processes of the Ray it starts (``$XDG_CACHE_HOME/orchard/numba``,
+``prepare_local_env``) and a cluster's operator sets on its nodes to keep compiled kernels across
+clusters. Without it, on an attached cluster, numba keeps its default (``__pycache__`` beside the
+extracted copy, gone with the session): orchard does not write into a node's home folder unasked.
+Unwritable, numba's own locators decide; other packages' kernels keep numba's default.
 """
 from __future__ import annotations
 
@@ -26,11 +30,13 @@ from pathlib import Path
 _PACKAGES: dict[str, Path] = {}  # package name -> its folder, for the packages that asked
 
 
-def cache_root() -> Path:
-    """Where compiled kernels live on this node (docs/cluster.md, per-user files)."""
-    if os.environ.get("NUMBA_CACHE_DIR"):
-        return Path(os.environ["NUMBA_CACHE_DIR"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "orchard" / "numba"
+def cache_root() -> Path | None:
+    """The cache folder named on this node (``NUMBA_CACHE_DIR``, or numba's config read from
+    it), or None."""
+    from numba.core import config
+
+    named = os.environ.get("NUMBA_CACHE_DIR") or getattr(config, "CACHE_DIR", "")
+    return Path(named) if named else None
 
 
 @functools.lru_cache(maxsize=None)
@@ -53,11 +59,11 @@ def _locator_class():
     class PackageContentLocator(_numba_caching("UserProvidedCacheLocator")):
         """numba's user-folder locator, with the folder named by package and content."""
 
-        def __init__(self, py_func, py_file, package: str):
+        def __init__(self, py_func, py_file, package: str, root: Path):
             self._py_file = py_file
             self._lineno = py_func.__code__.co_firstlineno
             folder = _PACKAGES[package]
-            self._cache_path = str(cache_root() / f"{package}-{package_digest(str(folder))}")
+            self._cache_path = str(root / f"{package}-{package_digest(str(folder))}")
 
         def get_cache_path(self):
             return self._cache_path
@@ -66,9 +72,10 @@ def _locator_class():
         def from_function(cls, py_func, py_file):
             module = getattr(py_func, "__module__", "") or ""
             package = next((p for p in _PACKAGES if module == p or module.startswith(p + ".")), None)
-            if package is None or not os.path.exists(py_file):
+            root = cache_root()
+            if package is None or root is None or not os.path.exists(py_file):
                 return None
-            self = cls(py_func, py_file, package)
+            self = cls(py_func, py_file, package, root)
             try:
                 self.ensure_cache_path()
             except OSError:  # not writable here: numba's own locators decide

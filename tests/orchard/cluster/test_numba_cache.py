@@ -2,6 +2,7 @@
 a job's working_dir is on each new cluster) finds them compiled; a change to any of its files
 compiles them anew. Each side is a fresh process, as a Ray worker is."""
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -71,8 +72,16 @@ def test_a_copy_of_the_package_elsewhere_finds_its_kernels_compiled(tmp_path):
     assert changed["misses"] == 1 and changed["folder"] != first["folder"]
 
 
-def test_the_forest_kernels_are_cached_by_content():
+def test_the_forest_kernels_are_cached_by_content_where_a_cache_folder_is_named(tmp_path):
     code = ("import workloads.forest.histogram_kernels as h, workloads.forest.model as m;"
             "print(type(h.assign_nodes._cache._impl.locator).__name__, type(m.predict_pixels._cache._impl.locator).__name__)")
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert done.stdout.split() == ["PackageContentLocator"] * 2, done.stderr[-2000:]
+
+    def locators(**env):
+        base = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+        done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                              env={**base, **env})
+        return done.stdout.split() or done.stderr[-2000:]
+
+    assert locators(NUMBA_CACHE_DIR=str(tmp_path)) == ["PackageContentLocator"] * 2
+    # no folder named (a cluster's node that did not ask): numba's default, beside the sources
+    assert locators() == ["InTreeCacheLocator"] * 2
