@@ -78,8 +78,6 @@ DOOR: dict[str, str] = {
     # Ray's internals that orchard wraps in one place (its Ray Data logging, a private temp folder)
     "data_execution_callback_class": "orchard.cluster.ray_private:data_execution_callback_class",
     "private_tmp": "orchard.storage.private_tmp:private_tmp",
-    # numba kernels cached by their package's content: a new cluster's first run finds them compiled
-    "cache_kernels_by_content": "orchard.cluster.numba_cache:by_content",
 }
 __all__ = sorted(DOOR)
 

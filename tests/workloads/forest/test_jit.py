@@ -1,6 +1,6 @@
-"""Kernels cached by their package's content: a copy of the same package at another path (what
-a job's working_dir is on each new cluster) finds them compiled; a change to any of its files
-compiles them anew. Each side is a fresh process, as a Ray worker is."""
+"""workloads/forest/jit.py: kernels cached by their package's content. A copy of the same package
+at another path (what a job's working_dir is on each new cluster) finds them compiled; a change
+to any of its files compiles them anew. Each side is a fresh process, as a Ray worker is."""
 import json
 import os
 import shutil
@@ -13,8 +13,8 @@ REPO = Path(__file__).resolve().parents[3]
 
 INIT = """
 from pathlib import Path
-from orchard.api import cache_kernels_by_content
-cache_kernels_by_content(__package__, Path(__file__).parent)
+from workloads.forest.jit import cache_by_content
+cache_by_content(__package__, Path(__file__).parent)
 """
 KERNEL = """
 import numba
