@@ -1,6 +1,6 @@
 """Each workload at 1, 2, 4, ... workers and on 1, 2, 4 nodes with the same CPUs (issue 48).
 
-    python -m bench scaling              # ~25-45 min on 2 idle cores (3 repeats)
+    python -m bench scaling              # ~22-40 min on 2 idle cores (3 repeats)
     python -m bench scaling --smoke      # one repeat of the smallest sizes: checks it runs
     python -m bench scaling_forest_few   # the forest at 1, cores/4 and all cores, one node (a lent machine's call)
 
@@ -84,7 +84,7 @@ SIZES = {"full": {"workloads": list(WORKLOADS), "smoke_sizes": False},
          # and the whole forest size's 24 runs did not fit (docs/scaling.md, 2026-11-28)
          "forest_few": {"workloads": ["forest"], "smoke_sizes": False, "workers": "few", "nodes": [1]},
          "smoke": {"workloads": list(WORKLOADS), "smoke_sizes": True}}
-ESTIMATE = "~25-45 min on 2 idle cores (3 repeats; this VM runs the same work up to 1.9x slower on some days)"
+ESTIMATE = "~22-40 min on 2 idle cores (3 repeats: 22 min on 2026-12-03; this VM runs the same work up to 1.9x slower on some days)"
 # one run's limit: every run of the sizes above takes 10-60 s here; a video run attached to a
 # 2-CPU cluster after a flower run on it hung with its decoders idle (docs/scaling.md, "Measured")
 RUN_LIMIT_S = 600
