@@ -48,6 +48,7 @@ import psutil
 
 from bench.forest_vs_peers import ONE_MACHINE, SHAPES
 from orchard import background
+from orchard.cluster import numba_cache_dir
 from orchard.tracking.process_cpu import OwnCpu
 
 REPO = Path(__file__).resolve().parents[1]
@@ -232,8 +233,7 @@ def measure(size: dict, repeats: int) -> list[dict]:
     # the nodes name numba's cache folder, as a cluster's operator would (docs/cluster.md): the
     # forest's kernels, cached there by content, compile once for the whole bench, not on every
     # cluster's first run (the clusters' processes inherit this environment)
-    os.environ.setdefault("NUMBA_CACHE_DIR", str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-                                                 / "orchard" / "numba"))
+    os.environ.setdefault("NUMBA_CACHE_DIR", str(numba_cache_dir()))
     sweep_counts = worker_counts(cores, size.get("workers", "doubling"))
     node_counts = [n for n in size.get("nodes", (1, 2, 4)) if n <= cores]
     results: dict[tuple, list[dict]] = {}
@@ -259,8 +259,9 @@ def measure(size: dict, repeats: int) -> list[dict]:
                                 # untimed, once per workload: its data caches filled, the machine's
                                 # page cache through its imports, numba's kernels compiled. Once is
                                 # enough since the kernels are cached by content in the folder named
-                                # above (orchard.cluster.numba_cache): a mid forest on a fresh cluster took 27.0 s, then
-                                # 15.6 s, when every new cluster compiled them again; with the cache
+                                # above (workloads/forest/jit.py): a mid forest on a fresh cluster
+                                # took 27.0 s, then 15.6 s, when every new cluster compiled them
+                                # again; with the cache
                                 # its first run on a new two-node cluster took 16.3 s, then 16.5 s
                                 # (2026-12-03). It was one warm-up per workload on every cluster
                                 # start: 30 runs, ~40% of the bench.

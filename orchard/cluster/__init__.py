@@ -239,6 +239,11 @@ def _print_addresses(address: str, info) -> None:
     print(f"orchard: attached to Ray cluster {address}; dashboard {url or 'off'}", file=sys.stderr, flush=True)
 
 
+def numba_cache_dir() -> Path:
+    """orchard's folder for numba's compiled kernels: ``$XDG_CACHE_HOME/orchard/numba``."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "orchard" / "numba"
+
+
 def prepare_local_env() -> None:
     """Local workers inherit this environment: let them import what the driver imports
     (workloads/, and test workloads when the driver is pytest), and keep their caches out of
@@ -248,8 +253,7 @@ def prepare_local_env() -> None:
     paths = [str(REPO_ROOT), os.getcwd()] + os.environ.get("PYTHONPATH", "").split(os.pathsep)
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p))
     os.environ.setdefault("ORCHARD_NODE_CACHE", str(private_tmp() / "node-cache"))
-    cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    os.environ.setdefault("NUMBA_CACHE_DIR", str(cache_home / "orchard" / "numba"))
+    os.environ.setdefault("NUMBA_CACHE_DIR", str(numba_cache_dir()))
     numba = sys.modules.get("numba")
     if numba is not None and not getattr(numba.config, "CACHE_DIR", ""):  # imported before: tell it too
         numba.config.CACHE_DIR = os.environ["NUMBA_CACHE_DIR"]

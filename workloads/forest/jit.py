@@ -58,49 +58,39 @@ def _numba_caching(name: str):
     return getattr(caching, name, None) or getattr(caching, "_" + name)
 
 
-def _locator_class():
-    class PackageContentLocator(_numba_caching("UserProvidedCacheLocator")):
-        """numba's user-folder locator, with the folder named by package and content."""
+class PackageContentLocator(_numba_caching("UserProvidedCacheLocator")):
+    """numba's user-folder locator, with the folder named by package and content."""
 
-        def __init__(self, py_func, py_file, package: str, root: Path):
-            self._py_file = py_file
-            self._lineno = py_func.__code__.co_firstlineno
-            folder = _PACKAGES[package]
-            self._cache_path = str(root / f"{package}-{package_digest(str(folder))}")
+    def __init__(self, py_func, py_file, package: str, root: Path):
+        self._py_file = py_file
+        self._lineno = py_func.__code__.co_firstlineno
+        self._cache_path = str(root / f"{package}-{package_digest(str(_PACKAGES[package]))}")
 
-        def get_cache_path(self):
-            return self._cache_path
+    def get_cache_path(self):
+        return self._cache_path
 
-        @classmethod
-        def from_function(cls, py_func, py_file):
-            module = getattr(py_func, "__module__", "") or ""
-            package = next((p for p in _PACKAGES if module == p or module.startswith(p + ".")), None)
-            root = cache_root()
-            if package is None or root is None or not os.path.exists(py_file):
-                return None
-            self = cls(py_func, py_file, package, root)
-            try:
-                self.ensure_cache_path()
-            except OSError:  # not writable here: numba's own locators decide
-                return None
-            return self
-
-    return PackageContentLocator
-
-
-@functools.lru_cache(maxsize=1)
-def _installed():
-    """Put the locator first in numba's list, once per process."""
-    locator = _locator_class()
-    _numba_caching("CacheImpl")._locator_classes.insert(0, locator)
-    return locator
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        module = getattr(py_func, "__module__", "") or ""
+        package = next((p for p in _PACKAGES if module == p or module.startswith(p + ".")), None)
+        root = cache_root()
+        if package is None or root is None or not os.path.exists(py_file):
+            return None
+        self = cls(py_func, py_file, package, root)
+        try:
+            self.ensure_cache_path()
+        except OSError:  # not writable here: numba's own locators decide
+            return None
+        return self
 
 
 def cache_by_content(package: str, folder: str | os.PathLike) -> None:
     """Cache the kernels of ``package`` (its modules' ``cache=True`` functions, decorated after
     this call) by the package's content; ``folder`` is the package's directory."""
     _PACKAGES[package] = Path(folder)
-    _installed()
+    locators = _numba_caching("CacheImpl")._locator_classes
+    if PackageContentLocator not in locators:  # first, once per process
+        locators.insert(0, PackageContentLocator)
 
 
 cache_by_content(__package__, Path(__file__).parent)
