@@ -114,7 +114,8 @@ def _recorded_loss(run) -> bool:
 def _lose_a_node_while(args: list[str], ready, two_nodes: TwoNodes, tmp_path: Path, replace=_recorded_loss):
     """Run orchard with ``args`` on the cluster; when ``ready(run)`` holds, remove the worker
     node, and add a replacement once ``replace(run)`` holds (default: the run recorded the
-    loss). Returns (run, output, the run's metrics as they were at the loss, the store's URI)."""
+    loss). Returns (run, output, the run's metrics as they were once the node was gone, the
+    store's URI)."""
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
@@ -134,8 +135,9 @@ def _lose_a_node_while(args: list[str], ready, two_nodes: TwoNodes, tmp_path: Pa
             if run is None:
                 continue
             if at_loss is None and ready(run):
-                at_loss = dict(run.data.metrics)
                 two_nodes.remove()
+                # read once the node is gone: the run goes on while the removal takes its seconds
+                at_loss = dict(_run(uri).data.metrics)
             elif at_loss is not None and replace(run):
                 two_nodes.add()  # the replacement, once the run has seen the loss
                 replaced = True
@@ -170,9 +172,12 @@ def test_flower_ps_elastic_loses_a_worker_and_a_server_trains_on_and_grows_back(
     m = run.data.metrics
     assert run.info.status == "FINISHED"
     assert m["cluster/nodes_lost"] >= 1 and m["train/restarts"] >= 2 and m["train/lost_s"] > 0, m
-    # went on from a checkpoint taken before the loss: not from the start, not past the loss
+    # went on from a checkpoint taken before the loss: not from the start, not past the loss (an
+    # epoch's checkpoint is reported before rank 0 logs its train/epoch, so one epoch may be
+    # checkpointed and not yet in the store when the node is gone; CI once saw [3, 3] against 2
+    # read before the removal, which takes seconds, an epoch's time here)
     resumed = [h.value for h in _history(uri, run.info.run_id, "train/resumed_from_epoch")]
-    assert resumed and 1 <= resumed[0] <= at_loss["train/epoch"], (resumed, at_loss["train/epoch"])
+    assert resumed and 1 <= resumed[0] <= at_loss["train/epoch"] + 1, (resumed, at_loss["train/epoch"])
     # two workers, then one (trained on with what was left), then two again (grew back)
     sizes = [h.value for h in _history(uri, run.info.run_id, "train/group_workers")]
     assert sizes[0] == 2 and 1 in sizes and sizes[-1] == 2, sizes
