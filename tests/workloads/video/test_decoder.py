@@ -69,6 +69,31 @@ def test_a_frame_scaled_while_converted_is_the_area_average_of_the_whole_frame(t
     assert np.abs(scaled.astype(int) - reference).mean() < 20
 
 
+def test_one_decoder_over_files_of_several_sizes_gives_pyavs_own_pixels(tmp_path, tiny_videos):
+    """The decoder converts every frame through one swscale context it keeps (``_rgb``); frame by
+    frame it must give what PyAV's own per-frame calls give (``to_ndarray`` at the file's size,
+    ``reformat(..., interpolation="AREA")`` scaled), with files of other sizes and codecs in
+    between, which the kept context must follow."""
+    import av
+
+    _, index = tiny_videos
+    frames = render_clip("move_right", seed=2, size=48, num_frames=20)
+    write_mp4(tmp_path / "wide.webm", np.ascontiguousarray(np.concatenate([frames, frames], axis=2)),
+              codec="libvpx-vp9", gop=8)
+    files = [index.paths[0], str(tmp_path / "wide.webm"), index.paths[1]]
+
+    def plain(path, size):
+        with av.open(path) as container:
+            return np.stack([f.to_ndarray(format="rgb24") if f.width == f.height == size else
+                             f.reformat(width=size, height=size, format="rgb24", interpolation="AREA").to_ndarray()
+                             for f in container.decode(container.streams.video[0])])
+
+    for size in (32, 24):
+        dec = PyAVDecoder(size=size)
+        for path in files * 2:
+            assert np.array_equal(dec.decode_all(path), plain(path, size)), (path, size)
+
+
 def test_probe_rejects_each_kind_of_bad_file(tmp_path, tiny_videos):
     _, index = tiny_videos
     bad = write_bad_files(tmp_path, index.paths[0])
