@@ -261,10 +261,9 @@ def measure(size: dict, repeats: int) -> list[dict]:
                                 # enough since the kernels are cached by content in the folder named
                                 # above (workloads/forest/jit.py): a mid forest on a fresh cluster
                                 # took 27.0 s, then 15.6 s, when every new cluster compiled them
-                                # again; with the cache
-                                # its first run on a new two-node cluster took 16.3 s, then 16.5 s
-                                # (2026-12-03). It was one warm-up per workload on every cluster
-                                # start: 30 runs, ~40% of the bench.
+                                # again; with the cache its first run on a new two-node cluster
+                                # took 16.3 s, then 16.5 s (2026-12-03). It was one warm-up per
+                                # workload on every cluster start: 30 runs, ~40% of the bench.
                                 one_run(workload, cores, cluster.address, folder, size["smoke_sizes"])
                             # one node: the worker sweep; more nodes: all the cores' workers, spread over them
                             for workers in sweep_counts if nodes == 1 else [cores]:

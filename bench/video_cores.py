@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import random
 import statistics
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
@@ -58,15 +57,14 @@ def clip_sets(tmp: str, size: dict, most: int) -> dict:
 def segments_at(n: int, most: int, sets: dict, count: int) -> dict:
     """``{set: segments}`` for N cores: the clips of N/most of each set's videos (every most-th
     video from N on left out, so the classes stay mixed), a pass as long at every N."""
+    from bench.video_pipeline import lone_clips
     from workloads.video.master import sample_segments
 
     out = {}
     for name, index in sets.items():
         videos = [v for v in range(len(index.paths)) if v % most < n]
         if name == "lone":   # two clips a video, end to end, shuffled
-            out[name] = [{"video": v, "label": index.labels[v], "offset": o, "count": count}
-                         for v in videos for o in (0, count)]
-            random.Random(0).shuffle(out[name])
+            out[name] = lone_clips(index, videos, count)
         else:                # 40 clips a video, overlapping, as the main bench's 960
             out[name] = sample_segments(index.labels, index.lengths, videos, CLIPS_PER_VIDEO * len(videos), count,
                                         seed=0, epoch=0)

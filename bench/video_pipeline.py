@@ -175,6 +175,14 @@ def decord_run(jobs, size, cores, own_resize: bool = True) -> tuple[float, int]:
     return time.perf_counter() - t0, checksum
 
 
+def lone_clips(index, videos, count: int) -> list[dict]:
+    """Segment seeds of clips that share no frame: two a video of ``videos`` (``2 x count`` frames
+    long), end to end, shuffled (seed 0)."""
+    clips = [{"video": v, "label": index.labels[v], "offset": o, "count": count} for v in videos for o in (0, count)]
+    random.Random(0).shuffle(clips)
+    return clips
+
+
 def plain_jobs(index, segments) -> list[tuple]:
     """What the plain loops decode: (path, pts, offset, count) per segment of orchard's sampler."""
     return [(index.paths[s["video"]], index.pts[s["video"]], s["offset"], s["count"]) for s in segments]
@@ -505,9 +513,7 @@ def measure(size: dict, repeats: int) -> list[dict]:
         # orchard decodes and extracts once; here nothing is shared and a clip's own cost shows
         lone_index = scan(str(generate_dataset(f"{tmp}/lone", 4, size["lone_videos"] // 4, size=px,
                                                num_frames=2 * count)), val_fraction=0.0)
-        lone = [{"video": v, "label": lone_index.labels[v], "offset": o, "count": count}
-                for v in range(len(lone_index.paths)) for o in (0, count)]
-        random.Random(0).shuffle(lone)
+        lone = lone_clips(lone_index, range(len(lone_index.paths)), count)
         lone_jobs = plain_jobs(lone_index, lone)
         vcfg = pipeline_settings(px, count, cores)
         # every pipeline of the bench alive at once (five running ones and a new one a repeat):
