@@ -322,16 +322,15 @@ class WarmPipeline:
             close()
 
 
-def release_pass(batch: dict, master, flow: str, window: int) -> dict:
-    """The bench's gate stage in front of decoding (``build_dataset``'s ``release``): a block of
-    pass p waits at the ``PassGate`` (``master``) until pass p is let in. By the block's pass tag, not by a
-    count of segments: the gate tasks run two at a time and may reach the gate out of order, and
-    with a count the next pass's first block could take the last permit of this one, which the
-    ordered output then holds behind a block that never passes (a hang, once in ~10 tests)."""
+def release_pass(batch: dict, first: int, master, flow: str, window: int) -> bool:
+    """The bench's gate in front of decoding (``build_dataset``'s ``release``): a block of pass p
+    waits at the ``PassGate`` (``master``) until pass p is let in. By the block's pass tag, not by
+    a count of segments: the gate tasks run several at a time and may reach the gate out of order,
+    and a pass's blocks are all let in at once."""
     import ray
 
     ray.get(master.release.remote(int(batch["epoch"][0])))
-    return batch
+    return True
 
 
 class PassGate:

@@ -72,7 +72,7 @@ class Master:
         self._control_order = 0                             # the newest numbered pause/resume applied
         self._stats: dict[str, dict] = {}
         self._held = 0                                      # releases a pause held back
-        self._flows: dict[str, list[int]] = {}              # flow -> [released, decoded] segments
+        self._flows: dict[str, list[int]] = {}              # flow -> [released, decoded, next due]
         self._progress = asyncio.Condition()
         self._bad_files: dict[str, str] = {}
         self._operator_summaries: list[dict] = []
@@ -120,11 +120,18 @@ class Master:
     async def state(self) -> str:
         return self._state
 
-    async def release(self, flow: str, segments: int, window: int) -> bool:
+    async def release(self, flow: str, segments: int, window: int, first: int | None = None) -> bool:
         """Let ``segments`` seeds of dataset ``flow`` go on to decoding: True = decode them,
         False = drop them (stopped). Waits while paused, and while ``window`` seeds of the flow
-        are already released and not yet decoded (a paused pool then runs dry and can shrink)."""
-        counts = self._flows.setdefault(flow, [0, 0])
+        are already released and not yet decoded (a paused pool then runs dry and can shrink).
+
+        ``first``: the position of the block's first seed in its dataset. Blocks are then let in
+        in their dataset's order, however their gate tasks arrive (several run at once, so the
+        decode actors start together): a later block let in first would wait undecoded for the
+        earlier one in the ordered dataset and could fill the window the earlier one waits on
+        (runs hung so, commit ebfa0dc). A block at or before the next one due (a retried gate
+        task) goes in at once."""
+        counts = self._flows.setdefault(flow, [0, 0, 0])    # released, decoded, next first due
         if not self._resumed.is_set():
             self._held += 1
         while True:
@@ -132,14 +139,18 @@ class Master:
             if self._state != "running":
                 return False
             async with self._progress:   # checked under the lock: no decoded() slips by unseen
-                if counts[0] - counts[1] < window:
+                in_turn = first is None or first <= counts[2]
+                if in_turn and counts[0] - counts[1] < window:
                     counts[0] += segments
+                    if first is not None:
+                        counts[2] = max(counts[2], first + segments)
+                        self._progress.notify_all()   # the block after this one may be waiting its turn
                     return True
                 await self._progress.wait()
 
     async def decoded(self, flow: str, segments: int) -> None:
         """A decode worker finished a batch of ``segments`` seeds of ``flow``."""
-        counts = self._flows.setdefault(flow, [0, 0])
+        counts = self._flows.setdefault(flow, [0, 0, 0])
         counts[1] += segments
         async with self._progress:
             self._progress.notify_all()

@@ -69,19 +69,31 @@ def fused(vcfg: dict, cache) -> bool:
     return bool(choice)
 
 
-def release_segments(batch: dict, master, flow: str, window: int) -> dict:
-    """The gate in front of decoding: one block of segment seeds passes when the master lets it.
+ORDER = "release_order"   # a seed's position in its dataset, read by the gate and dropped there
 
-    It waits while decoding is paused, and while ``window`` segments of this dataset are released
-    but not yet decoded (counted in rows, as Ray Data may bundle blocks into one decode batch).
-    Held back *before* the decode stage (not inside its task), a paused pool runs dry, so Ray
-    Data's autoscaler can shrink it. Stopped: an empty block.
+
+def release_segments(batch: dict, first: int, master, flow: str, window: int) -> bool:
+    """The gate in front of decoding: one block of segment seeds passes when the master lets it
+    (True), or is dropped once decoding stopped (False).
+
+    It waits while decoding is paused, while ``window`` segments of this dataset are released but
+    not yet decoded (counted in rows, as Ray Data may bundle blocks into one decode batch), and
+    until the blocks before it (``first``: its first seed's position) are let in. Held back
+    *before* the decode stage (not inside its task), a paused pool runs dry, so Ray Data's
+    autoscaler can shrink it.
     """
     import ray
 
-    if ray.get(master.release.remote(flow, len(batch["video"]), window)):
-        return batch
-    return {k: v[:0] for k, v in batch.items()}
+    return ray.get(master.release.remote(flow, len(batch["video"]), window, first))
+
+
+def _through_gate(batch: dict, release, master, flow: str, window: int) -> dict:
+    """A block of seeds through ``release`` (``build_dataset``'s gate stage), without the order
+    column it carried there; an empty block once the gate drops it."""
+    order = batch.pop(ORDER)
+    if len(order) and not release(batch, int(order[0]), master, flow, window):
+        return {k: v[:0] for k, v in batch.items()}
+    return batch
 
 
 def build_dataset(segments: list[dict], features: list[str], paths: list[str], lengths: list[int],
@@ -94,28 +106,30 @@ def build_dataset(segments: list[dict], features: list[str], paths: list[str], l
     (min, max), ``decode_cpus``, ``extract_concurrency``, ``extract_cpus``. ``pts`` and
     ``digests`` are the videos' frame indices and content digests (``dataset.scan``). ``block``:
     segments per block (``block_size``); None: sized for ``segments`` taken in one pass.
-    ``release``: the gate stage in front of decoding, ``f(batch, master, flow, window)``, run when
-    there is a ``master`` (a run's: ``release_segments``; the bench lets whole passes in by tag).
+    ``release``: the gate in front of decoding, ``f(batch, first, master, flow, window) -> bool``
+    (``first``: the block's first seed's position in ``segments``), run when there is a ``master``
+    (a run's: ``release_segments``; the bench lets whole passes in by tag).
     """
     import ray
 
     batch = block or block_size(len(segments), vcfg, int(segments[0]["count"]) if segments else 1)
     modules = list(vcfg.get("extractor_modules") or [])
-    ds = ray.data.from_items(segments, override_num_blocks=max(1, math.ceil(len(segments) / batch)))
     flow = uuid.uuid4().hex          # this dataset's release counters at the master
     if master is not None:
-        # one gate task at a time, holding no CPU, so blocks are let in in their order. With one
-        # task per decode actor (faster to start a pass: a 4-block pass ran 13% quicker) a later
-        # block could be let in while an earlier one's task was still starting; the dataset keeps
-        # its order, so it waited undecoded for the earlier one, and enough of them filled the
-        # window the earlier one then waited on: runs hung (docs/scaling.md, 2026-12-02). Enough
-        # segments in flight to keep the pool at its max size busy (Ray Data queues up to 2
-        # batches per actor) and one batch more each
+        segments = [{**s, ORDER: i} for i, s in enumerate(segments)]
+    ds = ray.data.from_items(segments, override_num_blocks=max(1, math.ceil(len(segments) / batch)))
+    if master is not None:
+        # one gate task per decode actor at a time, holding no CPU, so the actors' first blocks
+        # are let in together: one at a time, Ray Data's executor started the next gate task a
+        # loop step (up to 0.1 s) after the last one ended, and a pass of 4 blocks on 2 actors ran
+        # no faster than on 1. The master lets blocks in in the dataset's order whatever order
+        # their tasks reach it (Master.release). Enough segments in flight to keep the pool at its
+        # max size busy (Ray Data queues up to 2 batches per actor) and one batch more each
         actors = _pool_max(vcfg["decode_concurrency"])
         window = 3 * batch * actors
-        ds = ds.map_batches(release, batch_size=None, batch_format="numpy",
-                            fn_kwargs=dict(master=master, flow=flow, window=window),
-                            compute=ray.data.TaskPoolStrategy(size=1), num_cpus=0)
+        ds = ds.map_batches(_through_gate, batch_size=None, batch_format="numpy",
+                            fn_kwargs=dict(release=release, master=master, flow=flow, window=window),
+                            compute=ray.data.TaskPoolStrategy(size=actors), num_cpus=0)
     extract = [dict(name=name, options=dict(vcfg["extractor_options"].get(name) or {}), stack=int(vcfg["stack"]),
                     paths=paths, size=int(vcfg["size"]), master=master, cache=cache,
                     drop_frames=i == len(features) - 1, modules=modules, digests=digests)

@@ -132,3 +132,41 @@ def test_a_pause_and_resume_that_arrive_swapped_leave_decoding_running():
         return master._resumed.is_set()
 
     assert asyncio.run(scenario())
+
+
+def test_blocks_are_let_in_in_their_datasets_order_however_their_gate_tasks_arrive():
+    """Several gate tasks run at once (pipeline.build_dataset), so a later block may reach the
+    master first: it waits until the blocks before it are let in, and takes no window room ahead
+    of them (a later block let in first would wait undecoded for the earlier one in the ordered
+    dataset while holding the window the earlier one waits on: runs hung so). A block already
+    let in (a retried gate task) goes in again at once; a stop drops what waits."""
+    import asyncio
+
+    from workloads.video.master import Master
+
+    async def scenario():
+        master = Master([0, 1], [10, 10], seed=0)
+        order = []
+
+        async def gate(first, n, window=8):
+            ok = await master.release("f", n, window, first)
+            order.append((first, ok))
+
+        later = asyncio.create_task(gate(4, 4))
+        latest = asyncio.create_task(gate(8, 4))
+        await asyncio.sleep(0.05)
+        assert order == []                          # 4 and 8 wait for block 0 ...
+        await gate(0, 4)
+        await asyncio.sleep(0.05)
+        assert order == [(0, True), (4, True)]      # ... then go in its order; 8 waits for room
+        await gate(4, 4, window=100)                # a retried block 4: in at once
+        await master.decoded("f", 8)
+        await asyncio.sleep(0.05)
+        assert order[-1] == (8, True)
+        waiting = asyncio.create_task(gate(20, 4))
+        await asyncio.sleep(0.05)
+        await master.stop()
+        await asyncio.gather(later, latest, waiting)
+        return order
+
+    assert asyncio.run(scenario())[-1] == (20, False)
