@@ -24,7 +24,7 @@ CLOSE_BUDGET_S = 2 * SINK_CALL_TIMEOUT_S + SINK_CLOSE_TIMEOUT_S
 
 def end_run(live: LiveServices | None, tracked, heartbeat, status: str, error, metrics: dict, split: TimeSplit,
             log_part: tuple[int, Path] | None = None) -> dict:
-    """Stop samplers, log the final metrics at the run's last step, flush, end the MLflow run.
+    """Stop samplers and the node watch, log the final metrics at the run's last step, flush, end the MLflow run.
 
     The time split ends as the final metrics go out (``close``: from the workload's last mark to
     here); the sink's last flush and the MLflow run's end come after it, outside ``time/total_s``.
@@ -40,6 +40,9 @@ def end_run(live: LiveServices | None, tracked, heartbeat, status: str, error, m
             system_metrics.stop_samplers(live.samplers)
         except Exception as exc:
             say(f"orchard: resource samplers did not stop cleanly: {exc}", file=sys.stderr)
+        # watched up to here, the last seconds before the final metrics; what the run saw goes
+        # into its metrics (the caller's summary and outcome show it too)
+        metrics.update(_nodes_seen(live.nodes, metrics))
         try:
             series = ray.get(live.sink.series.remote("system/"), timeout=SINK_CALL_TIMEOUT_S)
             summary = system_metrics.summarize(series)
@@ -78,6 +81,21 @@ def end_run(live: LiveServices | None, tracked, heartbeat, status: str, error, m
         except Exception as exc:  # the reaper will close it ("driver lost") once this process is gone
             say(f"orchard: could not record the run's status {status}: {exc}", file=sys.stderr)
     return summary
+
+
+def _nodes_seen(watch, metrics: dict) -> dict[str, float]:
+    """The run's node watch stopped (LiveServices.nodes): the nodes lost and joined over the whole
+    run, where it saw any; never fewer than the workload's own watch said (``metrics``)."""
+    if watch is None:
+        return {}
+    try:
+        watch.__exit__(None, None, None)
+    except Exception:  # noqa: BLE001 - Ray going away: what it saw stands
+        pass
+    if not watch.nodes_lost and not watch.joined:
+        return {}
+    return {"cluster/nodes_lost": float(max(watch.nodes_lost, metrics.get("cluster/nodes_lost", 0))),
+            "cluster/nodes_joined": float(max(watch.joined, metrics.get("cluster/nodes_joined", 0)))}
 
 
 def _stopped_by_sweep(tracked) -> bool:

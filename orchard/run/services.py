@@ -1,7 +1,7 @@
 """What runs beside a run while it trains, started once its MLflow run is open: the metrics sink
 (one actor on the driver's node writes every worker's metrics), the run's context that workers
-log through, and the resource samplers; ``LiveServices`` holds them so the run's end (ending.py)
-stops each one, whatever way the run ended."""
+log through, the resource samplers and, on an attached cluster, the run's node watch;
+``LiveServices`` holds them so the run's end (ending.py) stops each one, whatever way the run ended."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,6 +17,7 @@ class LiveServices:
     ctx: object
     sink: object
     samplers: list
+    nodes: object = None   # NodeWatch over the whole run on an attached cluster (end_run reads it)
 
 
 def start_run_services(cfg: dict, tracked, run_id: str | None, run_dir: Path, on_metrics,
@@ -45,4 +46,11 @@ def start_run_services(cfg: dict, tracked, run_id: str | None, run_dir: Path, on
     live = LiveServices(ctx, sink, [])
     if tcfg.get("system_metrics"):
         live.samplers = system_metrics.start_samplers(ctx, tcfg["sample_interval_s"])
+    if cfg["cluster"]["mode"] == "remote":
+        # a node lost at any moment of the run counts, not only while a workload's own watch
+        # looks (it spans the training: forest's rounds, a Train group's fit): one lost as a
+        # run's model was being logged went unrecorded
+        from orchard.strategies.node_loss import NodeWatch
+
+        live.nodes = NodeWatch(ctx).__enter__()
     return live

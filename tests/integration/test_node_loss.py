@@ -111,17 +111,18 @@ def _recorded_loss(run) -> bool:
     return run.data.metrics.get("cluster/nodes_lost", 0) >= 1
 
 
-def _lose_a_node_while(args: list[str], ready, two_nodes: TwoNodes, tmp_path: Path, replace=_recorded_loss):
+def _lose_a_node_while(args: list[str], ready, two_nodes: TwoNodes, tmp_path: Path, replace=_recorded_loss,
+                       command: list[str] | None = None):
     """Run orchard with ``args`` on the cluster; when ``ready(run)`` holds, remove the worker
     node, and add a replacement once ``replace(run)`` holds (default: the run recorded the
-    loss). Returns (run, output, the run's metrics as they were once the node was gone, the
-    store's URI)."""
+    loss). ``command``: the orchard command (default ``python -m orchard``). Returns (run,
+    output, the run's metrics as they were once the node was gone, the store's URI)."""
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     MlflowClient(uri).search_experiments()  # the store exists before two processes open it
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "orchard", *args, "debug=smoke", "progress=never",
+    proc = subprocess.Popen([*(command or [sys.executable, "-m", "orchard"]), *args, "debug=smoke", "progress=never",
                              "cluster=remote", f"cluster.address={two_nodes.address}", f"tracking.uri={uri}",
                              f"output_dir={tmp_path}/out"], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -186,6 +187,20 @@ def test_flower_ps_elastic_loses_a_worker_and_a_server_trains_on_and_grows_back(
     from orchard.tracking import bookkeeping  # train/workers is no metric: tables/bookkeeping.json
 
     assert m["train/epoch"] == epochs and bookkeeping.read(MlflowClient(uri), run.info.run_id)["train/workers"] == 2
+
+
+def test_a_node_lost_where_no_workload_watches_still_counts(two_nodes, tmp_path):
+    """The run watches the cluster from its start to its final metrics, not only while a
+    workload's own watch looks (forest's rounds, a Train group's fit): the tiny workload has no
+    watch of its own, and the node it loses mid-run is in its final metrics. (A forest that
+    lost its node as it logged its model recorded nothing so.)"""
+    from tests.tiny_workload.cli import tiny_cli
+
+    run, output, _, _ = _lose_a_node_while(
+        ["workload=tiny", "tiny.steps=60", "tiny.sleep_s=0.25"], lambda run: "train/loss" in run.data.metrics,
+        two_nodes, tmp_path, command=tiny_cli())
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics.get("cluster/nodes_lost") == 1, run.data.metrics
 
 
 def test_forest_loses_histogram_actors_mid_round_and_grows_the_same_rounds(two_nodes, tmp_path):

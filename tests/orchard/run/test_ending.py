@@ -31,3 +31,24 @@ def test_the_summary_says_what_a_resume_must_be_given(monkeypatch):
         "workload=tiny", "tiny.steps=7", "output_dir=/o", "+cluster.runtime_env.env_vars.T=secret", "tracking.uri=x"]}
     assert _resume_args(cfg) == (" tracking.uri=sqlite:////s/m.db output_dir=/o "
                                  "'+cluster.runtime_env.env_vars.T=***'")
+
+
+def test_the_runs_node_counts_are_the_whole_runs_and_never_below_its_workloads():
+    """The run's node watch (LiveServices.nodes) is stopped as the run ends and what it saw goes
+    into the final metrics: the larger of its count and the workload's own watch's (which looks
+    only while its training runs); nothing added where it saw nothing."""
+    from orchard.run.ending import _nodes_seen
+
+    class Seen:
+        def __init__(self, lost, joined):
+            self.nodes_lost, self.joined, self.stopped = lost, joined, False
+
+        def __exit__(self, *exc):
+            self.stopped = True
+
+    quiet, busy = Seen(0, 0), Seen(2, 1)
+    assert _nodes_seen(None, {}) == {}
+    assert _nodes_seen(quiet, {"cluster/nodes_lost": 0.0}) == {} and quiet.stopped
+    assert _nodes_seen(busy, {"cluster/nodes_lost": 1.0}) == {"cluster/nodes_lost": 2.0, "cluster/nodes_joined": 1.0}
+    assert _nodes_seen(Seen(1, 0), {"cluster/nodes_lost": 3.0, "cluster/nodes_joined": 2.0}) == \
+        {"cluster/nodes_lost": 3.0, "cluster/nodes_joined": 2.0}
