@@ -221,12 +221,18 @@ def _train(config: dict) -> None:
     precision = Precision(config.get("precision", "fp32"), env.device)
     forward = compiled(replica.model, bool(config.get("compile", False)))
     first_epoch = 0
+    # the run's steps so far, carried in the checkpoint: the metrics' step. Counted from the epoch,
+    # it depended on the group's size (a worker's steps an epoch), and an elastic group grown back
+    # from 1 worker to 2 logged its epochs at steps below the ones it had logged alone, so MLflow's
+    # latest value (at the highest step) was an epoch from before the regrowth
+    resumed_step = None
     restored = worker.load_checkpoint()
     if restored is not None:
         state, epoch = restored
         replica.load_state_dict(state)
         precision.load_state_dict(state.get("precision", {}))
         first_epoch = epoch + 1
+        resumed_step = state.get("global_step")
 
     profile_every = int(config["profile_every"])
     log_every = max(1, int(config.get("log_every", 1)))
@@ -234,7 +240,7 @@ def _train(config: dict) -> None:
     series: list[float] = []      # images/s of each logged window (Table 5.2's per-step series)
     window_steps: list[int] = []  # steps in each window
     sampler = GpuSampler(env.device)
-    global_step = first_epoch * steps_per_epoch
+    global_step = int(resumed_step) if resumed_step is not None else first_epoch * steps_per_epoch
     steps_run, steps_s, first_step_at, last_step_at = 0, 0.0, None, None
     steps_cpu_s = 0.0  # this process's CPU time over the same windows: below steps_s, it waited for a core
     checkpoint_s = validation_s = 0.0  # where the loop's time goes besides steps (time_split)
@@ -295,7 +301,7 @@ def _train(config: dict) -> None:
                 util_from += len(util)
                 metrics[f"system/w{env.rank}_gpu_util_pct"] = float(np.mean(util))  # this worker's GPU
             if env.rank == 0:
-                ctx.progress(global_step, epochs * steps_per_epoch, desc=f"epoch {epoch + 1}/{epochs}",
+                ctx.progress(epoch * steps_per_epoch + i + 1, epochs * steps_per_epoch, desc=f"epoch {epoch + 1}/{epochs}",
                              **{"img/s": images_per_s * env.world_size})
             ctx.log_metrics(metrics, step=global_step - 1)
             in_window = 0
@@ -306,7 +312,7 @@ def _train(config: dict) -> None:
             t0 = time.perf_counter()
             # the last update may have left non-finite weights: never a checkpoint of them
             divergence.check_weights(replica.module.parameters(), epoch=epoch + 1, step=global_step, **advice)
-            state = {**replica.state_dict(), "precision": precision.state_dict()}
+            state = {**replica.state_dict(), "precision": precision.state_dict(), "global_step": global_step}
             worker.save_checkpoint(state, {"train/epoch_loss": epoch_loss / max(epoch_steps, 1)}, epoch)
             checkpoint_s += time.perf_counter() - t0
         if env.rank == 0:
