@@ -145,11 +145,11 @@ class CliRun:
         return [a.path for a in self.client.list_artifacts(self.run_id, path)]
 
 
-# The README's first command, as typed: its own embedded Ray, as a new user's first run has
-# runs that start their own Ray as a user's does: the README's first command, and the elastic decode
-# run, whose pool can only grow into CPUs nobody else holds (tests/workloads/video/test_run.py):
-# attached to the session's Ray it shares it with whatever the tests before it left there
-ELASTIC_DECODE = ("workload=video", "video.decode_concurrency=[1,2]", "video.clips_per_epoch=128",
+# Runs that start their own Ray as a user's does: the README's first command, as typed, and the
+# elastic decode run, whose pool can only grow into CPUs nobody else holds
+# (tests/workloads/video/test_run.py): attached to the session's Ray it would share it with
+# whatever the tests before it left there
+ELASTIC_DECODE = ("workload=video", "video.decode_concurrency=[1,2]", "video.clips_per_epoch=192",
                   "video.epochs=2", "video.queue_depth=1", "video.widths=[64,128,256]")
 EMBEDDED = {("workload=flower", "strategy=ring"), ELASTIC_DECODE}
 
