@@ -89,7 +89,7 @@ def _nodes_seen(watch, metrics: dict) -> dict[str, float]:
     if watch is None:
         return {}
     try:
-        watch.__exit__(None, None, None)
+        watch.stop()
     except Exception:  # noqa: BLE001 - Ray going away: what it saw stands
         pass
     if not watch.nodes_lost and not watch.joined:

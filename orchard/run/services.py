@@ -52,5 +52,5 @@ def start_run_services(cfg: dict, tracked, run_id: str | None, run_dir: Path, on
         # run's model was being logged went unrecorded
         from orchard.strategies.node_loss import NodeWatch
 
-        live.nodes = NodeWatch(ctx).__enter__()
+        live.nodes = NodeWatch(ctx).start()
     return live

@@ -38,7 +38,8 @@ def _alive_nodes() -> set[str]:
 class NodeWatch:
     """Nodes that die or join while the run trains, with the time each loss was seen.
 
-    Use as a context manager around training; ``ctx`` (a RunContext, or None) gets
+    Use as a context manager around training (or ``start``/``stop`` where the watch outlives a
+    block: the run's own, orchard/run/services.py); ``ctx`` (a RunContext, or None) gets
     ``cluster/nodes_lost`` / ``cluster/nodes_joined`` as they change. ``elastic``: an elastic
     Ray Train group trains meanwhile, so a node that joins is shown to Ray's autoscaling
     coordinator at once (``_refresh_node_view``): the group grows back at its next resize
@@ -52,17 +53,23 @@ class NodeWatch:
         # a check that fails (the GCS busy, Ray stopping) is looked at again next time
         self._poller = background.Poller(self.check, poll_s, "orchard-node-watch")
 
-    def __enter__(self) -> "NodeWatch":
+    def start(self) -> "NodeWatch":
         self._known = _alive_nodes()
         self._poller.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def stop(self) -> None:
         self._poller.stop(timeout_s=5 * self.poll_s)
         try:
             self.check()  # a loss in the last second of the run still counts
         except Exception:  # noqa: BLE001 - Ray stopping under an interrupt: what was seen stands
             pass
+
+    def __enter__(self) -> "NodeWatch":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
     def check(self) -> None:
         """Compare the node table with what was alive before; log what changed."""

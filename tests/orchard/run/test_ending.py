@@ -43,7 +43,7 @@ def test_the_runs_node_counts_are_the_whole_runs_and_never_below_its_workloads()
         def __init__(self, lost, joined):
             self.nodes_lost, self.joined, self.stopped = lost, joined, False
 
-        def __exit__(self, *exc):
+        def stop(self):
             self.stopped = True
 
     quiet, busy = Seen(0, 0), Seen(2, 1)
