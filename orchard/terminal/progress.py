@@ -26,7 +26,9 @@ def _fmt_time(seconds: float) -> str:
 
 def render(report: dict, started: float, now: float, label: str, first: tuple | None = None) -> str:
     """One progress line from a ``ctx.progress`` report; ``first`` = (step, time) of the first
-    report seen, so the ETA counts the work's own rate, not the start-up before it."""
+    report seen, so the ETA counts the work's own rate, not the start-up before it: at that first
+    report there is no rate yet, and no ETA (one from the elapsed time, start-up included, said
+    3m41s for a smoke forest whose training ended 4 s later)."""
     step, total = report.get("step", 0), report.get("total")
     parts = [f"[{label}]"]
     if report.get("desc"):
@@ -43,7 +45,7 @@ def render(report: dict, started: float, now: float, label: str, first: tuple | 
     parts.append(f"elapsed {_fmt_time(elapsed)}")
     if total and first is not None and step > first[0] and now > first[1]:
         parts.append(f"ETA {_fmt_time((now - first[1]) / (step - first[0]) * (total - step))}")
-    elif total and step:
+    elif total and step and first is None:
         parts.append(f"ETA {_fmt_time(elapsed * (total - step) / step)}")
     return "  ".join(parts)
 

@@ -18,6 +18,10 @@ def test_eta_counts_the_work_rate_not_the_start_up():
     # 60 s of start-up, then 10 steps in 10 s: 90 steps left at 1 s/step
     line = render({"step": 10, "total": 100}, started=0.0, now=70.0, label="x", first=(0, 60.0))
     assert "ETA 1m30s" in line
+    # the first report after 60 s of start-up: no rate of the work's own yet, so no ETA (from the
+    # elapsed time it would say 9m00s, start-up included)
+    line = render({"step": 1, "total": 10}, started=0.0, now=60.0, label="x", first=(1, 60.0))
+    assert "1/10" in line and "elapsed 1m00s" in line and "ETA" not in line
 
 
 def test_progress_prints_plain_periodic_lines_when_not_a_tty():
