@@ -15,17 +15,28 @@ def partitions_at(forest_cfg: dict, depth: int) -> dict:
     return degrees
 
 
-def fill_workers(degrees: dict, workers: int, n_features: int) -> dict:
-    """``degrees`` with enough phase-2 tasks for every worker: a round runs data_units x features
-    tasks, and degrees set for a few cores left most of a big machine idle (16 workers ran 8
-    tasks a round, 4 below depth 10: an effective parallelism of 3.3 on 16 cores). Where there
-    are fewer tasks than workers the features are split further, never below one offset a part:
-    feature partitions are disjoint histograms, so unlike more data units they add no partials to
-    ship or sum, and the tree does not depend on partitioning."""
-    units, features = int(degrees["data_units"]), int(degrees["features"])
-    if units * features >= workers:
+def fill_workers(degrees: dict, workers: int, n_features: int, running: int | None = None) -> dict:
+    """``degrees`` sized to the workers: enough phase-2 tasks for every worker, and a histogram
+    actor (node partition) for every worker that can run at once (``running``: the workers the
+    cluster's CPUs hold, default all; an actor reserves CPUs, so more actors than that would wait
+    for CPUs that never come free, and a round would hang on them). Degrees set for a few cores left most of a big
+    machine idle: 16 workers ran 8 tasks a round, 4 below depth 10 (an effective parallelism of
+    3.3 on 16 cores), and phase 3, which runs alone between phase 2 and the driver's phase 4, ran
+    on the 2-4 actors of the defaults whatever the workers.
+
+    Tasks: where there are fewer than workers the features are split further, never below one
+    offset a part: feature partitions are disjoint histograms, so unlike more data units they add
+    no partials to ship or sum. Actors: at least one per worker (the seed's "several hundred
+    parts for ... nodes" on 235 machines, footnote 2); each then sums and searches a 1/workers
+    share of the frontier's columns, and a batch may hold workers x the memory budget. The tree
+    depends on neither (the counts are the same integers wherever they are summed)."""
+    units, features, nodes = int(degrees["data_units"]), int(degrees["features"]), int(degrees["nodes"])
+    reducers = min(workers, running if running is not None else workers)
+    if units * features >= workers and nodes >= reducers:
         return degrees
-    return dict(degrees, features=max(features, min(n_features, -(-workers // units))))
+    if units * features < workers:
+        features = max(features, min(n_features, -(-workers // units)))
+    return dict(degrees, features=features, nodes=max(nodes, reducers))
 
 
 def plan_batches(nodes: list, columns: list, n_features: int, max_features_per_task: int,

@@ -78,13 +78,17 @@ class RoundRunner:
         self.block_refs, self.cfg, self.seed = block_refs, forest_cfg, seed
         self.workers = int(strategy_cfg.get("num_workers", 1))
         self.cpus = float(strategy_cfg.get("cpus_per_worker", 1))
+        # workers the cluster's CPUs run at once (all of them inside a sweep trial's group, which
+        # holds a bundle per worker): phase 3 gets a histogram actor for each (fill_workers)
+        self.in_group = ray.util.get_current_placement_group() is not None
+        self.running = self.workers if self.in_group else \
+            max(1, min(self.workers, int(ray.cluster_resources().get("CPU", 1) // max(self.cpus, 1e-9))))
         self.threads = max(1, int(round(self.cpus)))
         self.max_failures = int(strategy_cfg.get("max_failures", 3))
         self.checkpoint_path, self.on_round, self.hooks = checkpoint_path, on_round, hooks or {}
         self.background = np.float32(forest_cfg["background_mm"])
         # Inside a sweep trial every task and actor must stay in the trial's placement group
         # (captured, default scheduling); elsewhere actors reserve CPUs and spread over nodes.
-        self.in_group = ray.util.get_current_placement_group() is not None
         self.actor_cpus = 0.0 if self.in_group else float(forest_cfg.get("actor_cpus", 0.25))
         self.reducers = HistogramPool(self.actor_cpus, self.in_group, self.max_failures)
         self.stopping = threading.Event()  # set by the driver's main thread on an interrupt
@@ -113,12 +117,29 @@ class RoundRunner:
         self._phase1_task = ray.remote(**retried)(phase1_task)
         self._phase2_task = ray.remote(**retried)(phase2_task)
 
+    def _degrees(self, depth: int, n_features: int) -> dict:
+        """Partition degrees of a round at `depth`: the configured ones, sized to the workers."""
+        return fill_workers(partitions_at(self.cfg, depth), self.workers, n_features, self.running)
+
     @property
     def actors(self) -> list:
         """The histogram actors (phase 3's reducers), by node partition."""
         return self.reducers.actors
 
     # ---- resources ----------------------------------------------------------------
+    def _check_actors_fit(self, n_actors: int) -> None:
+        """Refuse node partitions whose actors' CPU shares leave no CPU for a phase-2 task: an
+        actor Ray cannot place waits for ever, and the round with it (16 on 2 CPUs hung)."""
+        from orchard.api import ConfigError
+
+        total = float(ray.cluster_resources().get("CPU", 0))
+        if self.actor_cpus and self.actor_cpus * n_actors + 0.05 > total:
+            raise ConfigError("forest.partitions.nodes",
+                              f"histogram actors that leave this cluster's {total:g} CPUs room for a task: "
+                              f"{n_actors} actors x forest.actor_cpus {self.actor_cpus:g} = "
+                              f"{self.actor_cpus * n_actors:g} CPUs; lower forest.partitions.nodes (or its "
+                              "partitions_by_depth entries) or forest.actor_cpus")
+
     def _task_cpus(self) -> float:
         """CPUs a phase-1/2 task reserves: the run's budget (num_workers x cpus_per_worker)
         less the actors' share, so that actors and a full set of tasks fit together."""
@@ -523,7 +544,9 @@ class RoundRunner:
         # start (Python, the workload's imports, numba's cache) overlaps the first round's encode
         # instead of stalling the round that first needs it (2-3 s in rounds 2 and 8 on 2 cores)
         depths = range(depth, max(cfg["max_depth"], depth + 1))
-        self.reducers.ensure(max(int(partitions_at(cfg, d)["nodes"]) for d in depths))
+        n_actors = max(int(self._degrees(d, len(offsets))["nodes"]) for d in depths)
+        self._check_actors_fit(n_actors)
+        self.reducers.ensure(n_actors)
         self.bin_cache = {}  # the last tree's cache is freed (its refs dropped)
         encode = None  # this tree's bin cache is built in its first round of this run
         while frontier and depth < cfg["max_depth"]:
@@ -538,7 +561,7 @@ class RoundRunner:
             else:
                 encode_s = 0.0
             phase1_start = time.perf_counter()
-            degrees = fill_workers(partitions_at(cfg, depth), self.workers, len(offsets))
+            degrees = self._degrees(depth, len(offsets))
             data_parts = self._data_partitions(int(degrees["data_units"]))
             frontier = sorted(frontier)  # children are created in order; sorted for lookups
             n_tree_nodes = len(tree)  # phase 4 grows `tree` mid-round
@@ -648,6 +671,9 @@ class RoundRunner:
                     * len(offsets) * (thresholds.shape[1] + 1),
                     "round/hist_columns": sum(columns), "round/data_partitions": len(data_parts),
                     "round/feature_partitions": int(degrees["features"]),
+                    # histogram actors the round's batches used (at most the partition degree,
+                    # sized to the running workers: batch_plan.fill_workers); 0: the driver reduced
+                    "round/node_partitions": 0 if small else max((len(nb) - 1 for _, nb, _ in batches), default=0),
                     # the shuffle: encoded partials to actors + phase-1 frontier counts, and what
                     # dense partials with counts for every node of the tree would have been
                     "round/shuffle_bytes": totals["shuffle_bytes"],

@@ -34,12 +34,17 @@ def test_histograms_are_as_narrow_as_their_largest_column_and_batches_widen_with
             np.testing.assert_array_equal(a, b)
 
 
-def test_a_round_has_a_task_for_every_worker_by_splitting_the_features_further():
+def test_a_round_has_a_task_and_a_histogram_actor_for_every_worker():
     from workloads.forest.batch_plan import fill_workers
 
     degrees = {"data_units": 4, "features": 2, "nodes": 2}
-    assert fill_workers(degrees, 2, 1000) is degrees and fill_workers(degrees, 8, 1000) is degrees
-    assert fill_workers(degrees, 16, 1000) == {"data_units": 4, "features": 4, "nodes": 2}
+    assert fill_workers(degrees, 2, 1000) is degrees                 # the 2-core defaults stand
+    assert fill_workers(degrees, 8, 1000) == {"data_units": 4, "features": 2, "nodes": 8}  # tasks enough: actors raised
+    assert fill_workers(degrees, 16, 1000) == {"data_units": 4, "features": 4, "nodes": 16}
     assert fill_workers({**degrees, "data_units": 2}, 16, 1000)["features"] == 8
     assert fill_workers({**degrees, "data_units": 3}, 16, 1000)["features"] == 6  # 18 tasks: none short
     assert fill_workers({**degrees, "data_units": 1}, 64, 16)["features"] == 16  # never below one offset a part
+    assert fill_workers({**degrees, "nodes": 32}, 16, 1000)["nodes"] == 32       # more than workers stays
+    # actors reserve CPUs: no more of them than workers the cluster runs at once (16 workers on 2
+    # CPUs waited forever for the 9th actor); the tasks still fill every worker
+    assert fill_workers(degrees, 16, 1000, running=2) == {"data_units": 4, "features": 4, "nodes": 2}

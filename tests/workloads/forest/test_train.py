@@ -84,6 +84,44 @@ def test_tree_is_identical_with_1_and_4_partitions(reference, block_refs, tmp_pa
     assert actors_at[0] == (0, 4) and {n for _, n in actors_at} == {4}
 
 
+def test_more_workers_than_cpus_get_an_actor_per_running_worker_and_the_same_tree(reference, block_refs, tmp_path):
+    """fill_workers gives phase 3 a histogram actor per worker the cluster runs at once: here 2 of
+    the 16 workers (the session's 2 CPUs). Sized by the workers alone, the 9th actor waited for a
+    CPU that never came free and the round hung; 8 CPUs' worth of workers on 2 CPUs ran 8 actors."""
+    fcfg, ref_state, _ = reference
+    wide = dict(fcfg, small_round_example_features=0)
+    rounds = []
+    runner = RoundRunner(block_refs, wide, dict(STRATEGY, num_workers=16), 0, tmp_path / "ckpt.npz",
+                         on_round=lambda t, d, m: rounds.append(m))
+    try:
+        assert runner.running == 2 and runner._degrees(0, wide["n_offsets"])["nodes"] == 2
+        state = initial_state(wide, 0)
+        runner.train_tree(0, tree_pool(0, 0, wide), state)
+        assert len(runner.actors) == 2
+    finally:
+        runner.shutdown()
+    assert_same_forest(state, ref_state)
+    # the root's one node fills one actor; below it the frontier's nodes fill both
+    assert rounds[0]["round/node_partitions"] == 1 and max(m["round/node_partitions"] for m in rounds) == 2
+    assert all(m["round/feature_partitions"] == 16 for m in rounds)  # 16 tasks: one per worker (16 offsets)
+
+
+def test_node_partitions_whose_actors_leave_no_cpu_are_refused_naming_the_key(reference, block_refs, tmp_path):
+    """16 actors x 0.25 CPU on the session's 2 CPUs: Ray never places the 9th, and the first round
+    waited for it for ever; now the tree refuses to start, in one line naming the key."""
+    from orchard.api import ConfigError
+
+    fcfg, _, _ = reference
+    crowded = dict(fcfg, partitions=dict(fcfg["partitions"], nodes=16), small_round_example_features=0)
+    runner = RoundRunner(block_refs, crowded, STRATEGY, 0, tmp_path / "ckpt.npz")
+    try:
+        with pytest.raises(ConfigError, match=r"forest.partitions.nodes: .*16 actors x forest.actor_cpus 0.25"):
+            runner.train_tree(0, tree_pool(0, 0, crowded), initial_state(crowded, 0))
+        assert runner.actors == []  # refused before any actor started
+    finally:
+        runner.shutdown()
+
+
 def test_histogram_subtraction_grows_the_same_tree_with_less_counting(reference, block_refs, tmp_path):
     """The reference derives each split's larger child (parent - smaller child, on the driver in
     its small rounds); without subtraction every example is counted: the same tree either way."""
