@@ -91,6 +91,12 @@ ESTIMATE = "~22-40 min on 2 idle cores (3 repeats: 22 min on 2026-12-03; this VM
 RUN_LIMIT_S = 600
 
 
+# the forest's rounds by phase (workloads/forest/run.py, phase_seconds): where a worker count's
+# time went, beside its wall time (on 16 cores: which phase stops dividing)
+PHASES = {"bin_cache_s": "bin cache s", "phase1_s": "phase 1 s", "phase2_s": "phase 2 s", "phase3_s": "phase 3 s",
+          "phase4_s": "phase 4 s", "between_phases_s": "between phases s"}
+
+
 class RayProcessCpu(OwnCpu):
     """CPU seconds of every Ray task and actor process on this machine (``ray::*`` titles), each
     counted from when it was first seen: the bench runs alone, so they are the run's."""
@@ -184,7 +190,8 @@ def one_run(workload: str, workers: int, address: str, folder: Path, smoke_sizes
            "loopback_bytes": lo_bytes}
     if "throughput/effective_parallelism" in m:  # forest: the seed's own figure
         out["effective_parallelism"] = m["throughput/effective_parallelism"]
-    for key in ("time/comm_wait_s", "wire/bytes_per_step"):  # flower: what its steps waited on and moved
+    # flower: what its steps waited on and moved; forest: its rounds' seconds by phase
+    for key in ("time/comm_wait_s", "wire/bytes_per_step", *(f"train/{p}" for p in PHASES)):
         if key in m:
             out[key.split("/")[1]] = m[key]
     return out
@@ -223,7 +230,8 @@ def figures(runs: list[dict], workers: int, nodes: int, base: list[dict], base_w
             "run wall s": median([r["wall_s"] for r in runs]),
             "loopback MB": median([r["loopback_bytes"] for r in runs]) / 1e6,
             **{name: median([r[key] for r in runs]) for key, name in
-               (("comm_wait_s", "network wait s"), ("bytes_per_step", "bytes per step")) if key in runs[-1]}}
+               (("comm_wait_s", "network wait s"), ("bytes_per_step", "bytes per step"), *PHASES.items())
+               if key in runs[-1]}}
 
 
 def measure(size: dict, repeats: int) -> list[dict]:

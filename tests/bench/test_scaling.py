@@ -128,3 +128,7 @@ def test_one_real_run_reports_its_work_parallelism_and_bytes(ray_session, tmp_pa
     r = scaling.one_run("forest", 2, address, tmp_path, smoke_sizes=True)
     assert 0 < r["work_s"] < r["total_s"] <= r["wall_s"]
     assert r["effective_parallelism"] > 0 and r["cpu_parallelism"] > 0 and r["loopback_bytes"] > 0
+    # its rounds by phase, for the row's quality: where the worker count's time went
+    assert r["phase2_s"] > 0 and r["phase3_s"] > 0 and r["between_phases_s"] >= 0
+    quality = scaling.figures([r], 2, 1, [r], 2)
+    assert quality["phase 2 s"] == r["phase2_s"] and quality["between phases s"] == r["between_phases_s"]

@@ -100,8 +100,23 @@ def _run(cfg: dict, ctx, round_ends: list) -> dict[str, float]:
         "throughput/effective_parallelism": (
             sum(m["round/effective_parallelism"] * m["round/total_s"] for m in history)
             / max(sum(m["round/total_s"] for m in history), 1e-9)),
+        **phase_seconds(history),
         "train/restarts": float(restarts),  # histogram actors' shares redone after a loss
         "time/data_s": data_s, "time/train_s": train_s,
         **({"train/resumed_from_round": float(first_round)} if f.get("resume") else {}),  # only a resumed run
     })
     return metrics
+
+
+PHASES = ("bin_cache", "phase1", "phase2", "phase3", "phase4")
+
+
+def phase_seconds(history: list[dict]) -> dict:
+    """Where this run's rounds went: the seconds of each phase over every round
+    (``train/phase2_s``: tasks and their partials' sums, ``train/phase3_s``: the actors' split
+    search, ...), and ``train/between_phases_s``, the rounds' wall time in no phase (planning,
+    the driver's round trips to the actors, waits): the per-round serial share that a many-core
+    machine cannot divide, beside the work it can (docs/scaling.md)."""
+    out = {f"train/{p}_s": float(sum(m[f"round/{p}_s"] for m in history)) for p in PHASES}
+    out["train/between_phases_s"] = max(0.0, float(sum(m["round/total_s"] for m in history)) - sum(out.values()))
+    return out

@@ -65,6 +65,10 @@ def test_smoke_run_records_everything_and_resumes_identically(run_orchard):
                 "round/parent_wire_bytes"):
         assert len(full.history(key)) == len(rounds), key
     assert 0.2 < m["train/subtraction_saved"] < 1   # below the root, larger children were derived
+    # the rounds' seconds by phase: each the sum of its rounds, all of them the rounds' wall time
+    phases = [m[f"train/{p}_s"] for p in ("bin_cache", "phase1", "phase2", "phase3", "phase4", "between_phases")]
+    assert m["train/phase2_s"] == pytest.approx(sum(rounds)) and min(phases) >= 0
+    assert sum(phases) == pytest.approx(sum(full.history("round/total_s")))
     assert m["train/parent_wire_bytes"] == 0       # ... from parents kept by the actors: on one node none crosses
     # the bin cache: every tree encodes its bins in its first round (depth 0), never again, and
     # every round of the smoke run counts cached blocks
