@@ -47,9 +47,11 @@ def plan_batches(nodes: list, columns: list, n_features: int, max_features_per_t
     features) fit in `budget_bytes`. Returns [(batch nodes, node bounds per actor, itemsize)];
     a batch's cells are as wide as its widest node needs.
 
-    Actors are filled in node order up to an even share (+ one node) of the batch's columns;
-    the batch is capped at n_actors x (actor capacity - one node) so that this always
-    fits in n_actors actors. A single node always fits (validate checks the budget).
+    Each batch's nodes are shared among its actors in node order, as evenly as their columns
+    allow, siblings kept together (`balanced_bounds`); where that does not fit an actor, actors
+    are filled up to an even share (+ one node) of the batch's columns, which always fits: the
+    batch is capped at n_actors x (actor capacity - one node). A single node always fits
+    (validate checks the budget).
     """
     itemsizes = itemsizes or [4] * len(nodes)
 
@@ -71,6 +73,10 @@ def plan_batches(nodes: list, columns: list, n_features: int, max_features_per_t
     planned = []
     for batch, width in batches:
         actor_cap = caps(width)[1]
+        bounds = balanced_bounds([n for n, _ in batch], [k for _, k in batch], n_actors, actor_cap)
+        if bounds is not None:
+            planned.append(([n for n, _ in batch], bounds, width))
+            continue
         total = sum(k for _, k in batch)
         share = -(-total // min(n_actors, len(batch)))
         target = min(actor_cap, share + NUM_PARTS - 1)
@@ -84,3 +90,33 @@ def plan_batches(nodes: list, columns: list, n_features: int, max_features_per_t
         assert len(bounds) - 1 <= n_actors, "batch plan needs more actors than configured"
         planned.append(([n for n, _ in batch], bounds, width))
     return planned
+
+
+def balanced_bounds(nodes: list, columns: list, n_actors: int, actor_cap: int) -> list | None:
+    """Node bounds sharing a batch's columns among at most ``n_actors`` actors in node order, each
+    share within one sibling pair of the batch's columns / actors, and no sibling pair split;
+    None where a share would exceed ``actor_cap`` columns.
+
+    Phase 3 lasts as long as its fullest actor, and the fill up to an even share + one node
+    (plan_batches' fallback) left actors idle once they were many: 16 actors over 64 nodes filled
+    9, the fullest with twice the even share. Siblings (a split's two children, ids 2i+1 and
+    2i+2: model.Tree.split) stay in one actor because the larger is derived from the parent minus
+    the smaller only where both are (subtraction.py); apart, both were counted in full."""
+    units, i = [], 0  # (first index, columns) of each sibling pair or lone node, in node order
+    while i < len(nodes):
+        pair = i + 1 < len(nodes) and nodes[i] % 2 == 1 and nodes[i + 1] == nodes[i] + 1
+        units.append((i, columns[i] + (columns[i + 1] if pair else 0)))
+        i += 2 if pair else 1
+    parts, total = min(n_actors, len(units)), sum(columns)
+    bounds, part, start = [0], 0, 0
+    for first, size in units:
+        # the unit's actor: where its middle column falls among `parts` equal shares
+        j = min(parts - 1, (2 * start + size) * parts // (2 * max(total, 1)))
+        if j > part and first > 0:
+            bounds.append(first)
+            part = j
+        start += size
+    bounds.append(len(nodes))
+    if any(sum(columns[a:b]) > actor_cap for a, b in zip(bounds[:-1], bounds[1:])):
+        return None
+    return bounds

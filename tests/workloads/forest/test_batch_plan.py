@@ -48,3 +48,22 @@ def test_a_round_has_a_task_and_a_histogram_actor_for_every_worker():
     # actors reserve CPUs: no more of them than workers the cluster runs at once (16 workers on 2
     # CPUs waited forever for the 9th actor); the tasks still fill every worker
     assert fill_workers(degrees, 16, 1000, running=2) == {"data_units": 4, "features": 4, "nodes": 2}
+
+
+def test_actors_share_a_batch_evenly_and_keep_siblings_together():
+    """Phase 3 lasts as long as its fullest actor: 64 frontier nodes (32 sibling pairs, ids 2i+1
+    and 2i+2) of 20-31 columns over 16 actors. Filled up to an even share + one node, 9 actors
+    held them, the fullest twice the even share; now all 16 do, each within a pair of it, and no
+    pair is split between actors (the larger sibling is derived only beside the smaller)."""
+    from workloads.forest.batch_plan import balanced_bounds, plan_batches
+
+    rng = np.random.default_rng(0)
+    nodes, columns = list(range(63, 127)), [int(c) for c in rng.integers(20, 32, 64)]
+    ((batch, bounds, _),) = plan_batches(nodes, columns, 1000, 250, 51, 16, 512 * 2**20, [2] * 64)
+    shares = [sum(columns[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+    assert batch == nodes and len(shares) == 16 and max(shares) <= sum(columns) / 16 + 2 * 31
+    assert all(nodes[b] % 2 == 1 for b in bounds[1:-1])          # every actor starts at a left child
+    # a lone node (its sibling not in the frontier) is a unit of its own; 2 actors take 3 units
+    assert balanced_bounds([3, 4, 6], [10, 10, 20], 2, 100) == [0, 2, 3]
+    # a share over an actor's capacity: None, and plan_batches falls back to its fill
+    assert balanced_bounds([1, 2, 3, 4], [30, 30, 30, 30], 2, 50) is None
