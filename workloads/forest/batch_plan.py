@@ -19,10 +19,10 @@ def fill_workers(degrees: dict, workers: int, n_features: int, running: int | No
     """``degrees`` sized to the workers: enough phase-2 tasks for every worker, and a histogram
     actor (node partition) for every worker that can run at once (``running``: the workers the
     cluster's CPUs hold, default all; an actor reserves CPUs, so more actors than that would wait
-    for CPUs that never come free, and a round would hang on them). Degrees set for a few cores left most of a big
-    machine idle: 16 workers ran 8 tasks a round, 4 below depth 10 (an effective parallelism of
-    3.3 on 16 cores), and phase 3, which runs alone between phase 2 and the driver's phase 4, ran
-    on the 2-4 actors of the defaults whatever the workers.
+    for CPUs that never come free, and a round would hang on them). Degrees set for a few cores
+    left most of a big machine idle: 16 workers ran 8 tasks a round, 4 below depth 10 (an
+    effective parallelism of 3.3 on 16 cores), and phase 3, which runs alone between phase 2 and
+    the driver's phase 4, ran on the 2-4 actors of the defaults whatever the workers.
 
     Tasks: where there are fewer than workers the features are split further, never below one
     offset a part: feature partitions are disjoint histograms, so unlike more data units they add

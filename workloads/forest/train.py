@@ -58,6 +58,9 @@ from .subtraction import (apply_init, Held, ParentsLost, ParentStore, plan_deriv
                           subtract_siblings)
 
 
+MIN_TASK_CPUS = 0.05  # the least a phase-1/2 task reserves, whatever the actors take
+
+
 class TrainingInterrupted(RuntimeError):
     """Raised after `forest.stop_after_rounds` rounds (a deliberate crash, for resume tests)."""
 
@@ -133,7 +136,7 @@ class RoundRunner:
         from orchard.api import ConfigError
 
         total = float(ray.cluster_resources().get("CPU", 0))
-        if self.actor_cpus and self.actor_cpus * n_actors + 0.05 > total:
+        if self.actor_cpus and self.actor_cpus * n_actors + MIN_TASK_CPUS > total:
             raise ConfigError("forest.partitions.nodes",
                               f"histogram actors that leave this cluster's {total:g} CPUs room for a task: "
                               f"{n_actors} actors x forest.actor_cpus {self.actor_cpus:g} = "
@@ -144,7 +147,7 @@ class RoundRunner:
         """CPUs a phase-1/2 task reserves: the run's budget (num_workers x cpus_per_worker)
         less the actors' share, so that actors and a full set of tasks fit together."""
         share = self.actor_cpus * len(self.actors) / max(self.workers, 1)
-        return max(0.05, round(self.cpus - share, 4))
+        return max(MIN_TASK_CPUS, round(self.cpus - share, 4))
 
     def _wait_one(self, refs: list):
         """The first of `refs` to finish. Every second it looks whether the run was interrupted;
