@@ -41,6 +41,14 @@ def test_bad_config_exits_2_with_one_line(capsys):
     assert capsys.readouterr().err.strip().startswith("orchard: bad config: forest.n_thresholds:")
 
 
+def test_node_partitions_that_leave_no_cpu_end_the_smoke_run_failed_with_the_key(run_orchard):
+    """16 histogram actors x 0.25 CPU on the session's 2 CPUs: the run waited for ever for the 9th;
+    now it ends at its first tree, exit 2, its MLflow run FAILED with the key in its reason."""
+    refused = run_orchard("workload=forest", "debug=smoke", "forest.partitions.nodes=16")
+    assert refused.exit_code == 2 and refused.run.info.status == "FAILED"
+    assert "forest.partitions.nodes: histogram actors" in refused.run.data.tags["orchard.error"]
+
+
 @pytest.mark.slow
 def test_smoke_run_records_everything_and_resumes_identically(run_orchard):
     full = run_orchard("workload=forest", "debug=smoke")
