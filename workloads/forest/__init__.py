@@ -85,7 +85,8 @@ def resources(cfg: dict):
     """What a run holds in Ray (orchard/cluster/placement.py): plain tasks and actors, all started by the
     run itself, so all inside a sweep trial's placement group.  ``strategy.num_workers`` tasks in
     flight, each ``strategy.cpus_per_worker`` CPUs (rendering and data-unit tasks: 1 CPU); the
-    histogram actors take no CPU."""
+    histogram actors take no CPU inside a trial, and outside one ``forest.actor_cpus`` each out
+    of the workers' budget (the rounds refuse actors that leave no CPU for a task: train.py)."""
     from orchard.api import Resources, bundles
 
     s = cfg["strategy"]

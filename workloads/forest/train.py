@@ -84,8 +84,9 @@ class RoundRunner:
         # workers the cluster's CPUs run at once (all of them inside a sweep trial's group, which
         # holds a bundle per worker): phase 3 gets a histogram actor for each (fill_workers)
         self.in_group = ray.util.get_current_placement_group() is not None
+        self.cluster_cpus = float(ray.cluster_resources().get("CPU", 1))
         self.running = self.workers if self.in_group else \
-            max(1, min(self.workers, int(ray.cluster_resources().get("CPU", 1) // max(self.cpus, 1e-9))))
+            max(1, min(self.workers, int(self.cluster_cpus // max(self.cpus, 1e-9))))
         self.threads = max(1, int(round(self.cpus)))
         self.max_failures = int(strategy_cfg.get("max_failures", 3))
         self.checkpoint_path, self.on_round, self.hooks = checkpoint_path, on_round, hooks or {}
@@ -135,10 +136,9 @@ class RoundRunner:
         actor Ray cannot place waits for ever, and the round with it (16 on 2 CPUs hung)."""
         from orchard.api import ConfigError
 
-        total = float(ray.cluster_resources().get("CPU", 0))
-        if self.actor_cpus and self.actor_cpus * n_actors + MIN_TASK_CPUS > total:
+        if self.actor_cpus and self.actor_cpus * n_actors + MIN_TASK_CPUS > self.cluster_cpus:
             raise ConfigError("forest.partitions.nodes",
-                              f"histogram actors that leave this cluster's {total:g} CPUs room for a task: "
+                              f"histogram actors that leave this cluster's {self.cluster_cpus:g} CPUs room for a task: "
                               f"{n_actors} actors x forest.actor_cpus {self.actor_cpus:g} = "
                               f"{self.actor_cpus * n_actors:g} CPUs; lower forest.partitions.nodes (or its "
                               "partitions_by_depth entries) or forest.actor_cpus")
