@@ -3,13 +3,15 @@ logged, the MLflow run closed with its true status and reason, within ``CLOSE_BU
 the summary printed after it, with the command that resumes a run that did not finish."""
 from __future__ import annotations
 
+import copy
+import re
 import shlex
 import sys
 import time
 from pathlib import Path
 
 from orchard.config import redact, registry
-from orchard.errors import Diverged
+from orchard.errors import ConfigError, Diverged
 from orchard.run.services import LiveServices
 from orchard.terminal import console
 from orchard.terminal.console import say
@@ -132,6 +134,8 @@ def print_summary(cfg: dict, module, name: str, tracked, status: str, run_dir: P
             footer.append(f"figures:   {', '.join(figures)} (artifacts figures/)")
         if isinstance(error, Diverged):  # the same config would diverge again: not without a change
             footer.extend(_diverged_hint(cfg, module, tracked.run_id, error))
+        elif isinstance(error, ConfigError):  # nor would the same value of a refused key
+            footer.extend(_config_error_hint(cfg, module, tracked.run_id, run_dir, error))
         elif status in ("KILLED", "FAILED") and hasattr(module, "resume"):
             footer.append(f"resume:    python -m orchard resume {tracked.run_id}" + _resume_args(cfg))
         footer.extend(summary.view_lines(tracked.tracking_uri, tracked.experiment_id, tracked.run_id))  # last: the run's page
@@ -147,9 +151,39 @@ def _diverged_hint(cfg: dict, module, run_id: str, error: Diverged) -> list[str]
     resumable = run_id if error.checkpoint else cfg.get("_resumes")  # else the run this one resumed
     if resumable and hasattr(module, "resume"):
         return [f"resume:    with a lower {error.key}: python -m orchard resume {resumable} {error.key}=..." + _resume_args(cfg)]
-    typed = [o for o in cfg.get("_overrides", []) if o.split("=", 1)[0].lstrip("+~") != error.key]
-    return [f"again:     with a lower {error.key} (no checkpoint before it diverged): "
-            f"python -m orchard {shlex.join(typed)} {error.key}=..."]
+    return [f"again:     with a lower {error.key} (no checkpoint before it diverged): {_again(cfg, error.key)}"]
+
+
+# a key the command line can change (not "run id", nor a resume's list of held-back keys)
+_CONFIG_KEY = re.compile(r"^[A-Za-z_][\w.-]*$")
+
+
+def _config_error_hint(cfg: dict, module, run_id: str, run_dir: Path, error: ConfigError) -> list[str]:
+    """How to go on after a config value was refused mid-run (data read, actors placed): resume
+    with another value where the run left something to resume from, as the workload's own
+    ``resume`` judges it (forest and singa need a checkpoint: a run refused before its first round
+    or epoch has none, and a resume of it would be refused in turn), else the same command again
+    with another value. Never the unchanged command."""
+    if not _CONFIG_KEY.match(error.key or ""):
+        return []
+    resumable = hasattr(module, "resume")
+    if resumable:
+        try:  # on a copy: the workload's resume writes its settings into the config it is given
+            module.resume(copy.deepcopy(cfg), str(run_dir))
+        except ConfigError as refused:
+            resumable = refused.key == error.key  # only the value to be changed stands in its way
+        except Exception:  # noqa: BLE001 - a hint, never a second error: offer the plain way
+            resumable = False
+    if resumable:
+        return [f"resume:    with another {error.key}: python -m orchard resume {run_id} {error.key}=..."
+                + _resume_args(cfg)]
+    return [f"again:     with another {error.key}: {_again(cfg, error.key)}"]
+
+
+def _again(cfg: dict, key: str) -> str:
+    """The run's command line with ``key`` left for the user to give (secrets masked as recorded)."""
+    typed = [o for o in redact.overrides(cfg.get("_overrides", [])) if o.split("=", 1)[0].lstrip("+~") != key]
+    return f"python -m orchard {shlex.join(typed)} {key}=..."
 
 
 def _figure_names(tracked) -> list[str]:

@@ -2,6 +2,8 @@
 key to change after a divergence, and what a resume must be given again."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from orchard.errors import Diverged
@@ -21,6 +23,45 @@ def test_the_summary_offers_to_go_on_only_with_a_new_value_for_the_key(checkpoin
            **({"_resumes": resumes} if resumes else {})}
     err = Diverged("loss", "NaN", 1, 3, "singa.lr", 1e30, checkpoint=checkpoint)
     assert _diverged_hint(cfg, singa, "RUN", err) == [want]
+
+
+def _workload(resume=None):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(**({"resume": resume} if resume else {}))
+
+
+def _refused_by(key):
+    def resume(cfg, run_dir):
+        from orchard.errors import ConfigError
+
+        cfg["changed"] = True  # a workload's resume writes into the config it is given
+        raise ConfigError(key, "a run folder holding a checkpoint")
+    return resume
+
+
+@pytest.mark.parametrize("module,key,want", [
+    # the workload's resume takes the run: resume it with another value
+    (_workload(lambda cfg, run_dir: None), "tiny.steps",
+     "resume:    with another tiny.steps: python -m orchard resume RUN tiny.steps=..."),
+    # its resume refuses only the value being changed (flower and video validate it again)
+    (_workload(_refused_by("tiny.steps")), "tiny.steps",
+     "resume:    with another tiny.steps: python -m orchard resume RUN tiny.steps=..."),
+    # nothing to resume from (forest and singa before their first checkpoint), or no resume at all
+    (_workload(_refused_by("tiny.resume")), "tiny.steps",
+     "again:     with another tiny.steps: python -m orchard workload=tiny 'tiny.note=x y' tiny.steps=..."),
+    (_workload(), "tiny.steps",
+     "again:     with another tiny.steps: python -m orchard workload=tiny 'tiny.note=x y' tiny.steps=..."),
+    # a key no command line can change says nothing more than the error line did
+    (_workload(lambda cfg, run_dir: None), "run id", None),
+])
+def test_a_refused_config_value_is_offered_again_only_with_another_value(module, key, want):
+    from orchard.errors import ConfigError
+    from orchard.run.ending import _config_error_hint
+
+    cfg = {"_overrides": ["workload=tiny", "tiny.steps=7", "tiny.note=x y"], "tracking": {"uri": "sqlite:///mlflow.db"}}
+    assert _config_error_hint(cfg, module, "RUN", Path("/runs/RUN"), ConfigError(key, "no")) == ([want] if want else [])
+    assert "changed" not in cfg  # the probe ran on a copy
 
 
 def test_the_summary_says_what_a_resume_must_be_given(monkeypatch):

@@ -41,12 +41,19 @@ def test_bad_config_exits_2_with_one_line(capsys):
     assert capsys.readouterr().err.strip().startswith("orchard: bad config: forest.n_thresholds:")
 
 
-def test_node_partitions_that_leave_no_cpu_end_the_smoke_run_failed_with_the_key(run_orchard):
+def test_node_partitions_that_leave_no_cpu_end_the_smoke_run_failed_with_the_key(run_orchard, capsys):
     """16 histogram actors x 0.25 CPU on the session's 2 CPUs: the run waited for ever for the 9th;
-    now it ends at its first tree, exit 2, its MLflow run FAILED with the key in its reason."""
+    now it ends at its first tree, exit 2, its MLflow run FAILED with the key in its reason. Its
+    summary offers the command again with another value: not a resume, which has no round to go
+    on from (and would be refused), nor the same command."""
     refused = run_orchard("workload=forest", "debug=smoke", "forest.partitions.nodes=16")
+    console = "".join(capsys.readouterr())
     assert refused.exit_code == 2 and refused.run.info.status == "FAILED"
     assert "forest.partitions.nodes: histogram actors" in refused.run.data.tags["orchard.error"]
+    assert "resume:" not in console, console[-2000:]
+    again = next(line for line in console.splitlines() if line.startswith("again:"))
+    assert "with another forest.partitions.nodes: python -m orchard workload=forest debug=smoke" in again
+    assert again.endswith(" forest.partitions.nodes=...") and "nodes=16" not in again
 
 
 @pytest.mark.slow
