@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ci-runs", type=int, default=1, help="fresh clones' .ci/run in a row (the slowest is recorded)")
     ap.add_argument("--from-log", help="a finished `bash .ci/run` log to record instead of running")
     ap.add_argument("--commit", help="with --from-log: the commit the log's fresh clone was at")
-    ap.add_argument("--when", help="with --from-log: when that run ended (UTC, ISO 8601)")
+    ap.add_argument("--when", help="with --from-log: when that run ended (UTC, ISO 8601; default: the log's last write)")
     ap.add_argument("--load", help="with --from-log: the 1-minute load average before and after that run, e.g. 1.23,6.22")
     ap.add_argument("--keep-log", help="also write the whole log (install, tests, first command) to this file")
     args = ap.parse_args(argv)
@@ -135,7 +135,9 @@ def main(argv: list[str] | None = None) -> int:
         new = {"git_commit": args.commit, "git_dirty": False, **pytest_counts(log), **ci_line(log)}
         if args.load:  # a figure without its load is not a figure (README, "Benchmarks")
             new["load_before"], new["load_after"] = (float(x) for x in args.load.split(","))
-        when = args.when
+        # the run ended when its log was last written (a record's every figure has its date)
+        when = args.when or dt.datetime.fromtimestamp(Path(args.from_log).stat().st_mtime,
+                                                      dt.timezone.utc).isoformat(timespec="seconds")
     else:
         new = measure(tests=not args.no_tests, keep_log=args.keep_log, ci_runs=args.ci_runs)
         when = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
