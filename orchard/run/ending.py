@@ -182,7 +182,9 @@ def _config_error_hint(cfg: dict, module, run_id: str, run_dir: Path, error: Con
 
 def _again(cfg: dict, key: str) -> str:
     """The run's command line with ``key`` left for the user to give (secrets masked as recorded)."""
-    typed = [o for o in redact.overrides(cfg.get("_overrides", [])) if o.split("=", 1)[0].lstrip("+~") != key]
+    from orchard.run import from_the_store
+
+    typed = [o for o in redact.overrides(cfg.get("_overrides", [])) if from_the_store.key_of(o) != key]
     return f"python -m orchard {shlex.join(typed)} {key}=..."
 
 
