@@ -150,7 +150,7 @@ def _diverged_hint(cfg: dict, module, run_id: str, error: Diverged) -> list[str]
             if error.checkpoint and hasattr(module, "resume") else []
     resumable = run_id if error.checkpoint else cfg.get("_resumes")  # else the run this one resumed
     if resumable and hasattr(module, "resume"):
-        return [f"resume:    with a lower {error.key}: python -m orchard resume {resumable} {error.key}=..." + _resume_args(cfg)]
+        return [f"resume:    with a lower {error.key}: python -m orchard resume {resumable} {error.key}=..." + _resume_args(cfg, error.key)]
     return [f"again:     with a lower {error.key} (no checkpoint before it diverged): {_again(cfg, error.key)}"]
 
 
@@ -176,7 +176,7 @@ def _config_error_hint(cfg: dict, module, run_id: str, run_dir: Path, error: Con
             resumable = False
     if resumable:
         return [f"resume:    with another {error.key}: python -m orchard resume {run_id} {error.key}=..."
-                + _resume_args(cfg)]
+                + _resume_args(cfg, error.key)]
     return [f"again:     with another {error.key}: {_again(cfg, error.key)}"]
 
 
@@ -205,15 +205,17 @@ def tracking_address(uri: str, run_id: str | None = None) -> str:
     return uri if uri.startswith(("http://", "https://")) else f"{uri} (view: {tracking_store.ui_command_line(uri, run_id)})"
 
 
-def _resume_args(cfg: dict) -> str:
+def _resume_args(cfg: dict, changing: str | None = None) -> str:
     """What ``python -m orchard resume <id>`` needs after the id: the store (unless the default),
     and what this run was given that a resume does not take back from the store (config folders,
-    and overrides off ``from_the_store``'s allow-list), masked as recorded."""
+    and overrides off ``from_the_store``'s allow-list), masked as recorded; never the recorded
+    value of ``changing``, the key the line already asks a new value for."""
     from orchard.run import from_the_store
     from orchard.tracking.store import DEFAULT_URI
 
     uri = cfg["tracking"]["uri"]
     given = [] if uri == DEFAULT_URI else [f"tracking.uri={uri}"]
-    again = given + from_the_store.held_back(redact.overrides(cfg.get("_overrides", [])), given)
+    changed = [f"{changing}=..."] if changing else []
+    again = given + from_the_store.held_back(redact.overrides(cfg.get("_overrides", [])), given + changed)
     return "".join(f" {shlex.quote(o)}" for o in again) + "".join(
         f" --config-dir {shlex.quote(d)}" for d in registry.user_config_dirs())

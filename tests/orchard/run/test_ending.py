@@ -64,6 +64,18 @@ def test_a_refused_config_value_is_offered_again_only_with_another_value(module,
     assert "changed" not in cfg  # the probe ran on a copy
 
 
+def test_a_resume_with_another_value_does_not_repeat_the_refused_one():
+    """cluster.num_cpus is off a resume's allow-list, so a plain resume line gives it again; the
+    line that asks for another value must not give the old one beside it."""
+    from orchard.errors import ConfigError
+    from orchard.run.ending import _config_error_hint
+
+    cfg = {"_overrides": ["workload=tiny", "cluster.num_cpus=1", "output_dir=/o"], "tracking": {"uri": "sqlite:///mlflow.db"}}
+    assert _config_error_hint(cfg, _workload(lambda cfg, run_dir: None), "RUN", Path("/runs/RUN"),
+                              ConfigError("cluster.num_cpus", "no")) == [
+        "resume:    with another cluster.num_cpus: python -m orchard resume RUN cluster.num_cpus=... output_dir=/o"]
+
+
 def test_the_summary_says_what_a_resume_must_be_given(monkeypatch):
     from orchard.run.ending import _resume_args
 
