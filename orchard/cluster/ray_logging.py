@@ -28,7 +28,7 @@ from pathlib import Path
 
 from orchard.cluster.ray_private import (TOKEN_SETUP_LOGGER, TRAIN_CHATTY_LOGGERS, TRAIN_PG_CLEANER_LOGGER,
                                  reconfigure_data_logging)
-from orchard.config.schema import LIBRARY_LOG_LEVELS
+from orchard.config.levels import LIBRARY_LOG_LEVELS
 
 RAY_DATA_LOGGING = Path(__file__).resolve().parent / "ray_data_logging.yaml"
 LEVEL_ENV = "ORCHARD_RAY_LOG_LEVEL"

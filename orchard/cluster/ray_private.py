@@ -209,6 +209,49 @@ def actor_handle(actor_id: str):
     return ray._private.worker.global_worker.core_worker.get_actor_handle(ray.ActorID.from_hex(actor_id))
 
 
+class ClusterNotes:
+    """Small records in the GCS's key-value store (``ray.experimental.internal_kv``, which Ray's
+    own libraries use for theirs): any process of the cluster writes and reads them with no
+    actor, so no process of its own to start. The public alternative, an actor, costs a Ray
+    worker process (~1.2 s of CPU to start) for a few hundred bytes. Values are JSON; every key
+    lives under ``prefix`` in orchard's namespace, and ``clear`` drops them all."""
+
+    NAMESPACE = "orchard"
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+
+    def put(self, name: str, value, overwrite: bool = True) -> bool:
+        """Store ``value`` under ``name``; True when the name was taken already (then, with
+        ``overwrite=False``, nothing is written)."""
+        import json
+
+        import ray.experimental.internal_kv as internal_kv
+
+        return internal_kv._internal_kv_put(self.prefix + name, json.dumps(value), overwrite,
+                                            namespace=self.NAMESPACE)
+
+    def get(self, name: str):
+        import json
+
+        import ray.experimental.internal_kv as internal_kv
+
+        raw = internal_kv._internal_kv_get(self.prefix + name, namespace=self.NAMESPACE)
+        return None if raw is None else json.loads(raw)
+
+    def names(self, under: str = "") -> list[str]:
+        """The names stored under ``under``, sorted."""
+        import ray.experimental.internal_kv as internal_kv
+
+        keys = internal_kv._internal_kv_list(self.prefix + under, namespace=self.NAMESPACE)
+        return sorted(k.decode()[len(self.prefix):] for k in keys)
+
+    def clear(self) -> None:
+        import ray.experimental.internal_kv as internal_kv
+
+        internal_kv._internal_kv_del(self.prefix, del_by_prefix=True, namespace=self.NAMESPACE)
+
+
 def train_controller_callback_class():
     """Ray Train's ``ControllerCallback``: the only hook on the controller's state changes
     (``after_controller_state_update``); no public callback sees them."""

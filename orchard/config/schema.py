@@ -13,12 +13,11 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from orchard.config.levels import LIBRARY_LOG_LEVELS
 from orchard.errors import ConfigError
 
 MLFLOW_URI = r"^((sqlite|http|https|file|postgresql|mysql|databricks)[:+]|databricks$)"  # databricks alone: MLflow's default workspace
 
-# the levels `cluster.ray_log_level` takes (orchard/cluster/ray_logging.py applies them to Ray's loggers)
-LIBRARY_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 class Section(BaseModel):

@@ -262,15 +262,13 @@ def _start_bound_s() -> float:
 
 
 def _log_recovery(ctx, watch, recovery) -> None:
-    """The run's node-loss figures (node_loss.train_metrics), then the log actor ends."""
-    import ray
-
+    """The run's node-loss figures (node_loss.train_metrics), then the log's records go."""
     from orchard.strategies import node_loss
 
     try:
-        starts = ray.get(recovery.read.remote(), timeout=30)
+        starts = recovery.read()
         ctx.log_metrics(node_loss.run_totals(ctx, node_loss.train_metrics(watch, starts)))
         ctx.flush()
-        ray.kill(recovery)
+        recovery.close()
     except Exception:  # noqa: BLE001 - Ray already stopping (an interrupt): nothing more to record
         pass

@@ -15,12 +15,13 @@ metrics:
                           summed over the losses
 
 ``NodeWatch`` is the driver's half: a thread that reads the GCS node table once a second.
-``RecoveryLog`` is the workers' half: an actor on the driver's node that Ray Train workers tell
-when their group started again and which epoch it restored (a Train worker cannot reach the
-driver's memory). The driver's node is the one node a run cannot lose (docs/cluster.md).
+``RecoveryLog`` is the workers' half: records in the GCS that Ray Train workers write when their
+group started again and which epoch it restored (a Train worker cannot reach the driver's
+memory), as the GCS outlives every node a run can lose (docs/cluster.md).
 """
 from __future__ import annotations
 
+import contextlib
 import time
 
 import ray
@@ -124,7 +125,7 @@ class StartBound:
         self._poller.stop(timeout_s=5 * self.poll_s)
 
     def _look(self):
-        since = ray.get(self.log.waiting_since.remote(), timeout=10)   # busy: the poller looks again
+        since = self.log.waiting_since()   # the GCS busy: the poller looks again
         if since is not None and time.time() - since > self.bound_s:
             self.expired = True
             if self._end_controller():
@@ -137,8 +138,8 @@ class StartBound:
         short bound: ending nothing then, and looking no more, left the controller it started
         spinning for good (a fresh-clone test run hung so)."""
         try:
-            actor_id = ray.get(self.log.controller_id.remote(), timeout=10)
-        except ray.exceptions.GetTimeoutError:
+            actor_id = self.log.controller_id()
+        except Exception:  # noqa: BLE001 - the GCS busy: looked at again next time
             return False
         if not actor_id:
             return False
@@ -167,13 +168,15 @@ def controller_states(log):
             self.log = log
 
         def after_controller_start(self, train_run_context):
-            self.log.controller.remote(ray.get_runtime_context().get_actor_id())
+            with contextlib.suppress(Exception):  # the GCS busy: the driver's bound waits longer, no more
+                self.log.controller(ray.get_runtime_context().get_actor_id())
 
         def after_controller_state_update(self, previous_state, current_state):
             name = getattr(getattr(current_state, "_state_type", None), "name", "")
             if name == getattr(getattr(previous_state, "_state_type", None), "name", ""):
                 return
-            self.log.state.remote(name, time.time())
+            with contextlib.suppress(Exception):  # never the controller's failure
+                self.log.state(name, time.time())
             if name in ("RESTARTING", "RESCHEDULING"):
                 _refresh_node_view()
 
@@ -194,40 +197,51 @@ def _refresh_node_view() -> None:
         pass
 
 
-@ray.remote(num_cpus=0)
 class RecoveryLog:
     """Where each Ray Train worker group, on rank 0, notes that it started and from which
-    epoch (None: from the start), with the time; read by the driver at the end."""
+    epoch (None: from the start), with the time; where the controller notes its state and actor
+    id; read by the driver. Held in the GCS (``ray_private.ClusterNotes``), which every process
+    of the run reaches and which outlives every node but the head: an actor for these few records
+    was one more process to start per Train launch (~1.2 s of CPU, two in a video run). A driver
+    killed outright leaves its launch's few hundred bytes there until the cluster stops."""
 
     def __init__(self):
-        self.starts: list[dict] = []
+        import uuid
+
+        self.notes = ray_private.ClusterNotes(f"recovery/{uuid.uuid4().hex}/")
         # since when the controller waits for a group to start: from now, as no group runs yet
         # (Ray Train reports no transition into its first state, INITIALIZING)
-        self.waiting: float | None = time.time()
-        self.controller_actor: str | None = None  # the Train controller's actor id, to end it
+        self.notes.put("waiting", time.time())
 
     def state(self, name: str, at: float) -> None:
         if name not in WAITING_STATES:
-            self.waiting = None
-        elif self.waiting is None:
-            self.waiting = at
+            self.notes.put("waiting", None)
+        elif self.notes.get("waiting") is None:
+            self.notes.put("waiting", at)
 
     def waiting_since(self) -> float | None:
-        return self.waiting
+        return self.notes.get("waiting")
 
     def controller(self, actor_id: str) -> None:
-        self.controller_actor = actor_id
+        self.notes.put("controller", actor_id)
 
     def controller_id(self) -> str | None:
-        return self.controller_actor
+        """The Train controller's actor id, to end it."""
+        return self.notes.get("controller")
 
     def started(self, world_size: int, restored_epoch: int | None, at: float) -> int:
         """Note a group's start; how many groups started so far (this one included)."""
-        self.starts.append({"world_size": world_size, "restored_epoch": restored_epoch, "at": at})
-        return len(self.starts)
+        n = len(self.notes.names("start/")) + 1
+        record = {"world_size": world_size, "restored_epoch": restored_epoch, "at": at}
+        while self.notes.put(f"start/{n:06d}", record, overwrite=False):  # taken: a start noted meanwhile
+            n += 1
+        return n
 
     def read(self) -> list[dict]:
-        return list(self.starts)
+        return [self.notes.get(name) for name in self.notes.names("start/")]
+
+    def close(self) -> None:
+        self.notes.clear()
 
 
 def on_this_node() -> dict:
@@ -242,9 +256,9 @@ def on_this_node() -> dict:
     return {"scheduling_strategy": NodeAffinitySchedulingStrategy(here, soft=False)}
 
 
-def recovery_log():
-    """A RecoveryLog on this (the driver's) node: it must outlive every other node."""
-    return RecoveryLog.options(**on_this_node()).remote()
+def recovery_log() -> RecoveryLog:
+    """A new launch's RecoveryLog."""
+    return RecoveryLog()
 
 
 def run_totals(ctx, metrics: dict[str, float]) -> dict[str, float]:

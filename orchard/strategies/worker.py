@@ -241,9 +241,7 @@ def _note_start(epoch: int | None) -> None:
         return
     import time
 
-    import ray
-
-    starts = ray.get(log.started.remote(env().world_size, epoch, time.time()))
+    starts = log.started(env().world_size, epoch, time.time())
     if ctx is not None:  # each group's size (elastic groups shrink and grow) and where it went on from
         ctx.log_metrics({"train/group_workers": env().world_size,
                          **({"train/resumed_from_epoch": epoch + 1} if epoch is not None else {})}, step=starts)

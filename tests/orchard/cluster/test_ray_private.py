@@ -185,6 +185,28 @@ def test_the_private_calls_work_on_a_live_ray(ray_session):
         pass
 
 
+def test_cluster_notes_written_in_a_task_are_read_by_the_driver_and_cleared_by_prefix(ray_session):
+    """The GCS notes that replaced the RecoveryLog actor: one process writes, another reads; a
+    name is taken once (``overwrite=False`` says so and writes nothing); ``clear`` drops only
+    its own prefix."""
+    ray = ray_session
+    notes, other = ray_private.ClusterNotes("test-notes/a/"), ray_private.ClusterNotes("test-notes/b/")
+    other.put("kept", 1)
+
+    @ray.remote(num_cpus=0)
+    def write(n):
+        return [n.put("start/000001", {"epoch": None}), n.put("start/000001", {"epoch": 3}, overwrite=False),
+                n.put("start/000002", {"epoch": 3})]
+
+    assert ray.get(write.remote(notes)) == [False, True, False]
+    assert notes.names("start/") == ["start/000001", "start/000002"]
+    assert [notes.get(n) for n in notes.names("start/")] == [{"epoch": None}, {"epoch": 3}]
+    assert notes.get("missing") is None
+    notes.clear()
+    assert notes.names() == [] and other.get("kept") == 1
+    other.clear()
+
+
 def test_ray_trains_torch_setup_is_where_the_process_group_calls_it():
     # what orchard/strategies/process_group.py runs on the workers through ray_private, by name
     import ray.train.torch.config as torch_config
