@@ -8,7 +8,9 @@ starts with one line naming the keys to change (``orchard.ConfigError``, exit 2)
   read is left to the tiling step to skip and count, unless too many are: ``enough_photos``);
 - the tiles there must give every worker at least one batch (an upper bound here, before any
   tile exists; the driver checks the bin-sampled count again before Train starts);
-- precision and GPU settings that NCCL or the parameter servers cannot run.
+- precision and GPU settings that NCCL or the parameter servers cannot run;
+- a CUDA ``flower.eval_device`` this process cannot see: the test set is counted here, on the
+  driver, after the whole training.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ def check(cfg: dict) -> None:
     """Every check of this module, for a train run's resolved config."""
     check_precision(cfg)
     check_gpus(cfg)
+    check_eval_device(cfg)
     if cfg["flower"]["data_dir"] is None:
         total = synthetic_tiles(cfg)
         where = "the synthetic field (flower.synthetic.num_images x its tiles)"
@@ -45,6 +48,25 @@ def check_gpus(cfg: dict) -> None:
     if 0 < gpus < 1 and s.get("backend") == "nccl":
         raise ConfigError("strategy.backend", f"gloo when strategy.gpus_per_worker={gpus:g} (workers sharing a GPU: "
                           "NCCL needs one GPU per worker), or strategy.gpus_per_worker=1, got 'nccl'")
+
+
+def check_eval_device(cfg: dict) -> None:
+    """``flower.eval_device=cuda[:i]`` names a GPU of the process that counts the test set (the
+    driver, run.py, once training ended): one it cannot see failed there, after the whole
+    training. ``auto`` needs no check (the CPU where no GPU is seen)."""
+    import re
+
+    device = str(cfg["flower"].get("eval_device", "auto"))
+    if not device.startswith("cuda"):
+        return
+    import torch
+
+    seen = torch.cuda.device_count()   # 0 for a torch without CUDA or a machine without GPUs
+    found = re.fullmatch(r"cuda(?::(\d+))?", device)
+    if found is None or int(found.group(1) or 0) >= seen:
+        gpus = f"sees {seen} CUDA GPU{'s' if seen != 1 else ''} (cuda:0..cuda:{seen - 1})" if seen else "sees no CUDA GPU"
+        raise ConfigError("flower.eval_device", f"auto or cpu: the test set is counted in this process after "
+                          f"training, and it {gpus}; got {device!r}")
 
 
 def synthetic_tiles(cfg: dict) -> int:

@@ -13,6 +13,8 @@ import pytest
     (["strategy.gpus_per_worker=0.5", "strategy.backend=nccl"], "strategy.backend"),
     (["flower.precision=fp8"], "flower.precision"),
     (["flower.log_every=0"], "flower.log_every"),
+    (["flower.eval_device=cuda:99"], "flower.eval_device"),               # counted on the driver: no such GPU
+    (["flower.eval_device=cudax"], "flower.eval_device"),
 ])
 def test_settings_that_would_fail_late_are_refused_before_ray_starts(compose, overrides, key):
     from orchard import ConfigError
@@ -21,6 +23,22 @@ def test_settings_that_would_fail_late_are_refused_before_ray_starts(compose, ov
     with pytest.raises(ConfigError) as err:
         flower.validate(compose("workload=flower", *overrides))
     assert err.value.key == key
+
+
+def test_a_cuda_eval_device_the_driver_cannot_see_is_refused_before_training(compose):
+    """The test set is counted in the driver's process once training ended: on a machine whose
+    torch sees no GPU, ``flower.eval_device=cuda`` was a torch error after the whole training."""
+    import torch
+
+    from orchard import ConfigError
+    from workloads import flower
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine's torch sees a GPU: cuda is a device it has")
+    with pytest.raises(ConfigError, match="sees no CUDA GPU") as err:
+        flower.validate(compose("workload=flower", "flower.eval_device=cuda"))
+    assert err.value.key == "flower.eval_device"
+    flower.validate(compose("workload=flower", "flower.eval_device=cpu"))
 
 
 def test_a_roi_smaller_than_a_tile_in_the_users_data_is_refused(compose, tmp_path):
