@@ -8,6 +8,7 @@ imports ``ray._private`` or reads private attributes of Ray objects.
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 
 # Ray's own logger for the token-auth notice (ray_logging quiets its one warning, keeps auth on).
@@ -221,35 +222,28 @@ class ClusterNotes:
     def __init__(self, prefix: str):
         self.prefix = prefix
 
+    @staticmethod
+    def _kv():
+        import ray.experimental.internal_kv as internal_kv
+
+        return internal_kv
+
     def put(self, name: str, value, overwrite: bool = True) -> bool:
         """Store ``value`` under ``name``; True when the name was taken already (then, with
         ``overwrite=False``, nothing is written)."""
-        import json
-
-        import ray.experimental.internal_kv as internal_kv
-
-        return internal_kv._internal_kv_put(self.prefix + name, json.dumps(value), overwrite,
-                                            namespace=self.NAMESPACE)
+        return self._kv()._internal_kv_put(self.prefix + name, json.dumps(value), overwrite, namespace=self.NAMESPACE)
 
     def get(self, name: str):
-        import json
-
-        import ray.experimental.internal_kv as internal_kv
-
-        raw = internal_kv._internal_kv_get(self.prefix + name, namespace=self.NAMESPACE)
+        raw = self._kv()._internal_kv_get(self.prefix + name, namespace=self.NAMESPACE)
         return None if raw is None else json.loads(raw)
 
     def names(self, under: str = "") -> list[str]:
         """The names stored under ``under``, sorted."""
-        import ray.experimental.internal_kv as internal_kv
-
-        keys = internal_kv._internal_kv_list(self.prefix + under, namespace=self.NAMESPACE)
+        keys = self._kv()._internal_kv_list(self.prefix + under, namespace=self.NAMESPACE)
         return sorted(k.decode()[len(self.prefix):] for k in keys)
 
     def clear(self) -> None:
-        import ray.experimental.internal_kv as internal_kv
-
-        internal_kv._internal_kv_del(self.prefix, del_by_prefix=True, namespace=self.NAMESPACE)
+        self._kv()._internal_kv_del(self.prefix, del_by_prefix=True, namespace=self.NAMESPACE)
 
 
 def train_controller_callback_class():

@@ -19,7 +19,6 @@ from orchard.errors import ConfigError
 MLFLOW_URI = r"^((sqlite|http|https|file|postgresql|mysql|databricks)[:+]|databricks$)"  # databricks alone: MLflow's default workspace
 
 
-
 class Section(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 

@@ -155,7 +155,7 @@ def launch(train_loop: Callable[[dict], None], loop_config: dict, cfg: dict, ctx
     from orchard.strategies.process_group import ProcessGroupConfig
 
     strategy = cfg["strategy"]
-    recovery = node_loss.recovery_log()
+    recovery = node_loss.RecoveryLog()
     config = {**loop_config, "ctx": ctx, "strategy": strategy, "recovery_log": recovery}
     group = None
     if strategy["name"] == "ps":

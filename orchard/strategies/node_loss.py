@@ -246,7 +246,7 @@ class RecoveryLog:
 
 def on_this_node() -> dict:
     """Actor options that keep an actor on this (the driver's) node, the one node a run cannot
-    lose: for the actors whose state no checkpoint holds (a log, a queue, a master)."""
+    lose: for the actors whose state no checkpoint holds (a queue, a master, a cache)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     try:
@@ -254,11 +254,6 @@ def on_this_node() -> dict:
     except Exception:  # noqa: BLE001 - a driver with no node of its own (Ray Client): Ray's choice
         return {}
     return {"scheduling_strategy": NodeAffinitySchedulingStrategy(here, soft=False)}
-
-
-def recovery_log() -> RecoveryLog:
-    """A new launch's RecoveryLog."""
-    return RecoveryLog()
 
 
 def run_totals(ctx, metrics: dict[str, float]) -> dict[str, float]:
