@@ -23,6 +23,39 @@ os.environ.setdefault("RAY_LOG_MONITOR_MANY_FILES_THRESHOLD", "0")
 register_workload("tiny", "tests.tiny_workload", str(TESTS / "tiny_workload" / "conf"))
 
 
+# What a run writes where it was given nothing else: MLflow's artifacts and stores, orchard's
+# output folder (conf/tracking/mlflow.yaml, conf/config.yaml), all relative to the current folder.
+RUN_DEFAULTS = ("mlartifacts", "mlruns", "mlflow.db", "outputs", "multirun")
+
+
+def _left_in_checkout() -> set[str]:
+    """What the run defaults hold in the checkout, two levels deep (``mlruns/<experiment>/<run>``,
+    ``mlartifacts/models/<model>``, ``outputs/<workload>/<run>``)."""
+    found = set()
+    for name in RUN_DEFAULTS:
+        path = TESTS.parent / name
+        if not path.is_dir():
+            found.update([name] if path.exists() else [])
+            continue
+        for entry in os.scandir(path):
+            found.add(f"{name}/{entry.name}")
+            if entry.is_dir():
+                found.update(f"{name}/{entry.name}/{inner}" for inner in os.listdir(entry.path))
+    return found
+
+
+@pytest.fixture(autouse=True)
+def leaves_nothing_in_the_checkout():
+    """A test's runs write into its own folders, never the checkout (pytest runs from it): a run
+    given no ``tracking.artifact_location``, ``output_dir`` or working folder of its own fills
+    the checkout's ``mlartifacts/``, ``mlruns/`` or ``outputs/`` and is found by the next run there."""
+    before = _left_in_checkout()
+    yield
+    new = sorted(_left_in_checkout() - before)
+    assert not new, (f"this test wrote into the checkout: {', '.join(new[:5])}: give its runs a folder of "
+                     "their own (tracking.artifact_location, output_dir, cwd=tmp_path)")
+
+
 def pytest_collection_modifyitems(config, items):
     try:
         import torch

@@ -27,11 +27,12 @@ def test_every_shipped_sweep_is_tested():
 
 
 @pytest.mark.parametrize("sweep", [s for s in SWEEPS if s not in RUN_ELSEWHERE])
-def test_shipped_sweep_runs_to_the_end_at_smoke(sweep, ray_session, tracking_uri, tmp_path, capsys):
+def test_shipped_sweep_runs_to_the_end_at_smoke(sweep, ray_session, tracking_uri, tracking_dir, tmp_path, capsys):
     from mlflow.tracking import MlflowClient
 
     cfg, module = prepare([f"workload={SWEEPS[sweep]}", f"sweep={sweep}", "debug=smoke",
-                           f"tracking.uri={tracking_uri}", f"output_dir={tmp_path}/out"])
+                           f"tracking.uri={tracking_uri}", f"tracking.artifact_location={tracking_dir}/artifacts",
+                           f"output_dir={tmp_path}/out"])
     s = cfg["sweep"]
     s["num_samples"] = 1
     for spec in s["params"].values():

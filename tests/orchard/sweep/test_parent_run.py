@@ -6,7 +6,7 @@ import json
 from tests.orchard.sweep.test_leaderboard import finished_trials, INF, NAN
 
 
-def test_a_sweep_whose_every_trial_diverged_has_no_best_and_says_so(tracking_uri, tmp_path):
+def test_a_sweep_whose_every_trial_diverged_has_no_best_and_says_so(tracking_uri, tracking_dir, tmp_path):
     """No ``best.*`` tags, no ``best/<metric>``, a strict-JSON leaderboard with null metrics."""
     from mlflow.tracking import MlflowClient
 
@@ -17,7 +17,8 @@ def test_a_sweep_whose_every_trial_diverged_has_no_best_and_says_so(tracking_uri
     assert best_row(rows) is None and len(rows) == 3
     assert no_best_line(rows, "train/loss").startswith("no best trial: the train/loss of every one of the 3")
     client = MlflowClient(tracking_uri)
-    exp = client.get_experiment_by_name("sweep-no-best") or client.get_experiment(client.create_experiment("sweep-no-best"))
+    exp = client.get_experiment_by_name("sweep-no-best") or client.get_experiment(
+        client.create_experiment("sweep-no-best", artifact_location=(tracking_dir / "artifacts").as_uri()))
     parent = ParentRun(None, None)
     parent.client, parent.run_id = client, client.create_run(exp.experiment_id).info.run_id
     parent.record(rows, "train/loss", tmp_path)

@@ -78,7 +78,7 @@ def test_a_run_says_the_command_that_made_it_and_what_it_is_in_one_line(client, 
 
 
 def test_a_sweeps_trial_is_its_parents_child_and_its_description_names_what_it_was_given(client, cfg):
-    parent = client.create_run(mlflow_run.ensure_experiment(client, "tiny", None)).info.run_id
+    parent = client.create_run(mlflow_run.ensure_experiment(client, "tiny", cfg["tracking"]["artifact_location"])).info.run_id
     client.log_param(parent, "sweep.params.tiny.lr.type", "grid")
     client.log_param(parent, "tiny.lr", "0.1")
     trial = client.get_run(mlflow_run.open_run(cfg, "t_0", parent_run_id=parent).run_id)
@@ -104,7 +104,7 @@ def test_a_failed_run_keeps_the_traceback_that_ended_it(client, tmp_path):
     def load_shard():
         raise ValueError("shard 3 is empty")
 
-    run = client.create_run(mlflow_run.ensure_experiment(client, "e", None)).info.run_id
+    run = client.create_run(mlflow_run.ensure_experiment(client, "e", str(tmp_path / "artifacts"))).info.run_id
     try:
         load_shard()
     except ValueError as exc:
