@@ -35,7 +35,8 @@ def _left_in_checkout() -> set[str]:
     for name in RUN_DEFAULTS:
         path = TESTS.parent / name
         if not path.is_dir():
-            found.update([name] if path.exists() else [])
+            if path.exists():
+                found.add(name)
             continue
         for entry in os.scandir(path):
             found.add(f"{name}/{entry.name}")

@@ -14,7 +14,8 @@ def _new_run(tmp_path):
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     client = MlflowClient(uri)
-    return uri, client, client.create_run(client.create_experiment("book", artifact_location=(tmp_path / "artifacts").as_uri())).info.run_id
+    experiment = client.create_experiment("book", artifact_location=(tmp_path / "artifacts").as_uri())
+    return uri, client, client.create_run(experiment).info.run_id
 
 
 # what the four workloads and the core log that is bookkeeping (grep log_metrics in orchard/, workloads/)
