@@ -91,10 +91,14 @@ ESTIMATE = "~22-40 min on 2 idle cores (3 repeats: 22 min on 2026-12-03; this VM
 RUN_LIMIT_S = 600
 
 
-# the forest's rounds by phase (workloads/forest/run.py, phase_seconds): where a worker count's
-# time went, beside its wall time (on 16 cores: which phase stops dividing)
+# the forest's rounds by phase (workloads/forest/run.py, phase_seconds) and its busy seconds by
+# who was busy: where a worker count's time went, beside its wall time (on 16 cores: which phase
+# stops dividing)
 PHASES = {"bin_cache_s": "bin cache s", "phase1_s": "phase 1 s", "phase2_s": "phase 2 s", "phase3_s": "phase 3 s",
-          "phase4_s": "phase 4 s", "between_phases_s": "between phases s"}
+          "phase4_s": "phase 4 s", "between_phases_s": "between phases s",
+          # the busy seconds behind the effective parallelism: tasks' and actors' (on 16 cores they
+          # tripled from 4 workers to 16, 2026-12-04), and the phase-2 tasks that ran
+          "task_busy_s": "task busy s", "actor_busy_s": "actor busy s", "phase2_tasks": "phase-2 tasks"}
 
 
 class RayProcessCpu(OwnCpu):

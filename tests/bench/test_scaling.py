@@ -132,3 +132,6 @@ def test_one_real_run_reports_its_work_parallelism_and_bytes(ray_session, tmp_pa
     assert r["phase2_s"] > 0 and r["phase3_s"] > 0 and r["between_phases_s"] >= 0
     quality = scaling.figures([r], 2, 1, [r], 2)
     assert quality["phase 2 s"] == r["phase2_s"] and quality["between phases s"] == r["between_phases_s"]
+    # ... and its busy seconds by who was busy, and the phase-2 tasks that ran
+    assert r["task_busy_s"] > 0 and r["actor_busy_s"] > 0 and r["phase2_tasks"] > 0
+    assert quality["task busy s"] == r["task_busy_s"] and quality["phase-2 tasks"] == r["phase2_tasks"]

@@ -234,7 +234,7 @@ class RoundRunner:
     @staticmethod
     def _batch_stats(stats: list, phase2_s: float, phase3_s: float, actor_busy_s: float, reducer_bytes: list) -> dict:
         """A batch's figures from its tasks' stats; `reducer_bytes`: the histograms summed into."""
-        return {"phase2_s": phase2_s, "phase3_s": phase3_s,
+        return {"phase2_s": phase2_s, "phase3_s": phase3_s, "phase2_tasks": len(stats),
                 "task_busy_s": sum(s["busy_s"] for s in stats), "actor_busy_s": actor_busy_s,
                 "example_features": sum(s["example_features"] for s in stats),
                 "shuffle_bytes": sum(s["shuffle_bytes"] for s in stats),
@@ -603,7 +603,7 @@ class RoundRunner:
             batches = plan_batches(active, columns, len(offsets), -(-len(offsets) // degrees["features"]),
                                    thresholds.shape[1] + 1, int(degrees["nodes"]), budget, itemsizes)
             encode_busy = encode["busy_s"] if encode_s else 0.0
-            totals = {"phase2_s": 0.0, "phase3_s": 0.0, "task_busy_s": phase1_busy + encode_busy,
+            totals = {"phase2_s": 0.0, "phase3_s": 0.0, "phase2_tasks": 0, "task_busy_s": phase1_busy + encode_busy,
                       "actor_busy_s": 0.0, "example_features": 0, "hist_peak_bytes": 0,
                       "shuffle_bytes": counts_bytes, "dense_bytes": 0}
             derived_examples, last_parents = 0, set(self.parents.held)  # the parents this round uses
@@ -688,6 +688,11 @@ class RoundRunner:
                     "round/task_nodes": len(self.across["nodes"]),
                     "round/shuffle_dense_bytes": totals["dense_bytes"] + len(data_parts) * n_tree_nodes * NUM_PARTS * 8,
                     "round/effective_parallelism": (totals["task_busy_s"] + totals["actor_busy_s"]) / wall,
+                    # its two parts: the tasks' busy seconds (encode, phases 1-2) and the actors'
+                    # (sums, splits). On 16 cores the busy time itself tripled from 4 workers to 16
+                    # (docs/scaling.md, 2026-12-04): which of the two grew is the next question
+                    "round/task_busy_s": totals["task_busy_s"], "round/actor_busy_s": totals["actor_busy_s"],
+                    "round/phase2_tasks": totals["phase2_tasks"],
                     # the same per phase: phase 1's tasks over its wall time (0 where the counts
                     # came from the last split), phases 2-3's tasks and actors over theirs
                     "round/phase1_parallelism": phase1_busy / max(phase1_s, 1e-9),

@@ -85,6 +85,12 @@ def test_smoke_run_records_everything_and_resumes_identically(run_orchard):
     assert m["train/phase2_s"] == pytest.approx(sum(rounds)) and min(phases) >= 0
     assert sum(phases) == pytest.approx(sum(full.history("round/total_s")))
     assert m["train/parent_wire_bytes"] == 0       # ... from parents kept by the actors: on one node none crosses
+    # the busy seconds behind each round's effective parallelism, by who was busy, and their sums
+    busy = [t + a for t, a in zip(full.history("round/task_busy_s"), full.history("round/actor_busy_s"))]
+    assert busy == pytest.approx([p * w for p, w in zip(full.history("round/effective_parallelism"),
+                                                        full.history("round/total_s"))], rel=1e-6)
+    assert m["train/task_busy_s"] == pytest.approx(sum(full.history("round/task_busy_s"))) and m["train/task_busy_s"] > 0
+    assert m["train/actor_busy_s"] > 0 and m["train/phase2_tasks"] == sum(full.history("round/phase2_tasks")) > 0
     # the bin cache: every tree encodes its bins in its first round (depth 0), never again, and
     # every round of the smoke run counts cached blocks
     encoding = full.history("round/bin_cache_s")
