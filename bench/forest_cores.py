@@ -1,7 +1,7 @@
 """The forest's phase-2 task body in N plain processes, no Ray: what a machine's cores give the
 forest's work before orchard takes any share of it (issue 48).
 
-    python -m bench forest_cores     # ~20 s on 2 idle cores; ~1-2 min on 16 (a guess)
+    python -m bench forest_cores     # ~40 s on 2 idle cores; ~2 min on 16 (a guess)
 
 Why: on the lent 16-core machine the forest's 16 workers took longer than 4 (scaling_16c.json,
 2026-12-04): the tasks' and actors' busy seconds tripled from 4 workers to 16, the same work.
@@ -33,10 +33,10 @@ import statistics
 import time
 
 SIZES = {"full": {"examples": 20_000, "cached_features": 1_000, "features": 125, "columns": 4_000, "bins": 51,
-                  "calls": 12, "spins": 150_000_000, "cores": None},
+                  "calls": 30, "spins": 1_500_000_000, "cores": None},
          "smoke": {"examples": 2_000, "cached_features": 100, "features": 25, "columns": 200, "bins": 51,
                    "calls": 2, "spins": 2_000_000, "cores": [1, 2]}}
-ESTIMATE = "~20 s on 2 idle cores; ~1-2 min on 16 (5 counts x 3 repeats x 2 kinds; a guess)"
+ESTIMATE = "~40 s on 2 idle cores; ~2 min on 16 (5 counts x 3 repeats x 2 kinds, ~1.5 s of work each; a guess)"
 KINDS = {"phase2": "phase-2 task body (histogram zeroed, bins counted, slices encoded)",
          "registers": "registers only (an integer loop, no memory traffic)"}
 
