@@ -37,7 +37,9 @@ SIZES = {"full": {"examples": 20_000, "cached_features": 1_000, "features": 125,
          "smoke": {"examples": 2_000, "cached_features": 100, "features": 25, "columns": 200, "bins": 51,
                    "calls": 2, "spins": 2_000_000, "cores": [1, 2]}}
 ESTIMATE = "~40 s on 2 idle cores; ~2 min on 16 (5 counts x 3 repeats x 2 kinds, ~1.5 s of work each; a guess)"
-KINDS = {"phase2": "phase-2 task body (histogram zeroed, bins counted, slices encoded)",
+SPARSE_CALLS = 4  # the sparse counting is that much faster here: ~1.5 s of work a process, as the others
+KINDS = {"phase2 sparse": "phase-2 counting as orchard does it at this shape (sparse_counts.py: no histogram)",
+         "phase2 dense": "phase-2 counting in a dense histogram (zeroed, bins counted, slices encoded)",
          "registers": "registers only (an integer loop, no memory traffic)"}
 
 
@@ -48,26 +50,25 @@ def core_counts(cores: int, wanted: list[int] | None = None) -> list[int]:
     return sorted({n for n in wanted if 1 <= n <= cores}) if wanted else counts(cores)
 
 
-def phase2_work(size: dict, seed: int):
-    """A call doing one phase-2 task's body on data of ``size`` (made here, untimed)."""
+def phase2_work(size: dict, seed: int, sparse: bool):
+    """A call doing one phase-2 task's counting (round_tasks.count_slices: the slices of two
+    receiving actors) on data of ``size`` (made here, untimed), counted sparse or dense."""
     import numpy as np
 
-    from workloads.forest.histogram_kernels import accumulate_bins
-    from workloads.forest.shuffle import encode_partial
+    from workloads.forest.round_tasks import count_slices
 
     rng = np.random.default_rng(seed)
     codes = rng.integers(0, size["bins"], (size["examples"], size["cached_features"]), dtype=np.uint8)
     columns = np.sort(rng.integers(0, size["columns"], size["examples"])).astype(np.int64)  # grouped by column
     rows = rng.permutation(size["examples"]).astype(np.int64)
-    shape, f0 = (size["columns"], size["features"], size["bins"]), size["cached_features"] // 2
+    by_block = [(None, codes, rows, rows, columns)]  # a cached block: its pixels are not read
+    offsets = np.zeros((size["features"], 4), np.float32)
+    thresholds = np.zeros((size["features"], size["bins"] - 1), np.float32)
+    bounds = [0, size["columns"] // 2, size["columns"]]
+    f0 = size["cached_features"] // 2
 
-    def call():
-        hist = np.zeros(shape, np.uint16)
-        accumulate_bins(hist, codes, rows, columns, f0)
-        half = size["columns"] // 2  # two receiving actors' slices
-        return [encode_partial(hist[:half]), encode_partial(hist[half:])]
-
-    return call
+    return lambda: count_slices(by_block, f0, offsets, thresholds, 0.0, size["columns"], bounds, np.uint16,
+                                sparse=sparse)
 
 
 def registers_work(size: dict, seed: int):
@@ -91,11 +92,11 @@ def one_process(kind: str, size: dict, seed: int, barrier, results) -> None:
     import numba
 
     numba.set_num_threads(1)  # as a phase-2 task with cpus_per_worker 1 (round_tasks._ready_for_numba)
-    work = (phase2_work if kind == "phase2" else registers_work)(size, seed)
+    work = registers_work(size, seed) if kind == "registers" else phase2_work(size, seed, kind == "phase2 sparse")
     work()
     barrier.wait()
     start = time.perf_counter()
-    for _ in range(size["calls"] if kind == "phase2" else 1):
+    for _ in range(1 if kind == "registers" else size["calls"] * (SPARSE_CALLS if kind == "phase2 sparse" else 1)):
         work()
     results.put(time.perf_counter() - start)
 

@@ -129,19 +129,20 @@ def phase2_task(traversal, batch_nodes, column_of, col_lo, col_hi, offsets, thre
     hist_dtype: the batch's count dtype (shuffle.count_dtype: it holds the largest column's total).
     offsets, thresholds: the pool's features f0.. of this partition. units: the partition's
     blocks, then as many bin caches (encode_task; None: evaluate eq. 1 on the fly).
-    Returns one encoded slice (shuffle.encode_partial) per receiving actor, then a stats
-    dict (busy seconds, example-features, histogram bytes, bytes shipped encoded / dense).
+    Returns one encoded slice (shuffle.encode_partial's form) per receiving actor, then a stats
+    dict (busy seconds, example-features, histogram bytes, bytes shipped encoded / dense). The
+    slices are counted in a dense histogram, or, where the examples are few against its cells
+    and every block has its bin cache, straight into their sparse form (sparse_counts.py).
     `fault` (tests only): a marker path; the first task to see it absent creates it and
     kills its own worker process mid-task.
     """
-    from .histogram_kernels import accumulate_bins, accumulate_histograms
-    from .shuffle import encode_partial, encoded_bytes
+    from .shuffle import encoded_bytes
 
     start = time.perf_counter()
     _ready_for_numba(threads)
-    hist = np.zeros((col_hi - col_lo, len(offsets), thresholds.shape[1] + 1), hist_dtype)
-    example_features = 0
+    n_columns, n_bins = col_hi - col_lo, thresholds.shape[1] + 1
     blocks, caches = units[:len(units) // 2], units[len(units) // 2:]
+    mine_by_block = []  # (block, its bin cache, examples, their cache rows, their columns from col_lo)
     for i, (block, codes) in enumerate(zip(blocks, caches)):
         ex, nodes = _reassociate(block, traversal, selection, background_mm)
         slot = _slots(batch_nodes, nodes)
@@ -149,22 +150,47 @@ def phase2_task(traversal, batch_nodes, column_of, col_lo, col_hi, offsets, thre
         mine = np.nonzero((columns >= col_lo) & (columns < col_hi))[0]
         # grouping examples by column keeps one node's histogram rows hot in cache
         rows = mine[np.argsort(columns[mine], kind="stable")]  # positions among the selected = cache rows
-        ex, columns = ex[rows], columns[rows] - col_lo
+        mine_by_block.append((block, codes, ex[rows], rows, columns[rows] - col_lo))
+        if fault and i == 0:
+            die_once(fault)
+    examples = sum(len(m[2]) for m in mine_by_block)
+    parts, held = count_slices(mine_by_block, f0, offsets, thresholds, background_mm, n_columns, column_bounds,
+                               hist_dtype)
+    stats = {"busy_s": time.perf_counter() - start, "example_features": examples * len(offsets),
+             "hist_bytes": held, "shuffle_bytes": sum(encoded_bytes(p) for p in parts),
+             "dense_bytes": n_columns * len(offsets) * n_bins * 4,  # int32 partials, as before issue 20
+             "node": _node()}  # where it ran: the driver checks it against its units' home
+    return (*parts, stats)
+
+
+def count_slices(by_block: list, f0: int, offsets, thresholds, background_mm, n_columns: int, column_bounds,
+                 hist_dtype, sparse: bool | None = None) -> tuple[list, int]:
+    """Phase 2's counting: the encoded slices, one per actor, of the histogram (n_columns,
+    features, bins) of ``by_block``'s examples [(block, its bin cache or None, examples, their
+    cache rows, their columns)], and the bytes held to make them. Counted in a dense histogram,
+    or, where every block has its bin cache and the examples are few against the cells
+    (``sparse`` None: sparse_counts.worth_it decides), straight into their sparse form: the same
+    slices, a fraction of the memory passes."""
+    from .histogram_kernels import accumulate_bins, accumulate_histograms
+    from .shuffle import encode_partial
+    from .sparse_counts import sparse_partials, worth_it
+
+    n_bins = thresholds.shape[1] + 1
+    if sparse is None:
+        sparse = all(m[1] is not None for m in by_block) and \
+            worth_it(sum(len(m[2]) for m in by_block), n_columns, n_bins)
+    if sparse:
+        return sparse_partials([m[1] for m in by_block], [m[3] for m in by_block], [m[4] for m in by_block],
+                               f0, len(offsets), n_bins, column_bounds)
+    hist = np.zeros((n_columns, len(offsets), n_bins), hist_dtype)
+    for block, codes, ex, rows, columns in by_block:
         if codes is not None:
             accumulate_bins(hist, codes, rows, columns, f0)
         else:
             accumulate_histograms(hist, block["depths"], block["ex_img"][ex], block["ex_y"][ex],
                                   block["ex_x"][ex], columns, offsets, thresholds, background_mm)
-        example_features += len(ex) * len(offsets)
-        if fault and i == 0:
-            die_once(fault)
-    parts = [encode_partial(hist[column_bounds[k]:column_bounds[k + 1]])
-             for k in range(len(column_bounds) - 1)]
-    stats = {"busy_s": time.perf_counter() - start, "example_features": example_features,
-             "hist_bytes": hist.nbytes, "shuffle_bytes": sum(encoded_bytes(p) for p in parts),
-             "dense_bytes": hist.size * 4,  # int32 partials, as before issue 20
-             "node": _node()}  # where it ran: the driver checks it against its units' home
-    return (*parts, stats)
+    return [encode_partial(hist[column_bounds[k]:column_bounds[k + 1]]) for k in range(len(column_bounds) - 1)], \
+        hist.nbytes
 
 
 def die_once(marker: str) -> None:
