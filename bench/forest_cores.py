@@ -1,7 +1,7 @@
-"""The forest's phase-2 task body in N plain processes, no Ray: what a machine's cores give the
+"""The forest's phase-2 counting in N plain processes, no Ray: what a machine's cores give the
 forest's work before orchard takes any share of it (issue 48).
 
-    python -m bench forest_cores     # ~40 s on 2 idle cores; ~2 min on 16 (a guess)
+    python -m bench forest_cores     # ~1 min on 2 idle cores; ~3 min on 16 (a guess)
 
 Why: on the lent 16-core machine the forest's 16 workers took longer than 4 (scaling_16c.json,
 2026-12-04): the tasks' and actors' busy seconds tripled from 4 workers to 16, the same work.
@@ -14,12 +14,15 @@ thread each, as orchard's phase-2 tasks run: `forest.cpus_per_worker` 1) wait at
 each runs the same fixed work; the wall time from the barrier to the last one done is timed.
 Weak scaling: each process has the same work at every N, so the machine's speed-up for that
 work is N x t(1) / t(N) (ideal N) and its efficiency t(1) / t(N) (ideal 1, the row's ratio).
-Two kinds of work:
-- **phase-2 task body**: what `round_tasks.phase2_task` computes for one data partition and
-  one feature partition, without Ray: a histogram zeroed, a bin cache's codes counted into it
-  (`accumulate_bins`, examples grouped by column as the task groups them), its slices encoded
-  (`encode_partial`); sized like the mid shape deep in the tree at 16 workers (20,000 examples
-  x 125 of 1,000 cached features, 4,000 node-class columns of 51 bins, uint16 counts: 51 MB);
+Three kinds of work:
+- **phase-2 counting, sparse and dense**: what `round_tasks.phase2_task` computes for one data
+  partition and one feature partition once its examples are associated, without Ray
+  (`round_tasks.count_slices`, the slices of two receiving actors), counted both ways: straight
+  into the sparse slices, as orchard counts at this shape (sparse_counts.py), and in a dense
+  histogram (zeroed, `accumulate_bins`, encoded by `encode_partial`), as it did before
+  2026-12-04; sized like the mid shape deep in the tree at 16 workers (20,000 examples x 125 of
+  1,000 cached features, 4,000 node-class columns of 51 bins, uint16 counts: a 51 MB histogram);
+  the same work both ways, so their seconds compare as they are;
 - **registers only**: an integer loop that touches no memory: the cores' own ceiling. A
   phase-2 row below it points at memory; a register row below N points at the machine.
 orchard's forest rows (scaling_16c.json) are read against these in docs/scaling.md: its
@@ -36,8 +39,7 @@ SIZES = {"full": {"examples": 20_000, "cached_features": 1_000, "features": 125,
                   "calls": 30, "spins": 1_500_000_000, "cores": None},
          "smoke": {"examples": 2_000, "cached_features": 100, "features": 25, "columns": 200, "bins": 51,
                    "calls": 2, "spins": 2_000_000, "cores": [1, 2]}}
-ESTIMATE = "~40 s on 2 idle cores; ~2 min on 16 (5 counts x 3 repeats x 2 kinds, ~1.5 s of work each; a guess)"
-SPARSE_CALLS = 4  # the sparse counting is that much faster here: ~1.5 s of work a process, as the others
+ESTIMATE = "~1 min on 2 idle cores (2026-12-04); ~3 min on 16 (5 counts x 3 repeats x 3 kinds, 1-2 s of work each; a guess)"
 KINDS = {"phase2 sparse": "phase-2 counting as orchard does it at this shape (sparse_counts.py: no histogram)",
          "phase2 dense": "phase-2 counting in a dense histogram (zeroed, bins counted, slices encoded)",
          "registers": "registers only (an integer loop, no memory traffic)"}
@@ -96,7 +98,7 @@ def one_process(kind: str, size: dict, seed: int, barrier, results) -> None:
     work()
     barrier.wait()
     start = time.perf_counter()
-    for _ in range(1 if kind == "registers" else size["calls"] * (SPARSE_CALLS if kind == "phase2 sparse" else 1)):
+    for _ in range(1 if kind == "registers" else size["calls"]):  # both countings the same work
         work()
     results.put(time.perf_counter() - start)
 

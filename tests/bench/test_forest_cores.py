@@ -1,4 +1,4 @@
-"""bench/forest_cores.py (issue 48): the forest's phase-2 task body and a register loop in N
+"""bench/forest_cores.py (issue 48): the forest's phase-2 counting (sparse, dense) and a register loop in N
 plain processes at once, each with the same work; a row per kind and count with the machine's
 speed-up N x t(1) / t(N). Real spawned processes at the smoke size (1 and 2 processes)."""
 from __future__ import annotations
@@ -12,20 +12,23 @@ def test_counts_double_up_to_the_cores_or_take_the_ones_asked():
     assert core_counts(16) == [1, 2, 4, 8, 16] and core_counts(2, [1, 2, 4]) == [1, 2]
 
 
-def test_the_task_body_counts_every_example_feature_and_encodes_two_slices():
+def test_both_countings_make_the_same_two_slices_of_every_example_feature():
     import numpy as np
 
     from bench.forest_cores import SIZES, phase2_work
     from workloads.forest.shuffle import add_partial
 
     size = SIZES["smoke"]
-    parts = phase2_work(size, 0)()
-    halves = [np.zeros(tuple(p["shape"]), np.int64) for p in parts]
-    for half, p in zip(halves, parts):
-        add_partial(half, 0, p)
-    hist = np.concatenate(halves)
-    assert hist.shape == (size["columns"], size["features"], size["bins"])
-    assert hist.sum() == size["examples"] * size["features"]   # one count per example and feature
+    hists = []
+    for sparse in (True, False):
+        halves = []
+        for p in phase2_work(size, 0, sparse)()[0]:
+            halves.append(np.zeros(tuple(p["shape"]), np.int64))
+            add_partial(halves[-1], 0, p)
+        hists.append(np.concatenate(halves))
+    assert hists[0].shape == (size["columns"], size["features"], size["bins"])
+    assert hists[0].sum() == size["examples"] * size["features"]   # one count per example and feature
+    assert np.array_equal(*hists)
 
 
 @pytest.mark.slow
