@@ -178,7 +178,7 @@ def count_slices(by_block: list, f0: int, offsets, thresholds, background_mm, n_
     n_bins = thresholds.shape[1] + 1
     if sparse is None:
         sparse = all(m[1] is not None for m in by_block) and \
-            worth_it(sum(len(m[2]) for m in by_block), n_columns, n_bins)
+            worth_it(sum(len(m[2]) for m in by_block), n_columns, len(offsets), n_bins)
     if sparse:
         return sparse_partials([m[1] for m in by_block], [m[3] for m in by_block], [m[4] for m in by_block],
                                f0, len(offsets), n_bins, column_bounds)

@@ -10,7 +10,8 @@ against one increment per example and feature. On the 16-core machine sixteen su
 took three times the busy seconds four did (docs/scaling.md, 2026-12-04); memory passes that grow
 with the histogram, not the work, are what more cores share worst.
 
-Where the examples are few against the cells (`worth_it`), a task counts from its bin caches
+Where the examples are few against the cells (`worth_it`: the counting below holds less than the
+histogram would), a task counts from its bin caches
 without a histogram: its examples' cached bins of its features, gathered into one compact
 (examples, features) matrix sorted by column (a few MB), are counted one column at a time in a
 small per-column table that stays in cache, and each non-zero cell is written out once, in flat
@@ -25,10 +26,17 @@ from .jit import njit
 from .shuffle import INDEX_BYTES, count_dtype
 
 
-def worth_it(examples: int, n_columns: int, n_bins: int) -> bool:
-    """Count sparse when even one distinct cell per example-feature would be smaller encoded than
-    the dense histogram it replaces (per feature: examples x (index + count) < columns x bins)."""
-    return examples * (INDEX_BYTES + 1) < n_columns * n_bins
+# what the sparse counting holds: per example-feature its cached bin (1 byte) and room for one
+# non-zero cell (a uint32 index and a uint32 count); per example its column and sort order
+HELD_PER_EXAMPLE_FEATURE, HELD_PER_EXAMPLE = 1 + INDEX_BYTES + 4, 16
+
+
+def worth_it(examples: int, n_columns: int, n_features: int, n_bins: int) -> bool:
+    """Count sparse where that holds less memory than the dense histogram would at its narrowest
+    (1 byte a cell): deep in the tree, where a column's examples are few against its cells. So a
+    task never holds more than its dense histogram, which `forest.memory_budget_mb` bounds."""
+    held = examples * (n_features * HELD_PER_EXAMPLE_FEATURE + HELD_PER_EXAMPLE)
+    return held < n_columns * n_features * n_bins
 
 
 def sparse_partials(codes: list, rows: list, columns: list, f0: int, n_features: int, n_bins: int,

@@ -58,9 +58,17 @@ def test_a_task_with_no_examples_sends_each_actor_an_empty_slice():
     assert [len(g["index"]) for g in got] == [0, 0] and [tuple(g["shape"]) for g in got] == [(4, 3, 5)] * 2
 
 
-def test_worth_it_where_the_examples_are_few_against_the_cells():
+def test_worth_it_where_the_counting_holds_less_than_the_histogram_would():
     # deep: 20,000 examples over 4,000 columns of 51 bins; near the root: 20,000 over 60 columns
-    assert worth_it(20_000, 4_000, 51) and not worth_it(20_000, 60, 51)
+    assert worth_it(20_000, 4_000, 125, 51) and not worth_it(20_000, 60, 125, 51)
+    rng = np.random.default_rng(0)
+    for _ in range(50):   # where it says so, what the task holds stays under the dense histogram's bytes
+        examples, n_columns, n_features = (int(v) for v in rng.integers(1, 60, 3))
+        if worth_it(examples, n_columns, n_features, 11):
+            codes = rng.integers(0, 11, (examples, n_features), dtype=np.uint8)
+            columns = np.sort(rng.integers(0, n_columns, examples))
+            _, held = sparse_partials([codes], [np.arange(examples)], [columns], 0, n_features, 11, [0, n_columns])
+            assert held <= n_columns * n_features * 11
 
 
 def test_a_deep_tasks_slices_from_its_bin_caches_are_those_eq1_counts_on_the_fly():
@@ -86,7 +94,7 @@ def test_a_deep_tasks_slices_from_its_bin_caches_are_those_eq1_counts_on_the_fly
         rows, columns = rows[order], columns[order].astype(np.int32)
         by_block.append((block, codes, rows, rows, columns))
         on_the_fly.append((block, None, rows, rows, columns))
-    assert worth_it(sum(len(b[2]) for b in by_block), n_columns, thresholds.shape[1] + 1)
+    assert worth_it(sum(len(b[2]) for b in by_block), n_columns, f1 - f0, thresholds.shape[1] + 1)
     got, held = count_slices(by_block, f0, offsets[f0:f1], thresholds[f0:f1], BG, n_columns, bounds, np.uint16)
     want, dense = count_slices(on_the_fly, f0, offsets[f0:f1], thresholds[f0:f1], BG, n_columns, bounds, np.uint16)
     assert held < dense   # no histogram held
