@@ -1,7 +1,7 @@
 """The forest's phase-2 counting in N plain processes, no Ray: what a machine's cores give the
 forest's work before orchard takes any share of it (issue 48).
 
-    python -m bench forest_cores     # ~1 min on 2 idle cores; ~3 min on 16 (a guess)
+    python -m bench forest_cores     # ~1 min on 2 idle cores; ~1-2 min on 16 (a guess)
 
 Why: on the lent 16-core machine the forest's 16 workers took longer than 4 (scaling_16c.json,
 2026-12-04): the tasks' and actors' busy seconds tripled from 4 workers to 16, the same work.
@@ -9,7 +9,7 @@ Either the machine's cores do not give 16 processes 16x (shared physical cores, 
 bandwidth, a CPU quota) or orchard's tasks slow each other in ways a plain process would not.
 This bench tells the two apart on whatever machine it runs on.
 
-What is run, at N = 1, 2, 4, ... up to the machine's cores: N processes (spawned, one numba
+What is run, at N = 1, a quarter of the machine's cores and all of them: N processes (spawned, one numba
 thread each, as orchard's phase-2 tasks run: `forest.cpus_per_worker` 1) wait at a barrier, then
 each runs the same fixed work; the wall time from the barrier to the last one done is timed.
 Weak scaling: each process has the same work at every N, so the machine's speed-up for that
@@ -39,17 +39,19 @@ SIZES = {"full": {"examples": 20_000, "cached_features": 1_000, "features": 125,
                   "calls": 30, "spins": 1_500_000_000, "cores": None},
          "smoke": {"examples": 2_000, "cached_features": 100, "features": 25, "columns": 200, "bins": 51,
                    "calls": 2, "spins": 2_000_000, "cores": [1, 2]}}
-ESTIMATE = "~1 min on 2 idle cores (2026-12-04); ~3 min on 16 (5 counts x 3 repeats x 3 kinds, 1-2 s of work each; a guess)"
+ESTIMATE = "~1 min on 2 idle cores (2026-12-04); ~1-2 min on 16 (3 counts x 3 repeats x 3 kinds, 1-2 s of work each; a guess)"
 KINDS = {"phase2 sparse": "phase-2 counting as orchard does it at this shape (sparse_counts.py: no histogram)",
          "phase2 dense": "phase-2 counting in a dense histogram (zeroed, bins counted, slices encoded)",
          "registers": "registers only (an integer loop, no memory traffic)"}
 
 
 def core_counts(cores: int, wanted: list[int] | None = None) -> list[int]:
-    """1, 2, 4, ... up to ``cores``, and ``cores`` itself (``wanted``: these, where the cores exist)."""
-    from bench.scaling import counts
+    """1, a quarter of the cores and all of them: the worker counts of the forest's rows it is read
+    against (bench scaling_forest_few), in the minutes a lent machine's call has left beside them
+    (``wanted``: these, where the cores exist)."""
+    from bench.scaling import worker_counts
 
-    return sorted({n for n in wanted if 1 <= n <= cores}) if wanted else counts(cores)
+    return sorted({n for n in wanted if 1 <= n <= cores}) if wanted else worker_counts(cores, "few")
 
 
 def phase2_work(size: dict, seed: int, sparse: bool):

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 
-def test_counts_double_up_to_the_cores_or_take_the_ones_asked():
+def test_counts_are_the_forest_rows_or_the_ones_asked():
     from bench.forest_cores import core_counts
 
-    assert core_counts(16) == [1, 2, 4, 8, 16] and core_counts(2, [1, 2, 4]) == [1, 2]
+    assert core_counts(16) == [1, 4, 16] and core_counts(2) == [1, 2] and core_counts(2, [1, 2, 4]) == [1, 2]
 
 
 def test_both_countings_make_the_same_two_slices_of_every_example_feature():
