@@ -8,7 +8,8 @@
   phase2_task  one per (data partition x feature partition) of a node batch: the partial
                (node-class column, feature, threshold bin) histograms by the numba kernel
                (counting cached bins, or eq. 1 on the fly for a block without them),
-               cut into one encoded slice per receiving histogram actor (shuffle.py).
+               cut into one encoded slice per receiving histogram actor (shuffle.py); deep in
+               the tree counted straight into those slices, without a histogram (sparse_counts.py).
 The driver side (train.py's RoundRunner) wraps them in ``ray.remote`` and sends their slices on.
 """
 from __future__ import annotations
@@ -189,8 +190,8 @@ def count_slices(by_block: list, f0: int, offsets, thresholds, background_mm, n_
         else:
             accumulate_histograms(hist, block["depths"], block["ex_img"][ex], block["ex_y"][ex],
                                   block["ex_x"][ex], columns, offsets, thresholds, background_mm)
-    return [encode_partial(hist[column_bounds[k]:column_bounds[k + 1]]) for k in range(len(column_bounds) - 1)], \
-        hist.nbytes
+    parts = [encode_partial(hist[column_bounds[k]:column_bounds[k + 1]]) for k in range(len(column_bounds) - 1)]
+    return parts, hist.nbytes
 
 
 def die_once(marker: str) -> None:

@@ -55,8 +55,8 @@ def sparse_partials(codes: list, rows: list, columns: list, f0: int, n_features:
     # every example-feature hits at most one new cell: an exact upper bound on the non-zero cells;
     # indices are relative to their slice (uint32, as encode_partial's; a slice of 2^32 cells or
     # more is sent dense, below)
-    index = np.empty(len(col) * n_features, np.int64 if np.diff(bounds).max(initial=0) * n_features * n_bins
-                     >= 2**32 else np.uint32)
+    widest = int(np.diff(bounds).max(initial=0)) * n_features * n_bins
+    index = np.empty(len(col) * n_features, np.uint32 if widest < 2**32 else np.int64)
     count = np.empty(len(col) * n_features, np.uint32)
     cut = np.zeros(len(bounds), np.int64)
     _count_columns(x, col, starts.astype(np.int64), bounds, n_features, n_bins, index, count, cut)
