@@ -25,7 +25,7 @@ EXTRA_BENCHES = {
     "forest_paper": ("bench.forest_vs_peers", "paper"),  # 500k pixels x 2,000 offsets: ~17 GB RAM (LightGBM's peak), ~12 min
     "forest_beyond": ("bench.forest_vs_peers", "beyond"),  # 3.4M pixels x 2,000 offsets: the peers' matrix (25 GiB) does not fit; ~35 min
     "video_shift": ("bench.video_shift", "full"),          # worker shifting on vs off: ~14 min
-    "video_cores": ("bench.video_cores", "full"),          # the decode stage vs the loops at 2, 4, 8, 16 cores: ~1 min on 2, ~3-4 on 16 (a guess)
+    "video_cores": ("bench.video_cores", "full"),          # the decode stage vs the loops at 2, 4, 8, 16 cores: ~1 min on 2, over 6 on 16
     "flower_profile": ("bench.flower_profile", "full"),    # where the ring and ps-sync step loops go: ~6 min
     "scaling": ("bench.scaling", "full"),                  # every workload at 1, 2, 4, ... workers and on 1, 2, 4 nodes: ~25 min
     "scaling_forest": ("bench.scaling", "forest"),         # the forest alone, for a bigger machine's minutes

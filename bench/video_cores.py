@@ -1,7 +1,7 @@
 """workload=video's decode stage on more cores (issue 51): orchard against the plain loops at 2, 4,
 8, 16, ... cores, on the cores alone, for a lent many-core machine.
 
-    python -m bench video_cores      # on 2 idle cores ~1 min (the 2-core rows); on 16 ~3-4 min (a guess)
+    python -m bench video_cores      # on 2 idle cores ~1 min (the 2-core rows); on 16 over 6 min
 
 What is compared, at each core count N (2, 4, 8, ... up to the machine's cores, and its own count):
 the same sides as `python -m bench video` (bench/video_pipeline.py says why they are fair), on two
@@ -32,7 +32,7 @@ SIZES = {"full": {"lone_videos_per_core": 48, "videos_per_core": 6, "frames": 64
                   "cores": None},
          "smoke": {"lone_videos_per_core": 4, "videos_per_core": 1, "frames": 24, "count": 5, "size": 32,
                    "cores": [1, 2]}}
-ESTIMATE = "~1 min on 2 idle cores (51 s, 2026-12-03); ~3-4 min on 16 by the same passes at 4 counts (not run there yet)"
+ESTIMATE = "~1 min on 2 idle cores (51 s, 2026-12-03); over 6 min on 16 (2026-12-04: its clips, then 2, 4 and 8 cores took ~370 s)"
 CLIPS_PER_VIDEO = 40
 
 
