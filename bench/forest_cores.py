@@ -72,7 +72,7 @@ def phase2_work(size: dict, seed: int, sparse: bool):
     f0 = size["cached_features"] // 2
 
     return lambda: count_slices(by_block, f0, offsets, thresholds, 0.0, size["columns"], bounds, np.uint16,
-                                sparse=sparse)
+                                sparse=sparse)[0]
 
 
 def registers_work(size: dict, seed: int):

@@ -22,7 +22,7 @@ def test_both_countings_make_the_same_two_slices_of_every_example_feature():
     hists = []
     for sparse in (True, False):
         halves = []
-        for p in phase2_work(size, 0, sparse)()[0]:
+        for p in phase2_work(size, 0, sparse)():
             halves.append(np.zeros(tuple(p["shape"]), np.int64))
             add_partial(halves[-1], 0, p)
         hists.append(np.concatenate(halves))

@@ -155,20 +155,20 @@ def phase2_task(traversal, batch_nodes, column_of, col_lo, col_hi, offsets, thre
         if fault and i == 0:
             die_once(fault)
     examples = sum(len(m[2]) for m in mine_by_block)
-    parts, held = count_slices(mine_by_block, f0, offsets, thresholds, background_mm, n_columns, column_bounds,
-                               hist_dtype)
+    parts, held, sparse = count_slices(mine_by_block, f0, offsets, thresholds, background_mm, n_columns,
+                                       column_bounds, hist_dtype)
     stats = {"busy_s": time.perf_counter() - start, "example_features": examples * len(offsets),
-             "hist_bytes": held, "shuffle_bytes": sum(encoded_bytes(p) for p in parts),
+             "hist_bytes": held, "sparse": sparse, "shuffle_bytes": sum(encoded_bytes(p) for p in parts),
              "dense_bytes": n_columns * len(offsets) * n_bins * 4,  # int32 partials, as before issue 20
              "node": _node()}  # where it ran: the driver checks it against its units' home
     return (*parts, stats)
 
 
 def count_slices(by_block: list, f0: int, offsets, thresholds, background_mm, n_columns: int, column_bounds,
-                 hist_dtype, sparse: bool | None = None) -> tuple[list, int]:
+                 hist_dtype, sparse: bool | None = None) -> tuple[list, int, bool]:
     """Phase 2's counting: the encoded slices, one per actor, of the histogram (n_columns,
     features, bins) of ``by_block``'s examples [(block, its bin cache or None, examples, their
-    cache rows, their columns)], and the bytes held to make them. Counted in a dense histogram,
+    cache rows, their columns)], the bytes held to make them, and whether it counted sparse. Counted in a dense histogram,
     or, where every block has its bin cache and the examples are few against the cells
     (``sparse`` None: sparse_counts.worth_it decides), straight into their sparse form: the same
     slices, a fraction of the memory passes."""
@@ -181,8 +181,8 @@ def count_slices(by_block: list, f0: int, offsets, thresholds, background_mm, n_
         sparse = all(m[1] is not None for m in by_block) and \
             worth_it(sum(len(m[2]) for m in by_block), n_columns, len(offsets), n_bins)
     if sparse:
-        return sparse_partials([m[1] for m in by_block], [m[3] for m in by_block], [m[4] for m in by_block],
-                               f0, len(offsets), n_bins, column_bounds)
+        return (*sparse_partials([m[1] for m in by_block], [m[3] for m in by_block], [m[4] for m in by_block],
+                                 f0, len(offsets), n_bins, column_bounds), True)
     hist = np.zeros((n_columns, len(offsets), n_bins), hist_dtype)
     for block, codes, ex, rows, columns in by_block:
         if codes is not None:
@@ -191,7 +191,7 @@ def count_slices(by_block: list, f0: int, offsets, thresholds, background_mm, n_
             accumulate_histograms(hist, block["depths"], block["ex_img"][ex], block["ex_y"][ex],
                                   block["ex_x"][ex], columns, offsets, thresholds, background_mm)
     parts = [encode_partial(hist[column_bounds[k]:column_bounds[k + 1]]) for k in range(len(column_bounds) - 1)]
-    return parts, hist.nbytes
+    return parts, hist.nbytes, False
 
 
 def die_once(marker: str) -> None:

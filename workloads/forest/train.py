@@ -235,6 +235,7 @@ class RoundRunner:
     def _batch_stats(stats: list, phase2_s: float, phase3_s: float, actor_busy_s: float, reducer_bytes: list) -> dict:
         """A batch's figures from its tasks' stats; `reducer_bytes`: the histograms summed into."""
         return {"phase2_s": phase2_s, "phase3_s": phase3_s, "phase2_tasks": len(stats),
+                "phase2_sparse_tasks": sum(bool(s.get("sparse")) for s in stats),
                 "task_busy_s": sum(s["busy_s"] for s in stats), "actor_busy_s": actor_busy_s,
                 "example_features": sum(s["example_features"] for s in stats),
                 "shuffle_bytes": sum(s["shuffle_bytes"] for s in stats),
@@ -603,7 +604,8 @@ class RoundRunner:
             batches = plan_batches(active, columns, len(offsets), -(-len(offsets) // degrees["features"]),
                                    thresholds.shape[1] + 1, int(degrees["nodes"]), budget, itemsizes)
             encode_busy = encode["busy_s"] if encode_s else 0.0
-            totals = {"phase2_s": 0.0, "phase3_s": 0.0, "phase2_tasks": 0, "task_busy_s": phase1_busy + encode_busy,
+            totals = {"phase2_s": 0.0, "phase3_s": 0.0, "phase2_tasks": 0, "phase2_sparse_tasks": 0,
+                      "task_busy_s": phase1_busy + encode_busy,
                       "actor_busy_s": 0.0, "example_features": 0, "hist_peak_bytes": 0,
                       "shuffle_bytes": counts_bytes, "dense_bytes": 0}
             derived_examples, last_parents = 0, set(self.parents.held)  # the parents this round uses
@@ -693,6 +695,8 @@ class RoundRunner:
                     # (docs/scaling.md, 2026-12-04): which of the two grew is the next question
                     "round/task_busy_s": totals["task_busy_s"], "round/actor_busy_s": totals["actor_busy_s"],
                     "round/phase2_tasks": totals["phase2_tasks"],
+                    # ... of which counted without a histogram (sparse_counts.py)
+                    "round/phase2_sparse_tasks": totals["phase2_sparse_tasks"],
                     # the same per phase: phase 1's tasks over its wall time (0 where the counts
                     # came from the last split), phases 2-3's tasks and actors over theirs
                     "round/phase1_parallelism": phase1_busy / max(phase1_s, 1e-9),

@@ -123,3 +123,21 @@ def test_smoke_run_records_everything_and_resumes_identically(run_orchard):
     hits = [bookkeeping.read(r.client, r.run.info.run_id)["cache/avatars_hits"] for r in (full, crashed, resumed)]
     assert hits == [0, 1, 1]
     assert [p.name[:8] for p in Path(run_dir).parents[1].joinpath("forest_data").iterdir()] == ["avatars-"]
+
+
+@pytest.mark.slow
+def test_deep_smoke_forest_counts_sparse_and_grows_the_tree_the_dense_path_grows(run_orchard):
+    """The smoke forest with the paper's 50 thresholds and deeper: its deep tasks count straight
+    into sparse slices (sparse_counts.py); the same run with no bin cache (every block on the fly:
+    the dense path throughout) grows the identical tree."""
+    deep = ("workload=forest", "debug=smoke", "forest.n_thresholds=50", "forest.max_depth=7", "forest.num_trees=1",
+            "forest.small_round_example_features=0")
+    sparse = run_orchard(*deep)
+    dense = run_orchard(*deep, "forest.bin_cache_mb=0")
+    assert sparse.exit_code == 0 and dense.exit_code == 0, (sparse.outcome, dense.outcome)
+    assert sparse.run.data.metrics["train/phase2_sparse_tasks"] > 0
+    assert dense.run.data.metrics["train/phase2_sparse_tasks"] == 0
+    a, b = (load_checkpoint(f"{r.run.data.tags['orchard.run_dir']}/{CHECKPOINT_NAME}") for r in (sparse, dense))
+    for ta, tb in zip(a["trees"], b["trees"], strict=True):
+        for k in ta:
+            np.testing.assert_array_equal(ta[k], tb[k], err_msg=k)

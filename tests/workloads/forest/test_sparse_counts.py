@@ -95,8 +95,10 @@ def test_a_deep_tasks_slices_from_its_bin_caches_are_those_eq1_counts_on_the_fly
         by_block.append((block, codes, rows, rows, columns))
         on_the_fly.append((block, None, rows, rows, columns))
     assert worth_it(sum(len(b[2]) for b in by_block), n_columns, f1 - f0, thresholds.shape[1] + 1)
-    got, held = count_slices(by_block, f0, offsets[f0:f1], thresholds[f0:f1], BG, n_columns, bounds, np.uint16)
-    want, dense = count_slices(on_the_fly, f0, offsets[f0:f1], thresholds[f0:f1], BG, n_columns, bounds, np.uint16)
-    assert held < dense   # no histogram held
+    got, held, sparse = count_slices(by_block, f0, offsets[f0:f1], thresholds[f0:f1], BG, n_columns, bounds,
+                                     np.uint16)
+    want, dense, on_the_fly_sparse = count_slices(on_the_fly, f0, offsets[f0:f1], thresholds[f0:f1], BG, n_columns,
+                                                  bounds, np.uint16)
+    assert sparse and not on_the_fly_sparse and held < dense   # no histogram held
     for g, w in zip(got, want):
         assert g.keys() == w.keys() and all(np.array_equal(g[k], w[k]) for k in w)
