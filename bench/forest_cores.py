@@ -127,7 +127,7 @@ def measure(size: dict, repeats: int) -> list[dict]:
 
     counts = core_counts(len(os.sched_getaffinity(0)), size["cores"])
     got = {(kind, n): [] for kind in KINDS for n in counts}
-    for _ in range(repeats):  # each repeat runs every count of both kinds: a drift lands on all alike
+    for _ in range(repeats):  # each repeat runs every count of every kind: a drift lands on all alike
         for n in counts:
             for kind in KINDS:
                 got[(kind, n)].append(at_count(kind, n, size))

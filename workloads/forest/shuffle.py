@@ -42,11 +42,17 @@ def encode_partial(hist: np.ndarray) -> dict:
     flat = np.ascontiguousarray(hist).reshape(-1)
     nonzero, top = _census(flat)
     dtype = count_dtype(int(top))
-    if nonzero * (INDEX_BYTES + dtype.itemsize) < flat.size * dtype.itemsize and flat.size < 2**32:
+    if sparse_is_smaller(nonzero, flat.size, dtype):
         index, count = np.empty(nonzero + 1, np.uint32), np.empty(nonzero + 1, dtype)
         _gather(flat, index, count)
         return {"shape": shape, "index": index[:nonzero], "count": count[:nonzero]}
     return {"shape": shape, "dense": flat.astype(dtype, copy=False).reshape(hist.shape)}
+
+
+def sparse_is_smaller(nonzero: int, cells: int, dtype: np.dtype) -> bool:
+    """Whether a partial of ``cells`` cells, ``nonzero`` of them non-zero, with counts of
+    ``dtype``, is smaller sparse than dense (and its flat indices fit uint32)."""
+    return nonzero * (INDEX_BYTES + dtype.itemsize) < cells * dtype.itemsize and cells < 2**32
 
 
 @njit(cache=True)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from .jit import njit
-from .shuffle import INDEX_BYTES, count_dtype
+from .shuffle import INDEX_BYTES, count_dtype, sparse_is_smaller
 
 
 # what the sparse counting holds: per example-feature its cached bin (1 byte) and room for one
@@ -70,7 +70,7 @@ def _encoded(index: np.ndarray, count: np.ndarray, shape: tuple) -> dict:
     counts in the narrowest dtype that holds them."""
     dtype = count_dtype(int(count.max()) if len(count) else 0)
     cells = int(np.prod(shape))
-    if len(index) * (INDEX_BYTES + dtype.itemsize) < cells * dtype.itemsize and cells < 2**32:
+    if sparse_is_smaller(len(index), cells, dtype):
         return {"shape": np.asarray(shape, np.int64), "index": index.astype(np.uint32, copy=False),
                 "count": count.astype(dtype)}
     dense = np.zeros(cells, dtype)
