@@ -35,7 +35,8 @@ def start_run_services(cfg: dict, tracked, run_id: str | None, run_dir: Path, on
     # The sink lives on the driver's node: a sqlite store is a file only this machine sees.
     here = ray.get_runtime_context().get_node_id()
     sink = MetricsSink.options(name=sink_name(run_id or run_dir.name), scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote(
-        uri, run_id, tcfg.get("flush_interval_s", 1.0), max_series=tcfg.get("max_series_points", 10_000))
+        uri, run_id, tcfg.get("flush_interval_s", 1.0), max_series=tcfg.get("max_series_points", 10_000),
+        watch=tuple((cfg.get("_trial") or {}).get("watch", ())))  # a sweep trial's metric (sweep/trials.py)
     from orchard.storage import Storage
 
     ctx = RunContext(sink, run_id, str(run_dir), cfg["workload"]["name"], cfg["strategy"]["name"], uri,

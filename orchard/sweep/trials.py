@@ -41,11 +41,15 @@ class MetricFeed:
         self.lock = threading.Lock()
         self._poller = background.Poller(self._poll_or_say, interval_s, "orchard-sweep-metric")
 
-    def start(self, ctx) -> None:
-        import ray
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """What the run's sink keeps for this feed from its start (``MetricsSink(watch=...)``)."""
+        return (self.metric, *gpu_fit.KEYS)
 
+    def start(self, ctx) -> None:
+        """Poll the run's sink from now on. It watches ``keys`` from its start, so the workload
+        begins without waiting for the sink's process (its first poll does)."""
         self.sink, self.run_id = ctx._sink, ctx.run_id or ""
-        ray.get([self.sink.watch.remote(key) for key in (self.metric, *gpu_fit.KEYS)], timeout=60)
         self._poller.start()
 
     def _poll_or_say(self) -> None:
@@ -117,9 +121,9 @@ def make_trainable(base: dict, module_name: str, parent_run_id: str | None, metr
         cfg["run_name"] = f"{base['sweep']['name']}-{trial}"
         cfg["sweep"] = None
         module = importlib.import_module(module_name)
-        cfg["_trial"] = {"id": context.get_trial_id(), "session": session,
-                         **retry_of(uri, parent_run_id, context.get_trial_id(), session, trial, cfg, module)}
         feed = MetricFeed(metric)
+        cfg["_trial"] = {"id": context.get_trial_id(), "session": session, "watch": list(feed.keys),
+                         **retry_of(uri, parent_run_id, context.get_trial_id(), session, trial, cfg, module)}
         _trial_log(base)
         try:
             outcome = run_one(cfg, _Watched(module, feed), parent_run_id=parent_run_id, quiet=True)

@@ -77,7 +77,7 @@ class MetricsSink:
     """Buffers metrics and writes them to one MLflow run every ``flush_interval_s`` seconds."""
 
     def __init__(self, tracking_uri: str | None, run_id: str | None, flush_interval_s: float = 1.0,
-                 max_pending: int = MAX_PENDING, max_series: int = MAX_SERIES):
+                 max_pending: int = MAX_PENDING, max_series: int = MAX_SERIES, watch: tuple = ()):
         # a background writer: its start (MLflow's import, the store's engine: seconds of CPU)
         # and its flushes yield to the run's own processes where cores are short
         os.nice(NICENESS)
@@ -97,7 +97,11 @@ class MetricsSink:
         self._progress: dict = {}
         self._last_step: dict[str, int] = {}
         self._gpus: dict[str, set[int]] = {}
-        self._watched: dict[str, list[tuple[int, float]]] = {}  # key -> its latest (step, value)s, for pollers
+        # key -> its latest (step, value)s, for ``logged_since`` (a sweep trial polls its metric,
+        # wherever the run logs it). ``watch`` names them from the sink's start: a trial's feed
+        # used to wait ~2.5 s for this process to answer a call naming them before its workload
+        # began. A restarted sink leaves them to ``_logged_since``: the store has their history
+        self._watched: dict[str, list[tuple[int, float]]] = {}
         self._watched_dropped: dict[str, int] = {}              # key -> how many of its oldest went (bound)
         self._ledger = bookkeeping.Ledger()  # counters kept out of the charts (orchard/tracking/bookkeeping.py)
         self._max_pending = max_pending
@@ -110,6 +114,8 @@ class MetricsSink:
             self._reload()  # nothing yet for a new run; after a restart, what reached the store
             if _restarted():
                 self._write_through_until = time.monotonic() + WRITE_THROUGH_S
+        if self._client is None or not _restarted():
+            self._watched.update({key: [] for key in watch})
         self._flusher = background.Poller(self._flush_tick, flush_interval_s, "orchard-metrics-flush")
         self._flusher.start()
 
@@ -237,13 +243,6 @@ class MetricsSink:
     def progress(self, report: dict) -> None:
         with self._lock:
             self._progress = report
-
-    @ray.method(concurrency_group="write")
-    def watch(self, key: str) -> None:
-        """Keep every ``(step, value)`` of ``key`` logged from now on, for ``logged_since``
-        (a sweep trial polls its metric, wherever the run logs it)."""
-        with self._lock:
-            self._watched.setdefault(key, [])
 
     # ------------------------------------------------------------------ readers
     @ray.method(concurrency_group="read")

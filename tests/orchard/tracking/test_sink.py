@@ -135,8 +135,7 @@ def test_the_in_memory_series_are_bounded_and_keep_the_runs_summary_and_the_poll
 
     from orchard.tracking.sink import MetricsSink
 
-    sink = MetricsSink.remote(None, None, 3600.0, max_series=8)
-    ray.get(sink.watch.remote("val/loss"))
+    sink = MetricsSink.remote(None, None, 3600.0, max_series=8, watch=("val/loss",))
     for step in range(100):
         ray.get(sink.log_metrics.remote({"system/node0/cpu_pct": float(step % 10)}, step, step, keep_series=True))
         ray.get(sink.log_metrics.remote({"val/loss": float(step)}, step, step))
