@@ -77,6 +77,7 @@ def connect(cluster: dict) -> bool:
             include_dashboard=dashboard,
             dashboard_host=cluster.get("dashboard_host", "127.0.0.1"),
             runtime_env=runtime_env or None,
+            _system_config=idle_worker_config(),
             **common,
         )
         pinned(ray.get_runtime_context().gcs_address)
@@ -123,6 +124,27 @@ def _private_token() -> None:
             token.chmod(0o600)
     except OSError:
         pass
+
+
+IDLE_WORKER_KILLING = "idle_worker_killing_time_threshold_ms"
+# How long the embedded Ray keeps an idle worker process that it could kill. Ray's default is 1 s:
+# while actors hold CPUs (the forest's histogram actors, a pipeline's stages) the raylet keeps no
+# more idle workers than the CPUs left free, and kills the rest a second after their last task. A
+# forest round's tasks paused longer than that between their rounds (phase 3 and 4), so the workers
+# that ran them were killed and their successors paid a process start and numba's kernel loads
+# again: with 16 workers, 224 phase-2 tasks ran in 38 processes, and in 16 with the processes kept
+# (training 65.8 s -> 35.2 s; mid shape, Ray told 16 CPUs on 2 cores, 2026-12-04: docs/scaling.md).
+# An idle process holds memory, no CPU; a minute frees what a finished run leaves.
+IDLE_WORKER_KEEP_MS = 60_000
+
+
+def idle_worker_config() -> dict:
+    """The embedded Ray's ``_system_config``: idle workers kept ``IDLE_WORKER_KEEP_MS``, unless
+    the user set Ray's own variable (``RAY_idle_worker_killing_time_threshold_ms``), which wins.
+    A cluster's operator sets that variable on ``ray start`` (docs/cluster.md)."""
+    if f"RAY_{IDLE_WORKER_KILLING}" in os.environ:
+        return {}
+    return {IDLE_WORKER_KILLING: IDLE_WORKER_KEEP_MS}
 
 
 PREEMPTION_WATCHER = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"

@@ -14,6 +14,7 @@ The driver side (train.py's RoundRunner) wraps them in ``ray.remote`` and sends 
 """
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -160,7 +161,8 @@ def phase2_task(traversal, batch_nodes, column_of, col_lo, col_hi, offsets, thre
     stats = {"busy_s": time.perf_counter() - start, "example_features": examples * len(offsets),
              "hist_bytes": held, "sparse": sparse, "shuffle_bytes": sum(encoded_bytes(p) for p in parts),
              "dense_bytes": n_columns * len(offsets) * n_bins * 4,  # int32 partials, as before issue 20
-             "node": _node()}  # where it ran: the driver checks it against its units' home
+             "node": _node(),  # where it ran: the driver checks it against its units' home
+             "pid": os.getpid()}  # and in which process: the driver counts the processes the rounds used
     return (*parts, stats)
 
 

@@ -104,6 +104,8 @@ def _run(cfg: dict, ctx, round_ends: list) -> dict[str, float]:
         # the busy seconds behind the effective parallelism, by who was busy, and the tasks run
         **{f"train/{k}": float(sum(m[f"round/{k}"] for m in history))
            for k in ("task_busy_s", "actor_busy_s", "phase2_tasks", "phase2_sparse_tasks")},
+        # the worker processes those tasks ran in: the workers, unless Ray replaced idle ones
+        "train/task_processes": float(history[-1]["round/task_processes"]) if history else 0.0,
         "train/restarts": float(restarts),  # histogram actors' shares redone after a loss
         "time/data_s": data_s, "time/train_s": train_s,
         **({"train/resumed_from_round": float(first_round)} if f.get("resume") else {}),  # only a resumed run

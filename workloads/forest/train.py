@@ -111,6 +111,10 @@ class RoundRunner:
         self.block_bytes: dict = {}  # block ref -> its bytes in the object store
         self.unit_bytes: dict = {}  # block ref -> bytes of the block and its bin cache, this tree's
         self.across = {"bytes": 0, "tasks": 0, "nodes": set()}  # this round's data-unit reads off home
+        # (node, pid) of every process that ran a phase-2 task: more than the workers means Ray
+        # replaced idle ones between rounds, each new one paying its start and kernel loads again
+        # (orchard.cluster.IDLE_WORKER_KEEP_MS)
+        self.task_processes: set = set()
         self.fetch_bytes = 0  # the units' one fetch to their homes, not yet counted in a round
         # The round tasks are pure functions of their object-store inputs: an OSError inside one
         # comes from its node going away under it (a worker whose raylet has died fails to reach
@@ -174,7 +178,7 @@ class RoundRunner:
         def forward(stat_ref):
             part_id, f0, refs = in_flight.pop(stat_ref)
             stats.append(ray.get(stat_ref))
-            self._ran(stats[-1]["node"], b["data_parts"][b["jobs"][part_id][0]])
+            self._ran(stats[-1]["node"], b["data_parts"][b["jobs"][part_id][0]], stats[-1]["pid"])
             for k, ref in zip(targets, refs):
                 acks[k].append(self.actors[k].add.remote(part_id, f0, ref))
             if hook and len(stats) == 1:
@@ -339,7 +343,7 @@ class RoundRunner:
             part, d = pending.pop(stat_ref)
             add_partial(hist, 0, ray.get(part))
             stats.append(ray.get(stat_ref))
-            self._ran(stats[-1]["node"], b["data_parts"][d])
+            self._ran(stats[-1]["node"], b["data_parts"][d], stats[-1]["pid"])
         phase2_s = time.perf_counter() - start
         start = time.perf_counter()
         col_start, col_class, weights, min_child, pairs = b["best_args"][0]
@@ -462,8 +466,11 @@ class RoundRunner:
         """Scheduling strategy of a task over `units` (one home): on their home node."""
         return on_node(self._home_of(units)) if self.home and units else None  # None: stays in a trial's group
 
-    def _ran(self, node: str, units: list) -> None:
-        """A phase-1/2 task over `units` ran on `node`: count what it read from another node."""
+    def _ran(self, node: str, units: list, pid: int | None = None) -> None:
+        """A phase-1/2 task over `units` ran on `node`: count what it read from another node,
+        and a phase-2 task's process (`pid`)."""
+        if pid is not None:
+            self.task_processes.add((node, pid))
         self.across["nodes"].add(node)
         if self.home and self.home.get(units[0]) != node:
             self.across["bytes"] += sum(self.unit_bytes.get(u, 0) for u in units)
@@ -695,6 +702,8 @@ class RoundRunner:
                     # (docs/scaling.md, 2026-12-04): which of the two grew is the next question
                     "round/task_busy_s": totals["task_busy_s"], "round/actor_busy_s": totals["actor_busy_s"],
                     "round/phase2_tasks": totals["phase2_tasks"],
+                    # processes that have run this run's phase-2 tasks so far (a count, not a sum)
+                    "round/task_processes": len(self.task_processes),
                     # ... of which counted without a histogram (sparse_counts.py)
                     "round/phase2_sparse_tasks": totals["phase2_sparse_tasks"],
                     # the same per phase: phase 1's tasks over its wall time (0 where the counts

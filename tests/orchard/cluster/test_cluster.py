@@ -184,3 +184,47 @@ def test_an_embedded_rays_workers_inherit_orchards_runtime_env_and_a_users_own_i
     assert cluster._as_environment(theirs) == ({}, theirs)
     as_function = {"worker_process_setup_hook": print}  # Ray exports a function through its store
     assert cluster._as_environment(as_function) == ({}, as_function)
+
+
+@pytest.mark.slow
+def test_an_embedded_ray_keeps_an_idle_task_worker_while_actors_hold_its_cpus(ray_session):
+    """The Ray a run embeds (the session's is started the same way) keeps an idle worker process
+    past Ray's default second: actors hold most CPUs, as a forest round's histogram actors do while
+    the round's tasks wait for phases 3 and 4, and the next round's tasks find their processes
+    (and their loaded kernels) still there. Ray's default killed both of these workers."""
+    import os
+    import time
+
+    import psutil
+
+    ray = ray_session
+
+    @ray.remote(num_cpus=0.5)
+    class Holder:
+        def ping(self) -> bool:
+            return True
+
+    @ray.remote(num_cpus=0.25)
+    def pid() -> int:
+        time.sleep(0.5)  # two at once: two worker processes
+        return os.getpid()
+
+    holders = [Holder.remote() for _ in range(3)]  # 1.5 of the session's 2 CPUs
+    try:
+        ray.get([h.ping.remote() for h in holders])
+        workers = ray.get([pid.remote() for _ in range(2)])
+        time.sleep(3)
+        alive = [psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in workers]
+    finally:
+        for h in holders:
+            ray.kill(h)
+    assert alive == [True, True]
+
+
+def test_the_embedded_rays_idle_workers_are_kept_a_minute_unless_the_user_says_otherwise(monkeypatch):
+    from orchard import cluster
+
+    monkeypatch.delenv("RAY_idle_worker_killing_time_threshold_ms", raising=False)
+    assert cluster.idle_worker_config() == {"idle_worker_killing_time_threshold_ms": 60_000}
+    monkeypatch.setenv("RAY_idle_worker_killing_time_threshold_ms", "5000")
+    assert cluster.idle_worker_config() == {}

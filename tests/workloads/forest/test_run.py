@@ -91,6 +91,9 @@ def test_smoke_run_records_everything_and_resumes_identically(run_orchard):
                                                         full.history("round/total_s"))], rel=1e-6)
     assert m["train/task_busy_s"] == pytest.approx(sum(full.history("round/task_busy_s"))) and m["train/task_busy_s"] > 0
     assert m["train/actor_busy_s"] > 0 and m["train/phase2_tasks"] == sum(full.history("round/phase2_tasks")) > 0
+    # the processes those tasks ran in, counted as the rounds went: at least one, at most one per task
+    processes = full.history("round/task_processes")
+    assert processes == sorted(processes) and 1 <= m["train/task_processes"] == processes[-1] <= m["train/phase2_tasks"]
     # the bin cache: every tree encodes its bins in its first round (depth 0), never again, and
     # every round of the smoke run counts cached blocks
     encoding = full.history("round/bin_cache_s")
