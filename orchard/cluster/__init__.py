@@ -127,14 +127,15 @@ def _private_token() -> None:
 
 
 IDLE_WORKER_KILLING = "idle_worker_killing_time_threshold_ms"
-# How long the embedded Ray keeps an idle worker process that it could kill. Ray's default is 1 s:
-# while actors hold CPUs (the forest's histogram actors, a pipeline's stages) the raylet keeps no
-# more idle workers than the CPUs left free, and kills the rest a second after their last task. A
-# forest round's tasks paused longer than that between their rounds (phase 3 and 4), so the workers
-# that ran them were killed and their successors paid a process start and numba's kernel loads
-# again: with 16 workers, 224 phase-2 tasks ran in 38 processes, and in 16 with the processes kept
-# (training 65.8 s -> 35.2 s; mid shape, Ray told 16 CPUs on 2 cores, 2026-12-04: docs/scaling.md).
-# An idle process holds memory, no CPU; a minute frees what a finished run leaves.
+# How long the embedded Ray keeps an idle worker process that it could kill. Ray's default is 1 s,
+# and while actors hold CPUs (the forest's histogram actors, a pipeline's stages) it does kill idle
+# task workers (measured: both of two, a few seconds after their tasks, beside actors holding 1.5
+# of 2 CPUs; tests/orchard/cluster/test_cluster.py). A forest round's tasks pause longer than that
+# between their rounds (phases 3 and 4), so the workers that ran them were killed and their
+# successors paid a process start and numba's kernel loads again: with 16 workers, 224 phase-2
+# tasks ran in 37 processes, and in 16 with the processes kept (training 59.4 s -> 37.1 s; mid
+# shape, Ray told 16 CPUs on 2 cores, 2026-12-04: docs/scaling.md). An idle process holds memory,
+# no CPU; a minute frees what a finished run leaves.
 IDLE_WORKER_KEEP_MS = 60_000
 
 
