@@ -114,6 +114,10 @@ def test_the_ray_up_yaml_is_valid_for_rays_launcher_and_starts_every_node_with_t
     jsonschema.validate(config, schema)  # what `ray up` checks first
     starts = config["head_start_ray_commands"] + config["worker_start_ray_commands"]
     assert all("RAY_AUTH_MODE=token" in c for c in starts if "ray start" in c)
+    # and keeps idle workers a minute, as orchard's embedded Ray does (orchard.cluster.IDLE_WORKER_KEEP_MS)
+    from orchard.cluster import IDLE_WORKER_KEEP_MS
+
+    assert all(f"RAY_idle_worker_killing_time_threshold_ms={IDLE_WORKER_KEEP_MS} " in c for c in starts if "ray start" in c)
     assert "--dashboard-host=127.0.0.1" in " ".join(config["head_start_ray_commands"])
     setup = " ".join(config["setup_commands"])
     torch_pin = f"torch=={_tested_torch()}"
@@ -123,6 +127,8 @@ def test_the_ray_up_yaml_is_valid_for_rays_launcher_and_starts_every_node_with_t
 
 def test_the_kuberay_cluster_runs_orchards_ray_with_the_token_from_a_secret():
     import yaml
+
+    from orchard.cluster import IDLE_WORKER_KEEP_MS
 
     cluster = yaml.safe_load((ROOT / "deploy" / "kuberay-raycluster.yaml").read_text())
     assert cluster["apiVersion"] == "ray.io/v1" and cluster["kind"] == "RayCluster"
@@ -135,6 +141,7 @@ def test_the_kuberay_cluster_runs_orchards_ray_with_the_token_from_a_secret():
         for container in pod["containers"]:
             env = {e["name"]: e.get("value") for e in container["env"]}
             assert env["RAY_AUTH_MODE"] == "token"
+            assert env["RAY_idle_worker_killing_time_threshold_ms"] == str(IDLE_WORKER_KEEP_MS)
             mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
             token_dir = str(Path(env["RAY_AUTH_TOKEN_PATH"]).parent)
             assert mounts[token_dir] in secrets  # the token comes from a Secret, not the image
