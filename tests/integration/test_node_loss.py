@@ -363,8 +363,9 @@ def test_a_sweep_trial_lost_with_its_node_is_retried_on_its_own_run_from_its_che
     start. The node is removed once both trials have checkpointed rounds (polled in the store)."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"  # the store _lose_a_node_while opens
     # trees deep and examples many enough that a trial's rounds outlast the loss's notice (at smoke
-    # size the trials ended before it, once numba's kernels came compiled from its cache)
-    sweep = ["workload=forest", "sweep=forest_features", "strategy.num_workers=1", "forest.num_trees=4",
+    # size the trials ended before it, once numba's kernels came compiled from its cache; at 4 trees
+    # too, once trials began without waiting for their sink and kept their task processes, 2026-12-04)
+    sweep = ["workload=forest", "sweep=forest_features", "strategy.num_workers=1", "forest.num_trees=6",
              "forest.max_depth=8", "forest.examples_per_image=4000",
              "sweep.params={forest.n_thresholds: {type: grid, values: [10]}}"]  # x n_offsets [32, 64]
 
@@ -377,7 +378,7 @@ def test_a_sweep_trial_lost_with_its_node_is_retried_on_its_own_run_from_its_che
     assert len(trials) == 2 and all(t.info.status == "FINISHED" for t in trials), output[-3000:]
     retried = [t for t in trials if "trial/retries" in t.data.metrics]
     assert retried, "no trial was run again after the loss"
-    last = 4 * 8 - 1  # 4 trees of depth 8
+    last = 6 * 8 - 1  # 6 trees of depth 8
     continued = 0
     for trial in retried:  # its one run, continued from the lost attempt's last round checkpoint
         assert trial.data.metrics["trial/retries"] >= 1 and int(trial.data.tags["orchard.trial_attempt"]) >= 2
