@@ -362,23 +362,25 @@ def test_a_sweep_trial_lost_with_its_node_is_retried_on_its_own_run_from_its_che
     for one trial) and goes on from the round checkpoint the lost attempt wrote, not from the
     start. The node is removed once both trials have checkpointed rounds (polled in the store)."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"  # the store _lose_a_node_while opens
-    # trees deep and examples many enough that a trial's rounds outlast the loss's notice (at smoke
-    # size the trials ended before it, once numba's kernels came compiled from its cache; at 4 trees
-    # too, once trials began without waiting for their sink and kept their task processes, 2026-12-04)
-    sweep = ["workload=forest", "sweep=forest_features", "strategy.num_workers=1", "forest.num_trees=6",
-             "forest.max_depth=8", "forest.examples_per_image=4000",
+    # trees many enough that a trial's rounds outlast the loss's notice: the store shows a round ~1-2 s
+    # after it grew (the trial's sink flushes every second, this test polls every half), and a round
+    # at this size takes ~40 ms once numba's kernels come from its cache, so 6 trees (48 rounds, ~2 s)
+    # ended before the notice in CI (2026-12-04); 30 trees are ~10 s of rounds after the first
+    trees, depth = 30, 8
+    sweep = ["workload=forest", "sweep=forest_features", "strategy.num_workers=1", f"forest.num_trees={trees}",
+             f"forest.max_depth={depth}", "forest.examples_per_image=4000",
              "sweep.params={forest.n_thresholds: {type: grid, values: [10]}}"]  # x n_offsets [32, 64]
 
     def both_mid_forest(_):
         trials = _children(uri)
-        return len(trials) == 2 and all(len(_rounds(uri, t)) >= 3 for t in trials)
+        return len(trials) == 2 and all(_rounds(uri, t) for t in trials)
 
     _, output, _, uri = _lose_a_node_while(sweep, both_mid_forest, trials_on_the_worker_node, tmp_path, replace=lambda _: True)
     trials = _children(uri)
     assert len(trials) == 2 and all(t.info.status == "FINISHED" for t in trials), output[-3000:]
     retried = [t for t in trials if "trial/retries" in t.data.metrics]
     assert retried, "no trial was run again after the loss"
-    last = 6 * 8 - 1  # 6 trees of depth 8
+    last = trees * depth - 1
     continued = 0
     for trial in retried:  # its one run, continued from the lost attempt's last round checkpoint
         assert trial.data.metrics["trial/retries"] >= 1 and int(trial.data.tags["orchard.trial_attempt"]) >= 2
