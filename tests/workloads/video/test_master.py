@@ -86,6 +86,41 @@ def test_pause_blocks_decoding_until_resume(ray_session, tiny_videos):
 
 
 @pytest.mark.slow
+def test_a_pause_longer_than_ray_datas_scale_down_delay_shrinks_the_grown_decode_pool(ray_session, tiny_videos):
+    """The elastic decode pool (min 1, max 2) grows while seeds queue; a pause holds the seeds back
+    at the master, before the decode stage, so the pool runs dry and Ray Data shrinks it. Ray Data
+    shrinks a pool only once 10 s have passed since it last grew (its actor pool's scale-down
+    debounce, ``_ACTOR_POOL_SCALE_DOWN_DEBOUNCE_PERIOD_S`` in ray.data 2.60, not configurable), so
+    the pause here lasts 12 s. In a run the pauses come when the trainers fall behind, and whether
+    one outlasts that delay is the run's timing: the end-to-end test
+    (test_run.py::test_decode_is_elastic_end_to_end...) failed half its runs here on that once the
+    trainers' steady state outpaced decoding (2026-12-04), so the shrink is proven here."""
+    import ray
+
+    from workloads.video.master import start_master
+    from workloads.video.operator_metrics import operator_metrics, operator_summaries
+    from workloads.video.pipeline import build_dataset, consume
+
+    _, index = tiny_videos
+    master = start_master(index.labels, index.lengths, seed=0)
+    segs = ray.get(master.epoch_segments.remote(index.subset("train"), 96, 5, 0))
+    ds = build_dataset(segs, ["rgb"], index.paths, index.lengths,
+                       pipeline_config(decode_concurrency=[1, 2]), master=master)
+    got, paused = 0, False
+    for batch, _ in consume(ds, 4, ["rgb", "label"]):
+        got += len(batch["label"])
+        if not paused:  # the seeds queued behind the first batch have grown the pool
+            assert ray.get(master.pause.remote()) == "paused"
+            time.sleep(12)
+            assert ray.get(master.resume.remote()) == "running"
+            paused = True
+    m = operator_metrics(operator_summaries(master))
+    assert got == 96                                       # resumed: every segment decoded
+    assert m["pipeline/decode_pool_actors_peak"] == 2, m   # grew to its max
+    assert m["pipeline/decode_pool_scale_downs"] >= 1, m   # and shrank in the pause
+
+
+@pytest.mark.slow
 def test_stop_drops_the_remaining_work_without_failing(ray_session, tiny_videos):
     import ray
 
