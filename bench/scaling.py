@@ -21,7 +21,9 @@ What each row holds, per repeat:
   over each round's wall, weighted by round); for every workload also the CPU-seconds the run's
   Ray task and actor processes (``ray::*``) used over the run's wall, read from the OS, the same
   measure for all four (``cpu parallelism``). The forest row's ``effective parallelism`` is the
-  seed's, the others' the CPU figure.
+  seed's, the others' the CPU figure. Beside it the CPU seconds themselves (``cpu s``) and the
+  Ray processes the run started (``ray processes started``: beyond those the cluster held before
+  it; a process costs CPU seconds to start before its first task does any work).
 - **bytes between nodes**: what crossed the loopback interface during the run. The nodes of a
   ``cluster_utils.Cluster`` are processes on this machine, so objects between their stores and
   the gRPC between raylets travel over loopback; the one-node run's loopback bytes (control
@@ -102,6 +104,10 @@ PHASES = {"bin_cache_s": "bin cache s", "phase1_s": "phase 1 s", "phase2_s": "ph
           # the processes they ran in: more than the workers when Ray replaced idle ones (each new
           # one starts and loads the kernels again; 37 for 16 workers before 2026-12-04)
           "task_processes": "task processes"}
+# the run's own processes, read from the OS: the CPU seconds they used (cpu parallelism x run
+# wall), and how many started during the run. A forest worker process costs ~2 CPU-s before its
+# first task (docs/scaling.md, 2026-12-04), so starts are a figure of their own
+RUN_CPU = {"cpu_s": "cpu s", "processes_started": "ray processes started"}
 
 
 class RayProcessCpu(OwnCpu):
@@ -116,6 +122,12 @@ class RayProcessCpu(OwnCpu):
                 self.seen[(p.pid, p.create_time())] = [p, t.user + t.system]
             except psutil.Error:
                 pass
+        self.before = set(self.seen)
+
+    def started(self) -> list[int]:
+        """The pids of the processes first seen after this tracker was made (one that lived less
+        than a sample's interval is missed)."""
+        return sorted(pid for pid, _ in set(self.seen) - self.before)
 
     def members(self) -> list[psutil.Process]:
         out = []
@@ -194,7 +206,7 @@ def one_run(workload: str, workers: int, address: str, folder: Path, smoke_sizes
     if work is None:
         raise RuntimeError(f"{workload}: the run logged no time/split/{spec['work']}_s")
     out = {"work_s": work, "wall_s": wall, "total_s": m.get("time/total_s"), "cpu_parallelism": busy / wall,
-           "loopback_bytes": lo_bytes}
+           "cpu_s": busy, "processes_started": len(cpu.started()), "loopback_bytes": lo_bytes}
     if "throughput/effective_parallelism" in m:  # forest: the seed's own figure
         out["effective_parallelism"] = m["throughput/effective_parallelism"]
     # flower: what its steps waited on and moved; forest: its rounds' seconds by phase
@@ -237,7 +249,8 @@ def figures(runs: list[dict], workers: int, nodes: int, base: list[dict], base_w
             "run wall s": median([r["wall_s"] for r in runs]),
             "loopback MB": median([r["loopback_bytes"] for r in runs]) / 1e6,
             **{name: median([r[key] for r in runs]) for key, name in
-               (("comm_wait_s", "network wait s"), ("bytes_per_step", "bytes per step"), *PHASES.items())
+               (("comm_wait_s", "network wait s"), ("bytes_per_step", "bytes per step"), *RUN_CPU.items(),
+                *PHASES.items())
                if key in runs[-1]}}
 
 

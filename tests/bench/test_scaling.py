@@ -135,3 +135,42 @@ def test_one_real_run_reports_its_work_parallelism_and_bytes(ray_session, tmp_pa
     # ... and its busy seconds by who was busy, and the phase-2 tasks that ran
     assert r["task_busy_s"] > 0 and r["actor_busy_s"] > 0 and r["phase2_tasks"] > 0
     assert quality["task busy s"] == r["task_busy_s"] and quality["phase-2 tasks"] == r["phase2_tasks"]
+    # ... and the CPU seconds its Ray processes used, and how many of them it started (none, here:
+    # the session's Ray already held every process the run used)
+    assert r["cpu_s"] == pytest.approx(r["cpu_parallelism"] * r["wall_s"]) and isinstance(r["processes_started"], int)
+    assert quality["cpu s"] == r["cpu_s"] and quality["ray processes started"] == r["processes_started"]
+
+
+def test_the_ray_processes_a_run_started_are_counted_apart_from_those_before_it():
+    """``RayProcessCpu.started``: a ``ray::`` process that appears after the tracker is made is
+    counted as started by the run; one already running is not (its CPU before is not the run's)."""
+    import subprocess
+    import time
+
+    import psutil
+
+    from bench.scaling import RayProcessCpu
+
+    def fake_ray_process():
+        """A process titled as Ray's workers title themselves (argv[0] ``ray::<name>``), once it is."""
+        proc = subprocess.Popen(["bash", "-c", 'exec -a "ray::FakeTask" sleep 30'])
+        deadline = time.monotonic() + 10
+        while psutil.Process(proc.pid).cmdline()[:1] != ["ray::FakeTask"]:
+            assert time.monotonic() < deadline, "bash did not exec the titled process"
+            time.sleep(0.01)
+        return proc
+
+    before = fake_ray_process()
+    try:
+        cpu = RayProcessCpu()
+        cpu.sample()
+        assert before.pid not in cpu.started()
+        during = fake_ray_process()
+        try:
+            cpu.sample()
+            # the session's Ray may start a process of its own meanwhile: only these two are known
+            assert during.pid in cpu.started() and before.pid not in cpu.started()
+        finally:
+            during.kill()
+    finally:
+        before.kill()
