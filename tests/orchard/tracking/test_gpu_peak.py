@@ -56,13 +56,3 @@ def test_a_worker_without_a_gpu_logs_nothing(ray_session):
     ctx = Ctx()
     GpuPeak(ctx).start().stop()  # the driver of this test holds no GPU id
     assert ctx.logged == []
-
-
-def test_the_sweeps_scheduler_fits_gpu_memory_only_for_trials_that_share_a_gpu_and_when_asked():
-    from orchard.sweep.trials import scheduler_of
-
-    s = {"scheduler": "fifo", "fit_gpu_memory": True}
-    assert scheduler_of(s, 4, gpu_share=0.25, gpus=1).limit == 1  # one, until a trial is measured
-    assert scheduler_of({**s, "fit_gpu_memory": False}, 4, gpu_share=0.25, gpus=1).limit == 4
-    assert scheduler_of(s, 4, gpu_share=1.0, gpus=4).limit == 4  # a GPU each: nothing shared
-    assert scheduler_of(s, 4).limit == 4  # no GPU
