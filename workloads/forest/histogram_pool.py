@@ -55,17 +55,25 @@ class HistogramPool:
                 self.revive(k)
         raise RuntimeError(f"histogram actor {k} failed {self.max_failures + 2} times")
 
-    def reset_all(self, shapes: list) -> bool:
-        """Reset actors 0..len(shapes)-1 for a new batch: all at once (one round trip), then
-        one by one with revival for any that failed. False: some parent could not be fetched."""
-        pending = [self.actors[k].reset.remote(*shape) for k, shape in enumerate(shapes)]
+    def send_resets(self, shapes: list) -> list:
+        """Reset actors 0..len(shapes)-1 for a new batch, all at once, without waiting: an actor
+        runs the calls of one caller in the order they were sent, so the slices the batch's
+        phase-2 tasks send next are summed after the reset, and the tasks count while the actors
+        allocate their histograms and fetch their parents. Returns the resets' refs (`confirm`)."""
+        return [self.actors[k].reset.remote(*shape) for k, shape in enumerate(shapes)]
+
+    @staticmethod
+    def confirm(resets: list) -> bool:
+        """After the batch's slices were acknowledged: False when some actor could not have a
+        parent of its derived nodes (the batch is counted again, in full). An actor that died
+        meanwhile is not judged here: its slices were not acknowledged, and the round runner
+        revives it and recounts its share (train.py, ``RoundRunner._collect``)."""
         fetched = True
-        for k, ref in enumerate(pending):
+        for ref in resets:
             try:
                 fetched = bool(ray.get(ref)) and fetched
             except ray.exceptions.RayError:
-                self.revive(k)
-                fetched = self.reset(k, shapes[k]) and fetched
+                pass
         return fetched
 
     def revive(self, k: int) -> None:

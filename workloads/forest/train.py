@@ -104,6 +104,7 @@ class RoundRunner:
         # the split nodes' histograms kept on the driver for the next round's subtraction
         self.parents = ParentStore(int(forest_cfg["memory_budget_mb"] * 2**20),
                                    forest_cfg.get("histogram_subtraction", True))
+        self.takes: list = []  # the actors' takes of the last batches' parents, not yet collected
         self.bin_cache: dict = {}  # block ref -> its bin cache ref (None: on the fly), this tree's
         # block ref -> its home node (locality.py), chosen on the first encode; empty on one node
         # and inside a sweep trial's placement group (its tasks stay in the group)
@@ -367,12 +368,14 @@ class RoundRunner:
         b["shapes"] = [(*shape, ray.put(init) if init else None, self.round_no)
                        for shape, init in zip(b["shapes"], inits)]
         depth, batch_index, column_bounds = b["depth"], b["index"], b["column_bounds"]
-        if not self.reducers.reset_all(b["shapes"]):
-            raise ParentsLost(f"depth {depth} batch {batch_index}: a parent's counts could not be fetched")
         start = time.perf_counter()
+        resets = self.reducers.send_resets(b["shapes"])  # the driver does not wait for them
         stats, acks = self._phase2(b, list(range(n_actors)), 0, column_bounds[-1], column_bounds,
                                    hook=self.hooks.get("phase2"))
         ok = [self.reducers.acked(acks[k]) for k in range(n_actors)]  # every slice summed (or lost)
+        self._settle_takes()
+        if not self.reducers.confirm(resets):
+            raise ParentsLost(f"depth {depth} batch {batch_index}: a parent's counts could not be fetched")
         phase2_s = time.perf_counter() - start
         if "after_phase2" in self.hooks:
             self.hooks["after_phase2"](self, depth, batch_index)
@@ -413,22 +416,32 @@ class RoundRunner:
                 self.parents.keep(want, [dense_partial(results[0]["hist"][w[3]]) for w in want], here)
             results[0]["hist"] = None
             return
-        taken = []
+        # the driver does not wait for the takes: it notes each parent as held where it was asked
+        # to be, and an actor runs the next round's reset after its take. A take that failed (the
+        # actor died or restarted since phase 3) leaves the parent missing where the next reset
+        # looks for it: that reset answers False and its batch is counted in full (`confirm`)
         for k in range(len(results)):
             want = wanted.get(k, [])
             keys = [(self.tree_index, w[0]) for w in want]
             columns = np.concatenate([w[3] for w in want]) if want else np.zeros(0, np.int64)
-            taken.append((keys, self.actors[k].take.remote(columns, [len(w[2]) for w in want], keys, self.round_no)))
-        for k, (keys, ref) in enumerate(taken):
+            self.takes.append(self.actors[k].take.remote(columns, [len(w[2]) for w in want], keys, self.round_no))
+            if want:
+                self.parents.keep(want, [Held(k, key) for key in keys], self.reducers.node_of(k))
+
+    def _settle_takes(self) -> None:
+        """Collect the takes sent since the last batch (long done by then): their answers are
+        read by the resets that use the parents; an error here is an actor that died, which
+        `_collect` handles, and is only kept out of Ray's log of errors nobody read."""
+        takes, self.takes = self.takes, []
+        for ref in takes:
             try:
-                ok = ray.get(ref)
+                ray.get(ref)
             except ray.exceptions.RayError:
-                ok = False
-            if ok and k in wanted:
-                self.parents.keep(wanted[k], [Held(k, key) for key in keys], self.reducers.node_of(k))
+                pass
 
     def _forget_parents(self) -> None:
         """No parent is held any more: on the driver and in the actors."""
+        self._settle_takes()
         self.parents.clear()
         for actor in self.actors:
             actor.forget.remote()

@@ -1,0 +1,52 @@
+"""workloads/forest/histogram_pool.py: a batch's resets are sent, not waited for."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def _partial(hist):
+    return {"shape": np.asarray(hist.shape, np.int64), "dense": hist}
+
+
+def test_slices_sent_behind_an_unwaited_reset_are_summed_into_it_and_a_missing_parent_is_told(ray_session):
+    """The driver sends a batch's resets and its phase-2 slices without waiting in between
+    (train.py, ``_phases_2_3``): each actor runs one caller's calls in the order they were sent, so
+    a slice lands in the histogram its reset started from the parent, never in the last batch's
+    nor dropped as "no batch". A reset whose parent is gone is told by `confirm` after the slices
+    (the batch is then counted in full), and an actor that died is left to the acknowledgements."""
+    import ray
+
+    from workloads.forest.histogram_pool import HistogramPool
+
+    pool = HistogramPool(actor_cpus=0.0, in_group=False, max_failures=0)
+    pool.ensure(2)
+    a, b = pool.actors
+    rng = np.random.default_rng(0)
+    parent = rng.integers(0, 50, (2, 3, 4)).astype(np.uint16)
+    # batch 1 (round 1): actor a sums `parent` and keeps it as parent (0, 7), as phase 4 asks
+    ray.get(a.reset.remote(2, 3, 4, "uint16", None, 1))
+    ray.get(a.add.remote(0, 0, _partial(parent)))
+    ray.get(a.best.remote(np.array([0, 2]), np.array([0, 1], np.int32), np.ones(2), 1, keep=True))
+    a.take.remote(np.array([0, 1]), [2], [(0, 7)], 1)  # not waited for, as the driver does not
+    # batch 2 (round 2): a derives from its parent, b counts from zero; the slices follow at once
+    slice_ = rng.integers(0, 50, (2, 3, 4)).astype(np.uint16)
+    resets = pool.send_resets([(2, 3, 4, "uint16", [(0, ("held", (0, 7)))], 2),
+                               (2, 3, 4, "uint16", None, 2)])
+    acks = [x.add.remote(0, 0, _partial(slice_)) for x in (a, b)]
+    assert ray.get(acks) == [1, 1]  # summed, after the resets
+    assert pool.confirm(resets) is True
+    ray.get(a.best.remote(np.array([0, 2]), np.array([0, 1], np.int32), np.ones(2), 1, keep=True))
+    a.take.remote(np.arange(2), [2], [(9, 9)], 2)
+    [summed] = ray.get(a.give.remote([(9, 9)]))
+    np.testing.assert_array_equal(summed["dense"], parent + slice_)
+    # batch 3: the parent was used, so it is held no more: the reset cannot have it, the slice
+    # sent behind it finds no batch, and `confirm` says so
+    resets = pool.send_resets([(2, 3, 4, "uint16", [(0, ("held", (0, 7)))], 3)])
+    assert ray.get(a.add.remote(0, 0, _partial(slice_))) == -1
+    assert pool.confirm(resets) is False
+    # an actor that died: its reset fails, which `confirm` leaves to the acknowledgements
+    ray.kill(b)
+    resets = pool.send_resets([(2, 3, 4, "uint16", None, 4), (2, 3, 4, "uint16", None, 4)])
+    assert pool.confirm(resets) is True
+    assert pool.acked([b.add.remote(0, 0, _partial(slice_))]) is False
+    pool.shutdown()
