@@ -90,6 +90,40 @@ def test_the_few_counts_size_sweeps_1_a_quarter_and_all_cores_on_one_node(monkey
     assert scaling.worker_counts(2, "few") == [1, 2] and scaling.worker_counts(8) == [1, 2, 4, 8]
 
 
+def test_the_paper_size_compares_all_cores_with_a_quarter_at_the_paper_shape(monkeypatch):
+    """A one-worker run of the paper shape takes minutes on 16 cores: its rows' base is a
+    quarter of the cores, the efficiency counted against it, and the runs are the paper shape."""
+    from bench import scaling
+
+    calls = []
+
+    class FakeCluster:
+        address = "127.0.0.1:6380"
+
+        def shutdown(self):
+            calls.append("down")
+
+    def one_run(workload, workers, address, folder, smoke_sizes):
+        calls.append((workload, workers))
+        return {"work_s": 40.0 / workers, "wall_s": 60.0, "total_s": 50.0, "cpu_parallelism": 1.0,
+                "loopback_bytes": 1e6, "effective_parallelism": 0.8 * workers}
+
+    monkeypatch.setattr(scaling.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(scaling, "start_cluster", lambda nodes, cpus: FakeCluster())
+    monkeypatch.setattr(scaling, "one_run", one_run)
+    rows = scaling.measure(scaling.SIZES["forest_paper"], 3)
+    assert calls == [("forest paper", 16), *([*[("forest paper", w) for w in (4, 16)], "down"] * 3)]
+    [r] = rows
+    assert r["name"] == "forest paper: 16 workers vs 4 workers"
+    q = r["quality"]["orchard"]
+    assert (q["workers"], q["speed-up"], q["efficiency"], q["effective parallelism"]) == (16, 4.0, 1.0, 12.8)
+    assert r["quality"]["peer"]["workers"] == 4
+    overrides = scaling.run_overrides("forest paper")
+    assert overrides[0] == "workload=forest" and "forest.n_offsets=2000" in overrides and "debug=smoke" not in overrides
+    assert not any(o.startswith("forest.partitions") for o in overrides)  # the workload's own partitions
+    assert "forest paper" not in scaling.SIZES["full"]["workloads"] + scaling.SIZES["smoke"]["workloads"]
+
+
 def test_a_workload_whose_run_fails_is_a_row_saying_why_and_the_others_go_on(monkeypatch):
     from bench import scaling
 
