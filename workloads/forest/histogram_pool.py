@@ -67,12 +67,13 @@ class HistogramPool:
         """After the batch's slices were acknowledged: False when some actor could not have a
         parent of its derived nodes (the batch is counted again, in full). An actor that died
         meanwhile is not judged here: its slices were not acknowledged, and the round runner
-        revives it and recounts its share (train.py, ``RoundRunner._collect``)."""
+        revives it and recounts its share (train.py, ``RoundRunner._collect``). A reset that
+        raised (``RayTaskError``) left its actor half reset: that is raised, never summed past."""
         fetched = True
         for ref in resets:
             try:
                 fetched = bool(ray.get(ref)) and fetched
-            except ray.exceptions.RayError:
+            except ray.exceptions.RayActorError:
                 pass
         return fetched
 

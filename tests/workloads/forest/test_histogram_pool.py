@@ -13,7 +13,9 @@ def test_slices_sent_behind_an_unwaited_reset_are_summed_into_it_and_a_missing_p
     (train.py, ``_phases_2_3``): each actor runs one caller's calls in the order they were sent, so
     a slice lands in the histogram its reset started from the parent, never in the last batch's
     nor dropped as "no batch". A reset whose parent is gone is told by `confirm` after the slices
-    (the batch is then counted in full), and an actor that died is left to the acknowledgements."""
+    (the batch is then counted in full), a reset that raised is raised, and an actor that died is
+    left to the acknowledgements."""
+    import pytest
     import ray
 
     from workloads.forest.histogram_pool import HistogramPool
@@ -44,6 +46,10 @@ def test_slices_sent_behind_an_unwaited_reset_are_summed_into_it_and_a_missing_p
     resets = pool.send_resets([(2, 3, 4, "uint16", [(0, ("held", (0, 7)))], 3)])
     assert ray.get(a.add.remote(0, 0, _partial(slice_))) == -1
     assert pool.confirm(resets) is False
+    # a reset that raised (here a parent of the wrong shape) is raised, not summed past
+    bad = [(0, {"shape": np.array([2, 5, 4]), "dense": np.ones((2, 5, 4), np.uint16)})]
+    with pytest.raises(ray.exceptions.RayTaskError):
+        pool.confirm(pool.send_resets([(2, 3, 4, "uint16", bad, 4)]))
     # an actor that died: its reset fails, which `confirm` leaves to the acknowledgements
     ray.kill(b)
     resets = pool.send_resets([(2, 3, 4, "uint16", None, 4), (2, 3, 4, "uint16", None, 4)])
