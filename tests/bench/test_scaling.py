@@ -63,7 +63,9 @@ def test_the_rows_pair_each_count_with_one_worker_and_more_nodes_with_one(monkey
     assert two["quality"]["orchard"]["nodes"] == 2 and two["quality"]["orchard"]["loopback MB"] == 2.0
 
 
-def test_the_few_counts_size_sweeps_1_a_quarter_and_all_cores_on_one_node(monkeypatch):
+def _measured_on_16_cores(monkeypatch, size: str, work_s: float, parallel_share: float):
+    """bench.scaling.measure(size) on a pretend 16-core machine, each run taking work_s / workers
+    at an effective parallelism of parallel_share x workers; (rows, the calls in order)."""
     from bench import scaling
 
     calls = []
@@ -76,13 +78,19 @@ def test_the_few_counts_size_sweeps_1_a_quarter_and_all_cores_on_one_node(monkey
 
     def one_run(workload, workers, address, folder, smoke_sizes):
         calls.append((workload, workers))
-        return {"work_s": 20.0 / workers, "wall_s": 40.0, "total_s": 30.0, "cpu_parallelism": 1.0,
-                "loopback_bytes": 1e6, "effective_parallelism": 0.9 * workers}
+        return {"work_s": work_s / workers, "wall_s": 40.0, "total_s": 30.0, "cpu_parallelism": 1.0,
+                "loopback_bytes": 1e6, "effective_parallelism": parallel_share * workers}
 
     monkeypatch.setattr(scaling.os, "cpu_count", lambda: 16)
     monkeypatch.setattr(scaling, "start_cluster", lambda nodes, cpus: FakeCluster())
     monkeypatch.setattr(scaling, "one_run", one_run)
-    rows = scaling.measure(scaling.SIZES["forest_few"], 3)
+    return scaling.measure(scaling.SIZES[size], 3), calls
+
+
+def test_the_few_counts_size_sweeps_1_a_quarter_and_all_cores_on_one_node(monkeypatch):
+    from bench import scaling
+
+    rows, calls = _measured_on_16_cores(monkeypatch, "forest_few", 20.0, 0.9)
     # one node, started once a repeat, the untimed run first of all
     assert calls == [("forest", 16), *([*[("forest", w) for w in (1, 4, 16)], "down"] * 3)]
     assert [r["name"] for r in rows] == ["forest: 4 workers vs 1 worker", "forest: 16 workers vs 1 worker"]
@@ -95,23 +103,7 @@ def test_the_paper_size_compares_all_cores_with_a_quarter_at_the_paper_shape(mon
     quarter of the cores, the efficiency counted against it, and the runs are the paper shape."""
     from bench import scaling
 
-    calls = []
-
-    class FakeCluster:
-        address = "127.0.0.1:6380"
-
-        def shutdown(self):
-            calls.append("down")
-
-    def one_run(workload, workers, address, folder, smoke_sizes):
-        calls.append((workload, workers))
-        return {"work_s": 40.0 / workers, "wall_s": 60.0, "total_s": 50.0, "cpu_parallelism": 1.0,
-                "loopback_bytes": 1e6, "effective_parallelism": 0.8 * workers}
-
-    monkeypatch.setattr(scaling.os, "cpu_count", lambda: 16)
-    monkeypatch.setattr(scaling, "start_cluster", lambda nodes, cpus: FakeCluster())
-    monkeypatch.setattr(scaling, "one_run", one_run)
-    rows = scaling.measure(scaling.SIZES["forest_paper"], 3)
+    rows, calls = _measured_on_16_cores(monkeypatch, "forest_paper", 40.0, 0.8)
     assert calls == [("forest paper", 16), *([*[("forest paper", w) for w in (4, 16)], "down"] * 3)]
     [r] = rows
     assert r["name"] == "forest paper: 16 workers vs 4 workers"
