@@ -94,6 +94,24 @@ class HistogramPool:
             return False
 
     def shutdown(self) -> None:
-        for actor in self.actors:
-            ray.kill(actor)
+        """Kill every actor and see it gone. A kill that reaches an actor while Ray restarts it
+        can be ignored (its new process is not the actor yet: "Mismatched ActorID: ignoring
+        KillActor"), and the restarted actor then holds its CPUs for as long as the driver lives:
+        in a test session's 2-CPU Ray one did, and a later run's worker groups never started
+        (2026-12-05). So each actor is pinged after its kill, and killed again while it answers."""
+        for _ in range(5):
+            for actor in self.actors:
+                ray.kill(actor)
+            answering = []
+            for actor in self.actors:
+                try:
+                    ray.get(actor.ping.remote(), timeout=10)
+                    answering.append(actor)  # alive after its kill: restarted behind it
+                except ray.exceptions.RayActorError:
+                    pass  # gone
+                except ray.exceptions.GetTimeoutError:
+                    answering.append(actor)  # still restarting: kill it again
+            self.actors = answering
+            if not answering:
+                return
         self.actors = []

@@ -245,6 +245,12 @@ def test_a_failure_at_any_phase_does_not_change_the_tree(phase, reference, block
             assert sum(m["round/parents_lost"] for m in rounds) >= 1, [m["round/parents_lost"] for m in rounds]
     assert_same_forest(state, ref_state)
     assert all(m["round/shuffle_bytes"] > 0 for m in rounds)
+    # and nothing is left holding CPUs: an actor Ray restarted behind its kill once held its
+    # share for the rest of the session, and a later run's workers never started
+    deadline = time.time() + 30
+    while ray.available_resources().get("CPU", 0) < ray.cluster_resources()["CPU"] and time.time() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU", 0) == ray.cluster_resources()["CPU"], ray.available_resources()
 
 
 @pytest.mark.slow
