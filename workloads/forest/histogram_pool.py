@@ -99,13 +99,15 @@ class HistogramPool:
         KillActor"), and the restarted actor then holds its CPUs for as long as the driver lives:
         in a test session's 2-CPU Ray one did, and a later run's worker groups never started
         (2026-12-05). So each actor is pinged after its kill, and killed again while it answers."""
-        for _ in range(5):
+        for _ in range(5):  # at most ~10 s a round, all actors pinged at once
             for actor in self.actors:
                 ray.kill(actor)
+            pings = [actor.ping.remote() for actor in self.actors]
+            ray.wait(pings, num_returns=len(pings), timeout=10)
             answering = []
-            for actor in self.actors:
+            for actor, ping in zip(self.actors, pings):
                 try:
-                    ray.get(actor.ping.remote(), timeout=10)
+                    ray.get(ping, timeout=0)
                     answering.append(actor)  # alive after its kill: restarted behind it
                 except ray.exceptions.RayActorError:
                     pass  # gone
