@@ -73,6 +73,8 @@ DOOR: dict[str, str] = {
     "get_all": "orchard.strategies.node_loss:get_all",
     "on_this_node": "orchard.strategies.node_loss:on_this_node",
     "start_bound_s": "orchard.strategies.node_loss:start_bound_s",
+    # actors ended for good: a kill that Ray ignored during a restart, seen through
+    "kill_and_confirm": "orchard.cluster.actors:kill_and_confirm",
     # background threads that stop with the run
     "background": "orchard.background",
     # Ray's internals that orchard wraps in one place (its Ray Data logging, a private temp folder)

@@ -33,6 +33,7 @@ def end_run(live: LiveServices | None, tracked, heartbeat, status: str, error, m
     Each step is guarded: whatever fails here, the run still ends with its true status."""
     import ray
 
+    from orchard.cluster.actors import kill_and_confirm
     from orchard.tracking import mlflow_run as tracking
     from orchard.tracking import system_metrics
 
@@ -55,8 +56,8 @@ def end_run(live: LiveServices | None, tracked, heartbeat, status: str, error, m
             ray.get(live.sink.close.remote(), timeout=SINK_CLOSE_TIMEOUT_S)
         except Exception as exc:
             say(f"orchard: final metrics not all recorded: {str(exc).splitlines()[0][:200]}", file=sys.stderr)
-        try:
-            ray.kill(live.sink)
+        try:  # it restarts after a fault: one killed mid-restart could outlive a plain kill
+            kill_and_confirm([live.sink])
         except Exception:
             pass
     if heartbeat is not None:

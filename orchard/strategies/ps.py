@@ -30,6 +30,7 @@ import time
 import numpy as np
 import ray
 
+from orchard.cluster.actors import kill_and_confirm
 from orchard.strategies.optimizers import NumpyOptimizer
 
 
@@ -284,8 +285,9 @@ class PSGroup:
         return {k: sum(p[k] for p in per) for k in per[0]}
 
     def shutdown(self) -> None:
-        for s in self.servers:
-            ray.kill(s)
+        """End the servers for good: they restart after a fault (``max_restarts``), and one
+        killed mid-restart can outlive a plain kill, holding its CPUs."""
+        kill_and_confirm(self.servers)
 
 
 class PSClient:

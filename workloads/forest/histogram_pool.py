@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ray
 
+from orchard.api import kill_and_confirm
+
 from .histogram_actor import HistogramActor
 from .locality import on_node
 
@@ -82,7 +84,7 @@ class HistogramPool:
         try:
             ray.get(self.actors[k].ping.remote(), timeout=60)
         except Exception:
-            ray.kill(self.actors[k], no_restart=True)
+            kill_and_confirm([self.actors[k]])  # restarting for a minute: a kill could miss it
             self.actors[k] = self._new(k)
 
     @staticmethod
@@ -94,26 +96,7 @@ class HistogramPool:
             return False
 
     def shutdown(self) -> None:
-        """Kill every actor and see it gone. A kill that reaches an actor while Ray restarts it
-        can be ignored (its new process is not the actor yet: "Mismatched ActorID: ignoring
-        KillActor"), and the restarted actor then holds its CPUs for as long as the driver lives:
-        in a test session's 2-CPU Ray one did, and a later run's worker groups never started
-        (2026-12-05). So each actor is pinged after its kill, and killed again while it answers."""
-        for _ in range(5):  # at most ~10 s a round, all actors pinged at once
-            for actor in self.actors:
-                ray.kill(actor)
-            pings = [actor.ping.remote() for actor in self.actors]
-            ray.wait(pings, num_returns=len(pings), timeout=10)
-            answering = []
-            for actor, ping in zip(self.actors, pings):
-                try:
-                    ray.get(ping, timeout=0)
-                    answering.append(actor)  # alive after its kill: restarted behind it
-                except ray.exceptions.RayActorError:
-                    pass  # gone
-                except ray.exceptions.GetTimeoutError:
-                    answering.append(actor)  # still restarting: kill it again
-            self.actors = answering
-            if not answering:
-                return
+        """Kill every actor and see it gone: one killed while Ray restarts it after a fault can
+        outlive its kill and hold its CPU share (``kill_and_confirm``)."""
+        kill_and_confirm(self.actors)
         self.actors = []

@@ -33,6 +33,8 @@ import numpy as np
 import ray
 import torch
 
+from orchard.api import kill_and_confirm
+
 from .worker_group import WorkerGroup
 
 ARCHITECTURES = ("local", "sync_ps", "async_ps", "replicated", "allreduce")
@@ -344,13 +346,11 @@ class Architecture:
                 "group_param_bytes_per_step": sum(p["group_param_bytes"] for p in per) / steps}
 
     def abandon(self) -> None:
-        """End every group and server without asking them anything: some may be gone with a
-        lost node, others stuck waiting for them (the architecture is rebuilt from a checkpoint)."""
-        for actor in [*self.actors, *(s for g in self.ps_groups for s in g.servers)]:
-            try:
-                ray.kill(actor)
-            except Exception:  # noqa: BLE001 - gone already
-                pass
+        """End every group and server without asking them for their state: some may be gone with
+        a lost node, others stuck waiting for them (the architecture is rebuilt from a checkpoint)."""
+        # the servers restart after a lost node: one may be mid-restart now, where a plain kill
+        # can be ignored (kill_and_confirm); the groups never restart
+        kill_and_confirm([*self.actors, *(s for g in self.ps_groups for s in g.servers)])
 
     def shutdown(self) -> None:
         if self.name == "allreduce" and self.num_groups > 1:

@@ -123,3 +123,26 @@ def test_a_shard_bigger_than_a_piece_crosses_in_pieces_and_arrives_whole(ray_ses
         for n in fresh:
             np.testing.assert_allclose(fresh[n], expected[n], rtol=1e-5, atol=1e-6, err_msg=f"{n} at step {step}")
     group.shutdown()
+
+
+def test_servers_shut_down_while_one_restarts_free_every_cpu(ray_session):
+    """A server SIGKILLed comes back (``max_restarts``); shut down meanwhile, every server is gone
+    and its CPUs free (kill_and_confirm: Ray can ignore a kill that reaches one mid-restart)."""
+    import os
+    import signal
+
+    from orchard.strategies.ps import PSGroup
+
+    ray = ray_session
+    group = PSGroup.create({"a": np.ones(4, np.float32), "b": np.ones(2, np.float32)}, num_servers=2, num_workers=1, mode="async",
+                           cpus_per_server=0.5)
+    pid = ray.get(group.servers[0].__ray_call__.remote(lambda server: os.getpid()))
+    os.kill(pid, signal.SIGKILL)
+    group.shutdown()
+    for server in group.servers:
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(server.__ray_ready__.remote(), timeout=30)
+    deadline = time.time() + 30
+    while ray.available_resources().get("CPU", 0) < ray.cluster_resources()["CPU"] and time.time() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU", 0) == ray.cluster_resources()["CPU"], ray.available_resources()
