@@ -10,7 +10,11 @@ it still answers, and killed again while it does.
 """
 from __future__ import annotations
 
+import sys
+
 import ray
+
+from orchard.terminal.console import say
 
 ROUNDS = 5  # kills before giving up on an actor; one was enough in every run seen
 ANSWER_WAIT_S = 10.0  # a round's wait for all the actors' answers at once
@@ -21,7 +25,8 @@ def kill_and_confirm(actors: list, rounds: int = ROUNDS, wait_s: float = ANSWER_
     unless Ray ignored every kill. Each round kills all of them, asks all at once whether they
     answer (Ray's own ``__ray_ready__``, which every actor has), and keeps those that answered
     (restarted behind the kill) or have not answered yet (still restarting) for the next. An
-    actor that is gone answers ``RayActorError`` at once; a round waits ``wait_s`` at most."""
+    actor that is gone answers ``RayActorError`` at once; a round waits ``wait_s`` at most. One
+    that outlived every kill is said on the terminal: it holds its resources until Ray stops."""
     left = list(actors)
     for _ in range(rounds):
         if not left:
@@ -43,4 +48,7 @@ def kill_and_confirm(actors: list, rounds: int = ROUNDS, wait_s: float = ANSWER_
             except ray.exceptions.GetTimeoutError:
                 still.append(actor)  # still restarting: killed again
         left = still
+    if left:
+        say(f"orchard: {len(left)} actor(s) still answer after {rounds} kills (Ray ignored them); they hold "
+            "their CPUs until this Ray stops", file=sys.stderr)
     return left

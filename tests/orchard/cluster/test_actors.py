@@ -71,8 +71,9 @@ def test_a_kill_that_ray_ignored_is_seen_and_made_again(ray_session, monkeypatch
     assert _all_cpus_free(ray), ray.available_resources()
 
 
-def test_an_actor_that_outlives_every_kill_is_returned(ray_session, monkeypatch):
-    """Every kill ignored: the caller is told which actor still lives, after ``rounds`` tries."""
+def test_an_actor_that_outlives_every_kill_is_returned_and_said(ray_session, monkeypatch, capsys):
+    """Every kill ignored: the caller is told which actor still lives, after ``rounds`` tries,
+    and the user in one line."""
     ray = ray_session
     actor = _restartable(ray).remote()
     ray.get(actor.pid.remote())
@@ -84,3 +85,4 @@ def test_an_actor_that_outlives_every_kill_is_returned(ray_session, monkeypatch)
         monkeypatch.undo()
         ray.kill(actor)
     assert len(kills) == 2
+    assert "1 actor(s) still answer after 2 kills" in capsys.readouterr().err
