@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 from orchard.cluster.actors import kill_and_confirm
+from tests.session_ray import all_cpus_free
 
 
 def _restartable(ray):
@@ -16,15 +16,6 @@ def _restartable(ray):
             return os.getpid()
 
     return Restartable
-
-
-def _all_cpus_free(ray, within_s: float = 30.0) -> bool:
-    deadline = time.time() + within_s
-    while time.time() < deadline:
-        if ray.available_resources().get("CPU", 0) == ray.cluster_resources()["CPU"]:
-            return True
-        time.sleep(0.2)
-    return False
 
 
 def _gone(ray, actor) -> bool:
@@ -42,7 +33,7 @@ def test_actors_killed_while_ray_restarts_them_are_gone_and_their_cpus_free(ray_
     os.kill(pids[0], signal.SIGKILL)  # Ray restarts it: killed during or just after its restart
     assert kill_and_confirm(actors) == []
     assert all(_gone(ray, a) for a in actors)
-    assert _all_cpus_free(ray), ray.available_resources()
+    assert all_cpus_free(), ray.available_resources()
 
 
 def test_a_kill_that_ray_ignored_is_seen_and_made_again(ray_session, monkeypatch):
@@ -68,7 +59,7 @@ def test_a_kill_that_ray_ignored_is_seen_and_made_again(ray_session, monkeypatch
             ray.kill(actor)
     assert len(ignored) == 2
     assert all(_gone(ray, a) for a in actors)
-    assert _all_cpus_free(ray), ray.available_resources()
+    assert all_cpus_free(), ray.available_resources()
 
 
 def test_an_actor_that_outlives_every_kill_is_returned_and_said(ray_session, monkeypatch, capsys):

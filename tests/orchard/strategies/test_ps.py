@@ -132,17 +132,15 @@ def test_servers_shut_down_while_one_restarts_free_every_cpu(ray_session):
     import signal
 
     from orchard.strategies.ps import PSGroup
+    from tests.session_ray import all_cpus_free
 
     ray = ray_session
-    group = PSGroup.create({"a": np.ones(4, np.float32), "b": np.ones(2, np.float32)}, num_servers=2, num_workers=1, mode="async",
-                           cpus_per_server=0.5)
+    params = {"a": np.ones(4, np.float32), "b": np.ones(2, np.float32)}  # a shard each
+    group = PSGroup.create(params, num_servers=2, num_workers=1, mode="async", cpus_per_server=0.5)
     pid = ray.get(group.servers[0].__ray_call__.remote(lambda server: os.getpid()))
     os.kill(pid, signal.SIGKILL)
     group.shutdown()
     for server in group.servers:
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(server.__ray_ready__.remote(), timeout=30)
-    deadline = time.time() + 30
-    while ray.available_resources().get("CPU", 0) < ray.cluster_resources()["CPU"] and time.time() < deadline:
-        time.sleep(0.2)
-    assert ray.available_resources().get("CPU", 0) == ray.cluster_resources()["CPU"], ray.available_resources()
+    assert all_cpus_free(), ray.available_resources()

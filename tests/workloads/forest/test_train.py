@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import ray
 
+from tests.session_ray import all_cpus_free
 from tests.workloads.forest.helpers import make_blocks, palette, tiny_forest_cfg
 from workloads.forest.checkpoint import initial_state, load_checkpoint
 from workloads.forest.train import RoundRunner, TrainingInterrupted, tree_pool
@@ -247,10 +248,7 @@ def test_a_failure_at_any_phase_does_not_change_the_tree(phase, reference, block
     assert all(m["round/shuffle_bytes"] > 0 for m in rounds)
     # and nothing is left holding CPUs: an actor Ray restarted behind its kill once held its
     # share for the rest of the session, and a later run's workers never started
-    deadline = time.time() + 30
-    while ray.available_resources().get("CPU", 0) < ray.cluster_resources()["CPU"] and time.time() < deadline:
-        time.sleep(0.2)
-    assert ray.available_resources().get("CPU", 0) == ray.cluster_resources()["CPU"], ray.available_resources()
+    assert all_cpus_free(), ray.available_resources()
 
 
 @pytest.mark.slow
@@ -320,6 +318,7 @@ import ray
 from ray.cluster_utils import Cluster
 sys.path.insert(0, sys.argv[1])
 from orchard.config import compose
+from tests.session_ray import all_cpus_free
 from tests.workloads.forest.helpers import make_blocks, palette, tiny_forest_cfg
 from workloads.forest.checkpoint import initial_state
 from workloads.forest.train import RoundRunner, tree_pool
