@@ -135,11 +135,19 @@ class RayProcessCpu(OwnCpu):
             except psutil.Error:
                 pass
         self.before = set(self.seen)
+        # kept apart from `seen`, which forgets a process once it exits: a run's task and actor
+        # processes all exit with its job, and the count read after the run was always 0
+        self.first_seen: set[tuple[int, float]] = set()
+
+    def sample(self) -> float:
+        total = super().sample()
+        self.first_seen |= set(self.seen) - self.before
+        return total
 
     def started(self) -> list[int]:
-        """The pids of the processes first seen after this tracker was made (one that lived less
-        than a sample's interval is missed)."""
-        return sorted(pid for pid, _ in set(self.seen) - self.before)
+        """The pids of the processes first seen after this tracker was made, exited or not (one
+        that lived less than a sample's interval is missed)."""
+        return sorted(pid for pid, _ in self.first_seen)
 
     def members(self) -> list[psutil.Process]:
         out = []

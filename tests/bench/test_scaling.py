@@ -198,5 +198,8 @@ def test_the_ray_processes_a_run_started_are_counted_apart_from_those_before_it(
             assert during.pid in cpu.started() and before.pid not in cpu.started()
         finally:
             during.kill()
+        during.wait()
+        cpu.sample()  # it exited, as a run's processes do with its job: still one the run started
+        assert during.pid in cpu.started()
     finally:
         before.kill()
