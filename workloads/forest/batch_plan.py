@@ -2,6 +2,8 @@
 whose histograms keep to ``forest.memory_budget_mb`` in every task and every histogram actor."""
 from __future__ import annotations
 
+import math
+
 from .body_parts import NUM_PARTS
 
 
@@ -15,7 +17,8 @@ def partitions_at(forest_cfg: dict, depth: int) -> dict:
     return degrees
 
 
-def fill_workers(degrees: dict, workers: int, n_features: int, running: int | None = None) -> dict:
+def fill_workers(degrees: dict, workers: int, n_features: int, running: int | None = None,
+                 actors_per_worker: float = 1.0) -> dict:
     """``degrees`` sized to the workers: enough phase-2 tasks for every worker, and a histogram
     actor (node partition) for every worker that can run at once (``running``: the workers the
     cluster's CPUs hold, default all; an actor reserves CPUs, so more actors than that would wait
@@ -28,10 +31,14 @@ def fill_workers(degrees: dict, workers: int, n_features: int, running: int | No
     offset a part: feature partitions are disjoint histograms, so unlike more data units they add
     no partials to ship or sum. Actors: at least one per worker (the seed's "several hundred
     parts for ... nodes" on 235 machines, footnote 2); each then sums and searches a 1/workers
-    share of the frontier's columns, and a batch may hold workers x the memory budget. The tree
-    depends on neither (the counts are the same integers wherever they are summed)."""
+    share of the frontier's columns, and a batch may hold workers x the memory budget.
+    ``actors_per_worker`` (forest.actors_per_worker) scales that floor: 0.25 gives sixteen
+    workers four actors (each start and each task's slice to every actor cost CPU seconds that
+    grow with the actors, phase 3 divides by them: a trade to measure on the machine), 0 leaves
+    ``nodes`` as configured. The tree depends on none of it (the counts are the same integers
+    wherever they are summed)."""
     units, features, nodes = int(degrees["data_units"]), int(degrees["features"]), int(degrees["nodes"])
-    reducers = min(workers, running if running is not None else workers)
+    reducers = math.ceil(actors_per_worker * min(workers, running if running is not None else workers))
     if units * features >= workers and nodes >= reducers:
         return degrees
     if units * features < workers:

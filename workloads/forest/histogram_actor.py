@@ -37,7 +37,8 @@ class HistogramActor:
         import numba
 
         keep_a_current_folder()
-        # Several actors share the machine with the phase-2 tasks: one thread each.
+        # Several actors share the machine with the phase-2 tasks: one thread each while they
+        # sum; phase 3 (`best`) runs alone and may take more.
         numba.set_num_threads(1)
         self.shape = None  # no batch yet (also after a restart): partials are ignored
         self.dtype = np.dtype(np.int32)
@@ -93,27 +94,39 @@ class HistogramActor:
         return len(self.parts)
 
     def best(self, col_start: np.ndarray, col_class: np.ndarray, class_weights: np.ndarray,
-             min_child_examples: int, derive=None, keep: bool = False, fault=None) -> dict:
+             min_child_examples: int, derive=None, keep: bool = False, fault=None, threads: int = 1) -> dict:
         """Phase 3 over this actor's nodes (their columns: col_start (S+1,), col_class);
         see `histogram_kernels.best_splits`. {"parts": None} when it has no batch.
         derive: (P, 2) (derived column, sibling column) pairs to subtract first; keep: hold the
         histogram for `take` (else it is freed here). fault (tests only): a marker path, as
-        round_tasks.phase2_task's: the first actor to see it absent dies before it answers."""
+        round_tasks.phase2_task's: the first actor to see it absent dies before it answers.
+        threads: the split search's threads (over its nodes): phase 3 runs while no phase-2
+        task does, so with fewer actors than the running workers' cores each searches on its
+        share of them (train.py, ``_phase3_threads``); back to one for the next batch's sums."""
+        import numba
+
         from .histogram_kernels import best_splits
 
         keep_a_current_folder()  # the folder may go after the actor started
         if self.shape is None:
             return {"parts": None}
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         if self.hist is None:
             self.hist = np.zeros(self.shape, self.dtype)
         subtract_siblings(self.hist, derive)
         if fault:
             die_once(fault)
         weights = np.asarray(class_weights, np.float64)
-        feature, threshold, gain, left, right = best_splits(
-            self.hist, col_start, col_class, weights, int(min_child_examples), len(weights))
-        self.busy_s += time.perf_counter() - start
+        numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))
+        try:
+            feature, threshold, gain, left, right = best_splits(
+                self.hist, col_start, col_class, weights, int(min_child_examples), len(weights))
+        finally:
+            numba.set_num_threads(1)
+        # on several threads the search keeps several cores busy: the effective parallelism
+        # counts its CPU seconds (all threads'), as it counts each single-threaded task's wall
+        wall = time.perf_counter() - start
+        self.busy_s += max(wall, time.process_time() - cpu_start) if threads > 1 else wall
         result = {"parts": sorted(self.parts), "feature": feature, "threshold": threshold,
                   "gain": gain, "left": left, "right": right, "busy_s": self.busy_s,
                   "peak_bytes": self.peak_bytes}

@@ -128,7 +128,8 @@ class RoundRunner:
 
     def _degrees(self, depth: int, n_features: int) -> dict:
         """Partition degrees of a round at `depth`: the configured ones, sized to the workers."""
-        return fill_workers(partitions_at(self.cfg, depth), self.workers, n_features, self.running)
+        return fill_workers(partitions_at(self.cfg, depth), self.workers, n_features, self.running,
+                            float(self.cfg.get("actors_per_worker", 1.0)))
 
     @property
     def actors(self) -> list:
@@ -248,8 +249,16 @@ class RoundRunner:
                 "hist_peak_bytes": max([s["hist_bytes"] for s in stats] + reducer_bytes)}
 
     def _ask_best(self, k: int, b: dict, fault=None):
-        """Phase 3 of actor k: its nodes' best splits (a ref)."""
-        return self.actors[k].best.remote(*b["best_args"][k], keep=b["keep"], fault=fault)
+        """Phase 3 of actor k: its nodes' best splits (a ref), on its share of the workers' cores."""
+        return self.actors[k].best.remote(*b["best_args"][k], keep=b["keep"], fault=fault,
+                                          threads=self._phase3_threads(len(b["shapes"])))
+
+    def _phase3_threads(self, n_actors: int) -> int:
+        """Threads of each actor's split search: the cores of the workers the cluster runs at once,
+        shared among the batch's actors (phase 3 runs while no task does). One per actor when
+        there is an actor per worker (the default); four each for sixteen workers' cores on four
+        actors (forest.actors_per_worker=0.25)."""
+        return max(1, int(self.running * self.threads) // max(n_actors, 1))
 
     def _collect(self, k: int, b: dict, asked) -> tuple[dict, list]:
         """Phase 3 result of actor k, already `asked` (a ref), or None when it lost partials.
@@ -699,6 +708,9 @@ class RoundRunner:
                     # histogram actors the round's batches used (at most the partition degree,
                     # sized to the running workers: batch_plan.fill_workers); 0: the driver reduced
                     "round/node_partitions": 0 if small else max((len(nb) - 1 for _, nb, _ in batches), default=0),
+                    # each actor's threads in phase 3 (its share of the running workers' cores)
+                    "round/phase3_threads": 0 if small else
+                    self._phase3_threads(max((len(nb) - 1 for _, nb, _ in batches), default=1)),
                     # the shuffle: encoded partials to actors + phase-1 frontier counts, and what
                     # dense partials with counts for every node of the tree would have been
                     "round/shuffle_bytes": totals["shuffle_bytes"],

@@ -48,6 +48,11 @@ def test_a_round_has_a_task_and_a_histogram_actor_for_every_worker():
     # actors reserve CPUs: no more of them than workers the cluster runs at once (16 workers on 2
     # CPUs waited forever for the 9th actor); the tasks still fill every worker
     assert fill_workers(degrees, 16, 1000, running=2) == {"data_units": 4, "features": 4, "nodes": 2}
+    # forest.actors_per_worker scales the actors' floor (rounded up), never the tasks'; 0 keeps `nodes`
+    assert fill_workers(degrees, 16, 1000, actors_per_worker=0.25) == {"data_units": 4, "features": 4, "nodes": 4}
+    assert fill_workers(degrees, 12, 1000, actors_per_worker=0.25)["nodes"] == 3
+    assert fill_workers(degrees, 16, 1000, actors_per_worker=0.1)["nodes"] == 2  # partitions.nodes stays a floor
+    assert fill_workers(degrees, 16, 1000, actors_per_worker=0)["nodes"] == 2
 
 
 def test_actors_share_a_batch_evenly_and_keep_siblings_together():

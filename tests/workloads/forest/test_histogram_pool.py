@@ -56,3 +56,30 @@ def test_slices_sent_behind_an_unwaited_reset_are_summed_into_it_and_a_missing_p
     assert pool.confirm(resets) is True
     assert pool.acked([b.add.remote(0, 0, _partial(slice_))]) is False
     pool.shutdown()
+
+
+def test_phase_3_searches_on_the_threads_it_is_given_and_sums_on_one_after(ray_session):
+    """Fewer actors than the workers' cores search their nodes on several threads each (phase 3
+    runs while no task does); the answer is the one thread's, and the actor goes back to one
+    thread for the next batch's sums, which run beside the phase-2 tasks."""
+    import numba
+    import ray
+
+    from workloads.forest.histogram_pool import HistogramPool
+
+    pool = HistogramPool(actor_cpus=0.0, in_group=False, max_failures=0)
+    pool.ensure(1)
+    [a] = pool.actors
+    rng = np.random.default_rng(1)
+    hist = rng.integers(0, 40, (8, 5, 6)).astype(np.int32)  # 4 nodes of 2 columns each
+    col_start, col_class = np.array([0, 2, 4, 6, 8]), np.tile(np.array([0, 1], np.int32), 4)
+    answers = []
+    for threads in (1, 2):
+        ray.get(a.reset.remote(8, 5, 6, "int32", None, 1))
+        ray.get(a.add.remote(0, 0, _partial(hist)))
+        answers.append(ray.get(a.best.remote(col_start, col_class, np.ones(2), 1, threads=threads)))
+        assert ray.get(a.__ray_call__.remote(lambda actor: numba.get_num_threads())) == 1
+    for key in ("feature", "threshold", "gain", "left", "right"):
+        np.testing.assert_array_equal(answers[0][key], answers[1][key])
+    assert (answers[0]["feature"] >= 0).any()  # splits were found, not only "none"
+    pool.shutdown()

@@ -107,6 +107,19 @@ def test_more_workers_than_cpus_get_an_actor_per_running_worker_and_the_same_tre
     assert all(m["round/feature_partitions"] == 16 for m in rounds)  # 16 tasks: one per worker (16 offsets)
 
 
+def test_fewer_actors_than_workers_when_asked_grow_the_same_tree(reference, block_refs, tmp_path):
+    """forest.actors_per_worker=0 leaves partitions.nodes as set: one actor sums and searches
+    every node for two workers (no floor of one per worker), its split search on both workers'
+    cores, and the tree is the reference's."""
+    fcfg, ref_state, _ = reference
+    one = dict(fcfg, partitions=dict(fcfg["partitions"], nodes=1), partitions_by_depth=[],
+               actors_per_worker=0.0, small_round_example_features=0)
+    state, rounds = train(block_refs, one, tmp_path / "ckpt.npz")
+    assert_same_forest(state, ref_state)
+    assert {m["round/node_partitions"] for m in rounds} == {1}
+    assert {m["round/phase3_threads"] for m in rounds} == {2}  # the one actor searches on both workers' cores
+
+
 def test_node_partitions_whose_actors_leave_no_cpu_are_refused_naming_the_key(reference, block_refs, tmp_path):
     """16 actors x 0.25 CPU on the session's 2 CPUs: Ray never places the 9th, and the first round
     waited for it for ever; now the tree refuses to start, in one line naming the key."""
