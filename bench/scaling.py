@@ -4,6 +4,7 @@
     python -m bench scaling --smoke      # one repeat of the smallest sizes: checks it runs
     python -m bench scaling_forest_few   # the forest at 1, cores/4 and all cores, one node (a lent machine's call)
     python -m bench scaling_forest_paper # the forest's paper shape at cores/4 and all cores (the other call)
+    python -m bench forest_actors        # the paper shape on all cores: an actor per worker vs a quarter of them
 
 Every figure is one real ``python -m orchard workload=<name> ...`` run, attached to a
 ``ray.cluster_utils.Cluster`` on this machine (``cluster=remote``), the way a user runs on a
@@ -74,6 +75,12 @@ WORKLOADS = {
     "forest paper": {"workload": "forest", "smoke": False,
                      "overrides": [o for o in SHAPES["paper"] if o not in ONE_MACHINE],
                      "workers": "strategy.num_workers", "work": "training"},
+    # the same with a quarter of the histogram actors (bench forest_actors): fewer process starts
+    # and slice calls against phase 3 on fewer actors, each searching on several threads
+    "forest paper, a quarter of the actors": {
+        "workload": "forest", "smoke": False,
+        "overrides": [*(o for o in SHAPES["paper"] if o not in ONE_MACHINE), "forest.actors_per_worker=0.25"],
+        "workers": "strategy.num_workers", "work": "training"},
     "flower": {"overrides": ["flower.epochs=6"], "workers": "strategy.num_workers", "work": "steps",
                "strategy": "ring"},
     # the thesis's other strategy: one parameter server (cpus_per_server 0: it shares the workers' cores)
@@ -84,7 +91,8 @@ WORKLOADS = {
     # the seed's elastic decoders: the decode pool's size (an int: min = max, the pool does not grow on its own)
     "video": {"overrides": ["video.epochs=2"], "workers": "video.decode_concurrency", "work": "training"},
 }
-SIZES = {"full": {"workloads": [w for w in WORKLOADS if w != "forest paper"], "smoke_sizes": False},
+PAPER = ("forest paper", "forest paper, a quarter of the actors")  # the sizes' own, not the full sweep's
+SIZES = {"full": {"workloads": [w for w in WORKLOADS if w not in PAPER], "smoke_sizes": False},
          # the forest alone (bench scaling_forest): what fits a lent 16-core machine's minutes
          "forest": {"workloads": ["forest"], "smoke_sizes": False},
          # the workloads whose steps wait on parameter servers (bench scaling_ps): re-measured alone
@@ -98,7 +106,13 @@ SIZES = {"full": {"workloads": [w for w in WORKLOADS if w != "forest paper"], "s
          # scaling_forest_paper): a one-worker run of it takes minutes on 16 cores, so its rows
          # compare all the cores with a quarter of them; effective parallelism needs no baseline
          "forest_paper": {"workloads": ["forest paper"], "smoke_sizes": False, "workers": "quarter", "nodes": [1]},
-         "smoke": {"workloads": [w for w in WORKLOADS if w != "forest paper"], "smoke_sizes": True}}
+         # the paper shape on all the cores with one actor per worker and with a quarter of them
+         # (bench forest_actors): one row, the second against the first; 16 workers' actors cost
+         # ~25 CPU-s of starts and calls on 2 cores told 16 CPUs (docs/scaling.md, "Fewer actors
+         # than workers"), their phase 3 is the other side
+         "forest_actors": {"workloads": list(PAPER), "smoke_sizes": False, "workers": "all", "nodes": [1],
+                           "versus": True},
+         "smoke": {"workloads": [w for w in WORKLOADS if w not in PAPER], "smoke_sizes": True}}
 ESTIMATE = "~22-40 min on 2 idle cores (3 repeats: 22 min on 2026-12-03; this VM runs the same work up to 1.9x slower on some days)"
 # one run's limit: every run of the sizes above takes 10-60 s here; a video run attached to a
 # 2-CPU cluster after a flower run on it hung with its decoders idle (docs/scaling.md, "Measured")
@@ -247,7 +261,10 @@ def counts(cores: int, start: int = 1) -> list[int]:
 
 def worker_counts(cores: int, which: str = "doubling") -> list[int]:
     """The worker counts of a size: ``doubling`` (1, 2, 4, ... up to the cores), ``few``
-    (1, a quarter of the cores, all of them) or ``quarter`` (a quarter of the cores and all)."""
+    (1, a quarter of the cores, all of them), ``quarter`` (a quarter of the cores and all) or
+    ``all`` (the cores alone)."""
+    if which == "all":
+        return [cores]
     if which == "quarter":
         return sorted({max(1, cores // 4), cores})
     return sorted({1, max(1, cores // 4), cores}) if which == "few" else counts(cores)
@@ -354,4 +371,13 @@ def measure(size: dict, repeats: int) -> list[dict]:
                                      "peer": figures(same, cores, 1, same, cores)},
                             note=f"work: time/split/{WORKLOADS[workload]['work']}_s; loopback MB: what crossed "
                                  "between the nodes' processes (the one-node figure is control traffic)"))
+    if size.get("versus") and not failed:
+        # two configurations of one workload on all the cores: the second's row, the first its peer
+        first, second = size["workloads"]
+        a, b = results[(first, cores, 1)], results[(second, cores, 1)]
+        rows.append(row(f"{second} vs {first}: {cores} workers", "s", [r["work_s"] for r in b],
+                        [r["work_s"] for r in a], higher_is_better=False,
+                        orchard_label=f"{second}, {cores} workers", peer_label=f"{first}, {cores} workers",
+                        quality={"orchard": figures(b, cores, 1, a, cores), "peer": figures(a, cores, 1, a, cores)},
+                        note=f"work: time/split/{WORKLOADS[second]['work']}_s"))
     return rows

@@ -113,7 +113,41 @@ def test_the_paper_size_compares_all_cores_with_a_quarter_at_the_paper_shape(mon
     overrides = scaling.run_overrides("forest paper")
     assert overrides[0] == "workload=forest" and "forest.n_offsets=2000" in overrides and "debug=smoke" not in overrides
     assert not any(o.startswith("forest.partitions") for o in overrides)  # the workload's own partitions
-    assert "forest paper" not in scaling.SIZES["full"]["workloads"] + scaling.SIZES["smoke"]["workloads"]
+    assert not set(scaling.PAPER) & set(scaling.SIZES["full"]["workloads"] + scaling.SIZES["smoke"]["workloads"])
+
+
+def test_the_actors_size_compares_a_quarter_of_the_actors_with_one_per_worker_on_all_cores(monkeypatch):
+    """bench forest_actors: the paper shape on all the cores, twice a repeat (one actor per worker,
+    then a quarter of them), one row: the quarter against the default, each side's figures its own."""
+    from bench import scaling
+
+    calls = []
+
+    class FakeCluster:
+        address = "127.0.0.1:6380"
+
+        def shutdown(self):
+            calls.append("down")
+
+    def one_run(workload, workers, address, folder, smoke_sizes):
+        calls.append((workload, workers))
+        quarter = workload.endswith("actors")
+        return {"work_s": 30.0 if quarter else 40.0, "wall_s": 50.0, "total_s": 45.0, "cpu_parallelism": 1.0,
+                "loopback_bytes": 0, "effective_parallelism": 12.5 if quarter else 9.0}
+
+    monkeypatch.setattr(scaling.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(scaling, "start_cluster", lambda nodes, cpus: FakeCluster())
+    monkeypatch.setattr(scaling, "one_run", one_run)
+    default, quarter = scaling.PAPER
+    rows = scaling.measure(scaling.SIZES["forest_actors"], 3)
+    assert calls[:4] == [(default, 16), (default, 16), (quarter, 16), (quarter, 16)]  # each untimed first
+    assert calls.count((default, 16)) == calls.count((quarter, 16)) == 4 and calls.count("down") == 3
+    [r] = rows
+    assert r["name"] == f"{quarter} vs {default}: 16 workers"
+    assert r["quality"]["orchard"]["effective parallelism"] == 12.5 and r["quality"]["peer"]["effective parallelism"] == 9.0
+    assert r["quality"]["orchard"]["speed-up"] == pytest.approx(40 / 30)
+    assert "forest.actors_per_worker=0.25" in scaling.run_overrides(quarter)
+    assert "forest.actors_per_worker=0.25" not in scaling.run_overrides(default)
 
 
 def test_a_workload_whose_run_fails_is_a_row_saying_why_and_the_others_go_on(monkeypatch):
