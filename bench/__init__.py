@@ -31,7 +31,7 @@ EXTRA_BENCHES = {
     "scaling_forest": ("bench.scaling", "forest"),         # the forest alone, for a bigger machine's minutes
     "scaling_forest_few": ("bench.scaling", "forest_few"),  # the forest at 1, cores/4, all cores, one node: ~7 min on 16 cores
     "scaling_forest_paper": ("bench.scaling", "forest_paper"),  # the paper shape at cores/4 and all cores: ~8 min on 16 cores
-    "forest_actors": ("bench.scaling", "forest_actors"),  # the paper shape on all cores, an actor per worker vs a quarter: ~6 min on 16 cores
+    "forest_actors": ("bench.scaling", "forest_actors"),  # the paper shape on all cores, an actor a worker vs a quarter
     "forest_cores": ("bench.forest_cores", "full"),        # the forest's phase-2 counting in N plain processes: the machine's ceiling, ~1 min on 2
     "scaling_ps": ("bench.scaling", "ps"),                 # flower ps and singa (sync_ps) alone: ~20 min
     "ps_wire": ("bench.ps_wire", "full"),                  # a server's push+pull in pieces vs one array, 1 and 2 nodes: ~2 min

@@ -144,8 +144,9 @@ def test_the_actors_size_compares_a_quarter_of_the_actors_with_one_per_worker_on
     assert calls.count((default, 16)) == calls.count((quarter, 16)) == 4 and calls.count("down") == 3
     [r] = rows
     assert r["name"] == f"{quarter} vs {default}: 16 workers"
-    assert r["quality"]["orchard"]["effective parallelism"] == 12.5 and r["quality"]["peer"]["effective parallelism"] == 9.0
-    assert r["quality"]["orchard"]["speed-up"] == pytest.approx(40 / 30)
+    quarter_side, default_side = r["quality"]["orchard"], r["quality"]["peer"]
+    assert quarter_side["effective parallelism"] == 12.5 and default_side["effective parallelism"] == 9.0
+    assert quarter_side["speed-up"] == pytest.approx(40 / 30)
     assert "forest.actors_per_worker=0.25" in scaling.run_overrides(quarter)
     assert "forest.actors_per_worker=0.25" not in scaling.run_overrides(default)
 

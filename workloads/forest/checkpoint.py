@@ -134,8 +134,8 @@ def config_fingerprint(forest_cfg: dict, seed: int) -> str:
     """What must match for a resume to continue the same forest (resume path excluded;
     partitioning, memory budget, histogram subtraction and the bin cache excluded: they never
     change the result)."""
-    ignored = {"resume", "partitions", "partitions_by_depth", "memory_budget_mb", "actor_cpus", "actors_per_worker", "verify_counts",
-               "small_round_example_features", "histogram_subtraction", "bin_cache_mb",
+    ignored = {"resume", "partitions", "partitions_by_depth", "memory_budget_mb", "actor_cpus", "actors_per_worker",
+               "verify_counts", "small_round_example_features", "histogram_subtraction", "bin_cache_mb",
                "stop_after_rounds", "test_images", "figure_images"}
     kept = {k: v for k, v in forest_cfg.items() if k not in ignored}
     return json.dumps({"seed": seed, "forest": kept}, sort_keys=True, default=str)

@@ -61,7 +61,8 @@ class Forest(Section):
     bin_cache_mb: float = Field(default=1024, ge=0, description=AT_LEAST_0)  # round_tasks.encode_task
     small_round_example_features: float = Field(ge=0, description=AT_LEAST_0)
     actor_cpus: float = Field(ge=0, le=64, description="CPUs in [0, 64]")
-    actors_per_worker: float = Field(default=1.0, ge=0, le=1, description="a fraction in [0, 1]")  # batch_plan.fill_workers
+    # the histogram actors' floor per running worker (batch_plan.fill_workers)
+    actors_per_worker: float = Field(default=1.0, ge=0, le=1, description="a fraction in [0, 1]")
     stop_after_rounds: Optional[int] = Field(default=None, gt=0, description="a positive integer (or null)")
     preprocess: Preprocess
     partitions: Partitions
