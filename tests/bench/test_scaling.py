@@ -63,9 +63,10 @@ def test_the_rows_pair_each_count_with_one_worker_and_more_nodes_with_one(monkey
     assert two["quality"]["orchard"]["nodes"] == 2 and two["quality"]["orchard"]["loopback MB"] == 2.0
 
 
-def _measured_on_16_cores(monkeypatch, size: str, work_s: float, parallel_share: float):
+def _measured_on_16_cores(monkeypatch, size: str, work_s: float = 0.0, parallel_share: float = 0.0, result=None):
     """bench.scaling.measure(size) on a pretend 16-core machine, each run taking work_s / workers
-    at an effective parallelism of parallel_share x workers; (rows, the calls in order)."""
+    at an effective parallelism of parallel_share x workers, or ``result(workload, workers)``;
+    (rows, the calls in order)."""
     from bench import scaling
 
     calls = []
@@ -78,6 +79,8 @@ def _measured_on_16_cores(monkeypatch, size: str, work_s: float, parallel_share:
 
     def one_run(workload, workers, address, folder, smoke_sizes):
         calls.append((workload, workers))
+        if result:
+            return result(workload, workers)
         return {"work_s": work_s / workers, "wall_s": 40.0, "total_s": 30.0, "cpu_parallelism": 1.0,
                 "loopback_bytes": 1e6, "effective_parallelism": parallel_share * workers}
 
@@ -121,25 +124,13 @@ def test_the_actors_size_compares_a_quarter_of_the_actors_with_one_per_worker_on
     then a quarter of them), one row: the quarter against the default, each side's figures its own."""
     from bench import scaling
 
-    calls = []
-
-    class FakeCluster:
-        address = "127.0.0.1:6380"
-
-        def shutdown(self):
-            calls.append("down")
-
-    def one_run(workload, workers, address, folder, smoke_sizes):
-        calls.append((workload, workers))
+    def result(workload, workers):
         quarter = workload.endswith("actors")
         return {"work_s": 30.0 if quarter else 40.0, "wall_s": 50.0, "total_s": 45.0, "cpu_parallelism": 1.0,
                 "loopback_bytes": 0, "effective_parallelism": 12.5 if quarter else 9.0}
 
-    monkeypatch.setattr(scaling.os, "cpu_count", lambda: 16)
-    monkeypatch.setattr(scaling, "start_cluster", lambda nodes, cpus: FakeCluster())
-    monkeypatch.setattr(scaling, "one_run", one_run)
+    rows, calls = _measured_on_16_cores(monkeypatch, "forest_actors", result=result)
     default, quarter = scaling.PAPER
-    rows = scaling.measure(scaling.SIZES["forest_actors"], 3)
     assert calls[:4] == [(default, 16), (default, 16), (quarter, 16), (quarter, 16)]  # each untimed first
     assert calls.count((default, 16)) == calls.count((quarter, 16)) == 4 and calls.count("down") == 3
     [r] = rows
