@@ -38,7 +38,8 @@ def fill_workers(degrees: dict, workers: int, n_features: int, running: int | No
     ``nodes`` as configured. The tree depends on none of it (the counts are the same integers
     wherever they are summed)."""
     units, features, nodes = int(degrees["data_units"]), int(degrees["features"]), int(degrees["nodes"])
-    reducers = math.ceil(actors_per_worker * min(workers, running if running is not None else workers))
+    # rounded first: 0.1 x 30 is 3.0000000000000004 in floats, which ceil makes 4
+    reducers = math.ceil(round(actors_per_worker * min(workers, running if running is not None else workers), 9))
     if units * features >= workers and nodes >= reducers:
         return degrees
     if units * features < workers:

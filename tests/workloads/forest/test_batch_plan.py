@@ -51,6 +51,7 @@ def test_a_round_has_a_task_and_a_histogram_actor_for_every_worker():
     # forest.actors_per_worker scales the actors' floor (rounded up), never the tasks'; 0 keeps `nodes`
     assert fill_workers(degrees, 16, 1000, actors_per_worker=0.25) == {"data_units": 4, "features": 4, "nodes": 4}
     assert fill_workers(degrees, 12, 1000, actors_per_worker=0.25)["nodes"] == 3
+    assert fill_workers(degrees, 30, 1000, actors_per_worker=0.1)["nodes"] == 3  # not 4: 0.1 x 30 in floats
     assert fill_workers(degrees, 16, 1000, actors_per_worker=0.1)["nodes"] == 2  # partitions.nodes stays a floor
     assert fill_workers(degrees, 16, 1000, actors_per_worker=0)["nodes"] == 2
 
