@@ -255,9 +255,10 @@ class RoundRunner:
 
     def _phase3_threads(self, n_actors: int) -> int:
         """Threads of each actor's split search: the cores of the workers the cluster runs at once,
-        shared among the batch's actors (phase 3 runs while no task does). One per actor when
-        there is an actor per worker (the default); four each for sixteen workers' cores on four
-        actors (forest.actors_per_worker=0.25)."""
+        shared among the batch's actors (phase 3 runs while no task does). One each where a batch
+        has an actor per worker (the default, once the frontier has a node for each); four each for
+        sixteen workers' cores on four actors (forest.actors_per_worker=0.25). A batch of fewer
+        nodes gets more threads than it can use (the search is parallel over its nodes)."""
         return max(1, int(self.running * self.threads) // max(n_actors, 1))
 
     def _collect(self, k: int, b: dict, asked) -> tuple[dict, list]:
