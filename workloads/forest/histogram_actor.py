@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from .round_tasks import die_once, keep_a_current_folder
+from .round_tasks import die_once, keep_a_current_folder, numba_threads
 from .shuffle import add_partial, dense_partial
 from .subtraction import apply_init, ParentsLost, resolve_init, subtract_siblings
 
@@ -34,12 +34,10 @@ class HistogramActor:
     """Sums partial histograms for one node partition; computes their best splits."""
 
     def __init__(self):
-        import numba
-
         keep_a_current_folder()
         # Several actors share the machine with the phase-2 tasks: one thread each while they
         # sum; phase 3 (`best`) runs alone and may take more.
-        numba.set_num_threads(1)
+        numba_threads(1)
         self.shape = None  # no batch yet (also after a restart): partials are ignored
         self.dtype = np.dtype(np.int32)
         self.hist = None
@@ -103,8 +101,6 @@ class HistogramActor:
         threads: the split search's threads (over its nodes): phase 3 runs while no phase-2
         task does, so with fewer actors than the running workers' cores each searches on its
         share of them (train.py, ``_phase3_threads``); back to one for the next batch's sums."""
-        import numba
-
         from .histogram_kernels import best_splits
 
         keep_a_current_folder()  # the folder may go after the actor started
@@ -117,12 +113,12 @@ class HistogramActor:
         if fault:
             die_once(fault)
         weights = np.asarray(class_weights, np.float64)
-        numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))
+        numba_threads(threads)
         try:
             feature, threshold, gain, left, right = best_splits(
                 self.hist, col_start, col_class, weights, int(min_child_examples), len(weights))
         finally:
-            numba.set_num_threads(1)
+            numba_threads(1)
         # on several threads the search keeps several cores busy: the effective parallelism
         # counts its CPU seconds (all threads'), as it counts each single-threaded task's wall
         wall = time.perf_counter() - start

@@ -47,12 +47,17 @@ def keep_a_current_folder() -> None:
         os.chdir(tempfile.gettempdir())
 
 
-def _ready_for_numba(threads: int) -> None:
-    """At a task's start: a current folder for numba's compiler, and the task's thread count."""
+def numba_threads(threads: int) -> None:
+    """The parallel kernels' thread count from here on, within what numba's pool holds."""
     import numba
 
-    keep_a_current_folder()
     numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))
+
+
+def _ready_for_numba(threads: int) -> None:
+    """At a task's start: a current folder for numba's compiler, and the task's thread count."""
+    keep_a_current_folder()
+    numba_threads(threads)
 
 
 def _reassociate(block, traversal, selection, background_mm):
