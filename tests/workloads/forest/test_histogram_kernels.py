@@ -112,6 +112,41 @@ def test_best_split_matches_numpy_information_gain():
         np.testing.assert_array_equal(left[s] + right[s], hist[s, 0].sum(axis=0))
 
 
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.int32])
+def test_a_split_gains_more_than_rounding_and_equal_gains_go_to_the_lowest_feature(dtype):
+    """Deep nodes hold a few examples of a few classes. A node of one class gains exactly
+    nothing by any split (its sums rounded to +-1e-16, and such nodes were split on down the
+    tree): it stays unsplit. Many features split a node the same way through other bins
+    (mirrored: one's left child is another's right): their gains are equal, their sums may
+    round apart, and the first feature and threshold wins."""
+    rng = np.random.default_rng(7)
+    n_bins, n_features, unsplit, chosen = 51, 5, 0, []
+    for trial in range(60):
+        k = 1 if trial % 6 == 0 else int(rng.integers(2, 6))
+        base = np.zeros((k, n_bins), np.int64)
+        for _ in range(int(rng.integers(12, 60))):  # a few examples, in a few bins
+            base[rng.integers(k), rng.integers(n_bins - 1)] += 1
+        mirrored = base[:, ::-1].copy()  # every feature holds the same examples: bins reordered
+        feats = [rng.permutation(base.T).T, mirrored, base, np.roll(mirrored, 1, axis=1), rng.permutation(base.T).T]
+        hist = np.stack(feats, axis=1).astype(dtype)  # (k columns, features, bins)
+        col_class = rng.permutation(31)[:k].astype(np.int32)
+        weights = rng.uniform(0.2, 3.0, 31)
+        feature, threshold, gain, _, _ = best_splits(hist, np.array([0, k], np.int32), col_class, weights, 3, 31)
+        node = np.zeros((n_features, n_bins, 31))
+        node[:, :, col_class] = hist.transpose(1, 2, 0)
+        gains = {(f, t): _numpy_gain(node, weights, f, t) for f in range(n_features) for t in range(n_bins - 1)
+                 if 3 <= node[f, :t + 1].sum() <= node[f].sum() - 3}
+        best = max(gains.values(), default=0.0)
+        if best <= 1e-12:  # one class (or no valid split): no gain
+            assert feature[0] == -1 and (k == 1 or not gains)
+            unsplit += 1
+            continue
+        assert gain[0] == pytest.approx(best, rel=1e-9)
+        assert (feature[0], threshold[0]) == min(key for key, v in gains.items() if v >= best - 1e-12)
+        chosen.append(int(feature[0]))
+    assert unsplit >= 10 and 1 in chosen and 2 not in chosen  # feature 2 ties its mirror, feature 1, always
+
+
 def test_tree_traversal_matches_python():
     rng, depths, img, ys, xs = _random_scene(2)
     offsets, thresholds = candidate_pool(rng, 3, 1, 20.0, 500.0, 0.0)
