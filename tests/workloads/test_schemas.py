@@ -13,6 +13,7 @@ SECTIONS = {"Synthetic": "synthetic"}  # models that check one section of the wo
 
 
 @pytest.mark.parametrize("overrides,key,line", [
+    (["workload=forest", "forest.actors_per_worker=2"], "forest.actors_per_worker", "a fraction in [0, 1], got 2"),
     (["workload=flower", "flower.sigma=true"], "flower.sigma", "a positive number, got True"),
     (["workload=flower", "flower.tile_size=10"], "flower.tile_size", "a positive multiple of 4"),
     (["workload=flower", "flower.roi=[0,0,5]"], "flower.roi",
