@@ -225,7 +225,7 @@ def _best_splits(hist, col_start, col_class, class_weights, class_w_log_w, n_log
         h_parent = math.log(w_all) - a_all / w_all
         # J is W x nats: a split must gain more than TIE_NATS, W (H(parent) - TIE_NATS) > J
         best_j, tie = w_all * h_parent, TIE_NATS * w_all
-        left = np.zeros(k, np.int64)
+        left = np.zeros(k, np.int64)  # each weighted class's examples left of the threshold
         in_bin = np.zeros(n_bins, np.int64)
         for f in range(n_features):
             in_bin[:] = 0
@@ -241,8 +241,7 @@ def _best_splits(hist, col_start, col_class, class_weights, class_w_log_w, n_log
                 for j in range(k):
                     c = hist[c0 + j, f, t]
                     if c == 0 or weights[j] <= 0.0:
-                        left[j] += c
-                        continue
+                        continue  # no term changes (a class of weight 0 counts in n_left only)
                     l0, r0 = left[j], total[j] - left[j]
                     left[j] = l0 + c
                     w_l += weights[j] * c
