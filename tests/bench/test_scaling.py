@@ -63,10 +63,11 @@ def test_the_rows_pair_each_count_with_one_worker_and_more_nodes_with_one(monkey
     assert two["quality"]["orchard"]["nodes"] == 2 and two["quality"]["orchard"]["loopback MB"] == 2.0
 
 
-def _measured_on_16_cores(monkeypatch, size: str, work_s: float = 0.0, parallel_share: float = 0.0, result=None):
+def _measured_on_16_cores(monkeypatch, size: str, work_s: float = 0.0, parallel_share: float = 0.0, result=None,
+                          folders=None):
     """bench.scaling.measure(size) on a pretend 16-core machine, each run taking work_s / workers
     at an effective parallelism of parallel_share x workers, or ``result(workload, workers)``;
-    (rows, the calls in order)."""
+    (rows, the calls in order). ``folders``: a dict given gets each workload's run folders."""
     from bench import scaling
 
     calls = []
@@ -79,6 +80,8 @@ def _measured_on_16_cores(monkeypatch, size: str, work_s: float = 0.0, parallel_
 
     def one_run(workload, workers, address, folder, smoke_sizes):
         calls.append((workload, workers))
+        if folders is not None:
+            folders.setdefault(workload, set()).add(folder)
         if result:
             return result(workload, workers)
         return {"work_s": work_s / workers, "wall_s": 40.0, "total_s": 30.0, "cpu_parallelism": 1.0,
@@ -121,7 +124,8 @@ def test_the_paper_size_compares_all_cores_with_a_quarter_at_the_paper_shape(mon
 
 def test_the_actors_size_compares_a_quarter_of_the_actors_with_one_per_worker_on_all_cores(monkeypatch):
     """bench forest_actors: the paper shape on all the cores, twice a repeat (one actor per worker,
-    then a quarter of them), one row: the quarter against the default, each side's figures its own."""
+    then a quarter of them), one row: the quarter against the default, each side's figures its own.
+    The quarter runs in the default's folder, on its data: one untimed run warms both."""
     from bench import scaling
 
     def result(workload, workers):
@@ -129,10 +133,12 @@ def test_the_actors_size_compares_a_quarter_of_the_actors_with_one_per_worker_on
         return {"work_s": 30.0 if quarter else 40.0, "wall_s": 50.0, "total_s": 45.0, "cpu_parallelism": 1.0,
                 "loopback_bytes": 0, "effective_parallelism": 12.5 if quarter else 9.0}
 
-    rows, calls = _measured_on_16_cores(monkeypatch, "forest_actors", result=result)
+    folders = {}
+    rows, calls = _measured_on_16_cores(monkeypatch, "forest_actors", result=result, folders=folders)
     default, quarter = scaling.PAPER
-    assert calls[:4] == [(default, 16), (default, 16), (quarter, 16), (quarter, 16)]  # each untimed first
-    assert calls.count((default, 16)) == calls.count((quarter, 16)) == 4 and calls.count("down") == 3
+    assert folders[default] == folders[quarter] and len(folders[default]) == 1
+    assert calls[:3] == [(default, 16), (default, 16), (quarter, 16)]  # the default's untimed run first
+    assert calls.count((default, 16)) == 4 and calls.count((quarter, 16)) == 3 and calls.count("down") == 3
     [r] = rows
     assert r["name"] == f"{quarter} vs {default}: 16 workers"
     quarter_side, default_side = r["quality"]["orchard"], r["quality"]["peer"]
