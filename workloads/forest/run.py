@@ -2,7 +2,8 @@
 
   1. data      the corpus of PNG pairs (the user's `forest.data_dir`, or synthetic avatars
                rendered in parallel Ray tasks), preprocessed into data units (2,000 examples
-               per image) in parallel Ray tasks; the blocks stay in the object store (data.py)
+               per image) in parallel Ray tasks; the blocks stay in the object store (data.py);
+               the rounds' histogram actors start on the cores its last wave leaves idle
   2. train     T trees, each grown in breadth-first rounds on Ray tasks and histogram actors
                (train.py), checkpointed every round; `forest.resume` continues from the last
                completed round (checkpoint.py)
@@ -23,7 +24,7 @@ from .depth_png import palette_array
 from .evaluate import evaluate
 from .figures import log_figures
 from .predict import log_model
-from .train import grow_forest
+from .train import grow_forest, round_runner
 
 
 def run(cfg: dict, ctx) -> dict[str, float]:
@@ -50,19 +51,25 @@ def _run(cfg: dict, ctx, round_ends: list) -> dict[str, float]:
     run_dir.mkdir(parents=True, exist_ok=True)
     parallelism = max(1, int(strategy["num_workers"]))
 
-    # 1. data: the corpus in the real PNG format, then data units in the object store
-    train_refs, test_refs, skipped_pairs = load_blocks(cfg, ctx, palette, parallelism)
-    data_s = time.perf_counter() - started
-    ctx.mark("data")
-
-    # 2. train: the trees in rounds, checkpointed every round into the run storage
+    # the state to grow from (fresh, or the checkpoint `forest.resume` names: refused before the data)
     state = initial_state(f, seed, ctx.previous_storage)
+    first_depth = state["next_depth"] if state["partial"] is not None else 0
     # a resumed run goes on at the round after its checkpoint's (the others log resumed_from_epoch)
-    first_round = len(state["trees"]) * f["max_depth"] + (state["next_depth"] if state["partial"] is not None else 0)
+    first_round = len(state["trees"]) * f["max_depth"] + first_depth
     checkpoint = run_checkpoint(ctx.storage)
-    train_start = time.perf_counter()
-    history, restarts = grow_forest(train_refs, cfg, ctx, state, checkpoint, round_ends)
-    train_s = time.perf_counter() - train_start
+    with round_runner(cfg, ctx, checkpoint, round_ends) as (runner, history):
+        # 1. data: the corpus in the real PNG format, then data units in the object store; the
+        # histogram actors start on the cores its last wave leaves idle
+        train_refs, test_refs, skipped_pairs = load_blocks(
+            cfg, ctx, palette, parallelism, on_last_wave=lambda: runner.start_actors_early(first_depth))
+        data_s = time.perf_counter() - started
+        ctx.mark("data")
+
+        # 2. train: the trees in rounds, checkpointed every round into the run storage
+        train_start = time.perf_counter()
+        grow_forest(runner, train_refs, state)
+        train_s = time.perf_counter() - train_start
+        restarts, started_early = runner.actor_replays, runner.actors_started_early
     ctx.mark("training")
     log_checkpoint(ctx, run_dir, checkpoint)
     ctx.mark("checkpoints")
@@ -107,6 +114,8 @@ def _run(cfg: dict, ctx, round_ends: list) -> dict[str, float]:
         # the worker processes those tasks ran in: the workers, unless Ray replaced idle ones
         "train/task_processes": float(history[-1]["round/task_processes"]) if history else 0.0,
         "train/restarts": float(restarts),  # histogram actors' shares redone after a loss
+        # histogram actors started in the data step's last wave (0 on several nodes: train.py)
+        "train/actors_started_early": float(started_early),
         "time/data_s": data_s, "time/train_s": train_s,
         **({"train/resumed_from_round": float(first_round)} if f.get("resume") else {}),  # only a resumed run
     })

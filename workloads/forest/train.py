@@ -36,6 +36,7 @@ share it; every body that does not need that state has already left for the modu
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -98,6 +99,7 @@ class RoundRunner:
         self.stopping = threading.Event()  # set by the driver's main thread on an interrupt
         self.rounds_this_run = 0
         self.actor_replays = 0  # lost partials recomputed after an actor died or restarted
+        self.actors_started_early = 0  # in the data step's last wave (start_actors_early)
         self.parents_lost = 0  # node batches counted in full because a parent could not be had
         self.round_no = 0  # rounds begun by this runner, all trees: the generation of the actors' held parents
         self.tree_index = 0
@@ -457,6 +459,31 @@ class RoundRunner:
             actor.forget.remote()
 
     # ---- one tree -----------------------------------------------------------------
+    def start_actors(self, first_depth: int = 0) -> None:
+        """Start every histogram actor the rounds from `first_depth` on will ask for: an actor's
+        process start (Python, the workload's imports, numba's threading layer) then overlaps
+        other work instead of stalling the round that first needs it (2-3 s in rounds 2 and 8 on
+        2 cores). A tree's first round does this (its encode hides the starts); a run also calls
+        `start_actors_early` in its data step's last wave."""
+        depths = range(first_depth, max(self.cfg["max_depth"], first_depth + 1))
+        n_actors = max(int(self._degrees(d, int(self.cfg["n_offsets"]))["nodes"]) for d in depths)
+        self._check_actors_fit(n_actors)
+        self.reducers.ensure(n_actors)
+
+    def start_actors_early(self, first_depth: int = 0) -> int:
+        """`start_actors` before the data units are all made, from the data step's last wave
+        (data.load_blocks' `on_last_wave`), whose idle cores take the actors' starts off the
+        first round's (on 16 cores, sixteen actors' ~1 CPU-s each beside sixteen encode tasks of
+        ~1 s). Only where the actors' places do not wait for the units: one node, or a sweep
+        trial's placement group; on several nodes each actor goes to a node that holds units
+        (`_homes`), known once they are made. Returns the actors started here."""
+        if not self.in_group and len(cpu_nodes()) > 1:
+            return 0
+        before = len(self.actors)
+        self.start_actors(first_depth)
+        self.actors_started_early = len(self.actors) - before
+        return self.actors_started_early
+
     def _data_partitions(self, degree: int) -> list[list]:
         """`degree` lists of block refs; with homes (several nodes), each list's units share a
         home node and every node holding units gets at least one (locality.group_by_home)."""
@@ -574,13 +601,7 @@ class RoundRunner:
             tree.add_node(0, np.zeros(NUM_PARTS))
         else:
             tree, frontier, depth = Tree.from_arrays(state["partial"]), list(state["frontier"]), state["next_depth"]
-        # every histogram actor this tree's rounds will ask for, started now: an actor's process
-        # start (Python, the workload's imports, numba's cache) overlaps the first round's encode
-        # instead of stalling the round that first needs it (2-3 s in rounds 2 and 8 on 2 cores)
-        depths = range(depth, max(cfg["max_depth"], depth + 1))
-        n_actors = max(int(self._degrees(d, len(offsets))["nodes"]) for d in depths)
-        self._check_actors_fit(n_actors)
-        self.reducers.ensure(n_actors)
+        self.start_actors(depth)  # those the data step's last wave did not start already
         self.bin_cache = {}  # the last tree's cache is freed (its refs dropped)
         encode = None  # this tree's bin cache is built in its first round of this run
         while frontier and depth < cfg["max_depth"]:
@@ -767,11 +788,12 @@ def tree_pool(seed: int, tree_index: int, forest_cfg: dict):
                           forest_cfg["threshold_range_mm"], forest_cfg["unary_fraction"])
 
 
-def grow_forest(train_refs: list, cfg: dict, ctx, state: dict, checkpoint, round_ends: list) -> tuple[list, int]:
-    """Grow the trees `state` (fresh or resumed, checkpoint.initial_state) still lacks, round by
-    round, checkpointing to `checkpoint` every round; each round's metrics logged at step
-    tree x max_depth + depth and its end time appended to `round_ends`. Returns (this run's round
-    metrics, histogram actors' shares redone after a loss)."""
+@contextlib.contextmanager
+def round_runner(cfg: dict, ctx, checkpoint, round_ends: list):
+    """The run's RoundRunner and the list its rounds' metrics go to, made before the run's data
+    so that the data step's last wave can start the histogram actors (``start_actors_early``);
+    the actors are ended on the way out, whatever happened. Each round's metrics are logged at
+    step tree x max_depth + depth and its end time appended to `round_ends`."""
     forest_cfg, strategy, seed = cfg["forest"], cfg["strategy"], cfg["seed"]
     total_rounds = forest_cfg["num_trees"] * forest_cfg["max_depth"]
     history: list[dict] = []
@@ -784,17 +806,24 @@ def grow_forest(train_refs: list, cfg: dict, ctx, state: dict, checkpoint, round
         ctx.progress(step + 1, total_rounds, desc=f"tree {tree_index + 1}/{forest_cfg['num_trees']} depth {depth}",
                      **{"Mef/s": metrics["round/example_features_per_s"] / 1e6})
 
-    runner = RoundRunner(train_refs, forest_cfg, strategy, seed, checkpoint, on_round)
+    runner = RoundRunner([], forest_cfg, strategy, seed, checkpoint, on_round)
+    try:
+        yield runner, history
+    finally:
+        runner.shutdown()
+
+
+def grow_forest(runner: RoundRunner, train_refs: list, state: dict) -> None:
+    """Grow the trees `state` (fresh or resumed, checkpoint.initial_state) still lacks from the
+    data units `train_refs`, round by round, checkpointing every round (``round_runner``)."""
+    forest_cfg, seed = runner.cfg, runner.seed
+    runner.block_refs = train_refs
 
     def grow_all():
         for tree_index in range(len(state["trees"]), forest_cfg["num_trees"]):
             runner.train_tree(tree_index, tree_pool(seed, tree_index, forest_cfg), state)
 
-    try:
-        # off the main thread (orchard/background.py): the rounds submit thousands of tasks, and a
-        # SIGTERM landing while the main thread submits one reaches orchard as a SIGINT; on an
-        # interrupt `stopping` is set and the rounds cancel their tasks within a second or so
-        background.call(grow_all, name="forest-rounds", stopping=runner.stopping)
-    finally:
-        runner.shutdown()
-    return history, runner.actor_replays
+    # off the main thread (orchard/background.py): the rounds submit thousands of tasks, and a
+    # SIGTERM landing while the main thread submits one reaches orchard as a SIGINT; on an
+    # interrupt `stopping` is set and the rounds cancel their tasks within a second or so
+    background.call(grow_all, name="forest-rounds", stopping=runner.stopping)

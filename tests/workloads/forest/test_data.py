@@ -144,3 +144,32 @@ def test_a_folder_without_body_pixels_is_one_line_and_exit_2(tmp_path, capsys):
     assert exit_info.value.code == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and err[0].startswith("orchard: bad config: forest.data_dir:") and "body pixel" in err[0]
+
+
+def test_the_data_steps_last_wave_begins_when_fewer_tasks_are_left_than_cpus(ray_session, tmp_path):
+    """load_blocks' `on_last_wave` (where the histogram actors start) runs once fewer data-unit
+    tasks are left than the cluster's CPUs: not before (they would take CPUs the data step's full
+    waves use), and not only after the last (its idle cores are what the actors' starts take)."""
+    import threading
+    import time
+
+    import ray
+
+    from workloads.forest.data import last_wave
+
+    @ray.remote(num_cpus=0)
+    def unit(gated: bool):
+        while gated and not (tmp_path / "go").exists():
+            time.sleep(0.02)
+        return gated
+
+    cpus = int(ray.cluster_resources()["CPU"])
+    reports = [unit.remote(i >= 2) for i in range(cpus + 1)]   # two finish, cpus - 1 wait for the gate
+    opens = threading.Timer(60, (tmp_path / "go").touch)   # a last_wave that waited for all ends, and fails
+    opens.start()
+    last_wave(reports)
+    opens.cancel()
+    done, left = ray.wait(reports, num_returns=len(reports), timeout=0)
+    assert len(left) == cpus - 1 and not any(ray.get(done))   # returned with exactly the gated ones left
+    (tmp_path / "go").touch()
+    assert sum(ray.get(reports)) == cpus - 1

@@ -43,7 +43,7 @@ def test_bad_config_exits_2_with_one_line(capsys):
 
 def test_node_partitions_that_leave_no_cpu_end_the_smoke_run_failed_with_the_key(run_orchard, capsys):
     """16 histogram actors x 0.25 CPU on the session's 2 CPUs: the run waited for ever for the 9th;
-    now it ends at its first tree, exit 2, its MLflow run FAILED with the key in its reason. Its
+    now it ends before its first tree (where the data step's last wave starts the actors), exit 2, its MLflow run FAILED with the key in its reason. Its
     summary offers the command again with another value: not a resume, which has no round to go
     on from (and would be refused), nor the same command."""
     refused = run_orchard("workload=forest", "debug=smoke", "forest.partitions.nodes=16")
@@ -94,6 +94,8 @@ def test_smoke_run_records_everything_and_resumes_identically(run_orchard):
     # the processes those tasks ran in, counted as the rounds went: at least one, at most one per task
     processes = full.history("round/task_processes")
     assert processes == sorted(processes) and 1 <= m["train/task_processes"] == processes[-1] <= m["train/phase2_tasks"]
+    # the histogram actors started in the data step's last wave, not in the first tree's round 0
+    assert m["train/actors_started_early"] >= 2
     # the bin cache: every tree encodes its bins in its first round (depth 0), never again, and
     # every round of the smoke run counts cached blocks
     encoding = full.history("round/bin_cache_s")

@@ -349,11 +349,12 @@ try:
     rounds, state = [], initial_state(fcfg, 0)
     runner = RoundRunner(refs, fcfg, {"num_workers": 2, "cpus_per_worker": 1, "max_failures": 3}, 0,
                          sys.argv[2] + "/ckpt.npz", on_round=lambda t, d, m: rounds.append(m))
+    early = runner.start_actors_early(0)  # 0: on two nodes the actors follow the units' homes
     runner.train_tree(0, tree_pool(0, 0, fcfg), state)
     runner.shutdown()
     np.savez(sys.argv[2] + "/tree.npz", **state["trees"][0])
     print("ROUNDS " + json.dumps({"rounds": rounds, "blocks": sum(b["depths"].nbytes for b in blocks),
-                                  "homes": sorted(set(runner.home.values()))}))
+                                  "homes": sorted(set(runner.home.values())), "early": early}))
 finally:
     ray.shutdown()
     cluster.shutdown()
@@ -379,6 +380,7 @@ def test_two_nodes_count_where_the_data_units_live_and_grow_the_same_tree(refere
     out = json.loads(lines[-1][len("ROUNDS "):])
     rounds = out["rounds"]
     assert len(out["homes"]) == 2                                  # units homed on both nodes
+    assert out["early"] == 0        # no actor started before the units had homes to place it by
     assert all(m["round/task_nodes"] == 2 for m in rounds)         # both nodes counted every round
     assert all(m["round/tasks_off_home"] == 0 for m in rounds)     # every task ran where its units live
     first, later = rounds[0]["round/unit_bytes_across_nodes"], [m["round/unit_bytes_across_nodes"] for m in rounds[1:]]
