@@ -43,9 +43,10 @@ def test_bad_config_exits_2_with_one_line(capsys):
 
 def test_node_partitions_that_leave_no_cpu_end_the_smoke_run_failed_with_the_key(run_orchard, capsys):
     """16 histogram actors x 0.25 CPU on the session's 2 CPUs: the run waited for ever for the 9th;
-    now it ends before its first tree (where the data step's last wave starts the actors), exit 2, its MLflow run FAILED with the key in its reason. Its
-    summary offers the command again with another value: not a resume, which has no round to go
-    on from (and would be refused), nor the same command."""
+    now it ends before its first tree (where the data step's last wave starts the actors), exit 2,
+    its MLflow run FAILED with the key in its reason. Its summary offers the command again with
+    another value: not a resume, which has no round to go on from (and would be refused), nor the
+    same command."""
     refused = run_orchard("workload=forest", "debug=smoke", "forest.partitions.nodes=16")
     console = "".join(capsys.readouterr())
     assert refused.exit_code == 2 and refused.run.info.status == "FAILED"
