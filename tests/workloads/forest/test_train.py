@@ -136,6 +136,22 @@ def test_node_partitions_whose_actors_leave_no_cpu_are_refused_naming_the_key(re
         runner.shutdown()
 
 
+def test_a_data_step_that_fails_after_the_actors_started_early_ends_them(compose, tmp_path):
+    """The actors start in the data step's last wave, before its units are read: a data step that
+    fails (or is interrupted) past that point leaves no actor holding its CPU share, which in a
+    notebook, a sweep's driver or this test session would starve the next run."""
+    from workloads.forest.train import round_runner
+
+    cfg = compose("workload=forest", "debug=smoke")
+    cfg = dict(cfg, forest=tiny_forest_cfg(compose, partitions={"data_units": 1, "features": 1, "nodes": 2}),
+               strategy=dict(cfg["strategy"], **STRATEGY))
+    with pytest.raises(RuntimeError, match="a bad pair"):
+        with round_runner(cfg, None, tmp_path / "ckpt.npz", []) as (runner, _):
+            assert runner.start_actors_early(0) == 2 and ray.get([a.ping.remote() for a in runner.actors])
+            raise RuntimeError("a bad pair, read after the last wave began")
+    assert runner.actors == [] and all_cpus_free(), ray.available_resources()
+
+
 def test_histogram_subtraction_grows_the_same_tree_with_less_counting(reference, block_refs, tmp_path):
     """The reference derives each split's larger child (parent - smaller child, on the driver in
     its small rounds); without subtraction every example is counted: the same tree either way."""
