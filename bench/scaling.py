@@ -129,6 +129,9 @@ PHASES = {"bin_cache_s": "bin cache s", "phase1_s": "phase 1 s", "phase2_s": "ph
           # the busy seconds behind the effective parallelism: tasks' and actors' (on 16 cores they
           # tripled from 4 workers to 16, 2026-12-04), and the phase-2 tasks that ran
           "task_busy_s": "task busy s", "actor_busy_s": "actor busy s", "phase2_tasks": "phase-2 tasks",
+          # the driver's CPU over the rounds: the serial share that does not divide (its calls per
+          # task and per actor grow with the workers; near the training wall, the driver is the limit)
+          "driver_cpu_s": "driver cpu s",
           # the processes they ran in: more than the workers when Ray replaced idle ones (each new
           # one starts and loads the kernels again; 37 for 16 workers before 2026-12-04)
           "task_processes": "task processes"}

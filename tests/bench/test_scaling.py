@@ -193,6 +193,7 @@ def test_one_real_run_reports_its_work_parallelism_and_bytes(ray_session, tmp_pa
     # ... and its busy seconds by who was busy, and the phase-2 tasks that ran
     assert r["task_busy_s"] > 0 and r["actor_busy_s"] > 0 and r["phase2_tasks"] > 0
     assert quality["task busy s"] == r["task_busy_s"] and quality["phase-2 tasks"] == r["phase2_tasks"]
+    assert 0 < r["driver_cpu_s"] == quality["driver cpu s"]   # the driver's share of the rounds
     # ... and the CPU seconds its Ray processes used, and how many of them it started (none, here:
     # the session's Ray already held every process the run used)
     assert r["cpu_s"] == pytest.approx(r["cpu_parallelism"] * r["wall_s"]) and isinstance(r["processes_started"], int)

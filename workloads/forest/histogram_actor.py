@@ -74,10 +74,12 @@ class HistogramActor:
         """A held parent's partial, no longer held; None when this actor does not hold it."""
         return self.held.pop(tuple(key), (None, None))[1]
 
-    def add(self, part_id: int, feature_start: int, partial: dict) -> int:
+    def add(self, part_id: int, feature_start: int, partial: dict, after=None) -> int:
         """Sum a task's encoded partial (shuffle.encode_partial) into features
         [feature_start, ...); `part_id` identifies the task. Returns parts summed so far,
-        -1 when the actor has no batch (it was restarted: the driver will reset it)."""
+        -1 when the actor has no batch (it was restarted: the driver will reset it). `after`:
+        the batch's reset, as the ref the driver got for it: Ray runs this call once that reset
+        has run (the task sending the slice is not the reset's caller, whose calls keep their order)."""
         if self.shape is None:
             return -1
         keep_a_current_folder()  # numba may compile here (a partial of a new type) after the folder went

@@ -8,9 +8,10 @@
   phase2_task  one per (data partition x feature partition) of a node batch: the partial
                (node-class column, feature, threshold bin) histograms by the numba kernel
                (counting cached bins, or eq. 1 on the fly for a block without them),
-               cut into one encoded slice per receiving histogram actor (shuffle.py); deep in
-               the tree counted straight into those slices, without a histogram (sparse_counts.py).
-The driver side (train.py's RoundRunner) wraps them in ``ray.remote`` and sends their slices on.
+               cut into one encoded slice per receiving histogram actor (shuffle.py) and sent
+               to it by the task itself; deep in the tree counted straight into those slices,
+               without a histogram (sparse_counts.py).
+The driver side (train.py's RoundRunner) wraps them in ``ray.remote``.
 """
 from __future__ import annotations
 
@@ -126,7 +127,7 @@ def encode_task(offsets, thresholds, selection, background_mm, threads, budget_b
 
 
 def phase2_task(traversal, batch_nodes, column_of, col_lo, col_hi, offsets, thresholds, f0,
-                column_bounds, hist_dtype, selection, background_mm, threads, fault, *units):
+                column_bounds, hist_dtype, selection, background_mm, threads, fault, receivers, part_id, *units):
     """Partial histograms of one (data partition, feature partition) for one node batch.
 
     batch_nodes (B,) sorted node ids; column_of (B, C) int32: histogram column of (node,
@@ -136,10 +137,13 @@ def phase2_task(traversal, batch_nodes, column_of, col_lo, col_hi, offsets, thre
     hist_dtype: the batch's count dtype (shuffle.count_dtype: it holds the largest column's total).
     offsets, thresholds: the pool's features f0.. of this partition. units: the partition's
     blocks, then as many bin caches (encode_task; None: evaluate eq. 1 on the fly).
-    Returns one encoded slice (shuffle.encode_partial's form) per receiving actor, then a stats
-    dict (busy seconds, example-features, histogram bytes, bytes shipped encoded / dense). The
-    slices are counted in a dense histogram, or, where the examples are few against its cells
-    and every block has its bin cache, straight into their sparse form (sparse_counts.py).
+    receivers: None, or (the receiving actors, their batch's resets): the task sends each actor
+    its slice itself as task `part_id`'s (`send_slices`) and returns a stats dict (busy seconds,
+    example-features, histogram bytes, bytes shipped encoded / dense) with the adds' refs
+    ("acks"). With None (the driver is the one reducer) it returns its one encoded
+    slice (shuffle.encode_partial's form), then the stats. The slices are counted in a dense
+    histogram, or, where the examples are few against its cells and every block has its bin
+    cache, straight into their sparse form (sparse_counts.py).
     `fault` (tests only): a marker path; the first task to see it absent creates it and
     kills its own worker process mid-task.
     """
@@ -168,7 +172,25 @@ def phase2_task(traversal, batch_nodes, column_of, col_lo, col_hi, offsets, thre
              "dense_bytes": n_columns * len(offsets) * n_bins * 4,  # int32 partials, as before issue 20
              "node": _node(),  # where it ran: the driver checks it against its units' home
              "pid": os.getpid()}  # and in which process: the driver counts the processes the rounds used
-    return (*parts, stats)
+    if receivers is None:
+        return (*parts, stats)
+    return {**stats, "acks": send_slices(*receivers, part_id, f0, parts)}
+
+
+def send_slices(actors: list, resets: list, part_id: int, f0: int, parts: list) -> list:
+    """Phase 2's shuffle, from the task that counted the slices: slice k to ``actors[k]``, to be
+    summed after that actor's reset for the batch (``resets[k]``, a ref the driver sent it; None
+    once it is done), as task `part_id`'s. Returns the adds' refs, the acknowledgements the
+    driver reads once the batch's tasks are done (HistogramPool.acked).
+
+    The tasks, not the driver, make these calls: a batch of T tasks and A actors is T x A of them,
+    which on the driver alone took it longer the more workers there were (docs/forest.md, "A
+    round"). The task does not wait for them: an actor sums one slice at a time, and a worker
+    held until its slices were summed would idle beside the next task's work. The refs belong
+    to the task's worker process, which Ray does not end while it owns them; one lost before the
+    driver read them (with its node) reads as slices not summed, and those actors' shares are
+    counted again."""
+    return [actor.add.remote(part_id, f0, part, reset) for actor, part, reset in zip(actors, parts, resets)]
 
 
 def count_slices(by_block: list, f0: int, offsets, thresholds, background_mm, n_columns: int, column_bounds,

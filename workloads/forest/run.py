@@ -66,9 +66,9 @@ def _run(cfg: dict, ctx, round_ends: list) -> dict[str, float]:
         ctx.mark("data")
 
         # 2. train: the trees in rounds, checkpointed every round into the run storage
-        train_start = time.perf_counter()
+        train_start, driver_cpu_start = time.perf_counter(), time.process_time()
         grow_forest(runner, train_refs, state)
-        train_s = time.perf_counter() - train_start
+        train_s, driver_cpu_s = time.perf_counter() - train_start, time.process_time() - driver_cpu_start
         restarts, started_early = runner.actor_replays, runner.actors_started_early
     ctx.mark("training")
     log_checkpoint(ctx, run_dir, checkpoint)
@@ -117,6 +117,9 @@ def _run(cfg: dict, ctx, round_ends: list) -> dict[str, float]:
         # histogram actors started in the data step's last wave (0 on several nodes: train.py)
         "train/actors_started_early": float(started_early),
         "time/data_s": data_s, "time/train_s": train_s,
+        # the driver's CPU over the rounds, every thread of it (Ray's own included): the serial
+        # share a round cannot divide among workers, whatever their count
+        "train/driver_cpu_s": driver_cpu_s,
         **({"train/resumed_from_round": float(first_round)} if f.get("resume") else {}),  # only a resumed run
     })
     return metrics

@@ -171,20 +171,23 @@ class RoundRunner:
                 raise TrainingInterrupted("stopped: the run was interrupted")
 
     # ---- phases 2 and 3 of one node batch ------------------------------------------
-    def _phase2(self, b: dict, targets: list, col_lo: int, col_hi: int, bounds: list, hook=None):
+    def _phase2(self, b: dict, targets: list, col_lo: int, col_hi: int, bounds: list, resets=None, hook=None):
         """Run every (data partition x feature partition) task of batch `b` over columns
-        [col_lo, col_hi), split at `bounds` among actors `targets`; each finished task's
-        slices go straight to their actors (the shuffle). The driver keeps no reference to a
-        slice: it lives in the object store only until its actor has summed it.
-        Returns (task stats, {actor: [add acknowledgements]})."""
+        [col_lo, col_hi), split at `bounds` among actors `targets`; each task sends its slices
+        to their actors itself (the shuffle), each summed after the actor's reset in `resets`
+        (refs; None: done). The driver never holds a slice: it lives in the object store only
+        until its actor has summed it. Returns (task stats, {actor: its adds' refs})."""
         stats, acks, in_flight = [], {k: [] for k in targets}, {}
+        # put once: sixteen actor handles and resets pickled into each of a batch's tasks cost
+        # the driver as much again as submitting it
+        receivers = ray.put(([self.actors[k] for k in targets], list(resets or [None] * len(targets))))
 
         def forward(stat_ref):
-            part_id, f0, refs = in_flight.pop(stat_ref)
+            part_id = in_flight.pop(stat_ref)
             stats.append(ray.get(stat_ref))
             self._ran(stats[-1]["node"], b["data_parts"][b["jobs"][part_id][0]], stats[-1]["pid"])
-            for k, ref in zip(targets, refs):
-                acks[k].append(self.actors[k].add.remote(part_id, f0, ref))
+            for k, ack in zip(targets, stats[-1].pop("acks")):
+                acks[k].append(ack)
             if hook and len(stats) == 1:
                 hook(self, b["depth"], b["index"])
 
@@ -196,7 +199,7 @@ class RoundRunner:
         while queued:
             if self.stopping.is_set():
                 raise TrainingInterrupted("stopped: the run was interrupted")
-            busy = [self._home_of(b["data_parts"][b["jobs"][j][0]]) for j, _, _ in in_flight.values()]
+            busy = [self._home_of(b["data_parts"][b["jobs"][j][0]]) for j in in_flight.values()]
             ready = [i for i, (_, (d, _)) in enumerate(queued)
                      if busy.count(node := self._home_of(b["data_parts"][d])) < slots.get(node, 1)]
             if not ready or len(in_flight) >= self.workers:
@@ -204,8 +207,7 @@ class RoundRunner:
                 continue
             part_id, (d, p) = queued.pop(ready[0])
             f0, f1 = b["feature_bounds"][p], b["feature_bounds"][p + 1]
-            refs = self._submit_phase2(b, d, f0, f1, col_lo, col_hi, bounds)
-            in_flight[refs[-1]] = (part_id, f0, refs[:-1])
+            in_flight[self._submit_phase2(b, d, f0, f1, col_lo, col_hi, bounds, receivers, part_id)] = part_id
         while in_flight:
             forward(self._wait_one(list(in_flight)))
         return stats, acks
@@ -221,16 +223,20 @@ class RoundRunner:
             return {None: self.workers}
         return {node: max(1, int(cpus // self.cpus)) for node, cpus in cpu_nodes().items()}
 
-    def _submit_phase2(self, b: dict, d: int, f0: int, f1: int, col_lo: int, col_hi: int, bounds: list) -> list:
+    def _submit_phase2(self, b: dict, d: int, f0: int, f1: int, col_lo: int, col_hi: int, bounds: list,
+                       receivers=None, part_id: int = 0):
         """One phase-2 task of batch `b`: data partition `d`, features [f0, f1), columns
-        [col_lo, col_hi) split at `bounds`; its refs, one slice per receiver, then the stats."""
+        [col_lo, col_hi) split at `bounds`. With `receivers` (the ref of the actors and their
+        resets: it sends them its slices as task `part_id`'s, round_tasks.send_slices) the ref
+        of its stats; without, its one slice's ref and then the stats' (the driver sums it:
+        `_phases_2_3_on_driver`)."""
         offsets, thresholds = b["pool"]
-        return self._phase2_task.options(num_returns=len(bounds), num_cpus=self._task_cpus(),
+        return self._phase2_task.options(num_returns=1 if receivers else 2, num_cpus=self._task_cpus(),
                                          max_retries=self.max_failures,
                                          scheduling_strategy=self._place(b["data_parts"][d])).remote(
             b["traversal"], b["nodes"], b["column_of"], col_lo, col_hi, offsets[f0:f1], thresholds[f0:f1], f0,
             bounds, b["dtype"], b["selection"], self.background, self.threads, self.hooks.get("task_fault"),
-            *b["data_parts"][d], *[self.bin_cache.get(ref) for ref in b["data_parts"][d]])
+            receivers, part_id, *b["data_parts"][d], *[self.bin_cache.get(ref) for ref in b["data_parts"][d]])
 
     def _wait_all(self, refs: list) -> list:
         """ray.get(refs), interruptible as `_wait_one` is."""
@@ -382,7 +388,7 @@ class RoundRunner:
         depth, batch_index, column_bounds = b["depth"], b["index"], b["column_bounds"]
         start = time.perf_counter()
         resets = self.reducers.send_resets(b["shapes"])  # the driver does not wait for them
-        stats, acks = self._phase2(b, list(range(n_actors)), 0, column_bounds[-1], column_bounds,
+        stats, acks = self._phase2(b, list(range(n_actors)), 0, column_bounds[-1], column_bounds, resets,
                                    hook=self.hooks.get("phase2"))
         ok = [self.reducers.acked(acks[k]) for k in range(n_actors)]  # every slice summed (or lost)
         self._settle_takes()

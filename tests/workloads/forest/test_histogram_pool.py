@@ -1,4 +1,4 @@
-"""workloads/forest/histogram_pool.py: a batch's resets are sent, not waited for."""
+"""workloads/forest/histogram_pool.py: a batch's resets are sent, not waited for, and the slices the tasks send follow them."""
 from __future__ import annotations
 
 import numpy as np
@@ -82,4 +82,47 @@ def test_phase_3_searches_on_the_threads_it_is_given_and_sums_on_one_after(ray_s
     for key in ("feature", "threshold", "gain", "left", "right"):
         np.testing.assert_array_equal(answers[0][key], answers[1][key])
     assert (answers[0]["feature"] >= 0).any()  # splits were found, not only "none"
+    pool.shutdown()
+
+
+def test_a_slice_a_task_sends_is_summed_after_the_reset_the_driver_had_not_sent_yet(ray_session, tmp_path):
+    """Phase-2 tasks send their slices themselves (round_tasks.send_slices), and a task is not the
+    reset's caller: each slice carries its actor's reset, so Ray runs the add only once the reset has
+    run. Here the reset waits on its parent (a ref not ready until a gate opens, as a driver's reset
+    waits on its arguments) while the task's slice is already sent; without the reset before it, the
+    slice would land in the last batch (its part id counted there, so dropped as a replay)."""
+    import time
+
+    import ray
+
+    from workloads.forest.histogram_pool import HistogramPool
+    from workloads.forest.round_tasks import send_slices
+
+    @ray.remote(num_cpus=0)
+    def parent_when_open(parent):
+        while not (tmp_path / "go").exists():
+            time.sleep(0.02)
+        return [(0, _partial(parent))]
+
+    @ray.remote(num_cpus=0)
+    def task(actors, resets, partial):
+        return send_slices(actors, resets, 0, 0, [partial])
+
+    pool = HistogramPool(actor_cpus=0.0, in_group=False, max_failures=0)
+    pool.ensure(1)
+    [a] = pool.actors
+    rng = np.random.default_rng(2)
+    last, parent, slice_ = (rng.integers(0, 50, (2, 3, 4)).astype(np.uint16) for _ in range(3))
+    ray.get(a.reset.remote(2, 3, 4, "uint16", None, 1))
+    assert ray.get(a.add.remote(0, 0, _partial(last))) == 1   # the last batch: task 0's slice summed
+    reset = a.reset.remote(2, 3, 4, "uint16", parent_when_open.remote(parent), 2)   # held by its argument
+    [ack] = ray.get(task.remote([a], [reset], _partial(slice_)))
+    assert ray.wait([ack], timeout=1.0)[0] == []   # the slice waits for the reset
+    (tmp_path / "go").touch()
+    assert ray.get(ack) == 1 and ray.get(reset) is True
+    best = ray.get(a.best.remote(np.array([0, 2]), np.array([0, 1], np.int32), np.ones(2), 1, keep=True))
+    assert best["parts"] == [0]
+    a.take.remote(np.arange(2), [2], [(5, 5)], 2)
+    [summed] = ray.get(a.give.remote([(5, 5)]))
+    np.testing.assert_array_equal(summed["dense"], parent + slice_)   # the new batch: its parent and the slice
     pool.shutdown()
