@@ -92,7 +92,7 @@ def test_smoke_run_records_everything_and_resumes_identically(run_orchard):
                                                         full.history("round/total_s"))], rel=1e-6)
     assert m["train/task_busy_s"] == pytest.approx(sum(full.history("round/task_busy_s"))) and m["train/task_busy_s"] > 0
     assert m["train/actor_busy_s"] > 0 and m["train/phase2_tasks"] == sum(full.history("round/phase2_tasks")) > 0
-    # nothing lost, nothing recounted: each actor's phase-3 call ran after the adds the tasks made
+    # nothing lost, nothing recounted: every slice acknowledged, every phase-3 answer with all its parts
     assert "train/restarts" not in m and book["train/restarts"] == 0   # a zero is bookkeeping, no chart
     # the processes those tasks ran in, counted as the rounds went: at least one, at most one per task
     processes = full.history("round/task_processes")
