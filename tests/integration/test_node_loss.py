@@ -332,6 +332,10 @@ def test_video_loses_a_stream_trainer_and_decoders_shrinks_and_grows_back(two_no
     # every epoch was validated once, the last included
     for stream in ("spatial", "temporal"):
         assert [h.step for h in _history(uri, run_id, f"val/{stream}_top1")] == list(range(epochs))
+    # the gate's tasks ran beside the master on the driver's node, never spread to the node that
+    # came and went (spread, each took a new process once the loss had slowed them: docs/video.md)
+    assert m["pipeline/gate_nodes"] == 1, m
+    print("video: gate processes:", m["pipeline/gate_processes"])
 
 
 @pytest.fixture

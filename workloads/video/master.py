@@ -72,6 +72,7 @@ class Master:
         self._control_order = 0                             # the newest numbered pause/resume applied
         self._stats: dict[str, dict] = {}
         self._held = 0                                      # releases a pause held back
+        self._gate_callers: set[tuple[str, int]] = set()    # (node, process) of every gate task
         self._flows: dict[str, list[int]] = {}              # flow -> [released, decoded, next due]
         self._progress = asyncio.Condition()
         self._bad_files: dict[str, str] = {}
@@ -120,7 +121,8 @@ class Master:
     async def state(self) -> str:
         return self._state
 
-    async def release(self, flow: str, segments: int, window: int, first: int | None = None) -> bool:
+    async def release(self, flow: str, segments: int, window: int, first: int | None = None,
+                      caller: tuple[str, int] | None = None) -> bool:
         """Let ``segments`` seeds of dataset ``flow`` go on to decoding: True = decode them,
         False = drop them (stopped). Waits while paused, and while ``window`` seeds of the flow
         are already released and not yet decoded (a paused pool then runs dry and can shrink).
@@ -129,9 +131,14 @@ class Master:
         in their dataset's order, however their gate tasks arrive (several run at once, so the
         decode actors start together): a later block let in first would wait undecoded for the
         earlier one in the ordered dataset and could fill the window the earlier one waits on
-        (runs hung so, commit ebfa0dc). A block at or before the next one due (a retried gate
-        task) goes in at once."""
+        (runs hung so, commit ebfa0dc). A block before the next one due was let in already: a
+        gate task run again (Ray retries one whose node was lost, and reconstructs a lost output
+        by running its task again) goes in at once and is not counted twice, since its seeds are
+        decoded once (counted twice, it would hold a block of the window for the rest of the run).
+        ``caller``: the gate task's (node id, process id), counted by ``gate_callers``."""
         counts = self._flows.setdefault(flow, [0, 0, 0])    # released, decoded, next first due
+        if caller is not None:
+            self._gate_callers.add(tuple(caller))
         if not self._resumed.is_set():
             self._held += 1
         while True:
@@ -139,7 +146,9 @@ class Master:
             if self._state != "running":
                 return False
             async with self._progress:   # checked under the lock: no decoded() slips by unseen
-                in_turn = first is None or first <= counts[2]
+                if first is not None and first < counts[2]:
+                    return True          # let in before: its seeds are counted
+                in_turn = first is None or first == counts[2]
                 if in_turn and counts[0] - counts[1] < window:
                     counts[0] += segments
                     if first is not None:
@@ -158,6 +167,13 @@ class Master:
     async def held_releases(self) -> int:
         """How many releases a pause has held back so far."""
         return self._held
+
+    async def gate_callers(self) -> dict[str, float]:
+        """The nodes and the processes the gate's tasks ran in so far: one node (the driver's,
+        pipeline.build_dataset), and a process more only where one sat idle long enough for Ray
+        to end it."""
+        return {"pipeline/gate_nodes": float(len({node for node, _ in self._gate_callers})),
+                "pipeline/gate_processes": float(len(self._gate_callers))}
 
     # --- sampling ------------------------------------------------------------
     async def epoch_segments(self, video_ids: list[int], num_segments: int, frame_count: int,

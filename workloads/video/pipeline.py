@@ -82,9 +82,12 @@ def release_segments(batch: dict, first: int, master, flow: str, window: int) ->
     *before* the decode stage (not inside its task), a paused pool runs dry, so Ray Data's
     autoscaler can shrink it.
     """
+    import os
+
     import ray
 
-    return ray.get(master.release.remote(flow, len(batch["video"]), window, first))
+    caller = (ray.get_runtime_context().get_node_id(), os.getpid())
+    return ray.get(master.release.remote(flow, len(batch["video"]), window, first, caller))
 
 
 def _through_gate(batch: dict, release, master, flow: str, window: int) -> dict:
@@ -112,6 +115,8 @@ def build_dataset(segments: list[dict], features: list[str], paths: list[str], l
     """
     import ray
 
+    from orchard.api import on_this_node
+
     batch = block or block_size(len(segments), vcfg, int(segments[0]["count"]) if segments else 1)
     modules = list(vcfg.get("extractor_modules") or [])
     flow = uuid.uuid4().hex          # this dataset's release counters at the master
@@ -124,12 +129,18 @@ def build_dataset(segments: list[dict], features: list[str], paths: list[str], l
         # loop step (up to 0.1 s) after the last one ended, and a pass of 4 blocks on 2 actors ran
         # no faster than on 1. The master lets blocks in in the dataset's order whatever order
         # their tasks reach it (Master.release). Enough segments in flight to keep the pool at its
-        # max size busy (Ray Data queues up to 2 batches per actor) and one batch more each
+        # max size busy (Ray Data queues up to 2 batches per actor) and one batch more each.
+        # The gate's tasks run on the driver's node, beside the master they ask: Ray Data spreads
+        # small tasks over the nodes, and a node's idle worker is ended a second after its task
+        # where the node's CPUs are all held (Ray's default on a cluster), so spread gate tasks
+        # more than half a second apart each started a process, which spaced them further: after
+        # a lost node a test run's blocks went in one per process start (~3.4 s) for the rest of
+        # the run (docs/video.md). On one node the next task finds the last one's process
         actors = _pool_max(vcfg["decode_concurrency"])
         window = 3 * batch * actors
         ds = ds.map_batches(_through_gate, batch_size=None, batch_format="numpy",
                             fn_kwargs=dict(release=release, master=master, flow=flow, window=window),
-                            compute=ray.data.TaskPoolStrategy(size=actors), num_cpus=0)
+                            compute=ray.data.TaskPoolStrategy(size=actors), num_cpus=0, **on_this_node())
     extract = [dict(name=name, options=dict(vcfg["extractor_options"].get(name) or {}), stack=int(vcfg["stack"]),
                     paths=paths, size=int(vcfg["size"]), master=master, cache=cache,
                     drop_frames=i == len(features) - 1, modules=modules, digests=digests)

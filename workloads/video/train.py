@@ -286,6 +286,8 @@ def train_epochs(cfg: dict, ctx, *, index, train_ids: list[int], streams: dict, 
     whole_training = {k.replace("pipeline/", "pipeline/train_", 1): v
                       for k, v in stage_metrics(train_stats, phase_s["train"]).items()
                       if k.endswith(("_busy_fraction", "_items_per_s", "frames_per_s"))}
+    if first_epoch < epochs:
+        whole_training |= ray.get(master.gate_callers.remote())
     return Trained(states, steps, history, history_waits, models, scores, labels, val, epochs_run, time_to_target,
                    shifts_applied, shift_wait_s, whole_training, t_train, after, after_s)
 
