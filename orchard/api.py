@@ -67,6 +67,7 @@ DOOR: dict[str, str] = {
     "PSClient": "orchard.strategies.ps:PSClient",
     "PSGroup": "orchard.strategies.ps:PSGroup",
     "payload_bytes": "orchard.strategies.ps:payload_bytes",
+    "NumpyOptimizer": "orchard.strategies.optimizers:NumpyOptimizer",
     "NodeWatch": "orchard.strategies.node_loss:NodeWatch",
     "Rebuilds": "orchard.strategies.node_loss:Rebuilds",
     "NotPlaced": "orchard.strategies.node_loss:NotPlaced",

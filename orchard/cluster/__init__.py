@@ -62,6 +62,8 @@ def connect(cluster: dict) -> bool:
     prepare_local_env()
     inherited, runtime_env = _as_environment(ray_logging.quiet(level, runtime_env, "local"))
     dashboard = bool(cluster.get("include_dashboard", False))
+    if not dashboard:
+        os.environ.setdefault(DATA_USAGE_DISABLED, "1")
     with (_ray_in_own_process_group(), _own_address() as pinned, _starting_ray(), _environment(inherited),
           ray_private.without_api_server(skip=not dashboard)):
         ray.init(
@@ -150,6 +152,12 @@ def idle_worker_config() -> dict:
 
 PREEMPTION_WATCHER = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 HEALTH_CHECK_INTERVAL = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
+# Ray Data records each execution's plan for Ray's usage report in an actor of its own, started by
+# the first dataset a Ray runs (its process start ~1-2 CPU-s of a 2-core machine, in every embedded
+# Ray a video run starts), read by the dashboard's usage reporter alone. An embedded Ray without its
+# dashboard has no reporter, so the driver (where Ray Data's executor decides) skips the record; a
+# user's own setting wins, and a cluster's Ray keeps its own (the actor outlives the run there)
+DATA_USAGE_DISABLED = "RAY_DATA_USAGE_DISABLED"
 # Ray Train's controller polls its workers every 2 s by default, and each of its state changes at
 # the end of a run (finished, shutting down, done) waits for a poll: 3.5-4.5 s between a flower
 # smoke run's last step and fit() returning, on every Train run (measured: the ``training`` part

@@ -121,21 +121,32 @@ class AttentionPool:
         import torch
         from torch import nn
 
+        from orchard.api import NumpyOptimizer
+
         torch.manual_seed(self.seed)
         features = self._features(scores)
         self.net = nn.Sequential(nn.Linear(features[1].shape[-1], self.hidden), nn.Tanh(), nn.Linear(self.hidden, 1))
         with torch.no_grad():  # start from equal attention everywhere (plain averaging), not a random tilt
             self.net[2].weight.zero_()
             self.net[2].bias.zero_()
-        opt = torch.optim.Adam(self.net.parameters(), lr=self.lr)
+        # torch.optim.Adam's rule in numpy (orchard's, the parameter servers' own), not torch.optim:
+        # a torch optimizer imports torch._dynamo when first used, 1.8-2.7 s of the driver's one
+        # core on a 2-core machine, for a fit of a few hundred steps on a few hundred weights
+        opt = NumpyOptimizer({"name": "adam", "lr": self.lr})
+        params = dict(self.net.named_parameters())
         y = torch.as_tensor(labels, dtype=torch.long)
         content = self.net[0].weight[:, :-scores.shape[0]]  # the columns reading scores and entropy
         for _ in range(self.steps):
             fused = self._fuse(scores, features)
             loss = nn.functional.nll_loss(torch.log(fused + 1e-9), y) + self.content_penalty * (content ** 2).sum()
-            opt.zero_grad()
+            for p in params.values():
+                p.grad = None
             loss.backward()
-            opt.step()
+            stepped = opt.apply({n: p.detach().numpy() for n, p in params.items()},
+                                {n: p.grad.numpy() for n, p in params.items()})
+            with torch.no_grad():
+                for n, p in params.items():
+                    p.copy_(torch.from_numpy(stepped[n]))
         return self
 
     def predict(self, scores: np.ndarray) -> np.ndarray:

@@ -75,7 +75,8 @@ monitor_stopped = ray_private.stop_autoscaler_monitor()
 cluster.shutdown()
 print(json.dumps({"own": own, "worker": seen, "driver": driver, "after": os.environ.get("RAY_ADDRESS"),
                   "port_var": os.environ.get("RAY_GCS_SERVER_PORT"), "driver_env": driver_env,
-                  "monitor_stopped": monitor_stopped, "api_server": api_server}))
+                  "monitor_stopped": monitor_stopped, "api_server": api_server,
+                  "data_usage_disabled": os.environ.get("RAY_DATA_USAGE_DISABLED")}))
 """
 
 
@@ -110,6 +111,8 @@ def test_an_embedded_ray_is_found_by_its_own_address_beside_other_ray_instances(
     # no API-server process to wait for at the start (include_dashboard=false), and the state
     # API's clients get the answer they handle, as when it ran without its state module
     assert not seen["api_server"] and seen["worker"]["state_api"] == "unavailable"
+    # and without the dashboard no usage report: Ray Data keeps no usage record (no actor for it)
+    assert seen["data_usage_disabled"] == "1"
     assert seen["after"] is None and seen["port_var"] is None  # nothing left pointing at a stopped Ray
     assert os.environ.get("RAY_GCS_SERVER_PORT") is None
 
