@@ -132,7 +132,7 @@ def build_dataset(segments: list[dict], features: list[str], paths: list[str], l
         # max size busy (Ray Data queues up to 2 batches per actor) and one batch more each.
         # The gate's tasks run on the driver's node, beside the master they ask: Ray Data spreads
         # small tasks over the nodes, and a node's idle worker is ended a second after its task
-        # where the node's CPUs are all held (Ray's default on a cluster), so spread gate tasks
+        # where the node has more worker processes than CPUs (Ray's defaults), so spread gate tasks
         # more than half a second apart each started a process, which spaced them further: after
         # a lost node a test run's blocks went in one per process start (~3.4 s) for the rest of
         # the run (docs/video.md). On one node the next task finds the last one's process
