@@ -139,8 +139,7 @@ class AttentionPool:
         for _ in range(self.steps):
             fused = self._fuse(scores, features)
             loss = nn.functional.nll_loss(torch.log(fused + 1e-9), y) + self.content_penalty * (content ** 2).sum()
-            for p in params.values():
-                p.grad = None
+            self.net.zero_grad()
             loss.backward()
             stepped = opt.apply({n: p.detach().numpy() for n, p in params.items()},
                                 {n: p.grad.numpy() for n, p in params.items()})
