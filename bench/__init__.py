@@ -4,6 +4,8 @@
     python -m bench forest video --repeats 5
     python -m bench --smoke --out /tmp/b # tiny sizes, one repeat, never into docs/
     python -m bench --render             # docs/benchmarks.md from the results files
+    python -m bench --from-runs docs/benchmarks/results/scaling_forest_paper.runs.jsonl
+                                         # the results file of a bench stopped part-way (bench/journal.py)
 
 Each bench module has SIZES ("full", "smoke", ...), ESTIMATE (how long full mode takes on an
 idle 2-core machine) and measure(size, repeats) -> rows (bench/rows.py); its docstring says what

@@ -18,6 +18,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, one repeat: checks the benches run, measures nothing")
     ap.add_argument("--out", default=None, help="results folder (full: docs/benchmarks/results; smoke: a temp folder)")
     ap.add_argument("--render", action="store_true", help="write the Markdown tables from the results folder")
+    ap.add_argument("--from-runs", metavar="JOURNAL", default=None,
+                    help="write the results file of a bench stopped part-way from the runs its journal kept "
+                         "(<results>/<bench>.runs.jsonl) into --out (default: docs/benchmarks/results)")
     ap.add_argument("--doc", default=None, help="Markdown to write (full: docs/benchmarks.md; smoke: <out>/benchmarks.md)")
     ap.add_argument("--settle", type=float, default=None,
                     help="seconds to wait at most for the load to drop before each bench (full: 120, smoke: 0)")
@@ -44,8 +47,21 @@ def min_repeats(names: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse(argv)
-    from bench.runner import RESULTS, run_bench
+    from bench.runner import RESULTS, rebuild, run_bench
 
+    if args.from_runs:
+        if args.names or args.smoke:
+            fail("--from-runs: names no bench and takes no --smoke (the journal says which bench it was)")
+        kept = Path(args.from_runs)
+        if not kept.is_file():
+            fail(f"--from-runs: no such file: {kept}; allowed: a bench's journal, <results>/<bench>.runs.jsonl")
+        try:
+            result = rebuild(kept, Path(args.out) if args.out else RESULTS)
+        except ValueError as exc:
+            fail(f"--from-runs: {exc}")
+        print(f"bench: {result['bench']}: {len(result['rows'])} rows {result['partial']}; "
+              f"{'LOADED' if result['load']['loaded'] else 'not loaded'}", flush=True)
+        return 0
     known = {**BENCHES, **EXTRA_BENCHES}
     for name in args.names:
         if name not in known:

@@ -109,7 +109,7 @@ def loadavg() -> float:
     return os.getloadavg()[0]
 
 
-def _busy_seconds() -> float:
+def busy_seconds() -> float:
     """CPU seconds the whole machine spent busy since boot (every core, every process)."""
     t = psutil.cpu_times()
     return sum(t) - t.idle - getattr(t, "iowait", 0.0)
@@ -135,14 +135,14 @@ class LoadSampler:
 
     def idle_cores(self, seconds: float = 3.0) -> float:
         """Cores the machine kept busy over `seconds` before the bench started (nothing of ours runs)."""
-        b0, t0 = _busy_seconds(), time.monotonic()
+        b0, t0 = busy_seconds(), time.monotonic()
         time.sleep(seconds)
-        return max(0.0, (_busy_seconds() - b0) / (time.monotonic() - t0))
+        return max(0.0, (busy_seconds() - b0) / (time.monotonic() - t0))
 
     def start(self) -> None:
         self.before = {"load1": loadavg(), "busy_cores": self.idle_cores()}
         self._started = time.time()
-        self._window = (_busy_seconds(), self.own.sample(), time.monotonic())   # busy s, own s, its start
+        self._window = (busy_seconds(), self.own.sample(), time.monotonic())   # busy s, own s, its start
         self._poller.start()
 
     def _sample(self) -> None:
@@ -155,7 +155,7 @@ class LoadSampler:
         w_busy, w_own, w_t = self._window
         now = time.monotonic()
         if now - w_t >= self.window_s:
-            busy = _busy_seconds()
+            busy = busy_seconds()
             self.windows.append(self._foreign(busy - w_busy, own - w_own, now - w_t))
             self._window = (busy, own, now)
 
@@ -163,7 +163,7 @@ class LoadSampler:
         w_busy, w_own, w_t = self._window
         now = time.monotonic()
         if now - w_t > 2 * self.interval_s or not self.windows:  # the last partial window
-            busy, own = _busy_seconds(), self.own.sample()
+            busy, own = busy_seconds(), self.own.sample()
             self.windows.append(self._foreign(busy - w_busy, own - w_own, max(now - w_t, 1e-9)))
 
     @staticmethod

@@ -136,6 +136,8 @@ def bench_section(name: str, result: dict | None) -> list[str]:
     lines = [f"## {title}", ""]
     if result.get("error"):
         lines += [f"The last run failed: {md(result['error'])} (run: `{result['rerun']}`).", ""]
+    if result.get("partial"):  # a bench stopped part-way (bench/journal.py): the rows its runs make
+        lines += [f"Stopped part-way: {md(result['partial'])}; a row without its runs says so.", ""]
     kind = "smoke run (tiny sizes, one repeat: shows the bench runs, measures nothing)" if result["smoke"] \
         else (f"{result['repeats']} repeats" if result["repeats"] != 1
               else "1 repeat (an hour-long bench: one figure per system, no spread)")
@@ -184,6 +186,9 @@ a test fails when a quoted figure differs from its file, or when a results file 
 history or a tree with uncommitted changes). Records beside the benches, in docs/records/: the README's
 fresh-clone install and test-suite times (`python -m bench.quickstart_record`) and each workload's default
 command (`python -m bench.default_run_record forest`). Scaling beyond these machines: [scaling](scaling.md).
+A scaling bench stopped part-way (a lent machine's time limit, Ctrl-C) leaves the runs it finished in
+`docs/benchmarks/results/<bench>.runs.jsonl`; `python -m bench --from-runs <that file>` writes them as its
+results file, which then says "Stopped part-way" and how many runs it holds.
 
 **Figures typed by hand** elsewhere in README and docs/ (a note taken while profiling, a setting, a
 paper's figure) carry a citation in their paragraph, list item or table row (a table's caption covers

@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import BENCHES, EXTRA_BENCHES
+from bench import BENCHES, EXTRA_BENCHES, journal
 from bench.machine import LoadSampler, describe, loadavg
 from bench.rows import summarize
 
@@ -44,10 +44,16 @@ def run_bench(name: str, smoke: bool, repeats: int, out_dir: Path, command: str,
     sampler = LoadSampler(interval_s=1.0 if smoke else 2.0, window_s=10.0 if smoke else 30.0)
     started = dt.datetime.now(dt.timezone.utc)
     sampler.start()
+    rerun = f"python -m bench {name}" + (" --smoke" if smoke else "")
+    kept = journal.path_for(out_dir, name)
+    journal.start(kept, {"bench": name, "module": module, "size_name": size, "smoke": smoke, "repeats": repeats,
+                         "command": command, "rerun": rerun, "started_utc": started.isoformat(timespec="seconds"),
+                         "machine": describe(), "load_before": sampler.before})
     with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as tmp:
         rows_file = Path(tmp) / "rows.json"
         # the checkout on PYTHONPATH: Ray workers and spawned peers import workloads/ and bench/ from it
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+               journal.ENV: str(kept)}
         proc = subprocess.run([sys.executable, "-m", "bench.runner", "--child", module, size, str(repeats),
                                str(rows_file)], check=False, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
         load = sampler.stop()
@@ -61,7 +67,7 @@ def run_bench(name: str, smoke: bool, repeats: int, out_dir: Path, command: str,
         error = None
     result = {
         "schema": SCHEMA, "bench": name, "module": module, "size_name": size, "smoke": smoke,
-        "repeats": repeats, "command": command, "rerun": f"python -m bench {name}" + (" --smoke" if smoke else ""),
+        "repeats": repeats, "command": command, "rerun": rerun,
         "started_utc": started.isoformat(timespec="seconds"), "wall_s": load["wall_s"], "settle_wait_s": waited,
         "machine": describe(), "load": load, "error": error,
         "size": (child or {}).get("size"), "estimate": (child or {}).get("estimate"),
@@ -70,7 +76,59 @@ def run_bench(name: str, smoke: bool, repeats: int, out_dir: Path, command: str,
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{name}.json").write_text(json.dumps(result, indent=1, default=float) + "\n")
+    runs = len(journal.read(kept)[1])
+    if error is None or not runs:
+        kept.unlink()
+    else:  # what the child finished before it failed stays, to be written as a file of its own
+        print(f"bench: {name}: its {runs} finished runs are kept in {kept}; "
+              f"`python -m bench --from-runs {kept}` writes a results file of them", file=sys.stderr)
     return result
+
+
+def rebuild(kept: Path, out_dir: Path) -> dict:
+    """The results file of a bench stopped part-way, from the runs its journal kept
+    (bench/journal.py): the rows those runs make, marked partial, with the load they saw."""
+    header, runs = journal.read(kept)
+    try:
+        module = importlib.import_module(header["module"])
+        if not hasattr(module, "rows_from_runs"):
+            raise ValueError(f"{kept}: bench {header['bench']} keeps no runs to write a results file from")
+        size = module.SIZES[header["size_name"]]
+        rows = module.rows_from_runs(size, header["machine"]["cores"], runs)
+    except KeyError as exc:  # a journal of another version of the bench
+        raise ValueError(f"{kept}: this bench's code does not know its {exc} (written by another version?)") from None
+    finished = [r for r in runs if "run" in r]
+    last = dt.datetime.fromisoformat(runs[-1]["utc"]) if runs else dt.datetime.fromisoformat(header["started_utc"])
+    result = {
+        "schema": SCHEMA, **{k: header[k] for k in ("bench", "module", "size_name", "smoke", "repeats", "command",
+                                                     "rerun", "started_utc", "machine")},
+        "wall_s": (last - dt.datetime.fromisoformat(header["started_utc"])).total_seconds(), "settle_wait_s": 0.0,
+        "load": journal_load(header, runs), "error": None,
+        "partial": f"written from the {len(finished)} runs it finished before it was stopped "
+                   f"(`python -m bench --from-runs {kept.name}`)",
+        "size": size, "estimate": getattr(module, "ESTIMATE", None), "doc": module.__doc__ or "",
+        "rows": [summarize(r) for r in rows],
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{header['bench']}.json").write_text(json.dumps(result, indent=1, default=float) + "\n")
+    return result
+
+
+def journal_load(header: dict, runs: list[dict]) -> dict:
+    """A load summary in the sampler's shape (bench/machine.py) from a journal: the load before the
+    bench, the load average as each run ended, and per run the cores other processes took (the
+    machine's busy seconds less the bench's own, over the run's wall)."""
+    cores = header["machine"]["cores"] or 1
+    before = header["load_before"]
+    loads = [r["load1"] for r in runs] or [before["load1"]]
+    foreign = [min(float(cores), max(0.0, (r["run"]["machine_cpu_s"] - r["run"]["bench_cpu_s"]) / r["run"]["wall_s"]))
+               for r in runs if "machine_cpu_s" in r.get("run", {})]
+    return {"before": before, "during": {"load1_max": max(loads), "load1_mean": sum(loads) / len(loads),
+                                         "load1_samples": loads},
+            "after": {"load1": loads[-1]}, "foreign_cores_max": max(foreign, default=0.0),
+            "foreign_cores_windows": foreign, "window_s": None, "wall_s": None, "threshold": cores / 2,
+            "paused_s": [], "loaded": (before["load1"] > cores / 2 or before["busy_cores"] > cores / 2
+                                       or max(foreign, default=0.0) > cores / 2)}
 
 
 def child_main(module_name: str, size_name: str, repeats: int, out: str) -> None:

@@ -37,7 +37,9 @@ machine's speed lands on every side alike; one untimed run per workload, on the 
 cluster, fills the data caches and numba's compile cache (kept by content, so a new cluster finds
 the kernels compiled). On a machine with more cores the worker sweep goes on (1, 2, 4, ... up to
 the cores) and the node sweep to 4 nodes; run it there with ``--out`` and keep the file as
-``scaling_<cores>c.json``.
+``scaling_<cores>c.json``. Each run is kept the moment it ends (bench/journal.py): a bench stopped
+by a lent machine's time limit still gives the rows of the runs it finished
+(``python -m bench --from-runs``).
 """
 from __future__ import annotations
 
@@ -50,7 +52,9 @@ from pathlib import Path
 
 import psutil
 
+from bench import journal
 from bench.forest_vs_peers import ONE_MACHINE, SHAPES
+from bench.machine import busy_seconds
 from orchard import background
 from orchard.cluster import numba_cache_dir
 from orchard.tracking.process_cpu import OwnCpu
@@ -220,10 +224,18 @@ def one_run(workload: str, workers: int, address: str, folder: Path, smoke_sizes
            f"tracking.uri={uri}", f"output_dir={folder}/outputs", "progress=never"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
     env.pop("RAY_ADDRESS", None)
-    cpu = RayProcessCpu()
+    # the run's Ray processes, and the bench's whole process tree (the cluster, the driver, their
+    # workers) from this moment on: beside the machine's busy seconds, what others took meanwhile
+    cpu, tree = RayProcessCpu(), OwnCpu(psutil.Process())
+    tree0 = tree.sample()
+
+    def sample() -> float:
+        tree.sample()
+        return cpu.sample()
+
     # often: what a process used after its last sample is lost when it exits
-    sampler = background.Poller(cpu.sample, 0.5, "bench-ray-cpu")
-    lo, t0 = loopback_bytes(), time.perf_counter()
+    sampler = background.Poller(sample, 0.5, "bench-ray-cpu")
+    lo, machine0, t0 = loopback_bytes(), busy_seconds(), time.perf_counter()
     sampler.start()
     try:
         done = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, check=False,
@@ -233,7 +245,7 @@ def one_run(workload: str, workers: int, address: str, folder: Path, smoke_sizes
     finally:
         wall = time.perf_counter() - t0
         sampler.stop(timeout_s=60)
-    busy, lo_bytes = cpu.sample(), loopback_bytes() - lo
+    busy, lo_bytes, machine, own = cpu.sample(), loopback_bytes() - lo, busy_seconds() - machine0, tree.sample() - tree0
     if done.returncode != 0:
         lines = [ln for ln in (done.stdout + done.stderr).splitlines() if ln.strip()]
         raise RuntimeError(f"{workload} at {workers} workers exited {done.returncode}: {lines[-1] if lines else ''}")
@@ -245,7 +257,10 @@ def one_run(workload: str, workers: int, address: str, folder: Path, smoke_sizes
     if work is None:
         raise RuntimeError(f"{workload}: the run logged no time/split/{spec['work']}_s")
     out = {"work_s": work, "wall_s": wall, "total_s": m.get("time/total_s"), "cpu_parallelism": busy / wall,
-           "cpu_s": busy, "processes_started": len(cpu.started()), "loopback_bytes": lo_bytes}
+           "cpu_s": busy, "processes_started": len(cpu.started()), "loopback_bytes": lo_bytes,
+           # the machine's busy seconds over the run and the bench's own: their difference is what
+           # others took, the load of a results file rebuilt from a journal (bench/journal.py)
+           "machine_cpu_s": machine, "bench_cpu_s": own}
     if "throughput/effective_parallelism" in m:  # forest: the seed's own figure
         out["effective_parallelism"] = m["throughput/effective_parallelism"]
     # flower: what its steps waited on and moved; forest: its rounds' seconds by phase
@@ -298,16 +313,18 @@ def figures(runs: list[dict], workers: int, nodes: int, base: list[dict], base_w
                if key in runs[-1]}}
 
 
-def measure(size: dict, repeats: int) -> list[dict]:
-    from bench.rows import row
+def plan(size: dict, cores: int) -> tuple[list[int], list[int]]:
+    """A size's worker counts (on one node) and node counts on a machine of ``cores``."""
+    return worker_counts(cores, size.get("workers", "doubling")), [n for n in size.get("nodes", (1, 2, 4)) if n <= cores]
 
+
+def measure(size: dict, repeats: int) -> list[dict]:
     cores = os.cpu_count() or 1
     # the nodes name numba's cache folder, as a cluster's operator would (docs/cluster.md): the
     # forest's kernels, cached there by content, compile once for the whole bench, not on every
     # cluster's first run (the clusters' processes inherit this environment)
     os.environ.setdefault("NUMBA_CACHE_DIR", str(numba_cache_dir()))
-    sweep_counts = worker_counts(cores, size.get("workers", "doubling"))
-    node_counts = [n for n in size.get("nodes", (1, 2, 4)) if n <= cores]
+    sweep_counts, node_counts = plan(size, cores)
     results: dict[tuple, list[dict]] = {}
     failed: dict[str, str] = {}  # workload -> why: a run that fails is its workload's rows, not the end of the bench
     with tempfile.TemporaryDirectory(prefix="bench-scaling-") as name:
@@ -342,13 +359,54 @@ def measure(size: dict, repeats: int) -> list[dict]:
                             for workers in sweep_counts if nodes == 1 else [cores]:
                                 r = one_run(workload, workers, cluster.address, folder, size["smoke_sizes"])
                                 results.setdefault((workload, workers, nodes), []).append(r)
+                                # kept the moment it ends: a bench stopped later still has it
+                                journal.add({"workload": workload, "workers": workers, "nodes": nodes}, r)
                                 print(f"  scaling: {workload} {workers} workers, {nodes} node(s): "
                                       f"{ {k: round(v, 2) for k, v in r.items()} }", flush=True)
                         except RuntimeError as exc:
                             failed[workload] = f"failed on {nodes} node(s): {str(exc)[:200]}"
+                            journal.add({"workload": workload, "nodes": nodes}, failed=failed[workload])
                             print(f"  scaling: {workload}: {failed[workload]}", flush=True)
                 finally:
                     cluster.shutdown()
+    return assemble(size, cores, results, failed)
+
+
+def rows_from_runs(size: dict, cores: int, runs: list[dict]) -> list[dict]:
+    """The rows of the runs a journal kept (bench/journal.py) on a machine of ``cores``: a bench
+    stopped part-way has the rows its runs make, and says which it has not."""
+    results: dict[tuple, list[dict]] = {}
+    failed: dict[str, str] = {}
+    for entry in runs:
+        key = entry["key"]
+        if "failed" in entry:
+            failed[key["workload"]] = entry["failed"]
+        else:
+            results.setdefault((key["workload"], key["workers"], key["nodes"]), []).append(entry["run"])
+    return assemble(size, cores, results, failed)
+
+
+def assemble(size: dict, cores: int, results: dict[tuple, list[dict]], failed: dict[str, str]) -> list[dict]:
+    """The rows of a size's runs, ``results[(workload, workers, nodes)]`` one dict per repeat. A
+    row whose runs are missing (a bench stopped before them) says so in its status."""
+    from bench.rows import row
+
+    sweep_counts, node_counts = plan(size, cores)
+
+    def compared(name: str, side_key: tuple, base_key: tuple, labels: tuple[str, str], workload: str,
+                 side_at: tuple[int, int], base_at: tuple[int, int], note: str) -> dict:
+        side, base = results.get(side_key, []), results.get(base_key, [])
+        if not side or not base:
+            return row(name, "s", [], [], orchard_label=labels[0], peer_label=labels[1], higher_is_better=False,
+                       status="not measured: the bench stopped before "
+                              + ("either side's runs" if not side and not base else "this side's runs" if not side
+                                 else "its baseline's runs"))
+        return row(name, "s", [r["work_s"] for r in side], [r["work_s"] for r in base], higher_is_better=False,
+                   orchard_label=labels[0], peer_label=labels[1],
+                   quality={"orchard": figures(side, *side_at, base, base_at[0]),
+                            "peer": figures(base, *base_at, base, base_at[0])},
+                   note=f"work: time/split/{WORKLOADS[workload]['work']}_s" + note)
+
     rows = []
     for workload in size["workloads"]:
         if workload in failed:
@@ -357,33 +415,21 @@ def measure(size: dict, repeats: int) -> list[dict]:
             continue
         base = sweep_counts[0]  # 1, or a quarter of the cores (size "quarter")
         base_label = "1 worker" if base == 1 else f"{base} workers"
-        one = results[(workload, base, 1)]
         for workers in sweep_counts[1:]:
-            side = results[(workload, workers, 1)]
-            rows.append(row(f"{workload}: {workers} workers vs {base_label}", "s", [r["work_s"] for r in side],
-                            [r["work_s"] for r in one], higher_is_better=False,
-                            orchard_label=f"orchard, {workers} workers", peer_label=f"orchard, {base_label}",
-                            quality={"orchard": figures(side, workers, 1, one, base),
-                                     "peer": figures(one, base, 1, one, base)},
-                            note=f"work: time/split/{WORKLOADS[workload]['work']}_s"))
-        same = results[(workload, cores, 1)]
+            rows.append(compared(f"{workload}: {workers} workers vs {base_label}", (workload, workers, 1),
+                                 (workload, base, 1), (f"orchard, {workers} workers", f"orchard, {base_label}"),
+                                 workload, (workers, 1), (base, 1), ""))
         for nodes in node_counts[1:]:
-            side = results[(workload, cores, nodes)]
-            rows.append(row(f"{workload}: {nodes} nodes vs one node (same {cores} CPUs)", "s",
-                            [r["work_s"] for r in side], [r["work_s"] for r in same], higher_is_better=False,
-                            orchard_label=f"orchard, {cores} workers on {nodes} nodes",
-                            peer_label=f"orchard, {cores} workers on one node",
-                            quality={"orchard": figures(side, cores, nodes, same, cores),
-                                     "peer": figures(same, cores, 1, same, cores)},
-                            note=f"work: time/split/{WORKLOADS[workload]['work']}_s; loopback MB: what crossed "
-                                 "between the nodes' processes (the one-node figure is control traffic)"))
+            rows.append(compared(f"{workload}: {nodes} nodes vs one node (same {cores} CPUs)", (workload, cores, nodes),
+                                 (workload, cores, 1), (f"orchard, {cores} workers on {nodes} nodes",
+                                                        f"orchard, {cores} workers on one node"),
+                                 workload, (cores, nodes), (cores, 1),
+                                 "; loopback MB: what crossed between the nodes' processes (the one-node figure "
+                                 "is control traffic)"))
     if size.get("versus") and not failed:
         # two configurations of one workload on all the cores: the second's row, the first its peer
         first, second = size["workloads"]
-        a, b = results[(first, cores, 1)], results[(second, cores, 1)]
-        rows.append(row(f"{second} vs {first}: {cores} workers", "s", [r["work_s"] for r in b],
-                        [r["work_s"] for r in a], higher_is_better=False,
-                        orchard_label=f"{second}, {cores} workers", peer_label=f"{first}, {cores} workers",
-                        quality={"orchard": figures(b, cores, 1, a, cores), "peer": figures(a, cores, 1, a, cores)},
-                        note=f"work: time/split/{WORKLOADS[second]['work']}_s"))
+        rows.append(compared(f"{second} vs {first}: {cores} workers", (second, cores, 1), (first, cores, 1),
+                             (f"{second}, {cores} workers", f"{first}, {cores} workers"), second,
+                             (cores, 1), (cores, 1), ""))
     return rows

@@ -57,6 +57,7 @@ def test_a_bench_at_smoke_size_writes_its_results_file_and_the_markdown(tmp_path
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     res = json.loads((tmp_path / "flower_loader.json").read_text())
     assert res["smoke"] is True and res["repeats"] == 1 and res["error"] is None
+    assert not (tmp_path / "flower_loader.runs.jsonl").exists()  # a bench that ended keeps no journal
     assert res["command"] == f"python -m bench flower_loader --smoke --out {tmp_path} --render"
     m = res["machine"]
     assert m["cores"] >= 1 and m["cpu_model"] and m["memory_gib"] > 0 and len(m["git_commit"]) == 40

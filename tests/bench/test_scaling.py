@@ -236,3 +236,73 @@ def test_the_ray_processes_a_run_started_are_counted_apart_from_those_before_it(
         assert during.pid in cpu.started()
     finally:
         before.kill()
+
+
+def test_a_bench_stopped_part_way_keeps_its_finished_runs_and_writes_a_results_file_of_them(
+        monkeypatch, tmp_path):
+    """A lent machine's call ends at its time limit: the runs the bench finished before it was
+    stopped are in its journal (bench/journal.py), and `python -m bench --from-runs` writes their
+    rows, marked partial, with the measuring machine and the load its runs saw, on any machine."""
+    import json
+    import subprocess
+    import sys
+
+    from bench import journal, scaling
+    from bench.machine import describe
+    from tests.bench.test_runner import ROOT
+
+    kept = journal.path_for(tmp_path, "scaling_forest_paper")
+    journal.start(kept, {"bench": "scaling_forest_paper", "module": "bench.scaling", "size_name": "forest_paper",
+                         "smoke": False, "repeats": 3, "command": "python -m bench scaling_forest_paper",
+                         "rerun": "python -m bench scaling_forest_paper", "started_utc": "2026-12-06T04:00:00+00:00",
+                         "machine": {**describe(), "cores": 16}, "load_before": {"load1": 0.2, "busy_cores": 0.1}})
+    monkeypatch.setenv(journal.ENV, str(kept))
+    calls = []
+
+    def result(workload, workers):
+        calls.append(workers)
+        if len(calls) == 5:  # the second repeat's sixteen workers: the call's time is up
+            raise KeyboardInterrupt
+        return {"work_s": 40.0 / workers, "wall_s": 50.0, "total_s": 45.0, "cpu_parallelism": 1.0,
+                "loopback_bytes": 0, "effective_parallelism": 0.8 * workers,
+                "machine_cpu_s": 300.0 if workers == 16 else 100.0, "bench_cpu_s": 100.0}
+
+    with pytest.raises(KeyboardInterrupt):
+        _measured_on_16_cores(monkeypatch, "forest_paper", result=result)
+    # the untimed run is not a result; the two four-worker runs and one sixteen-worker run are
+    header, runs = journal.read(kept)
+    assert [r["key"]["workers"] for r in runs] == [4, 16, 4] and header["machine"]["cores"] == 16
+    with open(kept, "a") as f:  # a kill while a line was written leaves half a line: not a run
+        f.write('{"key": {"workload": "forest paper", "wor')
+
+    out = tmp_path / "results"
+    done = subprocess.run([sys.executable, "-m", "bench", "--from-runs", str(kept), "--out", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    res = json.loads((out / "scaling_forest_paper.json").read_text())
+    assert res["partial"].startswith("written from the 3 runs it finished") and res["error"] is None
+    [r] = res["rows"]
+    assert r["name"] == "forest paper: 16 workers vs 4 workers" and r["status"] == "ok"
+    assert r["orchard"]["values"] == [2.5] and r["peer"]["values"] == [10.0, 10.0]
+    assert r["quality"]["orchard"]["effective parallelism"] == 12.8 and res["machine"]["cores"] == 16
+    # the load: 200 CPU-s of others over the sixteen workers' 50 s wall are 4 cores, under half of 16
+    assert res["load"]["foreign_cores_max"] == 4.0 and res["load"]["loaded"] is False
+    rendered = subprocess.run([sys.executable, "-m", "bench", "--render", "--out", str(out), "--doc",
+                               str(tmp_path / "b.md")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert rendered.returncode == 0, rendered.stderr
+    assert "Stopped part-way: written from the 3 runs" in (tmp_path / "b.md").read_text()
+
+    # a row whose side never ran says so instead of a figure
+    stopped = scaling.rows_from_runs(scaling.SIZES["forest_paper"], 16, runs[:1])
+    assert stopped[0]["status"] == "not measured: the bench stopped before this side's runs"
+    # refused in one line: no journal there, or a bench that keeps none
+    missing = subprocess.run([sys.executable, "-m", "bench", "--from-runs", str(tmp_path / "none.runs.jsonl")],
+                             cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and missing.stderr.strip().splitlines() == [
+        f"bench: --from-runs: no such file: {tmp_path / 'none.runs.jsonl'}; allowed: a bench's journal, "
+        "<results>/<bench>.runs.jsonl"]
+    other = tmp_path / "flower_loader.runs.jsonl"
+    journal.start(other, {**header, "bench": "flower_loader", "module": "bench.flower_loader"})
+    refused = subprocess.run([sys.executable, "-m", "bench", "--from-runs", str(other), "--out", str(out)], cwd=ROOT,
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "bench flower_loader keeps no runs" in refused.stderr
