@@ -315,7 +315,8 @@ def figures(runs: list[dict], workers: int, nodes: int, base: list[dict], base_w
 
 def plan(size: dict, cores: int) -> tuple[list[int], list[int]]:
     """A size's worker counts (on one node) and node counts on a machine of ``cores``."""
-    return worker_counts(cores, size.get("workers", "doubling")), [n for n in size.get("nodes", (1, 2, 4)) if n <= cores]
+    nodes = [n for n in size.get("nodes", (1, 2, 4)) if n <= cores]
+    return worker_counts(cores, size.get("workers", "doubling")), nodes
 
 
 def measure(size: dict, repeats: int) -> list[dict]:
