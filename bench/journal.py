@@ -12,7 +12,8 @@ removes the journal; one that was stopped leaves it, and
 
 writes the results file from the runs it holds, on any machine, marked partial (which runs are
 missing, and the load the runs themselves saw). A bench module takes part by calling `add` for
-each run and giving `rows_from_runs(size, cores, runs)`; bench/scaling.py does.
+each run and giving `rows_from_runs(size, cores, runs)`; bench/scaling.py (a line a run) and
+bench/video_cores.py (a line a core count) do.
 """
 from __future__ import annotations
 

@@ -186,7 +186,7 @@ a test fails when a quoted figure differs from its file, or when a results file 
 history or a tree with uncommitted changes). Records beside the benches, in docs/records/: the README's
 fresh-clone install and test-suite times (`python -m bench.quickstart_record`) and each workload's default
 command (`python -m bench.default_run_record forest`). Scaling beyond these machines: [scaling](scaling.md).
-A scaling bench stopped part-way (a lent machine's time limit, Ctrl-C) leaves the runs it finished in
+A scaling or video_cores bench stopped part-way (a lent machine's time limit, Ctrl-C) leaves the runs it finished in
 `docs/benchmarks/results/<bench>.runs.jsonl`; `python -m bench --from-runs <that file>` writes them as its
 results file, which then says "Stopped part-way" and how many runs it holds.
 

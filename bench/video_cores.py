@@ -18,6 +18,8 @@ either side runs on the others. One untimed warm-up pass of every side at each N
 alternate within each repeat; every side timed wall to wall; checksums of every decoded pixel
 compared with orchard's. Each row's quality carries each side's speed-up from the first N, which
 docs/scaling.md's video model (independent clips: N x one core's rate) is checked against.
+Each count is kept as it ends (bench/journal.py): a bench stopped in a later count still gives the
+rows of the counts before it (``python -m bench --from-runs``).
 """
 from __future__ import annotations
 
@@ -117,12 +119,34 @@ def at_cores(n: int, cpus: list[int], sets: dict, size: dict, repeats: int) -> d
 
 
 def measure(size: dict, repeats: int) -> list[dict]:
-    from bench.rows import row
+    from bench import journal
     from orchard import cluster
 
     cpus = sorted(os.sched_getaffinity(0))
     counts = core_counts(len(cpus), size["cores"])
     cluster.prepare_local_env()   # Ray workers import workloads/ from this checkout
+    measured = []
+    with tempfile.TemporaryDirectory() as tmp:
+        sets = clip_sets(tmp, size, counts[-1])
+        for n in counts:
+            measured.append((n, at_cores(n, cpus, sets, size, repeats)))
+            # kept the moment a count ends (bench/journal.py): on 2026-12-04 a lent machine's call
+            # ended in the 16-core count and took the 2, 4 and 8 cores' passes with it
+            journal.add({"cores": n}, measured[-1][1])
+    return assemble(measured)
+
+
+def rows_from_runs(size: dict, cores: int, runs: list[dict]) -> list[dict]:
+    """The rows of the core counts a journal kept (bench/journal.py): a bench stopped in a count
+    has the rows of the counts before it."""
+    return assemble([(r["key"]["cores"], r["run"]) for r in runs if "run" in r])
+
+
+def assemble(measured: list[tuple[int, dict]]) -> list[dict]:
+    """The rows of ``at_cores``' passes, one ``(cores, passes)`` a count in the order run: orchard
+    against each peer at each count, speed-ups from the first count."""
+    from bench.rows import row
+
     labels = {"procs lone": "PyAV loop, N processes x 1 thread", "procs": "PyAV loop, N processes x 1 thread",
               "procs lone to parent": "PyAV loop, N processes x 1 thread, every clip handed to the parent",
               "decord": "decord, N threads, its own resize"}
@@ -130,32 +154,29 @@ def measure(size: dict, repeats: int) -> list[dict]:
              ("overlap", "orchard", "procs"), ("overlap", "orchard", "decord")]
     titles = {"lone": "decode clips that share no frame (2 a video)", "overlap": "decode overlapping clips (40 a video)"}
     rows, first = [], {}
-    with tempfile.TemporaryDirectory() as tmp:
-        sets = clip_sets(tmp, size, counts[-1])
-        for n in counts:
-            got = at_cores(n, cpus, sets, size, repeats)
-            fps = {side: [got["frames"][s] / t for t, _ in got[side]]
-                   for s, *sides in pairs for side in sides if side in got}
-            for side, values in fps.items():
-                first.setdefault(side, (n, statistics.median(values)))
+    for n, got in measured:
+        fps = {side: [got["frames"][s] / t for t, _ in got[side]]
+               for s, *sides in pairs for side in sides if side in got}
+        for side, values in fps.items():
+            first.setdefault(side, (n, statistics.median(values)))
 
-            def scaled(side):  # this side's speed-up from the first core count, and per core
-                n0, base = first[side]
-                up = statistics.median(fps[side]) / base
-                return {"cores": n, f"speed-up from {n0} cores": round(up, 3),
-                        "efficiency": round(up * n0 / n, 3)}
+        def scaled(side):  # this side's speed-up from the first core count, and per core
+            n0, base = first[side]
+            up = statistics.median(fps[side]) / base
+            return {"cores": n, f"speed-up from {n0} cores": round(up, 3),
+                    "efficiency": round(up * n0 / n, 3)}
 
-            for s, mine, peer in pairs:
-                if peer not in got:
-                    continue
-                same = got[peer][-1][1] == got[mine][-1][1]
-                rows.append(row(f"{titles[s]}, {n} cores: orchard vs {labels[peer].replace('N ', f'{n} ')}",
-                                "frames/s", fps[mine], fps[peer], higher_is_better=True,
-                                orchard_label=f"Ray Data decode stage, {n} actors x 1 thread, running pipeline",
-                                peer_label=labels[peer].replace("N ", f"{n} "),
-                                quality={"orchard": {**scaled(mine), "frames": got["frames"][s]},
-                                         "peer": {**scaled(peer), "checksum": "equal to orchard's" if same else
-                                                  f"DIFFERS ({got[peer][-1][1]} vs {got[mine][-1][1]})"}},
-                                target={"text": f"orchard's decode stage >= 1.0x the peer on {n} cores",
-                                        "min_ratio": 1.0, "quality_ok": same}))
+        for s, mine, peer in pairs:
+            if peer not in got:
+                continue
+            same = got[peer][-1][1] == got[mine][-1][1]
+            rows.append(row(f"{titles[s]}, {n} cores: orchard vs {labels[peer].replace('N ', f'{n} ')}",
+                            "frames/s", fps[mine], fps[peer], higher_is_better=True,
+                            orchard_label=f"Ray Data decode stage, {n} actors x 1 thread, running pipeline",
+                            peer_label=labels[peer].replace("N ", f"{n} "),
+                            quality={"orchard": {**scaled(mine), "frames": got["frames"][s]},
+                                     "peer": {**scaled(peer), "checksum": "equal to orchard's" if same else
+                                              f"DIFFERS ({got[peer][-1][1]} vs {got[mine][-1][1]})"}},
+                            target={"text": f"orchard's decode stage >= 1.0x the peer on {n} cores",
+                                    "min_ratio": 1.0, "quality_ok": same}))
     return rows

@@ -39,8 +39,8 @@ def test_each_count_takes_its_share_of_the_videos_with_as_many_clips_a_video(set
     assert len(whole["lone"]) == 2 * len(half["lone"])
 
 
-def test_a_row_for_each_peer_at_each_count_with_speed_ups_from_the_first(monkeypatch):
-    from bench import video_cores
+def test_a_row_for_each_peer_at_each_count_with_speed_ups_from_the_first(monkeypatch, tmp_path):
+    from bench import journal, video_cores
 
     def at_cores(n, cpus, sets, size, repeats):
         # orchard 100 frames/s a core; the loops 90; decord's checksum differs at 2 cores
@@ -52,7 +52,15 @@ def test_a_row_for_each_peer_at_each_count_with_speed_ups_from_the_first(monkeyp
     monkeypatch.setattr(video_cores, "at_cores", at_cores)
     monkeypatch.setattr(video_cores, "clip_sets", lambda tmp, size, most: {})
     monkeypatch.setattr(video_cores.os, "sched_getaffinity", lambda pid: set(range(4)))
+    kept = journal.path_for(tmp_path, "video_cores")
+    journal.start(kept, {"bench": "video_cores"})
+    monkeypatch.setenv(journal.ENV, str(kept))
     rows = video_cores.measure({**video_cores.SIZES["smoke"], "cores": None}, 3)
+    # each count is kept as it ends: a bench stopped later gives the same rows for the counts it ran
+    runs = journal.read(kept)[1]
+    assert [r["key"] for r in runs] == [{"cores": 2}, {"cores": 4}]
+    assert video_cores.rows_from_runs(video_cores.SIZES["full"], 4, runs) == rows
+    assert video_cores.rows_from_runs(video_cores.SIZES["full"], 4, runs[:1]) == rows[:4]
     assert [r["name"].split(": orchard vs ")[0] for r in rows] == \
         [f"decode {what}, {n} cores" for n in (2, 4) for what in ["clips that share no frame (2 a video)"] * 2 +
          ["overlapping clips (40 a video)"] * 2]
