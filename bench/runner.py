@@ -104,8 +104,8 @@ def rebuild(kept: Path, out_dir: Path) -> dict:
                                                      "rerun", "started_utc", "machine")},
         "wall_s": (last - dt.datetime.fromisoformat(header["started_utc"])).total_seconds(), "settle_wait_s": 0.0,
         "load": journal_load(header, runs), "error": None,
-        "partial": f"written from the {len(finished)} runs it finished before it was stopped "
-                   f"(`python -m bench --from-runs {kept.name}`)",
+        "partial": f"written from the {len(finished)} run{'' if len(finished) == 1 else 's'} it finished "
+                   f"before it was stopped (`python -m bench --from-runs {kept.name}`)",
         "size": size, "estimate": getattr(module, "ESTIMATE", None), "doc": module.__doc__ or "",
         "rows": [summarize(r) for r in rows],
     }
