@@ -179,19 +179,27 @@ class LoadSampler:
         return self.summary()
 
     def summary(self) -> dict:
-        cores = os.cpu_count() or 1
-        during = self.loads or [self.before["load1"]]
-        foreign_max = max(self.windows) if self.windows else 0.0
-        # Loaded: the machine was busy before we started, or other processes took more than half
-        # the cores over any window while we ran. Our own load never counts against us.
-        loaded = (self.before["load1"] > cores / 2 or self.before["busy_cores"] > cores / 2 or foreign_max > cores / 2
-                  or bool(self.pauses))
-        return {"before": self.before, "during": {"load1_max": max(during), "load1_mean": sum(during) / len(during),
-                                                  "load1_samples": during[:: max(1, len(during) // 60)]},
-                "after": self.after, "foreign_cores_max": foreign_max,
-                "foreign_cores_windows": self.windows, "window_s": self.window_s,
-                "wall_s": time.time() - self._started, "threshold": cores / 2, "paused_s": self.pauses,
-                "loaded": loaded}
+        return load_summary(os.cpu_count() or 1, self.before, self.loads, self.windows, self.after,
+                            wall_s=time.time() - self._started, window_s=self.window_s, pauses=self.pauses)
+
+
+def load_summary(cores: int, before: dict, loads: list[float], windows: list[float], after: dict,
+                 wall_s: float | None, window_s: float | None, pauses: list[float]) -> dict:
+    """A bench's load as its results file holds it: the load average before, during and after, the
+    cores other processes took over each window (a sampler's 30 s, or a journal's runs), and
+    whether that makes it loaded."""
+    during = loads or [before["load1"]]
+    foreign_max = max(windows) if windows else 0.0
+    # Loaded: the machine was busy before we started, or other processes took more than half
+    # the cores over any window while we ran. Our own load never counts against us.
+    loaded = (before["load1"] > cores / 2 or before["busy_cores"] > cores / 2 or foreign_max > cores / 2
+              or bool(pauses))
+    return {"before": before, "during": {"load1_max": max(during), "load1_mean": sum(during) / len(during),
+                                         "load1_samples": during[:: max(1, len(during) // 60)]},
+            "after": after, "foreign_cores_max": foreign_max,
+            "foreign_cores_windows": windows, "window_s": window_s,
+            "wall_s": wall_s, "threshold": cores / 2, "paused_s": pauses,
+            "loaded": loaded}
 
 
 def start_ray(**kwargs) -> None:

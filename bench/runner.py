@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from bench import BENCHES, EXTRA_BENCHES, journal
-from bench.machine import LoadSampler, describe, loadavg
+from bench.machine import LoadSampler, describe, load_summary, loadavg
 from bench.rows import summarize
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,20 +115,16 @@ def rebuild(kept: Path, out_dir: Path) -> dict:
 
 
 def journal_load(header: dict, runs: list[dict]) -> dict:
-    """A load summary in the sampler's shape (bench/machine.py) from a journal: the load before the
-    bench, the load average as each run ended, and per run the cores other processes took (the
-    machine's busy seconds less the bench's own, over the run's wall)."""
+    """The load of a journal's runs in the sampler's form (bench/machine.py, `load_summary`): the
+    load before the bench, the load average as each run ended, and per run the cores other
+    processes took (the machine's busy seconds less the bench's own, over the run's wall)."""
     cores = header["machine"]["cores"] or 1
-    before = header["load_before"]
-    loads = [r["load1"] for r in runs] or [before["load1"]]
     foreign = [min(float(cores), max(0.0, (r["run"]["machine_cpu_s"] - r["run"]["bench_cpu_s"]) / r["run"]["wall_s"]))
                for r in runs if "machine_cpu_s" in r.get("run", {})]
-    return {"before": before, "during": {"load1_max": max(loads), "load1_mean": sum(loads) / len(loads),
-                                         "load1_samples": loads},
-            "after": {"load1": loads[-1]}, "foreign_cores_max": max(foreign, default=0.0),
-            "foreign_cores_windows": foreign, "window_s": None, "wall_s": None, "threshold": cores / 2,
-            "paused_s": [], "loaded": (before["load1"] > cores / 2 or before["busy_cores"] > cores / 2
-                                       or max(foreign, default=0.0) > cores / 2)}
+    loads = [r["load1"] for r in runs]
+    return load_summary(cores, header["load_before"], loads, foreign,
+                        {"load1": loads[-1] if loads else header["load_before"]["load1"]},
+                        wall_s=None, window_s=None, pauses=[])
 
 
 def child_main(module_name: str, size_name: str, repeats: int, out: str) -> None:
