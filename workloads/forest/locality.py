@@ -82,3 +82,104 @@ def on_node(node):
     its tasks then waited for a CPU that never came free (the forest sweep hung)."""
     return None if node is None else NodeAffinitySchedulingStrategy(node_id=node, soft=True)
 
+
+
+class UnitHomes:
+    """A run's data units' homes and what its tasks read away from them.
+
+    The homes are chosen once per run (`choose`), only with several nodes and outside a sweep
+    trial's placement group (whose tasks stay in the group): elsewhere `by_unit` is empty and every
+    task goes where Ray puts it. Per round it counts the bytes of units that tasks read from a node
+    other than their own (the units' one fetch to their homes included), the tasks that ran off
+    home and the nodes that ran any (`round_figures`); and, over the run, every process that ran a
+    phase-2 task: more than the workers means Ray replaced idle ones between rounds, each new one
+    paying its start and kernel loads again (orchard.cluster.IDLE_WORKER_KEEP_MS)."""
+
+    def __init__(self, in_group: bool):
+        self.in_group = in_group
+        self.by_unit: dict | None = None  # block ref -> home node id; None until chosen, {} without homes
+        self.block_bytes: dict = {}  # block ref -> its bytes in the object store
+        self.unit_bytes: dict = {}  # block ref -> bytes of the block and its bin cache, this tree's
+        self.fetch_bytes = 0  # the units' one fetch to their homes, not yet counted in a round
+        self.across = {"bytes": 0, "tasks": 0, "nodes": set()}  # this round's reads off home
+        self.task_processes: set = set()  # (node, pid) of every process that ran a phase-2 task
+
+    def choose(self, block_refs: list) -> bool:
+        """Choose each unit's home once per run; True on the call that chose them."""
+        if self.by_unit is not None:
+            return False
+        nodes = cpu_nodes()
+        self.by_unit = assign_homes(block_refs, nodes) if len(nodes) > 1 and not self.in_group else {}
+        where = locations(block_refs) if self.by_unit else {}
+        self.block_bytes = {ref: size for ref, (_, size) in where.items()}
+        self.unit_bytes = dict(self.block_bytes)
+        # a unit homed away from the node that holds it is fetched there once, by its encode
+        # task: counted in the next round's unit_bytes_across_nodes
+        self.fetch_bytes = sum(size for ref, (held, size) in where.items() if self.by_unit[ref] not in held)
+        return True
+
+    def nodes(self) -> list:
+        """The home nodes, in order (empty without homes)."""
+        return sorted(set((self.by_unit or {}).values()))
+
+    def partitions(self, block_refs: list, degree: int) -> list[list]:
+        """`degree` lists of block refs; with homes, each list's units share a home node and every
+        node holding units gets at least one (group_by_home)."""
+        degree = max(1, min(degree, len(block_refs)))
+        if self.by_unit:
+            return [refs for _, refs in group_by_home(block_refs, self.by_unit, degree)]
+        return [list(p) for p in np.array_split(np.array(block_refs, dtype=object), degree)]
+
+    def home_of(self, units: list):
+        """The home node of a data partition's units (None without homes)."""
+        return self.by_unit.get(units[0]) if self.by_unit and units else None
+
+    def place(self, units: list):
+        """Scheduling strategy of a task over `units` (one home): on their home node."""
+        return on_node(self.home_of(units))  # None: Ray's default, which stays in a trial's group
+
+    def slots(self, workers: int, cpus_per_worker: float) -> dict:
+        """Tasks in flight at once, by home node: the workers a node's CPUs hold (at least one),
+        or `workers` under None without homes."""
+        if not self.by_unit:
+            return {None: workers}
+        return {node: max(1, int(cpus // cpus_per_worker)) for node, cpus in cpu_nodes().items()}
+
+    def cache_budget(self, part: list, budget: int, n_units: int) -> int:
+        """A partition's share of the bin cache's `budget` bytes (by its units, of `n_units`), no
+        more than its share of half its home node's object store: a cache the store cannot hold
+        beside the blocks would be spilled to disk and read back every round (ray.cluster_utils
+        nodes have 150 MiB)."""
+        share = budget * len(part) // n_units
+        if not self.by_unit:
+            return share
+        node = self.by_unit.get(part[0])
+        on_node_units = sum(1 for h in self.by_unit.values() if h == node)
+        store = object_store_bytes().get(node, 0)
+        return min(share, store // 2 * len(part) // max(on_node_units, 1)) if store else share
+
+    def cached(self, bin_cache: dict) -> None:
+        """The tree's bin cache is made (block ref -> its cache's ref): a unit's bytes are now its
+        block's and its cache's, read by every task over it."""
+        if self.by_unit:
+            sizes = locations(list(bin_cache.values()))
+            self.unit_bytes = {b: size + sizes.get(bin_cache.get(b), (None, 0))[1] for b, size in self.block_bytes.items()}
+
+    def begin_round(self) -> None:
+        self.across = {"bytes": self.fetch_bytes, "tasks": 0, "nodes": set()}
+        self.fetch_bytes = 0
+
+    def ran(self, node: str, units: list, pid: int | None = None) -> None:
+        """A task over `units` ran on `node`: count what it read from another node, and a phase-2
+        task's process (`pid`)."""
+        if pid is not None:
+            self.task_processes.add((node, pid))
+        self.across["nodes"].add(node)
+        if self.by_unit and self.by_unit.get(units[0]) != node:
+            self.across["bytes"] += sum(self.unit_bytes.get(u, 0) for u in units)
+            self.across["tasks"] += 1
+
+    def round_figures(self) -> dict:
+        """This round's locality metrics, and the phase-2 processes so far (a count, not a sum)."""
+        return {"round/unit_bytes_across_nodes": self.across["bytes"], "round/tasks_off_home": self.across["tasks"],
+                "round/task_nodes": len(self.across["nodes"]), "round/task_processes": len(self.task_processes)}

@@ -24,15 +24,18 @@ Below the root, of two siblings only the smaller is counted in phase 2; the larg
 is its parent's minus the smaller's (`forest.histogram_subtraction`, subtraction.py).
 
 On several nodes every data unit has a home node: its encode, phase-1 and phase-2 tasks run
-there and only partial histograms cross between nodes (locality.py).
+there and only partial histograms cross between nodes (locality.py, ``UnitHomes``: the homes,
+where a task goes, what it read from another node).
 
 The tasks' bodies are in round_tasks.py, the batch plan in batch_plan.py, the histogram actors'
-lifecycle (start, reset, revive or replace) in histogram_pool.py; `grow_forest`
-grows the T trees of a run, each from its own candidate pool (`tree_pool`).
+lifecycle (start, reset, revive or replace) in histogram_pool.py, the parents kept for
+subtraction in subtraction.py; `grow_forest` grows the T trees of a run, each from its own
+candidate pool (`tree_pool`).
 
-Why one file of ~670 lines (the only source file over 450): ``RoundRunner`` is one round's state
-(the frontier, the actors, the batch plan, the checkpoint) carried through four phases that
-share it; every body that does not need that state has already left for the modules above.
+Why one file of ~780 lines (the only workload source file over 450): ``RoundRunner`` is one
+round's state (the frontier, the actors, the batch plan, the parents, the checkpoint) carried
+through four phases that share it, and a round's metrics are read from all of them at its end;
+every body that does not need that state has left for the modules above.
 """
 from __future__ import annotations
 
@@ -51,7 +54,7 @@ from .body_parts import NUM_PARTS
 from .checkpoint import save_checkpoint
 from .features import candidate_pool
 from .histogram_pool import HistogramPool
-from .locality import assign_homes, cpu_nodes, group_by_home, locations, object_store_bytes, on_node
+from .locality import cpu_nodes, object_store_bytes, UnitHomes
 from .model import Tree
 from .round_tasks import encode_task, phase1_task, phase2_task, traversal_arrays
 from .shuffle import count_dtype, dense_partial
@@ -108,17 +111,9 @@ class RoundRunner:
                                    forest_cfg.get("histogram_subtraction", True))
         self.takes: list = []  # the actors' takes of the last batches' parents, not yet collected
         self.bin_cache: dict = {}  # block ref -> its bin cache ref (None: on the fly), this tree's
-        # block ref -> its home node (locality.py), chosen on the first encode; empty on one node
-        # and inside a sweep trial's placement group (its tasks stay in the group)
-        self.home: dict | None = None
-        self.block_bytes: dict = {}  # block ref -> its bytes in the object store
-        self.unit_bytes: dict = {}  # block ref -> bytes of the block and its bin cache, this tree's
-        self.across = {"bytes": 0, "tasks": 0, "nodes": set()}  # this round's data-unit reads off home
-        # (node, pid) of every process that ran a phase-2 task: more than the workers means Ray
-        # replaced idle ones between rounds, each new one paying its start and kernel loads again
-        # (orchard.cluster.IDLE_WORKER_KEEP_MS)
-        self.task_processes: set = set()
-        self.fetch_bytes = 0  # the units' one fetch to their homes, not yet counted in a round
+        # each data unit's home node (locality.py), chosen on the first encode, and what tasks
+        # read away from it; no homes on one node and inside a sweep trial's placement group
+        self.homes = UnitHomes(self.in_group)
         # The round tasks are pure functions of their object-store inputs: an OSError inside one
         # comes from its node going away under it (a worker whose raylet has died fails to reach
         # its sockets before it is killed, and Ray calls that the task's own error, not a lost
@@ -185,7 +180,7 @@ class RoundRunner:
         def forward(stat_ref):
             part_id = in_flight.pop(stat_ref)
             stats.append(ray.get(stat_ref))
-            self._ran(stats[-1]["node"], b["data_parts"][b["jobs"][part_id][0]], stats[-1]["pid"])
+            self.homes.ran(stats[-1]["node"], b["data_parts"][b["jobs"][part_id][0]], stats[-1]["pid"])
             for k, ack in zip(targets, stats[-1].pop("acks")):
                 acks[k].append(ack)
             if hook and len(stats) == 1:
@@ -194,14 +189,14 @@ class RoundRunner:
         # at most num_workers tasks at a time; with homes, each node's share of them, and the
         # next job is one whose node has a free slot (a global cap let one node idle while the
         # next job in line waited for the other)
-        slots = self._slots()
+        slots = self.homes.slots(self.workers, self.cpus)
         queued = list(enumerate(b["jobs"]))
         while queued:
             if self.stopping.is_set():
                 raise TrainingInterrupted("stopped: the run was interrupted")
-            busy = [self._home_of(b["data_parts"][b["jobs"][j][0]]) for j in in_flight.values()]
+            busy = [self.homes.home_of(b["data_parts"][b["jobs"][j][0]]) for j in in_flight.values()]
             ready = [i for i, (_, (d, _)) in enumerate(queued)
-                     if busy.count(node := self._home_of(b["data_parts"][d])) < slots.get(node, 1)]
+                     if busy.count(node := self.homes.home_of(b["data_parts"][d])) < slots.get(node, 1)]
             if not ready or len(in_flight) >= self.workers:
                 forward(self._wait_one(list(in_flight)))
                 continue
@@ -211,17 +206,6 @@ class RoundRunner:
         while in_flight:
             forward(self._wait_one(list(in_flight)))
         return stats, acks
-
-    def _home_of(self, units: list):
-        """The home node of a data partition's units (None without homes)."""
-        return self.home.get(units[0]) if self.home and units else None
-
-    def _slots(self) -> dict:
-        """Phase-2 tasks in flight at once, by home node: the workers a node's CPUs hold (at
-        least one), or num_workers under None without homes."""
-        if not self.home:
-            return {None: self.workers}
-        return {node: max(1, int(cpus // self.cpus)) for node, cpus in cpu_nodes().items()}
 
     def _submit_phase2(self, b: dict, d: int, f0: int, f1: int, col_lo: int, col_hi: int, bounds: list,
                        receivers=None, part_id: int = 0):
@@ -233,7 +217,7 @@ class RoundRunner:
         offsets, thresholds = self._feature_part(b, f0, f1)
         return self._phase2_task.options(num_returns=1 if receivers else 2, num_cpus=self._task_cpus(),
                                          max_retries=self.max_failures,
-                                         scheduling_strategy=self._place(b["data_parts"][d])).remote(
+                                         scheduling_strategy=self.homes.place(b["data_parts"][d])).remote(
             b["traversal"], b["nodes"], b["column_of"], col_lo, col_hi, offsets, thresholds, f0,
             bounds, b["dtype"], b["selection"], self.background, self.threads, self.hooks.get("task_fault"),
             receivers, part_id, *b["data_parts"][d], *[self.bin_cache.get(ref) for ref in b["data_parts"][d]])
@@ -326,7 +310,7 @@ class RoundRunner:
         dtype = {1: "uint8", 2: "uint16", 4: "int32"}[itemsize]
         # where each reducer runs: a parent held on another node's store is fetched across
         reducer_nodes = None
-        if self.home:
+        if self.homes.by_unit:
             reducer_nodes = [ray.get_runtime_context().get_node_id()] if on_driver else \
                 [self.reducers.node_of(k) for k in range(len(node_bounds) - 1)]
         derivations = plan_derivations(self.parents, batch, node_bounds, col_start, col_class, reducer_nodes)
@@ -375,7 +359,7 @@ class RoundRunner:
             part, d = pending.pop(stat_ref)
             add_partial(hist, 0, ray.get(part))
             stats.append(ray.get(stat_ref))
-            self._ran(stats[-1]["node"], b["data_parts"][d], stats[-1]["pid"])
+            self.homes.ran(stats[-1]["node"], b["data_parts"][d], stats[-1]["pid"])
         phase2_s = time.perf_counter() - start
         start = time.perf_counter()
         col_start, col_class, weights, min_child, pairs = b["best_args"][0]
@@ -442,7 +426,7 @@ class RoundRunner:
         wanted = self.parents.requests(tree, batch, b["col_start"], b["col_class"], b["node_bounds"],
                                        b["itemsize"], n_features, n_bins, set(next_frontier))
         if small:
-            here = ray.get_runtime_context().get_node_id() if self.home else None
+            here = ray.get_runtime_context().get_node_id() if self.homes.by_unit else None
             for k, want in wanted.items():
                 self.parents.keep(want, [dense_partial(results[0]["hist"][w[3]]) for w in want], here)
             results[0]["hist"] = None
@@ -504,46 +488,19 @@ class RoundRunner:
         return self.actors_started_early
 
     def _data_partitions(self, degree: int) -> list[list]:
-        """`degree` lists of block refs; with homes (several nodes), each list's units share a
-        home node and every node holding units gets at least one (locality.group_by_home)."""
-        degree = max(1, min(degree, len(self.block_refs)))
-        if self.home:
-            return [refs for _, refs in group_by_home(self.block_refs, self.home, degree)]
-        return [list(p) for p in np.array_split(np.array(self.block_refs, dtype=object), degree)]
+        """`degree` lists of block refs, by home where the units have homes (UnitHomes.partitions)."""
+        return self.homes.partitions(self.block_refs, degree)
 
     def _homes(self) -> None:
-        """Choose each unit's home node once per run (locality.py): only with several nodes and
-        outside a sweep trial's placement group."""
-        if self.home is None:
-            nodes = cpu_nodes()
-            self.home = assign_homes(self.block_refs, nodes) if len(nodes) > 1 and not self.in_group else {}
-            self.reducers.nodes = sorted(set(self.home.values()))
-            if self.home:
+        """Choose each unit's home once per run (locality.py); the actors go to the home nodes."""
+        if self.homes.choose(self.block_refs):
+            self.reducers.nodes = self.homes.nodes()
+            if self.homes.by_unit:
                 # Pinned tasks must never wait on an actor's CPU share: a restarted actor (its node
                 # lost) may come back on any node, and a task pinned there would wait for a CPU
                 # that never comes free (soft affinity falls back only for a dead or too-small
                 # node). With homes the actors reserve no CPU; tasks take their full share.
                 self.actor_cpus = self.reducers.actor_cpus = 0.0
-            where = locations(self.block_refs) if self.home else {}
-            self.block_bytes = {ref: size for ref, (_, size) in where.items()}
-            self.unit_bytes = dict(self.block_bytes)
-            # a unit homed away from the node that holds it is fetched there once, by its encode
-            # task: counted in the next round's unit_bytes_across_nodes
-            self.fetch_bytes = sum(size for ref, (held, size) in where.items() if self.home[ref] not in held)
-
-    def _place(self, units: list):
-        """Scheduling strategy of a task over `units` (one home): on their home node."""
-        return on_node(self._home_of(units)) if self.home and units else None  # None: stays in a trial's group
-
-    def _ran(self, node: str, units: list, pid: int | None = None) -> None:
-        """A phase-1/2 task over `units` ran on `node`: count what it read from another node,
-        and a phase-2 task's process (`pid`)."""
-        if pid is not None:
-            self.task_processes.add((node, pid))
-        self.across["nodes"].add(node)
-        if self.home and self.home.get(units[0]) != node:
-            self.across["bytes"] += sum(self.unit_bytes.get(u, 0) for u in units)
-            self.across["tasks"] += 1
 
     def _encode_bins(self, pool, selection) -> dict:
         """The tree's bin cache: one encode task per worker, each caching its blocks' codes in
@@ -558,44 +515,30 @@ class RoundRunner:
         offsets, thresholds = pool
         parts = self._data_partitions(self.workers)
         refs = [self._encode_task.options(num_returns=len(p) + 1, num_cpus=self._task_cpus(),
-                                          max_retries=self.max_failures, scheduling_strategy=self._place(p)).remote(
-            offsets, thresholds, selection, self.background, self.threads, self._cache_budget(p, budget),
+                                          max_retries=self.max_failures, scheduling_strategy=self.homes.place(p)).remote(
+            offsets, thresholds, selection, self.background, self.threads,
+            self.homes.cache_budget(p, budget, len(self.block_refs)),
             self.hooks.get("encode_fault"), *p)
             for p in parts]
         for part, part_refs, stats in zip(parts, refs, self._wait_all([r[-1] for r in refs])):
-            self._ran(stats["node"], part)
+            self.homes.ran(stats["node"], part)
             self.bin_cache.update((block, code) for block, code, kept in zip(part, part_refs, stats["cached"]) if kept)
             out = {"busy_s": out["busy_s"] + stats["busy_s"], "blocks": out["blocks"] + sum(stats["cached"]),
                    "bytes": out["bytes"] + stats["bytes"]}
-        if self.home:  # a unit's bytes: its block and its cache, read by every task over it
-            sizes = locations(list(self.bin_cache.values()))
-            self.unit_bytes = {b: size + sizes.get(self.bin_cache.get(b), (None, 0))[1]
-                               for b, size in self.block_bytes.items()}
+        self.homes.cached(self.bin_cache)
         return out
-
-    def _cache_budget(self, part: list, budget: int) -> int:
-        """A partition's share of `forest.bin_cache_mb` (by its units), no more than its share of
-        half its home node's object store: a cache the store cannot hold beside the blocks would
-        be spilled to disk and read back every round (ray.cluster_utils nodes have 150 MiB)."""
-        share = budget * len(part) // len(self.block_refs)
-        if not self.home:
-            return share
-        node = self.home.get(part[0])
-        on_node_units = sum(1 for h in self.home.values() if h == node)
-        store = object_store_bytes().get(node, 0)
-        return min(share, store // 2 * len(part) // max(on_node_units, 1)) if store else share
 
     def _phase1(self, traversal_ref, frontier, data_parts, selection, depth):
         """[1] class counts (K, C) of the K frontier nodes; (counts, busy s, bytes returned)."""
         frontier_ref = ray.put(np.asarray(frontier, np.int64))
         refs = [self._phase1_task.options(num_cpus=self._task_cpus(), max_retries=self.max_failures,
-                                          scheduling_strategy=self._place(p)).remote(
+                                          scheduling_strategy=self.homes.place(p)).remote(
                 traversal_ref, frontier_ref, selection, self.background, self.threads, *p) for p in data_parts]
         if "phase1" in self.hooks:
             self.hooks["phase1"](self, depth, 0)
         outs = self._wait_all(refs)
         for o, p in zip(outs, data_parts):
-            self._ran(o[2], p)
+            self.homes.ran(o[2], p)
         return sum(o[0] for o in outs), sum(o[1] for o in outs), sum(o[0].nbytes for o in outs)
 
     def train_tree(self, tree_index: int, pool, state: dict) -> None:
@@ -609,8 +552,8 @@ class RoundRunner:
                      "image_fraction": cfg["image_fraction"], "pixel_fraction": cfg["pixel_fraction"]}
         budget = int(cfg["memory_budget_mb"] * 2**20)
         self._homes()
-        if self.home:  # a batch's partials, in flight between nodes, must fit the smallest object store
-            stores = [v for k, v in object_store_bytes().items() if k in set(self.home.values()) and v > 0]
+        if self.homes.by_unit:  # a batch's partials, in flight between nodes, must fit the smallest object store
+            stores = [v for k, v in object_store_bytes().items() if k in set(self.homes.nodes()) and v > 0]
             one_node = NUM_PARTS * len(offsets) * (thresholds.shape[1] + 1) * 4  # what validate allows for
             budget = max(min([budget] + [v // 4 for v in stores]), min(budget, one_node))
         self.tree_index = tree_index
@@ -627,8 +570,7 @@ class RoundRunner:
             round_start = time.perf_counter()
             self.round_no += 1
             self._homes()
-            self.across = {"bytes": self.fetch_bytes, "tasks": 0, "nodes": set()}
-            self.fetch_bytes = 0
+            self.homes.begin_round()
             if encode is None:
                 encode = self._encode_bins(pool, selection)
                 encode_s = time.perf_counter() - round_start
@@ -757,10 +699,9 @@ class RoundRunner:
                     "round/shuffle_bytes": totals["shuffle_bytes"],
                     # locality (locality.py): bytes of data units (blocks, bin caches) that this
                     # round's tasks read from a node other than their own (the units' one fetch to
-                    # their home included), tasks that ran off their units' home, nodes that ran tasks
-                    "round/unit_bytes_across_nodes": self.across["bytes"],
-                    "round/tasks_off_home": self.across["tasks"],
-                    "round/task_nodes": len(self.across["nodes"]),
+                    # their home included), tasks that ran off their units' home, nodes that ran
+                    # tasks; and the processes that have run this run's phase-2 tasks so far
+                    **self.homes.round_figures(),
                     "round/shuffle_dense_bytes": totals["dense_bytes"] + len(data_parts) * n_tree_nodes * NUM_PARTS * 8,
                     "round/effective_parallelism": (totals["task_busy_s"] + totals["actor_busy_s"]) / wall,
                     # its two parts: the tasks' busy seconds (encode, phases 1-2) and the actors'
@@ -768,8 +709,6 @@ class RoundRunner:
                     # (docs/scaling.md, 2026-12-04): which of the two grew is the next question
                     "round/task_busy_s": totals["task_busy_s"], "round/actor_busy_s": totals["actor_busy_s"],
                     "round/phase2_tasks": totals["phase2_tasks"],
-                    # processes that have run this run's phase-2 tasks so far (a count, not a sum)
-                    "round/task_processes": len(self.task_processes),
                     # ... of which counted without a histogram (sparse_counts.py)
                     "round/phase2_sparse_tasks": totals["phase2_sparse_tasks"],
                     # the same per phase: phase 1's tasks over its wall time (0 where the counts

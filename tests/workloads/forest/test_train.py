@@ -370,7 +370,7 @@ try:
     runner.shutdown()
     np.savez(sys.argv[2] + "/tree.npz", **state["trees"][0])
     print("ROUNDS " + json.dumps({"rounds": rounds, "blocks": sum(b["depths"].nbytes for b in blocks),
-                                  "homes": sorted(set(runner.home.values())), "early": early}))
+                                  "homes": runner.homes.nodes(), "early": early}))
 finally:
     ray.shutdown()
     cluster.shutdown()
