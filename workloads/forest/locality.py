@@ -163,7 +163,8 @@ class UnitHomes:
         block's and its cache's, read by every task over it."""
         if self.by_unit:
             sizes = locations(list(bin_cache.values()))
-            self.unit_bytes = {b: size + sizes.get(bin_cache.get(b), (None, 0))[1] for b, size in self.block_bytes.items()}
+            self.unit_bytes = {b: size + sizes.get(bin_cache.get(b), (None, 0))[1]
+                               for b, size in self.block_bytes.items()}
 
     def begin_round(self) -> None:
         self.across = {"bytes": self.fetch_bytes, "tasks": 0, "nodes": set()}

@@ -515,7 +515,8 @@ class RoundRunner:
         offsets, thresholds = pool
         parts = self._data_partitions(self.workers)
         refs = [self._encode_task.options(num_returns=len(p) + 1, num_cpus=self._task_cpus(),
-                                          max_retries=self.max_failures, scheduling_strategy=self.homes.place(p)).remote(
+                                          max_retries=self.max_failures,
+                                          scheduling_strategy=self.homes.place(p)).remote(
             offsets, thresholds, selection, self.background, self.threads,
             self.homes.cache_budget(p, budget, len(self.block_refs)),
             self.hooks.get("encode_fault"), *p)
