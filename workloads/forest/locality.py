@@ -7,6 +7,7 @@ encode task of a unit runs on its home (so the unit's one fetch, if any, happens
 its bin cache is born there), and every phase-1 and phase-2 task over the unit runs there too
 (`NodeAffinitySchedulingStrategy(soft=True)`: a node that went away falls back to Ray's choice).
 Only the partial histograms (the split candidates' counts) then travel to the histogram actors.
+A run's homes, and what its tasks read away from them each round, are one ``UnitHomes``.
 
 Measured on a two-node ``ray.cluster_utils.Cluster`` (docs/scaling.md, forest): without homes
 every feature partition's task read every unit, half of them from the other node's object store,
