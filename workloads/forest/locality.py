@@ -168,6 +168,8 @@ class UnitHomes:
                                for b, size in self.block_bytes.items()}
 
     def begin_round(self) -> None:
+        """A round starts its counts; the units' one fetch to their homes, if not yet counted, is
+        this round's (their encode tasks make it)."""
         self.across = {"bytes": self.fetch_bytes, "tasks": 0, "nodes": set()}
         self.fetch_bytes = 0
 
