@@ -32,10 +32,13 @@ lifecycle (start, reset, revive or replace) in histogram_pool.py, the parents ke
 subtraction in subtraction.py; `grow_forest` grows the T trees of a run, each from its own
 candidate pool (`tree_pool`).
 
-Why one file of ~780 lines (the only workload source file over 450): ``RoundRunner`` is one
-round's state (the frontier, the actors, the batch plan, the parents, the checkpoint) carried
-through four phases that share it, and a round's metrics are read from all of them at its end;
-every body that does not need that state has left for the modules above.
+What a round measured is noted as its phases end in round_tally.py (``RoundTally``), which turns
+it into the round's metrics.
+
+Why one file of ~750 lines (the only workload source file over 450): ``RoundRunner`` is the
+rounds' state (the actors, the homes, the bin cache, the parents kept, the stop flag) carried
+through four phases that share it; every body that does not need that state has left for the
+modules above.
 """
 from __future__ import annotations
 
@@ -56,6 +59,7 @@ from .features import candidate_pool
 from .histogram_pool import HistogramPool
 from .locality import cpu_nodes, object_store_bytes, UnitHomes
 from .model import Tree
+from .round_tally import RoundTally
 from .round_tasks import encode_task, phase1_task, phase2_task, traversal_arrays
 from .shuffle import count_dtype, dense_partial
 from .subtraction import (apply_init, Held, ParentsLost, ParentStore, plan_derivations, resolve_init, route_inits,
@@ -548,15 +552,9 @@ class RoundRunner:
         state: the checkpoint dict (checkpoint.save_checkpoint); updated in place.
         """
         cfg = self.cfg
-        offsets, thresholds = pool
         selection = {"seed": self.seed, "tree_index": tree_index,
                      "image_fraction": cfg["image_fraction"], "pixel_fraction": cfg["pixel_fraction"]}
-        budget = int(cfg["memory_budget_mb"] * 2**20)
-        self._homes()
-        if self.homes.by_unit:  # a batch's partials, in flight between nodes, must fit the smallest object store
-            stores = [v for k, v in object_store_bytes().items() if k in set(self.homes.nodes()) and v > 0]
-            one_node = NUM_PARTS * len(offsets) * (thresholds.shape[1] + 1) * 4  # what validate allows for
-            budget = max(min([budget] + [v // 4 for v in stores]), min(budget, one_node))
+        budget = self._tree_budget(pool)
         self.tree_index = tree_index
         self._forget_parents()  # a tree's first round, or the first after a resume: nothing to derive from
         if state["partial"] is None:
@@ -566,159 +564,24 @@ class RoundRunner:
             tree, frontier, depth = Tree.from_arrays(state["partial"]), list(state["frontier"]), state["next_depth"]
         self.start_actors(depth)  # those the data step's last wave did not start already
         self.bin_cache = {}  # the last tree's cache is freed (its refs dropped)
-        encode = None  # this tree's bin cache is built in its first round of this run
+        cache = None  # this tree's bin cache's figures: it is built in its first round of this run
         while frontier and depth < cfg["max_depth"]:
-            round_start = time.perf_counter()
+            tally = RoundTally(tree_index, depth, cache)
             self.round_no += 1
             self._homes()
             self.homes.begin_round()
-            if encode is None:
-                encode = self._encode_bins(pool, selection)
-                encode_s = time.perf_counter() - round_start
-            else:
-                encode_s = 0.0
-            phase1_start = time.perf_counter()
-            degrees = self._degrees(depth, len(offsets))
-            data_parts = self._data_partitions(int(degrees["data_units"]))
-            frontier = sorted(frontier)  # children are created in order; sorted for lookups
-            n_tree_nodes = len(tree)  # phase 4 grows `tree` mid-round
-            # the tree's split fields are broadcast to every task (2.1); its counts are not
-            traversal_ref = ray.put(traversal_arrays(tree.arrays()))
-            # [1] phase 1: scan the data: class priors at the root (the normalisation constants).
-            # Below the root the frontier's counts are the last split's left/right counts, so
-            # the scan is repeated only to verify them (forest.verify_counts).
-            if depth == 0 or cfg.get("verify_counts"):
-                counts, phase1_busy, counts_bytes = self._phase1(traversal_ref, frontier, data_parts,
-                                                                 selection, depth)
-            else:
-                counts, phase1_busy, counts_bytes = np.array(tree.counts)[frontier], 0.0, 0
-            counts_of = dict(zip(frontier, counts))
-            if depth == 0:
-                tree.counts[0] = counts[0]
-                priors = counts[0] / max(counts[0].sum(), 1)
-                present = priors > 0
-                weights = np.where(present, 1.0 / (present.sum() * np.where(present, priors, 1.0)), 0.0)
-                state["class_weights"].append(weights)
-            elif not np.array_equal(counts, np.array(tree.counts)[frontier]):
-                raise RuntimeError("re-association disagrees with the counts of the last split")
-            weights = state["class_weights"][tree_index]
-            phase1_s = time.perf_counter() - phase1_start
-            active = [n for n in frontier if counts_of[n].sum() >= cfg["min_examples"]]
-            # a small round is dominated by Ray's per-task cost: one task per worker, one
-            # feature partition (the tree does not depend on partitioning)
-            work = sum(int(counts_of[n].sum()) for n in active) * len(offsets)
-            small = work < cfg.get("small_round_example_features", 0)
-            if small:  # one task per worker over all features; the driver is the one reducer
-                degrees = dict(degrees, data_units=min(int(degrees["data_units"]), self.workers), features=1, nodes=1)
-                data_parts = self._data_partitions(int(degrees["data_units"]))
-            # [2]+[3] per node batch: histograms in tasks, sums and best splits in actors
-            columns = [int((counts_of[n] > 0).sum()) for n in active]
-            itemsizes = [count_dtype(int(counts_of[n].max())).itemsize for n in active]
-            batches = plan_batches(active, columns, len(offsets), -(-len(offsets) // degrees["features"]),
-                                   thresholds.shape[1] + 1, int(degrees["nodes"]), budget, itemsizes)
-            encode_busy = encode["busy_s"] if encode_s else 0.0
-            totals = {"phase2_s": 0.0, "phase3_s": 0.0, "phase2_tasks": 0, "phase2_sparse_tasks": 0,
-                      "task_busy_s": phase1_busy + encode_busy,
-                      "actor_busy_s": 0.0, "example_features": 0, "hist_peak_bytes": 0,
-                      "shuffle_bytes": counts_bytes, "dense_bytes": 0}
-            derived_examples, last_parents = 0, set(self.parents.held)  # the parents this round uses
-            lost_before = self.parents_lost
-            self.parents.reset_peak()
-            # [4] phase 4 (interleaved per batch): split nodes, grow the next frontier
-            next_frontier, phase4_s = [], 0.0
-            for b, (batch, node_bounds, itemsize) in enumerate(batches):
-                def plan_and_count():
-                    plan = self._batch(traversal_ref, batch, node_bounds, itemsize, counts_of, pool, degrees,
-                                       data_parts, selection, weights, depth, b, on_driver=small)
-                    return (plan, *(self._phases_2_3_on_driver(plan) if small else self._phases_2_3(plan)))
-
-                try:
-                    plan, results, stats = plan_and_count()
-                except ParentsLost:  # a parent's node is gone with its store: count this batch in full
-                    self.parents_lost += 1
-                    self.parents.release(batch)
-                    plan, results, stats = plan_and_count()
-                derived_examples += sum(int(counts_of[n].sum()) for n, d in zip(batch, plan["derived"]) if d)
-                for key in totals:
-                    totals[key] = max(totals[key], stats[key]) if key == "hist_peak_bytes" \
-                        else totals[key] + stats[key]
-                start = time.perf_counter()
-                for node, (f, t, gain, left, right) in zip(batch, _by_node(results)):
-                    if f < 0 or gain <= cfg["min_gain"]:
-                        continue  # stays a leaf
-                    children = tree.split(node, f, offsets[f], thresholds[f, t], left, right)
-                    next_frontier += [c for c in children if depth + 1 < cfg["max_depth"]
-                                      and tree.counts[c].sum() >= cfg["min_examples"]]
-                if "phase4" in self.hooks:
-                    self.hooks["phase4"](self, depth, b)
-                self.parents.release(batch)  # this batch's parents are used: room for its own
-                self._keep_parents(plan, batch, results, tree, next_frontier, small)
-                phase4_s += time.perf_counter() - start
-            self.parents.release(last_parents)
-            frontier, depth = next_frontier, depth + 1
+            if cache is None:
+                cache = self._encode_bins(pool, selection)
+                tally.encoded(cache)
+            # children are created in order; the frontier is sorted for lookups
+            frontier = self._round(tree, sorted(frontier), depth, pool, selection, state, budget, tally)
+            depth += 1
             state.update(partial=tree.arrays(), frontier=frontier, next_depth=depth)
             start = time.perf_counter()
             save_checkpoint(self.checkpoint_path, state)
-            phase4_s += time.perf_counter() - start
-            wall = time.perf_counter() - round_start
-            examples = int(sum(counts_of[n].sum() for n in active))
+            tally.phase4_s += time.perf_counter() - start
             if self.on_round:
-                self.on_round(tree_index, depth - 1, {
-                    "round/tree": tree_index, "round/depth": depth - 1,
-                    "round/bin_cache_s": encode_s, "round/bin_cache_bytes": encode["bytes"],
-                    "round/bin_cache_blocks": encode["blocks"],
-                    "round/phase1_s": phase1_s, "round/phase2_s": totals["phase2_s"],
-                    "round/phase3_s": totals["phase3_s"], "round/phase4_s": phase4_s,
-                    "round/total_s": wall, "round/frontier_size": len(active),
-                    "round/node_batches": len(batches),
-                    "round/examples": examples,
-                    # histogram subtraction: examples phase 2 counted, the share of the round's
-                    # example-feature evaluations derived instead, the parents' bytes on the driver
-                    "round/examples_histogrammed": examples - derived_examples,
-                    "round/subtraction_saved": derived_examples / max(examples, 1),
-                    "round/parent_hist_bytes": self.parents.peak_bytes,
-                    # ... and the bytes of those this round's reducers fetched from another
-                    # node's store (subtraction.py): beside the shuffle, the round's other bytes
-                    "round/parent_wire_bytes": self.parents.wire_bytes,
-                    # node batches counted in full because a parent was gone with its actor's
-                    # memory (restarted, or lost with its node): same tree, no derivation
-                    "round/parents_lost": self.parents_lost - lost_before,
-                    "round/example_features_per_s": totals["example_features"] / max(totals["phase2_s"], 1e-9),
-                    "round/hist_peak_bytes": totals["hist_peak_bytes"],
-                    "round/hist_unbatched_bytes": sum(c * i for c, i in zip(columns, itemsizes))
-                    * len(offsets) * (thresholds.shape[1] + 1),
-                    "round/hist_columns": sum(columns), "round/data_partitions": len(data_parts),
-                    "round/feature_partitions": int(degrees["features"]),
-                    # histogram actors the round's batches used (at most the partition degree,
-                    # sized to the running workers: batch_plan.fill_workers); 0: the driver reduced
-                    "round/node_partitions": 0 if small else max((len(nb) - 1 for _, nb, _ in batches), default=0),
-                    # each actor's threads in phase 3 (its share of the running workers' cores)
-                    "round/phase3_threads": 0 if small else
-                    self._phase3_threads(max((len(nb) - 1 for _, nb, _ in batches), default=1)),
-                    # the shuffle: encoded partials to actors + phase-1 frontier counts, and what
-                    # dense partials with counts for every node of the tree would have been
-                    "round/shuffle_bytes": totals["shuffle_bytes"],
-                    # locality (locality.py): bytes of data units (blocks, bin caches) that this
-                    # round's tasks read from a node other than their own (the units' one fetch to
-                    # their home included), tasks that ran off their units' home, nodes that ran
-                    # tasks; and the processes that have run this run's phase-2 tasks so far
-                    **self.homes.round_figures(),
-                    "round/shuffle_dense_bytes": totals["dense_bytes"] + len(data_parts) * n_tree_nodes * NUM_PARTS * 8,
-                    "round/effective_parallelism": (totals["task_busy_s"] + totals["actor_busy_s"]) / wall,
-                    # its two parts: the tasks' busy seconds (encode, phases 1-2) and the actors'
-                    # (sums, splits). On 16 cores the busy time itself tripled from 4 workers to 16
-                    # (docs/scaling.md, 2026-12-04): which of the two grew is the next question
-                    "round/task_busy_s": totals["task_busy_s"], "round/actor_busy_s": totals["actor_busy_s"],
-                    "round/phase2_tasks": totals["phase2_tasks"],
-                    # ... of which counted without a histogram (sparse_counts.py)
-                    "round/phase2_sparse_tasks": totals["phase2_sparse_tasks"],
-                    # the same per phase: phase 1's tasks over its wall time (0 where the counts
-                    # came from the last split), phases 2-3's tasks and actors over theirs
-                    "round/phase1_parallelism": phase1_busy / max(phase1_s, 1e-9),
-                    "round/phase23_parallelism": (totals["task_busy_s"] - phase1_busy - encode_busy
-                                                  + totals["actor_busy_s"])
-                    / max(totals["phase2_s"] + totals["phase3_s"], 1e-9),
-                })
+                self.on_round(tree_index, depth - 1, tally.metrics(self.parents, self.homes.round_figures()))
             self.rounds_this_run += 1
             if cfg.get("stop_after_rounds") and self.rounds_this_run >= cfg["stop_after_rounds"]:
                 raise TrainingInterrupted(f"stopped after {self.rounds_this_run} rounds as configured")
@@ -727,6 +590,104 @@ class RoundRunner:
         state["trees"].append(tree.arrays())
         state.update(partial=None, frontier=[], next_depth=0)
         save_checkpoint(self.checkpoint_path, state)
+
+    def _tree_budget(self, pool) -> int:
+        """The most bytes any task's or actor's histogram may take (`forest.memory_budget_mb`);
+        on several nodes also what a batch's partials in flight leave of the smallest object store."""
+        offsets, thresholds = pool
+        budget = int(self.cfg["memory_budget_mb"] * 2**20)
+        self._homes()
+        if self.homes.by_unit:  # a batch's partials, in flight between nodes, must fit the smallest object store
+            stores = [v for k, v in object_store_bytes().items() if k in set(self.homes.nodes()) and v > 0]
+            one_node = NUM_PARTS * len(offsets) * (thresholds.shape[1] + 1) * 4  # what validate allows for
+            budget = max(min([budget] + [v // 4 for v in stores]), min(budget, one_node))
+        return budget
+
+    # ---- one round ------------------------------------------------------------------
+    def _round(self, tree, frontier: list, depth: int, pool, selection: dict, state: dict, budget: int,
+               tally: RoundTally) -> list:
+        """Round `depth` of `tree`: phase 1 counts the `frontier` (sorted), then phases 2-4 run
+        per node batch and split its nodes in `tree`. Returns the next frontier."""
+        cfg, (offsets, thresholds) = self.cfg, pool
+        phase1_start = time.perf_counter()
+        degrees = self._degrees(depth, len(offsets))
+        data_parts = self._data_partitions(int(degrees["data_units"]))
+        n_tree_nodes = len(tree)  # phase 4 grows `tree` mid-round
+        # the tree's split fields are broadcast to every task (2.1); its counts are not
+        traversal_ref = ray.put(traversal_arrays(tree.arrays()))
+        counts_of, weights = self._frontier_counts(tree, frontier, depth, traversal_ref, data_parts, selection,
+                                                   state, tally)
+        tally.phase1_s = time.perf_counter() - phase1_start
+        active = [n for n in frontier if counts_of[n].sum() >= cfg["min_examples"]]
+        # a small round is dominated by Ray's per-task cost: one task per worker, one
+        # feature partition (the tree does not depend on partitioning)
+        work = sum(int(counts_of[n].sum()) for n in active) * len(offsets)
+        small = work < cfg.get("small_round_example_features", 0)
+        if small:  # one task per worker over all features; the driver is the one reducer
+            degrees = dict(degrees, data_units=min(int(degrees["data_units"]), self.workers), features=1, nodes=1)
+            data_parts = self._data_partitions(int(degrees["data_units"]))
+        # [2]+[3] per node batch: histograms in tasks, sums and best splits in actors
+        columns = [int((counts_of[n] > 0).sum()) for n in active]
+        itemsizes = [count_dtype(int(counts_of[n].max())).itemsize for n in active]
+        batches = plan_batches(active, columns, len(offsets), -(-len(offsets) // degrees["features"]),
+                               thresholds.shape[1] + 1, int(degrees["nodes"]), budget, itemsizes)
+        tally.planned(int(sum(counts_of[n].sum() for n in active)), columns, itemsizes, thresholds.shape,
+                      len(data_parts), int(degrees["features"]), batches, small,
+                      self._phase3_threads(max((len(nb) - 1 for _, nb, _ in batches), default=1)), n_tree_nodes)
+        last_parents = set(self.parents.held)  # the parents this round uses
+        self.parents.reset_peak()
+        # [4] phase 4 (interleaved per batch): split nodes, grow the next frontier
+        next_frontier = []
+        for b, (batch, node_bounds, itemsize) in enumerate(batches):
+            def plan_and_count():
+                plan = self._batch(traversal_ref, batch, node_bounds, itemsize, counts_of, pool, degrees,
+                                   data_parts, selection, weights, depth, b, on_driver=small)
+                return (plan, *(self._phases_2_3_on_driver(plan) if small else self._phases_2_3(plan)))
+
+            try:
+                plan, results, stats = plan_and_count()
+            except ParentsLost:  # a parent's node is gone with its store: count this batch in full
+                self.parents_lost += 1
+                tally.parents_lost += 1
+                self.parents.release(batch)
+                plan, results, stats = plan_and_count()
+            tally.add_batch(stats, sum(int(counts_of[n].sum()) for n, d in zip(batch, plan["derived"]) if d))
+            start = time.perf_counter()
+            for node, (f, t, gain, left, right) in zip(batch, _by_node(results)):
+                if f < 0 or gain <= cfg["min_gain"]:
+                    continue  # stays a leaf
+                children = tree.split(node, f, offsets[f], thresholds[f, t], left, right)
+                next_frontier += [c for c in children if depth + 1 < cfg["max_depth"]
+                                  and tree.counts[c].sum() >= cfg["min_examples"]]
+            if "phase4" in self.hooks:
+                self.hooks["phase4"](self, depth, b)
+            self.parents.release(batch)  # this batch's parents are used: room for its own
+            self._keep_parents(plan, batch, results, tree, next_frontier, small)
+            tally.phase4_s += time.perf_counter() - start
+        self.parents.release(last_parents)
+        return next_frontier
+
+    def _frontier_counts(self, tree, frontier: list, depth: int, traversal_ref, data_parts: list,
+                         selection: dict, state: dict, tally: RoundTally) -> tuple[dict, np.ndarray]:
+        """[1] phase 1: each frontier node's class counts, and the tree's class weights.
+
+        At the root phase 1 scans the data for the class priors (the normalisation constants);
+        the weights follow from them. Below it the frontier's counts are the last split's
+        left/right counts, so the scan is repeated only to verify them (forest.verify_counts)."""
+        if depth == 0 or self.cfg.get("verify_counts"):
+            counts, busy_s, counts_bytes = self._phase1(traversal_ref, frontier, data_parts, selection, depth)
+        else:
+            counts, busy_s, counts_bytes = np.array(tree.counts)[frontier], 0.0, 0
+        tally.counted(busy_s, counts_bytes)
+        if depth == 0:
+            tree.counts[0] = counts[0]
+            priors = counts[0] / max(counts[0].sum(), 1)
+            present = priors > 0
+            weights = np.where(present, 1.0 / (present.sum() * np.where(present, priors, 1.0)), 0.0)
+            state["class_weights"].append(weights)
+        elif not np.array_equal(counts, np.array(tree.counts)[frontier]):
+            raise RuntimeError("re-association disagrees with the counts of the last split")
+        return dict(zip(frontier, counts)), state["class_weights"][self.tree_index]
 
     def shutdown(self) -> None:
         self.reducers.shutdown()
