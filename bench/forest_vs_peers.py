@@ -218,6 +218,9 @@ def start_two_nodes(cpus: int):
     import ray
     from ray.cluster_utils import Cluster
 
+    from bench.machine import as_an_operator_would
+
+    as_an_operator_would()  # the nodes start as docs/cluster.md asks an operator to start them
     store = int(psutil.virtual_memory().available * 0.3)  # ray.init's default on one node
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": cpus // 2, "object_store_memory": store // 2})
     cluster.add_node(num_cpus=cpus - cpus // 2, object_store_memory=store // 2)
@@ -230,13 +233,15 @@ def run_orchard(cfg, data_dir: Path, profile: bool, workers: int | None = None, 
     import ray
 
     from bench.machine import start_ray
+    from orchard.cluster import idle_worker_config
     from workloads.forest.checkpoint import initial_state
     from workloads.forest.model import pack_forest, predict_pixels
     from workloads.forest.train import RoundRunner, tree_pool
 
     f, seed, cpus = cfg["forest"], cfg["seed"], os.cpu_count()
     train_blocks, test_blocks = load_blocks(data_dir / "train.npz"), load_blocks(data_dir / "test.npz")
-    cluster = start_two_nodes(cpus) if two_nodes else start_ray(num_cpus=cpus)
+    # one node: orchard's side on the Ray `python -m orchard` embeds (idle workers kept a minute)
+    cluster = start_two_nodes(cpus) if two_nodes else start_ray(num_cpus=cpus, _system_config=idle_worker_config())
     refs = [ray.put(b) for b in train_blocks]
     del train_blocks
     strategy = {"num_workers": workers or cpus, "cpus_per_worker": 1, "max_failures": 3}

@@ -202,6 +202,20 @@ def load_summary(cores: int, before: dict, loads: list[float], windows: list[flo
             "loaded": loaded}
 
 
+def as_an_operator_would() -> None:
+    """The environment docs/cluster.md asks a cluster's operator to start every node with, set
+    (unless set already) for the ``ray.cluster_utils.Cluster`` nodes a bench starts next, which
+    inherit it: numba's cache folder named (the forest's kernels compile once for the whole bench,
+    not on every cluster's first run) and idle workers kept a minute, as in the Ray orchard embeds.
+    With Ray's default of a second, the nodes killed the forest's idle task processes between
+    rounds and the video gate's between its tasks, and each successor paid a process start
+    (docs/scaling.md, "forest at 16 workers: Ray killed the tasks' idle processes")."""
+    from orchard.cluster import IDLE_WORKER_KEEP_MS, IDLE_WORKER_KILLING, numba_cache_dir
+
+    os.environ.setdefault("NUMBA_CACHE_DIR", str(numba_cache_dir()))
+    os.environ.setdefault(f"RAY_{IDLE_WORKER_KILLING}", str(IDLE_WORKER_KEEP_MS))
+
+
 def start_ray(**kwargs) -> None:
     """A fresh local Ray for a bench (never another user's cluster), tried 3 times: on an
     overloaded machine the raylet can miss Ray's fixed 30 s start-up wait (such a run is

@@ -54,9 +54,8 @@ import psutil
 
 from bench import journal
 from bench.forest_vs_peers import ONE_MACHINE, SHAPES
-from bench.machine import busy_seconds
+from bench.machine import as_an_operator_would, busy_seconds
 from orchard import background
-from orchard.cluster import numba_cache_dir
 from orchard.tracking.process_cpu import OwnCpu
 
 REPO = Path(__file__).resolve().parents[1]
@@ -321,10 +320,10 @@ def plan(size: dict, cores: int) -> tuple[list[int], list[int]]:
 
 def measure(size: dict, repeats: int) -> list[dict]:
     cores = os.cpu_count() or 1
-    # the nodes name numba's cache folder, as a cluster's operator would (docs/cluster.md): the
-    # forest's kernels, cached there by content, compile once for the whole bench, not on every
-    # cluster's first run (the clusters' processes inherit this environment)
-    os.environ.setdefault("NUMBA_CACHE_DIR", str(numba_cache_dir()))
+    # the nodes start as a cluster's operator starts them (docs/cluster.md): numba's cache folder
+    # named, idle workers kept a minute. Until 2026-12-06 they kept Ray's second: the 16-core
+    # file of 2026-12-04 was measured so (docs/scaling.md, "forest on 16 cores: the bench's file")
+    as_an_operator_would()
     sweep_counts, node_counts = plan(size, cores)
     results: dict[tuple, list[dict]] = {}
     failed: dict[str, str] = {}  # workload -> why: a run that fails is its workload's rows, not the end of the bench

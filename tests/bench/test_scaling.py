@@ -93,6 +93,39 @@ def _measured_on_16_cores(monkeypatch, size: str, work_s: float = 0.0, parallel_
     return scaling.measure(scaling.SIZES[size], 3), calls
 
 
+def test_the_benchs_clusters_start_as_docs_cluster_md_asks_an_operator_to_start_them(monkeypatch, tmp_path):
+    """Idle workers kept a minute, numba's cache named: with Ray's default second the nodes
+    replaced the forest's idle task processes between rounds (docs/scaling.md)."""
+    from bench import scaling
+    from orchard.cluster import IDLE_WORKER_KEEP_MS
+
+    key = "RAY_idle_worker_killing_time_threshold_ms"
+    monkeypatch.delenv(key, raising=False)
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    seen = []
+
+    class FakeCluster:
+        address = "127.0.0.1:6380"
+
+        def __init__(self):  # what the nodes' processes would inherit
+            seen.append((scaling.os.environ.get(key), scaling.os.environ.get("NUMBA_CACHE_DIR")))
+
+        def shutdown(self):
+            pass
+
+    monkeypatch.setattr(scaling.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(scaling, "start_cluster", lambda nodes, cpus: FakeCluster())
+    monkeypatch.setattr(scaling, "one_run", lambda *a: {"work_s": 1.0, "wall_s": 2.0, "total_s": 2.0,
+                                                         "cpu_parallelism": 1.0, "loopback_bytes": 0})
+    scaling.measure({"workloads": ["singa"], "smoke_sizes": True, "nodes": [1]}, 1)
+    assert seen and all(keep == str(IDLE_WORKER_KEEP_MS) and cache for keep, cache in seen)
+    # an operator's own setting wins
+    monkeypatch.setenv(key, "5000")
+    seen.clear()
+    scaling.measure({"workloads": ["singa"], "smoke_sizes": True, "nodes": [1]}, 1)
+    assert seen[0][0] == "5000"
+
+
 def test_the_few_counts_size_sweeps_1_a_quarter_and_all_cores_on_one_node(monkeypatch):
     from bench import scaling
 
