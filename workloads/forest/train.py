@@ -107,7 +107,6 @@ class RoundRunner:
         self.rounds_this_run = 0
         self.actor_replays = 0  # lost partials recomputed after an actor died or restarted
         self.actors_started_early = 0  # in the data step's last wave (start_actors_early)
-        self.parents_lost = 0  # node batches counted in full because a parent could not be had
         self.round_no = 0  # rounds begun by this runner, all trees: the generation of the actors' held parents
         self.tree_index = 0
         # the split nodes' histograms kept on the driver for the next round's subtraction
@@ -647,7 +646,6 @@ class RoundRunner:
             try:
                 plan, results, stats = plan_and_count()
             except ParentsLost:  # a parent's node is gone with its store: count this batch in full
-                self.parents_lost += 1
                 tally.parents_lost += 1
                 self.parents.release(batch)
                 plan, results, stats = plan_and_count()
