@@ -12,10 +12,22 @@ from dataclasses import dataclass, field
 
 from .body_parts import NUM_PARTS
 
-# what each node batch's phases 2-3 report (RoundRunner._batch_stats), summed over a round's
-# batches; the histogram peak is the largest of them, not a sum
+# what each node batch's phases 2-3 report (`batch_figures`), summed over a round's batches;
+# the histogram peak is the largest of them, not a sum
 BATCH_SUMS = ("phase2_s", "phase3_s", "phase2_tasks", "phase2_sparse_tasks", "task_busy_s", "actor_busy_s",
               "example_features", "shuffle_bytes", "dense_bytes")
+
+
+def batch_figures(stats: list, phase2_s: float, phase3_s: float, actor_busy_s: float, reducer_bytes: list) -> dict:
+    """A node batch's figures (BATCH_SUMS' and its histogram peak) from its phase-2 tasks' `stats`,
+    its phases' wall times and its reducers' busy seconds; `reducer_bytes`: the histograms summed into."""
+    return {"phase2_s": phase2_s, "phase3_s": phase3_s, "phase2_tasks": len(stats),
+            "phase2_sparse_tasks": sum(bool(s.get("sparse")) for s in stats),
+            "task_busy_s": sum(s["busy_s"] for s in stats), "actor_busy_s": actor_busy_s,
+            "example_features": sum(s["example_features"] for s in stats),
+            "shuffle_bytes": sum(s["shuffle_bytes"] for s in stats),
+            "dense_bytes": sum(s["dense_bytes"] for s in stats),
+            "hist_peak_bytes": max([s["hist_bytes"] for s in stats] + reducer_bytes)}
 
 
 @dataclass

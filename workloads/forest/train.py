@@ -27,15 +27,15 @@ On several nodes every data unit has a home node: its encode, phase-1 and phase-
 there and only partial histograms cross between nodes (locality.py, ``UnitHomes``: the homes,
 where a task goes, what it read from another node).
 
-The tasks' bodies are in round_tasks.py, the batch plan in batch_plan.py, the histogram actors'
-lifecycle (start, reset, revive or replace) in histogram_pool.py, the parents kept for
-subtraction in subtraction.py; `grow_forest` grows the T trees of a run, each from its own
-candidate pool (`tree_pool`).
+The tasks' bodies are in round_tasks.py, the round's batches in batch_plan.py and each batch's
+plan in node_batch.py, the histogram actors' lifecycle (start, reset, revive or replace) in
+histogram_pool.py, the parents kept for subtraction in subtraction.py; `grow_forest` grows the T
+trees of a run, each from its own candidate pool (`tree_pool`).
 
 What a round measured is noted as its phases end in round_tally.py (``RoundTally``), which turns
 it into the round's metrics.
 
-Why one file of ~750 lines (the only workload source file over 450): ``RoundRunner`` is the
+Why one file of ~700 lines (the only workload source file over 450): ``RoundRunner`` is the
 rounds' state (the actors, the homes, the bin cache, the parents kept, the stop flag) carried
 through four phases that share it; every body that does not need that state has left for the
 modules above.
@@ -59,11 +59,11 @@ from .features import candidate_pool
 from .histogram_pool import HistogramPool
 from .locality import cpu_nodes, object_store_bytes, UnitHomes
 from .model import Tree
-from .round_tally import RoundTally
+from .node_batch import NodeBatch
+from .round_tally import batch_figures, RoundTally
 from .round_tasks import encode_task, phase1_task, phase2_task, traversal_arrays
 from .shuffle import count_dtype, dense_partial
-from .subtraction import (apply_init, Held, ParentsLost, ParentStore, plan_derivations, resolve_init, route_inits,
-                          subtract_siblings)
+from .subtraction import apply_init, Held, ParentsLost, ParentStore, resolve_init, route_inits, subtract_siblings
 
 
 MIN_TASK_CPUS = 0.05  # the least a phase-1/2 task reserves, whatever the actors take
@@ -169,7 +169,7 @@ class RoundRunner:
                 raise TrainingInterrupted("stopped: the run was interrupted")
 
     # ---- phases 2 and 3 of one node batch ------------------------------------------
-    def _phase2(self, b: dict, targets: list, col_lo: int, col_hi: int, bounds: list, resets=None, hook=None):
+    def _phase2(self, b: NodeBatch, targets: list, col_lo: int, col_hi: int, bounds: list, resets=None, hook=None):
         """Run every (data partition x feature partition) task of batch `b` over columns
         [col_lo, col_hi), split at `bounds` among actors `targets`; each task sends its slices
         to their actors itself (the shuffle), each summed after the actor's reset in `resets`
@@ -183,60 +183,47 @@ class RoundRunner:
         def forward(stat_ref):
             part_id = in_flight.pop(stat_ref)
             stats.append(ray.get(stat_ref))
-            self.homes.ran(stats[-1]["node"], b["data_parts"][b["jobs"][part_id][0]], stats[-1]["pid"])
+            self.homes.ran(stats[-1]["node"], b.data_part_of(part_id), stats[-1]["pid"])
             for k, ack in zip(targets, stats[-1].pop("acks")):
                 acks[k].append(ack)
             if hook and len(stats) == 1:
-                hook(self, b["depth"], b["index"])
+                hook(self, b.depth, b.index)
 
         # at most num_workers tasks at a time; with homes, each node's share of them, and the
         # next job is one whose node has a free slot (a global cap let one node idle while the
         # next job in line waited for the other)
         slots = self.homes.slots(self.workers, self.cpus)
-        queued = list(enumerate(b["jobs"]))
+        queued = list(enumerate(b.jobs))
         while queued:
             if self.stopping.is_set():
                 raise TrainingInterrupted("stopped: the run was interrupted")
-            busy = [self.homes.home_of(b["data_parts"][b["jobs"][j][0]]) for j in in_flight.values()]
+            busy = [self.homes.home_of(b.data_part_of(j)) for j in in_flight.values()]
             ready = [i for i, (_, (d, _)) in enumerate(queued)
-                     if busy.count(node := self.homes.home_of(b["data_parts"][d])) < slots.get(node, 1)]
+                     if busy.count(node := self.homes.home_of(b.data_parts[d])) < slots.get(node, 1)]
             if not ready or len(in_flight) >= self.workers:
                 forward(self._wait_one(list(in_flight)))
                 continue
             part_id, (d, p) = queued.pop(ready[0])
-            f0, f1 = b["feature_bounds"][p], b["feature_bounds"][p + 1]
+            f0, f1 = b.feature_bounds[p], b.feature_bounds[p + 1]
             in_flight[self._submit_phase2(b, d, f0, f1, col_lo, col_hi, bounds, receivers, part_id)] = part_id
         while in_flight:
             forward(self._wait_one(list(in_flight)))
         return stats, acks
 
-    def _submit_phase2(self, b: dict, d: int, f0: int, f1: int, col_lo: int, col_hi: int, bounds: list,
+    def _submit_phase2(self, b: NodeBatch, d: int, f0: int, f1: int, col_lo: int, col_hi: int, bounds: list,
                        receivers=None, part_id: int = 0):
         """One phase-2 task of batch `b`: data partition `d`, features [f0, f1), columns
         [col_lo, col_hi) split at `bounds`. With `receivers` (the ref of the actors and their
         resets: it sends them its slices as task `part_id`'s, round_tasks.send_slices) the ref
         of its stats; without, its one slice's ref and then the stats' (the driver sums it:
         `_phases_2_3_on_driver`)."""
-        offsets, thresholds = self._feature_part(b, f0, f1)
+        offsets, thresholds = b.feature_part(f0, f1)
         return self._phase2_task.options(num_returns=1 if receivers else 2, num_cpus=self._task_cpus(),
                                          max_retries=self.max_failures,
-                                         scheduling_strategy=self.homes.place(b["data_parts"][d])).remote(
-            b["traversal"], b["nodes"], b["column_of"], col_lo, col_hi, offsets, thresholds, f0,
-            bounds, b["dtype"], b["selection"], self.background, self.threads, self.hooks.get("task_fault"),
-            receivers, part_id, *b["data_parts"][d], *[self.bin_cache.get(ref) for ref in b["data_parts"][d]])
-
-    @staticmethod
-    def _feature_part(b: dict, f0: int, f1: int) -> tuple:
-        """Refs of batch `b`'s pool features [f0, f1), put in the object store once per batch: every
-        data partition's task takes the same part, and passed by value each task pickled its own
-        copy on the driver (the paper shape's 2,000 x 50 thresholds are 400 KB, past Ray's 100 KB
-        for an argument sent inline, so each was also a new object): 224 such tasks took 0.91 s
-        of the driver's CPU against 0.24 s from one put (docs/forest.md, "A round")."""
-        parts = b.setdefault("feature_parts", {})
-        if (f0, f1) not in parts:
-            offsets, thresholds = b["pool"]
-            parts[(f0, f1)] = (ray.put(offsets[f0:f1]), ray.put(thresholds[f0:f1]))
-        return parts[(f0, f1)]
+                                         scheduling_strategy=self.homes.place(b.data_parts[d])).remote(
+            b.traversal, b.nodes, b.column_of, col_lo, col_hi, offsets, thresholds, f0,
+            bounds, b.dtype, b.selection, self.background, self.threads, self.hooks.get("task_fault"),
+            receivers, part_id, *b.data_parts[d], *[self.bin_cache.get(ref) for ref in b.data_parts[d]])
 
     def _wait_all(self, refs: list) -> list:
         """ray.get(refs), interruptible as `_wait_one` is."""
@@ -245,21 +232,10 @@ class RoundRunner:
             pending.remove(self._wait_one(pending))
         return ray.get(refs)
 
-    @staticmethod
-    def _batch_stats(stats: list, phase2_s: float, phase3_s: float, actor_busy_s: float, reducer_bytes: list) -> dict:
-        """A batch's figures from its tasks' stats; `reducer_bytes`: the histograms summed into."""
-        return {"phase2_s": phase2_s, "phase3_s": phase3_s, "phase2_tasks": len(stats),
-                "phase2_sparse_tasks": sum(bool(s.get("sparse")) for s in stats),
-                "task_busy_s": sum(s["busy_s"] for s in stats), "actor_busy_s": actor_busy_s,
-                "example_features": sum(s["example_features"] for s in stats),
-                "shuffle_bytes": sum(s["shuffle_bytes"] for s in stats),
-                "dense_bytes": sum(s["dense_bytes"] for s in stats),
-                "hist_peak_bytes": max([s["hist_bytes"] for s in stats] + reducer_bytes)}
-
-    def _ask_best(self, k: int, b: dict, fault=None):
+    def _ask_best(self, k: int, b: NodeBatch, fault=None):
         """Phase 3 of actor k: its nodes' best splits (a ref), on its share of the workers' cores."""
-        return self.actors[k].best.remote(*b["best_args"][k], keep=b["keep"], fault=fault,
-                                          threads=self._phase3_threads(len(b["shapes"])))
+        return self.actors[k].best.remote(*b.best_args[k], keep=b.keep, fault=fault,
+                                          threads=self._phase3_threads(len(b.shapes)))
 
     def _phase3_threads(self, n_actors: int) -> int:
         """Threads of each actor's split search: the cores of the workers the cluster runs at once,
@@ -269,19 +245,19 @@ class RoundRunner:
         nodes gets more threads than it can use (the search is parallel over its nodes)."""
         return max(1, int(self.running * self.threads) // max(n_actors, 1))
 
-    def _collect(self, k: int, b: dict, asked) -> tuple[dict, list]:
+    def _collect(self, k: int, b: NodeBatch, asked) -> tuple[dict, list]:
         """Phase 3 result of actor k, already `asked` (a ref), or None when it lost partials.
         An actor that lost partials (it died or was restarted in phase 1, 2 or 3) is revived,
         reset, and only its share of the batch is recomputed by phase-2 tasks (deterministic),
         until it has summed every partial exactly once. Returns (result, stats of the
         recomputing tasks)."""
-        c0, c1 = b["column_bounds"][k], b["column_bounds"][k + 1]
-        expected, extra = list(range(len(b["jobs"]))), []
+        c0, c1 = b.column_bounds[k], b.column_bounds[k + 1]
+        expected, extra = list(range(len(b.jobs))), []
         for _ in range(self.max_failures + 2):
             try:
                 if asked is None:
                     self.actor_replays += 1
-                    if not self.reducers.reset(k, b["shapes"][k]):
+                    if not self.reducers.reset(k, b.shapes[k]):
                         raise ParentsLost(f"actor {k}: a parent's counts could not be fetched")
                     stats, acks = self._phase2(b, [k], c0, c1, [0, c1 - c0])
                     extra += stats
@@ -297,43 +273,22 @@ class RoundRunner:
         raise RuntimeError(f"histogram actor {k} failed {self.max_failures + 2} times")
 
     def _batch(self, traversal_ref, batch, node_bounds, itemsize, counts_of, pool, degrees, data_parts,
-               selection, weights, depth, batch_index, on_driver: bool = False) -> dict:
-        """Everything phases 2 and 3 of one node batch need: its compact columns (one per node
-        and class present there, node by node), their count dtype, jobs, and each actor's share;
-        the nodes derived by subtraction (tasks skip their examples) and what each actor needs
-        to derive them (subtraction.plan_derivations)."""
-        offsets, thresholds = pool
-        n_actors = len(node_bounds) - 1
-        present = np.stack([counts_of[n] for n in batch]) > 0
-        col_start = np.concatenate([[0], np.cumsum(present.sum(axis=1))]).astype(np.int32)
-        column_of = np.where(present, np.cumsum(present, axis=1) - 1 + col_start[:-1, None], -1).astype(np.int32)
-        col_class = np.nonzero(present)[1].astype(np.int32)
-        column_bounds = [int(col_start[i]) for i in node_bounds]
-        n_bins = thresholds.shape[1] + 1
-        dtype = {1: "uint8", 2: "uint16", 4: "int32"}[itemsize]
+               selection, weights, depth, batch_index, on_driver: bool = False) -> NodeBatch:
+        """Plan one node batch (node_batch.py); its reducers run on the driver's node when
+        `on_driver` (a small round), else where its actors are."""
         # where each reducer runs: a parent held on another node's store is fetched across
         reducer_nodes = None
         if self.homes.by_unit:
             reducer_nodes = [ray.get_runtime_context().get_node_id()] if on_driver else \
                 [self.reducers.node_of(k) for k in range(len(node_bounds) - 1)]
-        derivations = plan_derivations(self.parents, batch, node_bounds, col_start, col_class, reducer_nodes)
-        column_of[derivations["derived"]] = -1  # phase 2 counts only what is not derived
-        return {"depth": depth, "index": batch_index, "pool": pool, "selection": selection, "dtype": dtype,
-                "data_parts": data_parts, "traversal": traversal_ref,
-                "nodes": ray.put(np.asarray(batch, np.int64)), "column_of": ray.put(column_of),
-                "jobs": [(d, p) for p in range(degrees["features"]) for d in range(len(data_parts))],
-                "feature_bounds": [f * len(offsets) // degrees["features"] for f in range(degrees["features"] + 1)],
-                "column_bounds": column_bounds, "node_bounds": node_bounds,
-                "col_start": col_start, "col_class": col_class,
-                "itemsize": itemsize, "derived": derivations["derived"], "inits": derivations["inits"],
-                "keep": self.parents.enabled and depth + 1 < self.cfg["max_depth"],
-                "shapes": [(column_bounds[k + 1] - column_bounds[k], len(offsets), n_bins, dtype)
-                           for k in range(n_actors)],
-                "best_args": [(col_start[node_bounds[k]:node_bounds[k + 1] + 1] - col_start[node_bounds[k]],
-                               col_class[column_bounds[k]:column_bounds[k + 1]], weights,
-                               self.cfg["min_child_examples"], derivations["pairs"][k]) for k in range(n_actors)]}
+        return NodeBatch.plan(batch, node_bounds, itemsize, counts_of, weights, depth=depth, index=batch_index,
+                              pool=pool, feature_partitions=int(degrees["features"]), data_parts=data_parts,
+                              selection=selection, traversal=traversal_ref, parents=self.parents,
+                              reducer_nodes=reducer_nodes,
+                              keep=self.parents.enabled and depth + 1 < self.cfg["max_depth"],
+                              min_child_examples=self.cfg["min_child_examples"])
 
-    def _phases_2_3_on_driver(self, b: dict) -> tuple[list, dict]:
+    def _phases_2_3_on_driver(self, b: NodeBatch) -> tuple[list, dict]:
         """Phases 2 and 3 of a small round's batch: one phase-2 task per data partition over
         every column, and the driver, not actors, sums their partials and picks the splits.
 
@@ -345,49 +300,49 @@ class RoundRunner:
         from .histogram_kernels import best_splits
         from .shuffle import add_partial
 
-        n_features, total = len(b["pool"][0]), b["column_bounds"][-1]
+        n_features, total = len(b.pool[0]), b.column_bounds[-1]
         start = time.perf_counter()
         refs = []
-        for d, _ in b["jobs"]:  # one feature partition: a job per data partition
+        for d, _ in b.jobs:  # one feature partition: a job per data partition
             if self.stopping.is_set():
                 raise TrainingInterrupted("stopped: the run was interrupted")
             refs.append(self._submit_phase2(b, d, 0, n_features, 0, total, [0, total]))
         # the parents: the driver's own, and those the actors hold, given (ParentsLost)
-        init = resolve_init(route_inits(b["inits"], self._give, reducers=[None])[0])
-        hist = np.zeros(b["shapes"][0][:3], b["dtype"])
+        init = resolve_init(route_inits(b.inits, self._give, reducers=[None])[0])
+        hist = np.zeros(b.shapes[0][:3], b.dtype)
         apply_init(hist, init)  # derived nodes start from their parents
-        stats, pending = [], {stat: (part, d) for (part, stat), (d, _) in zip(refs, b["jobs"])}
+        stats, pending = [], {stat: (part, d) for (part, stat), (d, _) in zip(refs, b.jobs)}
         while pending:  # sum each partial as it arrives; its object is freed right after
             stat_ref = self._wait_one(list(pending))
             part, d = pending.pop(stat_ref)
             add_partial(hist, 0, ray.get(part))
             stats.append(ray.get(stat_ref))
-            self.homes.ran(stats[-1]["node"], b["data_parts"][d], stats[-1]["pid"])
+            self.homes.ran(stats[-1]["node"], b.data_parts[d], stats[-1]["pid"])
         phase2_s = time.perf_counter() - start
         start = time.perf_counter()
-        col_start, col_class, weights, min_child, pairs = b["best_args"][0]
+        col_start, col_class, weights, min_child, pairs = b.best_args[0]
         subtract_siblings(hist, pairs)
         feature, threshold, gain, left, right = best_splits(hist, col_start, col_class,
                                                             np.asarray(weights, np.float64), int(min_child),
                                                             len(weights))
         phase3_s = time.perf_counter() - start
         result = {"feature": feature, "threshold": threshold, "gain": gain, "left": left, "right": right,
-                  "hist": hist if b["keep"] else None}  # the next round's parents are taken from it
-        return [result], self._batch_stats(stats, phase2_s, phase3_s, phase3_s, [hist.nbytes])
+                  "hist": hist if b.keep else None}  # the next round's parents are taken from it
+        return [result], batch_figures(stats, phase2_s, phase3_s, phase3_s, [hist.nbytes])
 
-    def _phases_2_3(self, b: dict) -> tuple[list, dict]:
+    def _phases_2_3(self, b: NodeBatch) -> tuple[list, dict]:
         """Histograms in tasks, sums and best splits in the histogram actors, for batch `b`;
         returns (results per actor, stats)."""
-        n_actors = len(b["shapes"])
+        n_actors = len(b.shapes)
         self.reducers.ensure(n_actors)
         # derived nodes' parents go with the batch's reset: an actor's own by key, another actor's
         # given to it (subtraction.py), the driver's as they are
-        inits = route_inits(b["inits"], self._give)
-        b["shapes"] = [(*shape, ray.put(init) if init else None, self.round_no)
-                       for shape, init in zip(b["shapes"], inits)]
-        depth, batch_index, column_bounds = b["depth"], b["index"], b["column_bounds"]
+        inits = route_inits(b.inits, self._give)
+        b.shapes = [(*shape, ray.put(init) if init else None, self.round_no)
+                       for shape, init in zip(b.shapes, inits)]
+        depth, batch_index, column_bounds = b.depth, b.index, b.column_bounds
         start = time.perf_counter()
-        resets = self.reducers.send_resets(b["shapes"])  # the driver does not wait for them
+        resets = self.reducers.send_resets(b.shapes)  # the driver does not wait for them
         stats, acks = self._phase2(b, list(range(n_actors)), 0, column_bounds[-1], column_bounds, resets,
                                    hook=self.hooks.get("phase2"))
         ok = [self.reducers.acked(acks[k]) for k in range(n_actors)]  # every slice summed (or lost)
@@ -410,24 +365,24 @@ class RoundRunner:
             if k == 0 and n_actors > 1 and "phase3" in self.hooks:
                 self.hooks["phase3"](self, depth, batch_index)
         phase3_s = time.perf_counter() - start
-        return results, self._batch_stats(stats, phase2_s, phase3_s, sum(r["busy_s"] for r in results),
+        return results, batch_figures(stats, phase2_s, phase3_s, sum(r["busy_s"] for r in results),
                                           [r["peak_bytes"] for r in results])
 
     def _give(self, j: int, keys: list):
         """The ref of actor j's held parents under `keys`, for another reducer."""
         return self.actors[j].give.remote(keys)
 
-    def _keep_parents(self, b: dict, batch: list, results: list, tree, next_frontier: list, small: bool) -> None:
+    def _keep_parents(self, b: NodeBatch, batch: list, results: list, tree, next_frontier: list, small: bool) -> None:
         """After phase 4 of batch `b`: have its reducers keep the columns that the next round
         derives its larger children from (subtraction.py): the driver, from its histogram in a
         small round; else each actor, in its own memory (one `take` each, which also frees its
         histogram), the driver noting where. An actor that died or restarted since phase 3 keeps
         nothing: those children are counted in full."""
-        if not b["keep"]:
+        if not b.keep:
             return
-        _, n_features, n_bins, *_ = b["shapes"][0]
-        wanted = self.parents.requests(tree, batch, b["col_start"], b["col_class"], b["node_bounds"],
-                                       b["itemsize"], n_features, n_bins, set(next_frontier))
+        _, n_features, n_bins, *_ = b.shapes[0]
+        wanted = self.parents.requests(tree, batch, b.col_start, b.col_class, b.node_bounds,
+                                       b.itemsize, n_features, n_bins, set(next_frontier))
         if small:
             here = ray.get_runtime_context().get_node_id() if self.homes.by_unit else None
             for k, want in wanted.items():
@@ -649,7 +604,7 @@ class RoundRunner:
                 tally.parents_lost += 1
                 self.parents.release(batch)
                 plan, results, stats = plan_and_count()
-            tally.add_batch(stats, sum(int(counts_of[n].sum()) for n, d in zip(batch, plan["derived"]) if d))
+            tally.add_batch(stats, sum(int(counts_of[n].sum()) for n, d in zip(batch, plan.derived) if d))
             start = time.perf_counter()
             for node, (f, t, gain, left, right) in zip(batch, _by_node(results)):
                 if f < 0 or gain <= cfg["min_gain"]:
