@@ -78,6 +78,8 @@ DOOR: dict[str, str] = {
     "kill_and_confirm": "orchard.cluster.actors:kill_and_confirm",
     # background threads that stop with the run
     "background": "orchard.background",
+    # the console: a line to the terminal and the run's log (a run's own warnings, on the driver)
+    "say": "orchard.terminal.console:say",
     # Ray's internals that orchard wraps in one place (its Ray Data logging, a private temp folder)
     "data_execution_callback_class": "orchard.cluster.ray_private:data_execution_callback_class",
     "private_tmp": "orchard.storage.private_tmp:private_tmp",

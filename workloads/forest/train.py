@@ -43,13 +43,14 @@ modules above.
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import time
 
 import numpy as np
 import ray
 
-from orchard.api import background
+from orchard.api import background, say
 
 from .avatar import focal_length_px
 from .batch_plan import fill_workers, partitions_at, plan_batches
@@ -105,6 +106,7 @@ class RoundRunner:
         self.reducers = HistogramPool(self.actor_cpus, self.in_group, self.max_failures)
         self.stopping = threading.Event()  # set by the driver's main thread on an interrupt
         self.rounds_this_run = 0
+        self.told_replaced = False  # the console was told that Ray replaced task processes (once a run)
         self.actor_replays = 0  # lost partials recomputed after an actor died or restarted
         self.actors_started_early = 0  # in the data step's last wave (start_actors_early)
         self.round_no = 0  # rounds begun by this runner, all trees: the generation of the actors' held parents
@@ -536,6 +538,7 @@ class RoundRunner:
             tally.phase4_s += time.perf_counter() - start
             if self.on_round:
                 self.on_round(tree_index, depth - 1, tally.metrics(self.parents, self.homes.round_figures()))
+            self._tell_replaced_processes()
             self.rounds_this_run += 1
             if cfg.get("stop_after_rounds") and self.rounds_this_run >= cfg["stop_after_rounds"]:
                 raise TrainingInterrupted(f"stopped after {self.rounds_this_run} rounds as configured")
@@ -544,6 +547,20 @@ class RoundRunner:
         state["trees"].append(tree.arrays())
         state.update(partial=None, frontier=[], next_depth=0)
         save_checkpoint(self.checkpoint_path, state)
+
+    def _tell_replaced_processes(self) -> None:
+        """Say once a run, on the console, when the phase-2 tasks have run in more processes than
+        there are workers: Ray replaced worker processes, and each new one paid its start and the
+        kernels' loads again. A lost worker or node does that once; Ray killing idle workers between
+        rounds does it every round (1.6x the training time at sixteen workers, docs/scaling.md), on
+        a cluster whose nodes were started with Ray's default (docs/cluster.md)."""
+        processes = len(self.homes.task_processes)
+        if self.told_replaced or processes <= self.workers:
+            return
+        self.told_replaced = True
+        say(f"forest: phase-2 tasks have run in {processes} worker processes for {self.workers} workers: Ray "
+            "replaced worker processes (a lost worker, or idle ones killed between rounds: start the cluster's "
+            "nodes with RAY_idle_worker_killing_time_threshold_ms=60000, docs/cluster.md)", file=sys.stderr)
 
     def _tree_budget(self, pool) -> int:
         """The most bytes any task's or actor's histogram may take (`forest.memory_budget_mb`);

@@ -152,6 +152,25 @@ def test_a_data_step_that_fails_after_the_actors_started_early_ends_them(compose
     assert runner.actors == [] and all_cpus_free(), ray.available_resources()
 
 
+def test_the_console_is_told_once_when_ray_replaced_the_tasks_processes(compose, block_refs, tmp_path, capsys):
+    """More processes than workers ran phase-2 tasks: Ray replaced some (a lost worker, or idle ones
+    killed between rounds on a cluster started with Ray's default); the run says so once, on the
+    driver's console, with the setting that keeps them."""
+    runner = RoundRunner(block_refs, tiny_forest_cfg(compose), STRATEGY, 0, tmp_path / "ckpt.npz")
+    try:
+        runner.homes.task_processes = {("node", 11), ("node", 12)}  # as many as the 2 workers
+        runner._tell_replaced_processes()
+        assert capsys.readouterr().err == ""
+        runner.homes.task_processes.add(("node", 13))
+        runner._tell_replaced_processes()
+        runner._tell_replaced_processes()  # a later round: already told
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "3 worker processes for 2 workers" in err, err
+        assert "RAY_idle_worker_killing_time_threshold_ms=60000" in err
+    finally:
+        runner.shutdown()
+
+
 def test_histogram_subtraction_grows_the_same_tree_with_less_counting(reference, block_refs, tmp_path):
     """The reference derives each split's larger child (parent - smaller child, on the driver in
     its small rounds); without subtraction every example is counted: the same tree either way."""
