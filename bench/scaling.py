@@ -32,8 +32,9 @@ What each row holds, per repeat:
   traffic only) stand beside it for the difference.
 
 Fair: the same data, config and total CPUs in every row of a workload; each repeat starts each
-cluster in turn (one at a time) and, on one node, goes round the worker counts, so a drift of the
-machine's speed lands on every side alike; one untimed run per workload, on the bench's first
+cluster in turn (one at a time), runs the workloads on consecutive clusters in turns of direction
+(so a workload's one-node and two-node runs are next to each other: ``cluster_order``) and, on one
+node, goes round the worker counts, so a drift of the machine's speed lands on every side alike; one untimed run per workload, on the bench's first
 cluster, fills the data caches and numba's compile cache (kept by content, so a new cluster finds
 the kernels compiled). On a machine with more cores the worker sweep goes on (1, 2, 4, ... up to
 the cores) and the node sweep to 4 nodes; run it there with ``--out`` and keep the file as
