@@ -126,3 +126,41 @@ def test_a_slice_a_task_sends_is_summed_after_the_reset_the_driver_had_not_sent_
     [summed] = ray.get(a.give.remote([(5, 5)]))
     np.testing.assert_array_equal(summed["dense"], parent + slice_)   # the new batch: its parent and the slice
     pool.shutdown()
+
+
+def test_an_actor_loads_its_kernels_as_it_starts_and_its_batches_load_none(ray_session):
+    """numba's start in an actor's process (~0.6-1 s on 2 cores) is paid as the actor starts,
+    beside other work, not in the first slice it sums, where it held up a round: the kernels
+    are loaded then for every count dtype, with the types slices and phase 3's arrays arrive
+    with (read-only: from the object store, or inside the call), so no batch loads another."""
+    import ray
+
+    from workloads.forest.histogram_pool import HistogramPool
+    from workloads.forest.shuffle import encode_partial
+
+    def loaded(actor):
+        from workloads.forest import histogram_kernels, shuffle
+        return sorted(str(s) for s in (*shuffle._add_sparse.signatures, *histogram_kernels._best_splits.signatures))
+
+    pool = HistogramPool(actor_cpus=0.0, in_group=False, max_failures=0)
+    pool.ensure(1)
+    [a] = pool.actors
+    at_start = ray.get(a.__ray_call__.remote(loaded))
+    assert len(at_start) == 6 + 3  # a sum for each count dtype into each as wide or wider; a search for each
+    rng = np.random.default_rng(2)
+    shape = (4, 1000, 51)
+    for dtype, top in (("uint8", 200), ("uint16", 60_000), ("int32", 70_000)):
+        # one slice large enough to travel through the object store, one small enough to go inside the call
+        slices = []
+        for cells in (30_000, 10):
+            hist = np.zeros(shape, dtype)
+            hist.reshape(-1)[rng.choice(hist.size, cells, replace=False)] = rng.integers(1, 9, cells)
+            hist.reshape(-1)[0] = top
+            slices.append(encode_partial(hist))
+            assert "index" in slices[-1] and slices[-1]["count"].dtype == np.dtype(dtype)
+        ray.get(a.reset.remote(*shape, dtype, None, 1))
+        ray.get([a.add.remote(part, 0, s) for part, s in enumerate(slices)])
+        col_start, col_class = np.array([0, 2, 4], np.int32), np.array([0, 1, 0, 1], np.int32)
+        assert ray.get(a.best.remote(col_start, col_class, np.ones(2), 1))["parts"] == [0, 1]
+    assert ray.get(a.__ray_call__.remote(loaded)) == at_start
+    pool.shutdown()
