@@ -34,13 +34,13 @@ What each row holds, per repeat:
 Fair: the same data, config and total CPUs in every row of a workload; each repeat starts each
 cluster in turn (one at a time), runs the workloads on consecutive clusters in turns of direction
 (so a workload's one-node and two-node runs are next to each other: ``cluster_order``) and, on one
-node, goes round the worker counts, so a drift of the machine's speed lands on every side alike; one untimed run per workload, on the bench's first
-cluster, fills the data caches and numba's compile cache (kept by content, so a new cluster finds
-the kernels compiled). On a machine with more cores the worker sweep goes on (1, 2, 4, ... up to
-the cores) and the node sweep to 4 nodes; run it there with ``--out`` and keep the file as
-``scaling_<cores>c.json``. Each run is kept the moment it ends (bench/journal.py): a bench stopped
-by a lent machine's time limit still gives the rows of the runs it finished
-(``python -m bench --from-runs``).
+node, goes round the worker counts, so a drift of the machine's speed lands on every side alike; one
+untimed run per workload, on the bench's first cluster, fills the data caches and numba's compile
+cache (kept by content, so a new cluster finds the kernels compiled). On a machine with more cores
+the worker sweep goes on (1, 2, 4, ... up to the cores) and the node sweep to 4 nodes; run it there
+with ``--out`` and keep the file as ``scaling_<cores>c.json``. Each run is kept the moment it ends
+(bench/journal.py): a bench stopped by a lent machine's time limit still gives the rows of the runs
+it finished (``python -m bench --from-runs``).
 """
 from __future__ import annotations
 
@@ -340,7 +340,8 @@ def measure(size: dict, repeats: int) -> list[dict]:
             for i, nodes in enumerate(node_counts):
                 cluster = start_cluster(nodes, cores)
                 try:
-                    for workload in [w for w in cluster_order(size["workloads"], i, len(node_counts)) if w not in failed]:
+                    order = cluster_order(size["workloads"], i, len(node_counts))
+                    for workload in [w for w in order if w not in failed]:
                         # it goes into a sqlite URI; a workload of another's data runs in its folder
                         folder = tmp / WORKLOADS[workload].get("data_of", workload).replace(" ", "_")
                         first = not folder.exists()
@@ -381,8 +382,8 @@ def cluster_order(workloads: list, i: int, clusters: int) -> list:
     one order on every cluster, the forest's one-node runs came ~5 minutes of other workloads
     before its two-node ones, and the issue-48 bound, read by the scale-out check as the slowest
     repeat of one side over the fastest of the other, took that gap's drift of the machine
-    (1.36x on 2026-12-06, whose adjacent runs on the same day were within 0.97-1.03x: docs/scaling.md,
-    "The rows re-measured")."""
+    (1.36x on 2026-12-06 afternoon; 1.18x that evening, in turns: docs/scaling.md, "The rows
+    re-measured (2026-12-06, evening)")."""
     return list(workloads)[::-1] if clusters > 1 and i % 2 == 0 else list(workloads)
 
 

@@ -77,7 +77,7 @@ class HistogramActor:
         # Several actors share the machine with the phase-2 tasks: one thread each while they
         # sum; phase 3 (`best`) runs alone and may take more.
         numba_threads(1)
-        self.kernels_s = load_kernels()  # before any batch: numba's start off the rounds' path
+        load_kernels()  # before any batch: numba's start off the rounds' path
         self.shape = None  # no batch yet (also after a restart): partials are ignored
         self.dtype = np.dtype(np.int32)
         self.hist = None
