@@ -56,7 +56,7 @@ def connect(cluster: dict) -> bool:
             runtime_env = ray_logging.quiet(level, runtime_env, where)
             # ray.init packs and uploads the copy: it may go once init returns
             with _starting_ray():
-                info = ray.init(address=cluster["address"], runtime_env=runtime_env or None, **common)
+                info = _init_attached(cluster["address"], runtime_env or None, common, client)
         _print_addresses(cluster["address"], info)
         return True
     prepare_local_env()
@@ -258,6 +258,28 @@ def _ray_in_own_process_group():
     also when Ray itself puts its children in a new group (on Windows, ``ConsolePopen``)."""
     with ray_private.ray_children_in_their_own_group():
         yield
+
+
+# Ray Client's proxy forks a server for each client that connects, and that server sometimes dies
+# in the fork (gRPC's poller, ray-project/ray#63202: ~7% of connects there; one of a CI run's here,
+# 2026-12-06), which the client reads as "Initialization failure from server". A new connect
+# forks a new server: one more try, said on the console.
+CLIENT_CONNECT_TRIES = 2
+
+
+def _init_attached(address: str, runtime_env, common: dict, client: bool):
+    """``ray.init`` attached to ``address``; a Ray Client connect whose server died starting
+    (above) is tried again, once."""
+    import ray
+
+    for tries_left in reversed(range(CLIENT_CONNECT_TRIES if client else 1)):
+        try:
+            return ray.init(address=address, runtime_env=runtime_env, **common)
+        except ConnectionAbortedError as exc:
+            if not tries_left or "Initialization failure from server" not in str(exc):
+                raise
+            print(f"orchard: Ray Client's server at {address} failed to start (ray-project/ray#63202); "
+                  "connecting again", file=sys.stderr, flush=True)
 
 
 def _print_addresses(address: str, info) -> None:

@@ -25,15 +25,9 @@ import time
 
 import numpy as np
 
-from .node_batch import COUNT_DTYPES
 from .round_tasks import die_once, keep_a_current_folder, numba_threads
 from .shuffle import add_partial, dense_partial
 from .subtraction import apply_init, ParentsLost, resolve_init, subtract_siblings
-
-
-# the count dtypes a batch's histogram can have, narrowest first; a partial's counts are of the
-# batch's dtype or a narrower one (a cell holds at most its column's total)
-BATCH_DTYPES = tuple(np.dtype(name) for name in COUNT_DTYPES.values())
 
 
 def _arriving(values, dtype) -> np.ndarray:
@@ -44,28 +38,22 @@ def _arriving(values, dtype) -> np.ndarray:
     return out
 
 
-def load_kernels() -> float:
-    """Load the kernels an actor's adds and split searches call, for every count dtype a batch
-    can have, with the types of the real calls' arguments (read-only slices, columns and
-    weights); numba's cache serves them, or they compile once after a change of the package.
-    Returns the seconds it took.
+def start_numba() -> float:
+    """Pay numba's start in this process (its compiler and code generator, ~0.4 s from the cache
+    on 2 cores, 0.6-1.0 s beside busy tasks) with one kernel an actor calls, the sum of a sparse
+    slice of uint8 counts into a uint16 batch, with the types Ray delivers (read-only slices);
+    the other kernels it calls then load from numba's cache in milliseconds. Returns the seconds.
 
-    A process's first numba kernel pays numba's start there (~0.6-1.0 s on 2 cores). An actor
-    paid it in the first slice it summed, and held up that batch's acknowledgements: at the
-    mid shape the actors whose first batch came at depths 0, 2 and 8 did so by 0.2-0.5 s each,
-    on one node and on two, about 1 s of a 16-18 s tree (docs/scaling.md, "Where the two-node
-    half second goes"). Here, at the actor's start, it overlaps the data step's last wave or the
-    tree's encode (train.py, ``start_actors``)."""
-    from .histogram_kernels import best_splits
-
+    An actor paid that start in the first slice it summed, and held up that batch's
+    acknowledgements: at the mid shape the actors whose first batch came at depths 0, 2 and 8
+    did so by 0.2-0.5 s each, on one node and on two, about 1 s of a 16-18 s tree
+    (docs/scaling.md, "Where the two-node half second goes"). Here, at the actor's start, it
+    overlaps the data step's last wave or the tree's encode (train.py, ``start_actors``). One
+    kernel, not all it may call: where the cache is empty (a fresh install, a changed package)
+    each would be compiled, the split search's three in ~15 s, by every actor starting at once."""
     start = time.perf_counter()
-    for i, dtype in enumerate(BATCH_DTYPES):
-        hist = np.zeros((2, 1, 2), dtype)
-        for counts in BATCH_DTYPES[:i + 1]:
-            add_partial(hist, 0, {"shape": np.array(hist.shape, np.int64), "index": _arriving([0], np.uint32),
-                                  "count": _arriving([1], counts)})
-        best_splits(hist, _arriving([0, 2], np.int32), _arriving([0, 1], np.int32), _arriving([1.0, 1.0], np.float64),
-                    1, 2)
+    add_partial(np.zeros((1, 1, 2), np.uint16), 0, {"shape": np.array([1, 1, 2], np.int64),
+                                                     "index": _arriving([0], np.uint32), "count": _arriving([1], np.uint8)})
     return time.perf_counter() - start
 
 
@@ -77,7 +65,7 @@ class HistogramActor:
         # Several actors share the machine with the phase-2 tasks: one thread each while they
         # sum; phase 3 (`best`) runs alone and may take more.
         numba_threads(1)
-        load_kernels()  # before any batch: numba's start off the rounds' path
+        start_numba()  # before any batch: off the rounds' path
         self.shape = None  # no batch yet (also after a restart): partials are ignored
         self.dtype = np.dtype(np.int32)
         self.hist = None

@@ -83,3 +83,40 @@ def test_a_remote_cluster_gets_the_checkout_and_ray_client_gets_it_as_py_modules
     if ships == "py_modules":
         assert [p.rsplit("/", 1)[-1] for p in env["py_modules"]] == ["orchard", "workloads"]
     assert env["worker_process_setup_hook"] == ray_logging.SETUP_HOOK
+
+
+@pytest.mark.parametrize("address,tries", [("ray://head:10001", 2), ("auto", 1)])
+def test_a_ray_client_whose_server_died_starting_connects_once_more(address, tries, monkeypatch, capsys):
+    """Ray Client's proxy forks a server per client, which sometimes dies in the fork
+    (ray-project/ray#63202; one CI run here): orchard connects again, once, and says so; any
+    other refusal, a second failure, or another address's, is raised as Ray raised it."""
+    import ray
+
+    from orchard import cluster
+
+    calls = []
+
+    def init(**kw):
+        calls.append(kw["address"])
+        if len(calls) <= failures:
+            raise ConnectionAbortedError(message)
+        return {}
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(cluster, "_print_addresses", lambda *a: None)
+    monkeypatch.setattr(cluster, "outside_packages", lambda: [])
+    message, failures = "Initialization failure from server:\n", 1
+    if tries == 2:
+        assert cluster.connect({"mode": "remote", "address": address}) and calls == [address] * 2
+        assert capsys.readouterr().err.count("failed to start (ray-project/ray#63202); connecting again") == 1
+        calls.clear()
+    failures = 2  # a second failure is raised (another address's, the first)
+    with pytest.raises(ConnectionAbortedError):
+        cluster.connect({"mode": "remote", "address": address})
+    assert len(calls) == tries
+    calls.clear()
+    message, failures = "Version mismatch", 1  # nor another refusal
+    with pytest.raises(ConnectionAbortedError):
+        cluster.connect({"mode": "remote", "address": address})
+    assert len(calls) == 1
