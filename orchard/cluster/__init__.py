@@ -261,7 +261,7 @@ def _ray_in_own_process_group():
 
 
 # Ray Client's proxy forks a server for each client that connects, and that server sometimes dies
-# in the fork (gRPC's poller, ray-project/ray#63202: ~7% of connects there; one of a CI run's here,
+# in the fork (gRPC's poller, ray-project/ray#63202: ~7% of connects there; one CI run met it here,
 # 2026-12-06), which the client reads as "Initialization failure from server". A new connect
 # forks a new server: one more try, said on the console.
 CLIENT_CONNECT_TRIES = 2
@@ -272,11 +272,12 @@ def _init_attached(address: str, runtime_env, common: dict, client: bool):
     (above) is tried again, once."""
     import ray
 
-    for tries_left in reversed(range(CLIENT_CONNECT_TRIES if client else 1)):
+    tries = CLIENT_CONNECT_TRIES if client else 1
+    for attempt in range(1, tries + 1):
         try:
             return ray.init(address=address, runtime_env=runtime_env, **common)
         except ConnectionAbortedError as exc:
-            if not tries_left or "Initialization failure from server" not in str(exc):
+            if attempt == tries or "Initialization failure from server" not in str(exc):
                 raise
             print(f"orchard: Ray Client's server at {address} failed to start (ray-project/ray#63202); "
                   "connecting again", file=sys.stderr, flush=True)

@@ -38,11 +38,11 @@ def _arriving(values, dtype) -> np.ndarray:
     return out
 
 
-def start_numba() -> float:
+def start_numba() -> None:
     """Pay numba's start in this process (its compiler and code generator, ~0.4 s from the cache
     on 2 cores, 0.6-1.0 s beside busy tasks) with one kernel an actor calls, the sum of a sparse
     slice of uint8 counts into a uint16 batch, with the types Ray delivers (read-only slices);
-    the other kernels it calls then load from numba's cache in milliseconds. Returns the seconds.
+    the other kernels it calls then load from numba's cache in milliseconds.
 
     An actor paid that start in the first slice it summed, and held up that batch's
     acknowledgements: at the mid shape the actors whose first batch came at depths 0, 2 and 8
@@ -51,10 +51,8 @@ def start_numba() -> float:
     overlaps the data step's last wave or the tree's encode (train.py, ``start_actors``). One
     kernel, not all it may call: where the cache is empty (a fresh install, a changed package)
     each would be compiled, the split search's three in ~15 s, by every actor starting at once."""
-    start = time.perf_counter()
     add_partial(np.zeros((1, 1, 2), np.uint16), 0, {"shape": np.array([1, 1, 2], np.int64),
                                                      "index": _arriving([0], np.uint32), "count": _arriving([1], np.uint8)})
-    return time.perf_counter() - start
 
 
 class HistogramActor:
