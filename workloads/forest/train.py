@@ -430,8 +430,21 @@ class RoundRunner:
         `start_actors_early` in its data step's last wave."""
         depths = range(first_depth, max(self.cfg["max_depth"], first_depth + 1))
         n_actors = max(int(self._degrees(d, int(self.cfg["n_offsets"]))["nodes"]) for d in depths)
-        self._check_actors_fit(n_actors)
-        self.reducers.ensure(n_actors)
+        self._check_actors_fit(n_actors)  # refused whatever the data: the same config at full size would hang
+        if self.rounds_may_need_actors():
+            self.reducers.ensure(n_actors)
+
+    def rounds_may_need_actors(self) -> bool:
+        """Whether any round of this run can be big enough for the histogram actors. A round's
+        work is its examples times the tree's offsets, at most every image's sampled pixels
+        (`train_images` x `examples_per_image`) times `n_offsets`; below
+        `forest.small_round_example_features` the driver sums (`_phases_2_3_on_driver`), so a
+        run all of whose rounds are small (`debug=smoke`) starts no actor: each would cost a
+        process start, about a CPU-second, for nothing. A round that needs them starts them
+        anyway (`_phases_2_3`)."""
+        cfg = self.cfg
+        most = int(cfg["train_images"]) * int(cfg["examples_per_image"]) * int(cfg["n_offsets"])
+        return most >= cfg.get("small_round_example_features", 0)
 
     def start_actors_early(self, first_depth: int = 0) -> int:
         """`start_actors` before the data units are all made, from the data step's last wave

@@ -143,7 +143,8 @@ def test_a_data_step_that_fails_after_the_actors_started_early_ends_them(compose
     from workloads.forest.train import round_runner
 
     cfg = compose("workload=forest", "debug=smoke")
-    cfg = dict(cfg, forest=tiny_forest_cfg(compose, partitions={"data_units": 1, "features": 1, "nodes": 2}),
+    cfg = dict(cfg, forest=tiny_forest_cfg(compose, partitions={"data_units": 1, "features": 1, "nodes": 2},
+                                           small_round_example_features=0),
                strategy=dict(cfg["strategy"], **STRATEGY))
     with pytest.raises(RuntimeError, match="a bad pair"):
         with round_runner(cfg, None, tmp_path / "ckpt.npz", []) as (runner, _):
