@@ -40,7 +40,6 @@ def test_histogram_kernel_matches_numpy_reference(n_thresholds, dtype):
     offsets, thresholds = candidate_pool(rng, 9, n_thresholds, 20.0, 3000.0, 0.3)
     thresholds[:, -1] = thresholds[:, 0]                       # a repeated threshold
     thresholds.sort(axis=1)
-    cls = rng.integers(0, 31, len(img)).astype(np.uint8)
     columns = rng.integers(0, 7, len(img)).astype(np.int32)    # compact (node, class) columns
     hist = np.zeros((7, 9, n_thresholds + 1), dtype)
     accumulate_histograms(hist, depths, img, ys, xs, columns, offsets, thresholds, BG)
