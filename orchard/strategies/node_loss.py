@@ -245,15 +245,18 @@ class RecoveryLog:
 
 
 def on_this_node() -> dict:
-    """Actor options that keep an actor on this (the driver's) node, the one node a run cannot
-    lose: for the actors whose state no checkpoint holds (a queue, a master, a cache)."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
+    """Options that keep an actor, a task or a Ray Data stage's tasks on this (the driver's) node,
+    the one node a run cannot lose: for the actors whose state no checkpoint holds (a queue, a
+    master, a cache) and the tasks that ask them. A label selector on the node id Ray gives every
+    node (``ray.io/node-id``), a hard constraint like a node affinity that is not soft: it is a
+    named parameter of ``.options`` and of ``Dataset.map_batches`` alike, where a scheduling
+    strategy reaches Ray Data only through ``ray_remote_args``, deprecated in Ray 2.60 (a warning
+    in every video run's log) and removed in 2.64."""
     try:
         here = ray.get_runtime_context().get_node_id()
     except Exception:  # noqa: BLE001 - a driver with no node of its own (Ray Client): Ray's choice
         return {}
-    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(here, soft=False)}
+    return {"label_selector": {"ray.io/node-id": here}}
 
 
 def run_totals(ctx, metrics: dict[str, float]) -> dict[str, float]:
