@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 
 CONTEXT = "training"
@@ -41,7 +42,11 @@ def training_data(cfg: dict):
         path = str(spec["path"])
         # a local folder not made yet (a sweep's parent opens before the data is generated): named, not read
         local = "://" not in path and Path(os.path.expanduser(path)).exists()
-        source = resolve_dataset_source(str(Path(os.path.expanduser(path)).resolve()) if local else path)
+        with warnings.catch_warnings():
+            # MLflow registers its local source twice (bare paths and file:// URIs), so every local
+            # path "can be interpreted in multiple ways" by two classes of one name: not the user's
+            warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted")
+            source = resolve_dataset_source(str(Path(os.path.expanduser(path)).resolve()) if local else path)
         digest = content_digest(Path(os.path.expanduser(path))) if local else _digest(path)
     else:   # generated: what the generator was given is what the data is
         settings = {"generator": spec["generator"], **spec.get("settings", {})}

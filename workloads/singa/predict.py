@@ -51,7 +51,9 @@ class SingaModel:
             raise ValueError(f"samples of shape {self.sample_shape} (field {self.field}), got {x.shape[1:]}")
         out = []
         for i in range(0, len(x), batch):
-            chunk = torch.as_tensor(x[i:i + batch])
+            # a copy: the input may be read-only (an array from Ray's object store, an mmap), which
+            # torch wraps only with a warning that writing to it is undefined
+            chunk = torch.tensor(x[i:i + batch])
             records = {self.field: chunk, "label": torch.zeros(len(chunk), dtype=torch.int64)}
             out.append(self.net.features(records, [self.loss])[self.loss].numpy().copy())
         return np.concatenate(out) if out else np.zeros((0, self.config["num_classes"]), np.float32)

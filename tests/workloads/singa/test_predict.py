@@ -74,3 +74,21 @@ def test_predict_reads_idx_cifar_batches_and_images_and_skips_a_bad_file(trained
     assert m["data/skipped_files"] == 1                      # counted by kind too (orchard/tracking/skipped.py)
     correct = sum(int(r["correct"]) for r in rows.values())
     assert m["predict/accuracy"] == pytest.approx(correct / 205)
+
+
+@pytest.mark.slow
+def test_the_net_predicts_on_a_read_only_array_without_a_warning(trained, digits):
+    """Arrays from Ray's object store (mode=predict's actors) and from an mmap are read-only:
+    the pyfunc copies its chunk rather than have torch warn that writing to it is undefined."""
+    import warnings
+
+    import mlflow
+
+    model = mlflow.pyfunc.load_model(str(trained.run_dir / "model"))   # the run's own copy of what it logged
+    x = digits[0][:10].copy()
+    x.setflags(write=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        probabilities = model.predict(x)
+    assert probabilities.shape == (10, 10)
+    assert not [w for w in caught if "not writable" in str(w.message)], [str(w.message) for w in caught]
