@@ -174,14 +174,19 @@ def save_pyfunc(path: Path, metadata: dict, loader_module: str, data_path: Path,
     alone, without orchard or this checkout."""
     import importlib
     import tempfile
+    import warnings
 
     import mlflow
     from mlflow.models import infer_signature
 
     package = loader_module.rsplit(".", 1)[0]
     imports = getattr(importlib.import_module(package), "MODEL_IMPORTS", ())
-    signature = free_dims(infer_signature(input_example, output_example), free_inputs, free_outputs)
-    with tempfile.TemporaryDirectory(prefix="orchard-code-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="orchard-code-") as tmp, warnings.catch_warnings():
+        # the examples are the model's own input and output: a table's whole-number columns (ranks,
+        # indices, labels) never hold missing values, so MLflow's hint that integers cannot is not
+        # the user's to read in every run's log
+        warnings.filterwarnings("ignore", message="Hint: Inferred schema contains integer column")
+        signature = free_dims(infer_signature(input_example, output_example), free_inputs, free_outputs)
         code = _package_copy(package, Path(tmp))
         mlflow.pyfunc.save_model(str(path), loader_module=loader_module, data_path=str(data_path),
                                  code_paths=[str(code)], signature=signature, input_example=input_example,

@@ -175,3 +175,26 @@ def test_the_code_a_model_carries_is_its_workloads_package_alone_without_byte_co
     top = logged_models._package_copy("workloads.forest", tmp_path)
     assert top == tmp_path / "workloads" and sorted(p.name for p in top.iterdir()) == ["__init__.py", "forest"]
     assert (top / "forest" / "predict.py").is_file() and not list(top.rglob("__pycache__"))
+
+
+def test_a_table_of_whole_numbers_is_saved_as_the_signature_without_mlflows_missing_values_hint(tmp_path):
+    """A model whose output is a table with integer columns (singa's retrieval model: query, rank,
+    document, label) is saved without MLflow's hint that integers cannot hold missing values: the
+    columns are the model's own, never missing, and the hint would sit in every such run's log."""
+    import warnings
+
+    import numpy as np
+    import pandas as pd
+
+    example = np.zeros((2, 8), np.float32)
+    table = pd.DataFrame({"query": np.array([0, 1]), "rank": np.array([0, 0]), "distance": np.array([0.5, 0.7])})
+    (tmp_path / "data").mkdir()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        logged_models.save_pyfunc(tmp_path / "model", {"orchard_workload": "singa"}, "workloads.singa.predict",
+                                  tmp_path / "data", example, table, free_outputs=())
+    assert not [str(w.message) for w in caught if "integer column" in str(w.message)]
+    from mlflow.models import Model
+
+    outputs = Model.load(str(tmp_path / "model")).signature.outputs
+    assert [(c.name, c.type.name) for c in outputs.inputs] == [("query", "long"), ("rank", "long"), ("distance", "double")]
