@@ -76,7 +76,7 @@ def _check_output_dir(output_dir: str) -> None:
 
 def _check_cluster_address(address: str, cluster: dict, timeout_s: float = 5.0) -> None:
     """A Ray cluster must answer at ``address`` (host:port, ray://host:port) or be found (auto),
-    and a cluster reached at its GCS address must ask for Ray's token (``check_cluster_auth``)."""
+    and a cluster reached at its GCS address must ask for Ray's token (``check_gcs``)."""
     if address in (None, "auto"):
         # Ray's own lookup order: RAY_ADDRESS, then the cluster `ray start` last left on this
         # machine; that file outlives its cluster, so the address it names is checked below.
@@ -95,27 +95,42 @@ def _check_cluster_address(address: str, cluster: dict, timeout_s: float = 5.0) 
         raise ConfigError("cluster.address", f"a Ray cluster that answers; none did at {address} "
                           f"({getattr(exc, 'strerror', None) or exc})") from None
     if "://" not in str(address):
-        check_cluster_auth(f"{host or hostport}:{int(port or 6379)}", cluster)
+        check_gcs(f"{host or hostport}:{int(port or 6379)}", cluster)
 
 
-def check_cluster_auth(gcs_address: str, cluster: dict) -> None:
-    """A cluster on another machine started without token auth (its head without a token, or
-    with ``RAY_AUTH_MODE=disabled``) is refused like starting one: its ports run the code of anyone
-    who reaches them, the run's included. One on this machine (a ``ray start`` or
-    ``cluster_utils.Cluster`` of the user's own, for trying things) gets one line saying so and
-    is used. A ``ray://`` address reaches Ray Client's server, whose GCS port the client does not
-    know: not probed (docs/cluster.md, "Security")."""
+# What a server that took the probe's connection but is no Ray GCS answers its gRPC call: not
+# HTTP/2 at all (a dashboard's port, 8265; any web server), or HTTP/2 without Ray's GCS service
+# (Ray Client's port, 10001, given without ray://; a proxy's 404). Ray's own connect retries such
+# an address for many minutes, deaf to Ctrl-C and SIGTERM inside its C++ client (13 min to an
+# HTTP server, 2026-12-07): refused here instead
+NOT_A_GCS = ("UNAVAILABLE", "UNIMPLEMENTED")
+
+
+def check_gcs(gcs_address: str, cluster: dict) -> None:
+    """Ray's GCS answers at ``gcs_address``, and asks for a token. A server there that is not a
+    GCS (``NOT_A_GCS``) is one line naming ``cluster.address``. A cluster on another machine
+    started without token auth (its head without a token, or with ``RAY_AUTH_MODE=disabled``) is
+    refused like starting one: its ports run the code of anyone who reaches them, the run's
+    included. One on this machine (a ``ray start`` or ``cluster_utils.Cluster`` of the user's own,
+    for trying things) gets one line saying so and is used. A ``ray://`` address reaches Ray
+    Client's server, whose GCS port the client does not know: not probed (docs/cluster.md,
+    "Security")."""
     import grpc
 
     from orchard.cluster import ray_private
 
-    if cluster.get("allow_unauthenticated"):
-        return
     try:
         open_door = ray_private.answers_without_token(gcs_address)
-    except grpc.RpcError:
-        return  # not a GCS that answers this RPC (an older Ray, a proxy): Ray's own connect decides
-    if not open_door:
+    except grpc.RpcError as exc:
+        # the probe's channel has no TLS: a GCS that speaks only TLS (RAY_USE_TLS) fails it too
+        tls = os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true")
+        if exc.code().name in NOT_A_GCS and not tls:
+            raise ConfigError("cluster.address", f"a Ray cluster's GCS (host:6379 unless its head was started with "
+                              f"another --port; Ray Client's port takes ray://host:10001); {gcs_address} answered, "
+                              f"but not as Ray's GCS ({(exc.details() or exc.code().name).splitlines()[0][:200]})"
+                              ) from None
+        return  # a GCS slow to answer: Ray's own connect decides
+    if not open_door or cluster.get("allow_unauthenticated"):
         return
     if _on_this_machine(gcs_address.rpartition(":")[0]):
         say(f"orchard: the Ray cluster at {gcs_address} runs without token auth: anyone who reaches its ports "

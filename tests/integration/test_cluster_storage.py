@@ -343,3 +343,41 @@ def test_unreachable_cluster_address_is_one_line_and_exit_2_before_ray_starts(ad
     assert not (tmp_path / "out" / "logs").exists() or not list((tmp_path / "out" / "logs").iterdir())
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "cluster.address" in lines[0] and address in lines[0], done.stderr
+
+
+@pytest.fixture(params=["web server", "gRPC server"])
+def not_a_gcs(request):
+    """A server on 127.0.0.1 that takes a connection but is no Ray GCS: a web server (a
+    dashboard's port, 8265) or a gRPC server without the GCS's service (Ray Client's port, 10001,
+    named without ray://). Yields its host:port."""
+    if request.param == "web server":
+        import http.server
+        import threading
+
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        yield f"127.0.0.1:{server.server_address[1]}"
+        server.shutdown()
+    else:
+        from concurrent import futures
+
+        import grpc
+
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        yield f"127.0.0.1:{port}"
+        server.stop(None)
+
+
+def test_an_address_whose_server_is_no_ray_gcs_is_one_line_and_exit_2_in_seconds(not_a_gcs, tmp_path):
+    """Ray's own connect retried such an address for 13 minutes, deaf to Ctrl-C and SIGTERM."""
+    done = subprocess.run([sys.executable, "-m", "orchard", "workload=forest", "debug=smoke", "cluster=remote",
+                           f"cluster.address={not_a_gcs}", f"output_dir={tmp_path}/out",
+                           f"tracking.uri=sqlite:///{tmp_path}/mlflow.db"],
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"orchard: bad config: cluster.address: a Ray cluster's GCS"), lines
+    assert f"{not_a_gcs} answered, but not as Ray's GCS" in lines[0] and "ray://host:10001" in lines[0]

@@ -57,15 +57,15 @@ def test_attaching_to_a_cluster_without_token_auth_is_refused_off_this_machine(r
     try:
         address = head.stdout.readline().strip()
         assert address, "the auth-less head did not start"
-        preflight.check_cluster_auth(address, {})
+        preflight.check_gcs(address, {})
         assert "runs without token auth" in capsys.readouterr().err
         monkeypatch.setattr(preflight, "_on_this_machine", lambda host: False)
         with pytest.raises(ConfigError) as err:
-            preflight.check_cluster_auth(address, {})
+            preflight.check_gcs(address, {})
         assert err.value.key == "cluster.allow_unauthenticated" and "without token auth" in str(err.value)
-        preflight.check_cluster_auth(address, {"allow_unauthenticated": True})   # said on purpose
+        preflight.check_gcs(address, {"allow_unauthenticated": True})   # said on purpose
         # the test session's Ray started with auth on (Ray 2.60's default for ray.init): not a word
-        preflight.check_cluster_auth(ray_session.get_runtime_context().gcs_address, {})
+        preflight.check_gcs(ray_session.get_runtime_context().gcs_address, {})
         assert capsys.readouterr().err == ""
     finally:
         head.stdin.close()
