@@ -137,6 +137,9 @@ def check_store(uri: str, timeout_s: float = 10.0, create: bool = True,
             raise ConfigError("tracking.uri", f"an MLflow server that answers; none did at {uri} ({first_line(exc)}); "
                               "start one (README: team tracking) or use tracking.uri=sqlite:///mlflow.db") from None
         return
+    if uri.split(":", 1)[0].split("+", 1)[0] in DATABASES:
+        _check_database(uri, timeout_s)
+        return
     path = _sqlite_path(uri)
     if path is None:
         return
@@ -151,6 +154,55 @@ def check_store(uri: str, timeout_s: float = 10.0, create: bool = True,
         _probe_write(path, lock_wait_s)
     if open_now:
         open_store(uri, create, lock_wait_s)
+
+
+# A database server as the store (MLflow's SQLAlchemy stores): ``postgresql://``, ``mysql://``,
+# ``mssql://``, each with SQLAlchemy's default driver or the one named after a ``+``
+DATABASES = ("postgresql", "mysql", "mssql")
+
+
+def _check_database(uri: str, timeout_s: float) -> None:
+    """A database store's driver is installed and its server takes a connection within
+    ``timeout_s``; else one line naming ``tracking.uri`` (its password masked), before Ray
+    starts, as for a server store that does not answer. Without this a missing driver was an
+    internal error once Ray had started."""
+    import concurrent.futures
+
+    import sqlalchemy
+
+    from orchard.config import redact
+    from orchard.errors import ConfigError
+
+    shown = redact.text(uri)
+    try:
+        url = sqlalchemy.engine.make_url(uri)
+        url.get_dialect().import_dbapi()
+    except ModuleNotFoundError as exc:
+        raise ConfigError("tracking.uri", f"a database store whose driver is installed; {shown} needs its "
+                          f"driver, the Python module {exc.name!r}, which is not installed (install it, or "
+                          f"name an installed driver: {url.get_backend_name()}+<driver>://...)") from None
+    except Exception as exc:
+        raise ConfigError("tracking.uri", f"a database URI SQLAlchemy can use; {shown}: {first_line(exc)}") from None
+
+    def connect() -> None:
+        engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool)
+        try:
+            with engine.connect():
+                pass
+        finally:
+            engine.dispose()
+
+    # a thread: each driver names its connect timeout differently, and some have none
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="orchard-store-check")
+    try:
+        pool.submit(connect).result(timeout=timeout_s)
+    except concurrent.futures.TimeoutError:
+        raise ConfigError("tracking.uri", f"a database that answers; {shown} did not within {timeout_s:g} s") from None
+    except Exception as exc:
+        raise ConfigError("tracking.uri", f"a database that answers; {shown} did not "
+                          f"({redact.text(first_line(getattr(exc, 'orig', None) or exc))})") from None  # the driver's words
+    finally:
+        pool.shutdown(wait=False)
 
 
 def open_store(uri: str, create: bool = True, lock_wait_s: float = STORE_LOCK_WAIT_S) -> None:

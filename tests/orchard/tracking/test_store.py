@@ -203,3 +203,48 @@ def test_a_store_that_fails_to_open_beside_ray_is_one_line_exit_2_and_no_run(ray
         "orchard: bad config: tracking.uri: a store no other process holds locked; test"
     monkeypatch.undo()
     assert not MlflowClient(uri).search_runs([e.experiment_id for e in MlflowClient(uri).search_experiments()])
+
+
+def test_a_database_store_without_its_driver_is_one_line_exit_2_before_ray_starts(capfd, tmp_path):
+    """A team's ``postgresql://`` store, where this Python has no driver for it (SQLAlchemy's
+    default, psycopg): one line naming tracking.uri and the module, the password masked, exit 2,
+    nothing started (it was an internal error, exit 1, once Ray was up)."""
+    import importlib.util
+
+    from tests.tiny_workload.cli import main_in_process
+
+    if importlib.util.find_spec("psycopg") is not None:
+        pytest.skip("psycopg is installed here: postgresql:// has its driver")
+    code, err = main_in_process(["workload=forest", "debug=smoke", f"output_dir={tmp_path}/out",
+                                 "tracking.uri=postgresql://team:s3cret@127.0.0.1:5432/mlflow"], capfd)
+    assert code == 2 and not list((tmp_path / "out").rglob("*.log"))   # no run's log: nothing started
+    assert err.strip() == ("orchard: bad config: tracking.uri: a database store whose driver is installed; "
+                           "postgresql://team:***@127.0.0.1:5432/mlflow needs its driver, the Python module "
+                           "'psycopg', which is not installed (install it, or name an installed driver: "
+                           "postgresql+<driver>://...)")
+
+
+@pytest.mark.parametrize("server", ["nothing listens", "never answers"])
+def test_a_database_store_that_does_not_answer_is_a_config_error_naming_it(server, tmp_path):
+    """With its driver installed (pg8000, pure Python, in the dev extra), a database server that
+    refuses the connection, or takes it and says nothing, is one line within the check's wait."""
+    import socket
+
+    from orchard.errors import ConfigError
+    from orchard.tracking.store import check_store
+
+    pytest.importorskip("pg8000")
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        port = listener.getsockname()[1]
+        if server == "never answers":
+            listener.listen()
+        else:
+            listener.close()
+        with pytest.raises(ConfigError) as refused:
+            check_store(f"postgresql+pg8000://team:s3cret@127.0.0.1:{port}/mlflow", timeout_s=1.0)
+    said = str(refused.value)
+    assert refused.value.key == "tracking.uri" and "s3cret" not in said
+    assert said.startswith(f"tracking.uri: a database that answers; postgresql+pg8000://team:***@127.0.0.1:{port}/mlflow did not")
+    if server == "never answers":
+        assert said.endswith("did not within 1 s")
