@@ -78,6 +78,31 @@ def wait(futures, stopping: threading.Event | None = None) -> None:
         raise
 
 
+def bounded(fn, *args, timeout_s: float, name: str):
+    """``fn(*args)`` on a daemon thread, waited for interruptibly at most ``timeout_s`` s: its
+    result, its error, or ``TimeoutError``. For a preflight probe that a C++ client may hold for
+    many minutes (pyarrow's GCS client retries for 15, a database driver without a connect
+    timeout for ever), inside which the main thread is deaf to Ctrl-C and SIGTERM. A probe still
+    stuck is left behind: not one of the run's threads (``join_all`` does not wait for it), and a
+    daemon, so it never holds up the exit."""
+    future: Future = Future()
+
+    def target() -> None:
+        try:
+            future.set_result(fn(*args))
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+            future.set_exception(exc)
+
+    threading.Thread(target=target, name=name, daemon=True).start()
+    deadline = time.monotonic() + timeout_s
+    while not future.done():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"no answer within {timeout_s:g} s")
+        wait_futures([future], timeout=min(0.2, left))
+    return future.result()
+
+
 def running() -> list[str]:
     """The names of the threads started here that are still running."""
     with _lock:

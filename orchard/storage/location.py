@@ -339,9 +339,13 @@ def run_kept(cfg: dict, run_dir) -> bool:
         return False
 
 
+PROBE_WAIT_S = 30.0   # the preflight's write, copy and delete of one small object
+
+
 def check(cfg: dict) -> None:
     """Preflight: the storage root can be written (a probe file written and removed); raises
     ``ConfigError("storage.uri", ...)`` with one line."""
+    from orchard import background
     from orchard.errors import ConfigError
 
     uri = (cfg.get("storage") or {}).get("uri")
@@ -353,9 +357,16 @@ def check(cfg: dict) -> None:
                           "keys as AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
     storage = Storage(uri)
     probe = f".orchard-probe-{uuid.uuid4().hex[:8]}"
-    try:
+
+    def write_and_remove() -> None:
         storage.write_bytes(probe, b"orchard")
         storage.delete(probe)
+
+    try:  # bounded: pyarrow's GCS client retries an unreachable bucket for 15 min, deaf to Ctrl-C
+        background.bounded(write_and_remove, timeout_s=PROBE_WAIT_S, name="orchard-storage-check")
+    except TimeoutError:
+        raise ConfigError("storage.uri", f"a location orchard can write; {uri!r} did not answer within "
+                          f"{PROBE_WAIT_S:g} s (the bucket, its credentials, the network)") from None
     except Exception as exc:  # pyarrow raises OSError / ArrowInvalid with multi-line AWS text
         first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
         raise ConfigError("storage.uri", f"a location orchard can write (AWS_* environment variables for "

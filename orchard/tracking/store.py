@@ -166,10 +166,9 @@ def _check_database(uri: str, timeout_s: float) -> None:
     ``timeout_s``; else one line naming ``tracking.uri`` (its password masked), before Ray
     starts, as for a server store that does not answer. Without this a missing driver was an
     internal error once Ray had started."""
-    import concurrent.futures
-
     import sqlalchemy
 
+    from orchard import background
     from orchard.config import redact
     from orchard.errors import ConfigError
 
@@ -192,17 +191,13 @@ def _check_database(uri: str, timeout_s: float) -> None:
         finally:
             engine.dispose()
 
-    # a thread: each driver names its connect timeout differently, and some have none
-    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="orchard-store-check")
-    try:
-        pool.submit(connect).result(timeout=timeout_s)
-    except concurrent.futures.TimeoutError:
+    try:  # bounded: each driver names its connect timeout differently, and some have none
+        background.bounded(connect, timeout_s=timeout_s, name="orchard-store-check")
+    except TimeoutError:
         raise ConfigError("tracking.uri", f"a database that answers; {shown} did not within {timeout_s:g} s") from None
     except Exception as exc:
         raise ConfigError("tracking.uri", f"a database that answers; {shown} did not "
                           f"({redact.text(first_line(getattr(exc, 'orig', None) or exc))})") from None  # the driver's words
-    finally:
-        pool.shutdown(wait=False)
 
 
 def open_store(uri: str, create: bool = True, lock_wait_s: float = STORE_LOCK_WAIT_S) -> None:

@@ -158,3 +158,19 @@ def test_stopping_a_side_process_ends_it_with_a_job_still_running():
     assert job.done()
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     side.stop()  # again: nothing left to stop
+
+
+def test_bounded_gives_the_result_the_error_or_a_timeout_and_leaves_no_thread_to_wait_for():
+    """A preflight probe off the main thread: its answer, its error as raised, or TimeoutError
+    once its wait is over, the probe left running as a daemon the run does not wait for."""
+    assert background.bounded(lambda a, b: a + b, 2, 3, timeout_s=5, name="adds") == 5
+    with pytest.raises(ValueError, match="refused"):
+        background.bounded(lambda: (_ for _ in ()).throw(ValueError("refused")), timeout_s=5, name="refuses")
+    release = threading.Event()
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match="no answer within 0.3 s"):
+        background.bounded(release.wait, 30, timeout_s=0.3, name="stuck-probe")
+    assert time.monotonic() - started < 2
+    (stuck,) = [t for t in threading.enumerate() if t.name == "stuck-probe"]
+    assert stuck.daemon and "stuck-probe" not in background.running()
+    release.set()

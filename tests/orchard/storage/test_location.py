@@ -2,6 +2,8 @@
 server on 127.0.0.1), read from Ray tasks through storage and cached once per node."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from orchard.storage import run_kept, Storage
@@ -215,3 +217,29 @@ def test_an_object_write_cut_by_a_signal_leaves_the_previous_object_whole(s3_env
         store.write_bytes("run/checkpoint.npz", b"epoch 2")
     assert store.read_bytes("run/checkpoint.npz") == b"epoch 1"
     assert store.list("run") == ["checkpoint.npz"]  # and nothing half-written beside it
+
+
+def test_a_storage_endpoint_that_never_answers_is_one_line_within_the_probes_wait(monkeypatch):
+    """An S3 endpoint that takes the connection and says nothing (pyarrow's client retries it,
+    and a GCS bucket off Google's network, for many minutes, deaf to Ctrl-C): refused once the
+    probe's wait is over, its thread left behind as a daemon."""
+    import socket
+    import threading
+
+    from orchard import ConfigError
+    from orchard.storage import check, location
+
+    monkeypatch.setattr(location, "PROBE_WAIT_S", 1.0)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        for key, value in {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{silent.getsockname()[1]}", "AWS_ACCESS_KEY_ID": "t",
+                           "AWS_SECRET_ACCESS_KEY": "t", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+            monkeypatch.setenv(key, value)
+        started = time.monotonic()
+        with pytest.raises(ConfigError) as err:
+            check({"storage": {"uri": "s3://orchard/x"}})
+        assert time.monotonic() - started < 5
+    assert str(err.value) == ("storage.uri: a location orchard can write; 's3://orchard/x' did not answer within 1 s "
+                              "(the bucket, its credentials, the network)")
+    assert all(t.daemon for t in threading.enumerate() if t.name == "orchard-storage-check")
