@@ -81,8 +81,8 @@ def wait(futures, stopping: threading.Event | None = None) -> None:
 def bounded(fn, *args, timeout_s: float, name: str):
     """``fn(*args)`` on a daemon thread, waited for interruptibly at most ``timeout_s`` s: its
     result, its error, or ``TimeoutError``. For a preflight probe that a C++ client may hold for
-    many minutes (pyarrow's GCS client retries for 15, a database driver without a connect
-    timeout for ever), inside which the main thread is deaf to Ctrl-C and SIGTERM. A probe still
+    many minutes (pyarrow's GCS client, 16 min and still retrying here; a database driver without
+    a connect timeout, for ever), inside which the main thread is deaf to Ctrl-C and SIGTERM. A probe still
     stuck is left behind: not one of the run's threads (``join_all`` does not wait for it), and a
     daemon, so it never holds up the exit."""
     future: Future = Future()

@@ -362,7 +362,7 @@ def check(cfg: dict) -> None:
         storage.write_bytes(probe, b"orchard")
         storage.delete(probe)
 
-    try:  # bounded: pyarrow's GCS client retries an unreachable bucket for 15 min, deaf to Ctrl-C
+    try:  # bounded: pyarrow's GCS client retried an unreachable bucket 16 min and on, deaf to Ctrl-C
         background.bounded(write_and_remove, timeout_s=PROBE_WAIT_S, name="orchard-storage-check")
     except TimeoutError:
         raise ConfigError("storage.uri", f"a location orchard can write; {uri!r} did not answer within "
