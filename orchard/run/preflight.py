@@ -87,15 +87,18 @@ def _check_cluster_address(address: str, cluster: dict, timeout_s: float = 5.0) 
                               "or RAY_ADDRESS; none found. Give host:6379 or ray://host:10001")
         address = found
     hostport = str(address).split("://", 1)[-1].rstrip("/")
-    host, _, port = hostport.rpartition(":")
+    host, colon, port = hostport.rpartition(":")
+    if not colon:  # no port: Ray's own (Ray Client's server for ray://, the GCS's otherwise)
+        host, port = hostport, ""
+    port = port or ("10001" if "://" in str(address) else "6379")
     try:
-        with socket.create_connection((host or hostport, int(port or 6379)), timeout=timeout_s):
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
             pass
     except (OSError, ValueError) as exc:
         raise ConfigError("cluster.address", f"a Ray cluster that answers; none did at {address} "
                           f"({getattr(exc, 'strerror', None) or exc})") from None
     if "://" not in str(address):
-        check_gcs(f"{host or hostport}:{int(port or 6379)}", cluster)
+        check_gcs(f"{host}:{int(port)}", cluster)
 
 
 # What a server that took the probe's connection but is no Ray GCS answers its gRPC call: not

@@ -70,3 +70,25 @@ def test_attaching_to_a_cluster_without_token_auth_is_refused_off_this_machine(r
     finally:
         head.stdin.close()
         head.wait(timeout=120)
+
+
+@pytest.mark.parametrize("address, probed", [("ray://head.example", ("head.example", 10001)),
+                                             ("ray://head.example:4321/", ("head.example", 4321)),
+                                             ("head.example:6380", ("head.example", 6380))])
+def test_an_address_without_a_port_is_probed_at_rays_own(address, probed, monkeypatch):
+    """Ray Client's port (10001) for ``ray://host``, as Ray takes it; the probe's line names the
+    address as given (it read 'invalid literal for int()' for ``ray://host``)."""
+    from orchard.errors import ConfigError
+    from orchard.run import preflight
+
+    tried = []
+
+    def refuse(target, timeout):
+        tried.append(target)
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    monkeypatch.setattr(preflight.socket, "create_connection", refuse)
+    with pytest.raises(ConfigError) as err:
+        preflight._check_cluster_address(address, {})
+    assert tried == [probed]
+    assert str(err.value) == f"cluster.address: a Ray cluster that answers; none did at {address} (Connection refused)"
