@@ -72,6 +72,9 @@ class Core(Section):
     mode: Literal["train", "predict"] = Field(description="one of train, predict")
     progress: Literal["auto", "always", "never"] = Field(description="one of auto, always, never")
     verbose: bool = Field(description="one of True, False")
+    # numpy's generators, which every workload seeds from it (its data, sampling, init), take no
+    # negative seed: a run failed in its first task
+    seed: int = Field(ge=0, description="an integer >= 0")
     strategy: Strategy
     cluster: Cluster
     logs: Logs

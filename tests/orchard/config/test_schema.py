@@ -40,7 +40,7 @@ def test_a_key_missing_from_the_config_is_named_as_missing():
 
 
 def test_a_nested_section_is_named_by_its_full_dotted_key():
-    core = {"mode": "train", "progress": "auto", "verbose": False, "strategy": STRATEGY,
+    core = {"mode": "train", "progress": "auto", "verbose": False, "seed": 0, "strategy": STRATEGY,
             "cluster": {"mode": "local"}, "logs": {"max_mb": 1, "backups": 0}}
     schema.check(schema.Core, core)
     assert refusal(schema.Core, {**core, "logs": {"max_mb": 1, "backups": 0.5}}) == "logs.backups: an integer >= 0, got 0.5"
@@ -85,3 +85,11 @@ def test_a_bad_asha_setting_says_what_is_allowed_in_the_schemas_words():
 
 def test_mlflows_plain_databricks_uri_is_a_tracking_uri():
     schema.check(schema.Tracking, {"uri": "databricks", "sample_interval_s": 2.0}, "tracking")
+
+
+def test_a_negative_seed_is_refused_before_anything_starts(capfd, tmp_path):
+    """numpy's generators take no negative seed: a forest run failed in its first task (exit 1)."""
+    from tests.tiny_workload.cli import main_in_process
+
+    code, err = main_in_process(["workload=forest", "debug=smoke", "seed=-1", f"output_dir={tmp_path}"], capfd)
+    assert code == 2 and err.strip() == "orchard: bad config: seed: an integer >= 0, got -1"
