@@ -140,6 +140,12 @@ def check_store(uri: str, timeout_s: float = 10.0, create: bool = True,
     if uri.split(":", 1)[0].split("+", 1)[0] in DATABASES:
         _check_database(uri, timeout_s)
         return
+    if uri.startswith("file:") and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").strip().lower() not in ("true", "1"):
+        # MLflow 3 refuses its file store unless told otherwise, from the first call that opens it
+        # (a run's lost-runs check and its opening, once Ray was up: an internal error, exit 1)
+        raise ConfigError("tracking.uri", f"a database or server store; MLflow keeps the file store ({uri}) in "
+                          "maintenance mode and refuses it: use sqlite:///mlflow.db (`mlflow migrate-filestore` "
+                          "moves an existing one losslessly), or set MLFLOW_ALLOW_FILE_STORE=true to keep it")
     path = _sqlite_path(uri)
     if path is None:
         return

@@ -248,3 +248,19 @@ def test_a_database_store_that_does_not_answer_is_a_config_error_naming_it(serve
     assert said.startswith(f"tracking.uri: a database that answers; postgresql+pg8000://team:***@127.0.0.1:{port}/mlflow did not")
     if server == "never answers":
         assert said.endswith("did not within 1 s")
+
+
+def test_mlflows_file_store_is_refused_before_anything_starts_unless_mlflow_is_told_to_keep_it(monkeypatch, tmp_path):
+    """MLflow 3 refuses its file store from the first call that opens it (an internal error once
+    Ray was up); orchard says so first, with the way on, and takes it where MLflow is told to."""
+    from orchard.errors import ConfigError
+    from orchard.tracking.store import check_store
+
+    uri = f"file://{tmp_path}/mlruns"
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    with pytest.raises(ConfigError) as refused:
+        check_store(uri)
+    assert str(refused.value).startswith(f"tracking.uri: a database or server store; MLflow keeps the file store "
+                                         f"({uri}) in maintenance mode") and "MLFLOW_ALLOW_FILE_STORE=true" in str(refused.value)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "True")
+    check_store(uri)
