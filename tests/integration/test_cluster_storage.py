@@ -330,19 +330,26 @@ def test_ray_client_address_attaches_and_prints_the_dashboard(s3, cluster, tmp_p
     assert _runs(uri)[0].info.status == "FINISHED"
 
 
-@pytest.mark.parametrize("address", ["ray://127.0.0.1:{port}", "127.0.0.1:{port}"])
-def test_unreachable_cluster_address_is_one_line_and_exit_2_before_ray_starts(address, tmp_path):
-    address = address.format(port=_free_port())  # nothing listens there
-    done = subprocess.run([sys.executable, "-m", "orchard", "workload=flower", "debug=smoke", "cluster=remote",
+def _attach_refused(workload: str, address: str, tmp_path) -> str:
+    """``python -m orchard workload=<workload> debug=smoke cluster=remote cluster.address=<address>``
+    refused with exit 2, before Ray (and the console's log of a started run) came up: its one line."""
+    done = subprocess.run([sys.executable, "-m", "orchard", f"workload={workload}", "debug=smoke", "cluster=remote",
                            f"cluster.address={address}", f"output_dir={tmp_path}/out",
                            f"tracking.uri=sqlite:///{tmp_path}/mlflow.db"],
                           cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr[-2000:]
-    # refused by the 5 s probe before Ray (and the console's log of a started run) came up
     assert not (tmp_path / "out" / "logs").exists() or not list((tmp_path / "out" / "logs").iterdir())
     lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "cluster.address" in lines[0] and address in lines[0], done.stderr
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("address", ["ray://127.0.0.1:{port}", "127.0.0.1:{port}"])
+def test_unreachable_cluster_address_is_one_line_and_exit_2_before_ray_starts(address, tmp_path):
+    address = address.format(port=_free_port())  # nothing listens there: refused by the 5 s probe
+    line = _attach_refused("flower", address, tmp_path)
+    assert "cluster.address" in line and address in line
 
 
 @pytest.fixture(params=["web server", "gRPC server"])
@@ -372,12 +379,6 @@ def not_a_gcs(request):
 
 def test_an_address_whose_server_is_no_ray_gcs_is_one_line_and_exit_2_in_seconds(not_a_gcs, tmp_path):
     """Ray's own connect retried such an address for 13 minutes, deaf to Ctrl-C and SIGTERM."""
-    done = subprocess.run([sys.executable, "-m", "orchard", "workload=forest", "debug=smoke", "cluster=remote",
-                           f"cluster.address={not_a_gcs}", f"output_dir={tmp_path}/out",
-                           f"tracking.uri=sqlite:///{tmp_path}/mlflow.db"],
-                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2, done.stderr[-2000:]
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith(f"orchard: bad config: cluster.address: a Ray cluster's GCS"), lines
-    assert f"{not_a_gcs} answered, but not as Ray's GCS" in lines[0] and "ray://host:10001" in lines[0]
+    line = _attach_refused("forest", not_a_gcs, tmp_path)
+    assert line.startswith("orchard: bad config: cluster.address: a Ray cluster's GCS"), line
+    assert f"{not_a_gcs} answered, but not as Ray's GCS" in line and "ray://host:10001" in line
