@@ -76,7 +76,7 @@ def _check_output_dir(output_dir: str) -> None:
 
 def _check_cluster_address(address: str, cluster: dict, timeout_s: float = 5.0) -> None:
     """A Ray cluster must answer at ``address`` (host:port, ray://host:port) or be found (auto),
-    and a cluster reached at its GCS address must ask for Ray's token (``check_gcs``)."""
+    and a cluster reached at its GCS address must be Ray's GCS and ask for Ray's token (``check_gcs``)."""
     if address in (None, "auto"):
         # Ray's own lookup order: RAY_ADDRESS, then the cluster `ray start` last left on this
         # machine; that file outlives its cluster, so the address it names is checked below.

@@ -187,7 +187,8 @@ def _check_database(uri: str, timeout_s: float) -> None:
                           f"driver, the Python module {exc.name!r}, which is not installed (install it, or "
                           f"name an installed driver: {url.get_backend_name()}+<driver>://...)") from None
     except Exception as exc:
-        raise ConfigError("tracking.uri", f"a database URI SQLAlchemy can use; {shown}: {first_line(exc)}") from None
+        raise ConfigError("tracking.uri", f"a database URI SQLAlchemy can use; {shown}: "
+                          f"{redact.text(first_line(exc))}") from None   # a parse error quotes the URI whole
 
     def connect() -> None:
         engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool)
